@@ -1,0 +1,90 @@
+//! The agent's configuration: command-line flags, each also read from an
+//! `EVPLEG_*` environment variable. Defaults are named constants with units.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::pleg::kernel::{
+    DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, DEFAULT_ROOTS, KernelPlegConfig,
+};
+
+/// Which PLEG drives the pod workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlegMode {
+    /// Kernel events (eBPF), with a slow reconciling relist.
+    Ebpf,
+}
+
+/// evpleg: a node agent whose PLEG is driven by the kernel.
+#[derive(Clone, Debug, Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// Which PLEG to run.
+    #[arg(long, env = "EVPLEG_PLEG", value_enum, default_value = "ebpf")]
+    pub pleg: PlegMode,
+
+    /// Load this eBPF object instead of the one embedded at build time.
+    #[arg(long, env = "EVPLEG_BPF_OBJECT")]
+    pub bpf_object: Option<PathBuf>,
+
+    /// Root cgroups whose tasks and cgroups are reported (repeatable; paths relative
+    /// to the cgroup hierarchy root).
+    #[arg(long = "cgroup-root", env = "EVPLEG_CGROUP_ROOTS", value_delimiter = ',',
+          default_values_t = DEFAULT_ROOTS.map(String::from))]
+    pub cgroup_roots: Vec<String>,
+
+    /// Also index these cgroup v1 hierarchy ids (hybrid hosts), e.g. the memory one.
+    #[arg(long = "v1-hierarchy", env = "EVPLEG_V1_HIERARCHIES", value_delimiter = ',')]
+    pub v1_hierarchies: Vec<u32>,
+
+    /// Ring buffer size in bytes (a power of two, at least a page).
+    #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES)]
+    pub ring_buffer_bytes: u32,
+
+    /// SCHED_FIFO priority of the ring-buffer reader; 0 disables real-time.
+    #[arg(long, env = "EVPLEG_REALTIME_PRIORITY", default_value_t = DEFAULT_REALTIME_PRIORITY)]
+    pub realtime_priority: i32,
+
+    /// Capacity of the lifecycle event channel (the kubelet uses 1000).
+    #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000)]
+    pub event_channel: usize,
+
+    /// Stop after this many seconds (0: run until interrupted).
+    #[arg(long, env = "EVPLEG_RUN_FOR_SECONDS", default_value_t = 0)]
+    pub run_for_seconds: u64,
+}
+
+impl Args {
+    pub fn kernel_pleg(&self) -> KernelPlegConfig {
+        KernelPlegConfig {
+            object: self.bpf_object.clone(),
+            ring_buffer_bytes: self.ring_buffer_bytes,
+            roots: self.cgroup_roots.clone(),
+            v1_hierarchies: self.v1_hierarchies.clone(),
+            realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let args = Args::try_parse_from(["evpleg"]).unwrap();
+        assert_eq!(args.cgroup_roots, ["/kubepods", "/kubepods.slice", "/k8s.io"]);
+        assert_eq!(args.kernel_pleg().realtime_priority, Some(DEFAULT_REALTIME_PRIORITY));
+        let args = Args::try_parse_from([
+            "evpleg",
+            "--cgroup-root",
+            "/a,/b",
+            "--realtime-priority",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(args.cgroup_roots, ["/a", "/b"]);
+        assert_eq!(args.kernel_pleg().realtime_priority, None);
+    }
+}

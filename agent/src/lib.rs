@@ -1,0 +1,8 @@
+//! evpleg: a node agent whose Pod Lifecycle Event Generator is driven by the kernel.
+//!
+//! The modules are named after the kubelet concepts they implement; see
+//! `docs/architecture.md` for the data flow.
+
+pub mod config;
+pub mod pleg;
+pub mod telemetry;

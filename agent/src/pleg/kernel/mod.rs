@@ -1,0 +1,199 @@
+//! The kernel-driven PLEG: eBPF programs report execs, process exits and cgroup
+//! mkdir/rmdir; this module loads them, reads their ring buffer on a dedicated
+//! thread and turns the records into [`PodLifecycleEvent`](super::PodLifecycleEvent)s.
+//! See `docs/pleg.md`.
+
+pub mod btf;
+pub mod cgroup_path;
+pub mod event;
+pub mod index;
+pub mod loader;
+pub mod reader;
+pub mod scan;
+pub mod tracker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc as std_mpsc};
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc;
+use tracing::info;
+
+pub use loader::{LoadError, LoaderConfig};
+pub use reader::{Command, KernelStats, monotonic_ns};
+
+use super::{ContainerId, PodLifecycleEvent, RelistSignal};
+
+/// Root cgroups watched by default: the kubelet's cgroupfs and systemd roots and
+/// containerd's default parent. `/system.slice` (CRI-O scopes without a pod parent)
+/// is opt-in: it holds every system service.
+pub const DEFAULT_ROOTS: [&str; 3] = ["/kubepods", "/kubepods.slice", "/k8s.io"];
+
+/// Default ring-buffer size: 1 MiB lost nothing at 1 000 exits/s here.
+pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
+
+/// Default SCHED_FIFO priority of the reader thread.
+pub const DEFAULT_REALTIME_PRIORITY: i32 = 10;
+
+/// Errors of starting the kernel PLEG.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelPlegError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// the start-up scan failed
+    #[error(transparent)]
+    Scan(#[from] index::ScanError),
+    /// no cgroup2 hierarchy is mounted (pure cgroup v1 hosts are not supported)
+    #[error("no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); evpleg needs cgroup2 or a hybrid layout")]
+    NoCgroup2,
+    /// reading /proc failed
+    #[error("cannot read {path}: {source}")]
+    Proc { path: &'static str, source: std::io::Error },
+    /// the reader thread could not be spawned
+    #[error("cannot spawn the ring-buffer reader thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// How to run the kernel PLEG.
+#[derive(Clone, Debug)]
+pub struct KernelPlegConfig {
+    pub object: Option<PathBuf>,
+    pub ring_buffer_bytes: u32,
+    pub roots: Vec<String>,
+    /// Also index these v1 hierarchies (by id) on hybrid hosts.
+    pub v1_hierarchies: Vec<u32>,
+    /// `None`: do not try real-time priority.
+    pub realtime_priority: Option<i32>,
+}
+
+impl Default for KernelPlegConfig {
+    fn default() -> Self {
+        Self {
+            object: None,
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            roots: DEFAULT_ROOTS.iter().map(|s| s.to_string()).collect(),
+            v1_hierarchies: Vec::new(),
+            realtime_priority: Some(DEFAULT_REALTIME_PRIORITY),
+        }
+    }
+}
+
+/// The running kernel PLEG: programs attached, reader thread running. Dropping it
+/// stops the thread and detaches the programs.
+#[derive(Debug)]
+pub struct KernelPleg {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<KernelStats>,
+    commands: std_mpsc::Sender<Command>,
+    offsets: evpleg_events::KernelOffsets,
+}
+
+impl KernelPleg {
+    /// Loads and attaches the programs, scans the existing cgroups and starts the
+    /// reader. Lifecycle events go to `events` (never blocking: a full channel is
+    /// counted and raises `relist`). `on_receipt` is called on the reader thread
+    /// with each record's kernel-to-reader delay in ns.
+    pub fn start(
+        config: KernelPlegConfig,
+        events: mpsc::Sender<PodLifecycleEvent>,
+        relist: Arc<RelistSignal>,
+        on_receipt: Option<Box<dyn Fn(u64) + Send>>,
+    ) -> Result<Self, KernelPlegError> {
+        let cgroup2_mount = index::cgroup2_mount()
+            .map_err(|source| KernelPlegError::Proc {
+                path: "/proc/self/mountinfo",
+                source,
+            })?
+            .ok_or(KernelPlegError::NoCgroup2)?;
+        let v1 = index::v1_hierarchies().map_err(|source| KernelPlegError::Proc {
+            path: "/proc/self/cgroup",
+            source,
+        })?;
+        let v1: Vec<(u32, PathBuf)> = v1
+            .into_iter()
+            .filter(|(id, _, _)| config.v1_hierarchies.contains(id))
+            .map(|(id, _, mount)| (id, mount))
+            .collect();
+        let mut hierarchies = vec![index::CGROUP2_HIERARCHY];
+        hierarchies.extend(v1.iter().map(|(id, _)| *id));
+        let loaded = loader::load(&LoaderConfig {
+            object: config.object.clone(),
+            ring_buffer_bytes: config.ring_buffer_bytes,
+            roots: config.roots.clone(),
+            hierarchies,
+            cgroup2_mount: cgroup2_mount.clone(),
+        })?;
+        let offsets = loaded.offsets;
+        // Attached first, then scanned: a cgroup created in between is both in the
+        // ring buffer and in the scan, and the tracker merges the two.
+        let ticks = procfs::ticks_per_second();
+        let mut tracker = tracker::Tracker::new(config.roots.clone(), ticks);
+        let scanner = scan::Scanner {
+            cgroup2_mount,
+            roots: config.roots.clone(),
+            v1,
+        };
+        let learned = scanner.scan_into(&mut tracker)?;
+        info!(cgroups = learned, roots = ?config.roots, "kernel pleg attached; existing cgroups indexed");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(KernelStats::default());
+        let (commands, command_rx) = std_mpsc::channel();
+        let reader = reader::Reader {
+            loaded,
+            tracker,
+            scanner,
+            events,
+            relist,
+            stats: stats.clone(),
+            stop: stop.clone(),
+            commands: command_rx,
+            realtime_priority: config.realtime_priority,
+            on_receipt,
+        };
+        let thread = std::thread::Builder::new()
+            .name("evpleg-ringbuf".into())
+            .spawn(move || reader.run())
+            .map_err(KernelPlegError::Spawn)?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+            stats,
+            commands,
+            offsets,
+        })
+    }
+
+    pub fn stats(&self) -> &Arc<KernelStats> {
+        &self.stats
+    }
+
+    /// The kernel struct offsets in use (from BTF).
+    pub fn offsets(&self) -> &evpleg_events::KernelOffsets {
+        &self.offsets
+    }
+
+    /// Tells the tracker that `id` is a pod sandbox.
+    pub fn add_sandbox(&self, id: ContainerId) {
+        let _ = self.commands.send(Command::AddSandbox(id));
+    }
+
+    /// Stops the reader (within its 100 ms poll interval) and detaches.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for KernelPleg {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,220 @@
+//! The Pod Lifecycle Event Generator.
+//!
+//! Reproduces the kubelet's `pkg/kubelet/pleg`: a stream of [`PodLifecycleEvent`]s
+//! that tells pod workers which pod changed. Where the kubelet's generic PLEG learns
+//! of a change at its next one-second relist, evpleg's [`kernel`] PLEG learns it from
+//! eBPF programs the moment the kernel sees it.
+
+pub mod kernel;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+/// Requests for a relist of the runtime, raised whenever an event may have been
+/// lost (a kernel ring-buffer drop, a full event channel, an exit never seen). The
+/// relist PLEG waits on it; nothing that is lost goes unnoticed.
+#[derive(Debug, Default)]
+pub struct RelistSignal {
+    requested: AtomicU64,
+    notify: Notify,
+}
+
+impl RelistSignal {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks for a relist; cheap and non-blocking, callable from any thread.
+    pub fn request(&self, reason: &str) {
+        self.requested.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(reason, "relist requested");
+        self.notify.notify_one();
+    }
+
+    /// How many relists were requested so far.
+    pub fn count(&self) -> u64 {
+        self.requested.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a relist is requested (a request made while nobody waited is
+    /// kept for the next waiter).
+    pub async fn requested(&self) {
+        self.notify.notified().await;
+    }
+}
+
+/// A pod's UID, normalised: lowercase, with `-` separators (systemd cgroup names
+/// write them as `_`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodUid(String);
+
+impl PodUid {
+    /// Normalises a UID as found in a cgroup name or an API object. Returns `None`
+    /// when it is empty, longer than 64 bytes or holds anything but hex digits and
+    /// `-`/`_` separators (static pods have 32-hex UIDs without separators).
+    pub fn parse(raw: &str) -> Option<Self> {
+        if raw.is_empty() || raw.len() > 64 {
+            return None;
+        }
+        let mut out = String::with_capacity(raw.len());
+        for c in raw.chars() {
+            match c {
+                '0'..='9' | 'a'..='f' => out.push(c),
+                'A'..='F' => out.push(c.to_ascii_lowercase()),
+                '-' | '_' => out.push('-'),
+                _ => return None,
+            }
+        }
+        if out.starts_with('-') || out.ends_with('-') {
+            return None;
+        }
+        Some(Self(out))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PodUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A 64-hex container (or sandbox) id, as CRI runtimes name them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContainerId(String);
+
+impl ContainerId {
+    /// Accepts exactly 64 hex digits (lowercased).
+    pub fn parse(raw: &str) -> Option<Self> {
+        (raw.len() == 64 && raw.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| Self(raw.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The kubelet's `PodLifecycleEventType`, with sandboxes told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    ContainerStarted,
+    ContainerDied,
+    ContainerRemoved,
+    SandboxStarted,
+    SandboxDied,
+    SandboxRemoved,
+    /// Something about the pod changed; re-inspect it (the kubelet's PodSync).
+    PodSync,
+}
+
+/// Who observed the event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventSource {
+    Kernel,
+    Relist,
+    Cri,
+}
+
+/// How a process ended, from its wait status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExitStatus {
+    /// The exit code, as the CRI reports it: the code passed to `exit`, or
+    /// 128 + the signal number for a death by signal.
+    pub code: i32,
+    /// The terminating signal, if any.
+    pub signal: Option<i32>,
+    /// A core dump was written.
+    pub core_dumped: bool,
+    /// The OOM killer chose this process.
+    pub oom_killed: bool,
+}
+
+impl ExitStatus {
+    /// Decodes a wait status (`task_struct.exit_code`).
+    pub fn from_wait_status(status: u32, oom_killed: bool) -> Self {
+        let signal = (status & 0x7f) as i32;
+        if signal == 0 {
+            Self {
+                code: ((status >> 8) & 0xff) as i32,
+                signal: None,
+                core_dumped: false,
+                oom_killed,
+            }
+        } else {
+            Self {
+                code: 128 + signal,
+                signal: Some(signal),
+                core_dumped: status & 0x80 != 0,
+                oom_killed,
+            }
+        }
+    }
+}
+
+/// A lifecycle event for one pod: the contract between every PLEG and the pod
+/// workers (`design.md`: "Contracts worth fixing early").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodLifecycleEvent {
+    /// `None` only when the cgroup layout does not name the pod (containerd without
+    /// a cgroup parent: `/k8s.io/<id>`); the runtime side fills it in.
+    pub pod_uid: Option<PodUid>,
+    pub kind: EventKind,
+    pub container_id: Option<ContainerId>,
+    /// CLOCK_MONOTONIC nanoseconds (the clock of `bpf_ktime_get_ns`).
+    pub at_ns: u64,
+    pub source: EventSource,
+    /// Set for the Died kinds.
+    pub exit: Option<ExitStatus>,
+    /// The container's main process, when known.
+    pub pid: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_normalisation() {
+        assert_eq!(
+            PodUid::parse("1B4E28BA_2FA1_11D2_883F_0016D3CCA427").unwrap().as_str(),
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
+        );
+        assert_eq!(
+            PodUid::parse("6f0e1b0c2a3d4e5f60718293a4b5c6d7").unwrap().as_str(),
+            "6f0e1b0c2a3d4e5f60718293a4b5c6d7"
+        );
+        for bad in ["", "-abc", "abc-", "xyz", "1234/5678", &"a".repeat(65)] {
+            assert_eq!(PodUid::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn container_id() {
+        let id = "A".repeat(64);
+        assert_eq!(ContainerId::parse(&id).unwrap().as_str(), "a".repeat(64));
+        assert!(ContainerId::parse(&"a".repeat(63)).is_none());
+        assert!(ContainerId::parse(&"g".repeat(64)).is_none());
+    }
+
+    #[test]
+    fn wait_status() {
+        let exit7 = ExitStatus::from_wait_status(0x700, false);
+        assert_eq!((exit7.code, exit7.signal, exit7.core_dumped), (7, None, false));
+        let kill = ExitStatus::from_wait_status(9, true);
+        assert_eq!((kill.code, kill.signal, kill.oom_killed), (137, Some(9), true));
+        let segv_core = ExitStatus::from_wait_status(0x80 | 11, false);
+        assert_eq!((segv_core.code, segv_core.signal, segv_core.core_dumped), (139, Some(11), true));
+    }
+}
