@@ -1,1 +1,135 @@
-fn main() {}
+//! evpleg's developer tasks. `cargo xtask <command>`:
+//!
+//! * `setup`: installs what is missing (idempotent, says what it does);
+//! * `build`: builds the eBPF object (nightly, BPF target, with BTF) and the agent;
+//! * `run`: builds, then runs the agent on this host;
+//! * `test`: builds and runs every test tier, privileged ones included, and the
+//!   format and lint checks.
+
+mod setup;
+mod util;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "evpleg developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what is missing: toolchain parts, LLVM 22, bpf-linker, containerd...
+    Setup,
+    /// Build the eBPF object and the agent.
+    Build {
+        /// Build the agent with the release profile.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build and run the agent on this host (arguments after `--` go to the agent).
+    Run {
+        /// Also create a container-like cgroup and run a few processes in it, so
+        /// that events show up without a container runtime.
+        #[arg(long)]
+        demo: bool,
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Build and run every test tier.
+    Test {
+        /// Arguments passed to `cargo test` after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = util::workspace_root();
+    match cli.command {
+        Command::Setup => setup::run(&root),
+        Command::Build { release } => {
+            setup::run(&root)?;
+            build(&root, release)
+        }
+        Command::Run { demo, args } => {
+            setup::run(&root)?;
+            build(&root, true)?;
+            run(&root, demo, &args)
+        }
+        Command::Test { args } => {
+            setup::run(&root)?;
+            test(&root, &args)
+        }
+    }
+}
+
+/// Where `cargo xtask build` puts the eBPF object; `agent/build.rs` embeds it.
+fn bpf_object(root: &std::path::Path) -> PathBuf {
+    root.join("target/ebpf/evpleg.bpf.o")
+}
+
+/// Builds the kernel programs with nightly for bpfel-unknown-none.
+fn build_ebpf(root: &std::path::Path) -> Result<()> {
+    util::step("building the eBPF object (nightly, bpfel-unknown-none)");
+    let dir = root.join("ebpf/programs");
+    let mut cmd = util::nightly_cargo(root, &dir);
+    cmd.args(["build", "--release"]);
+    util::run(&mut cmd)?;
+    let built = dir.join("target/bpfel-unknown-none/release/evpleg");
+    let dest = bpf_object(root);
+    std::fs::create_dir_all(dest.parent().expect("has a parent"))?;
+    // Only replace the embedded object when it changed, so cargo does not rebuild
+    // the agent for nothing.
+    let new = std::fs::read(&built)?;
+    if std::fs::read(&dest).ok().as_deref() != Some(new.as_slice()) {
+        std::fs::write(&dest, &new)?;
+    }
+    util::info(&format!("eBPF object: {} ({} bytes)", dest.display(), new.len()));
+    Ok(())
+}
+
+fn build(root: &std::path::Path, release: bool) -> Result<()> {
+    build_ebpf(root)?;
+    util::step("building the agent");
+    let mut cmd = util::cargo(root);
+    cmd.args(["build", "--package", "evpleg", "--bin", "evpleg"]);
+    if release {
+        cmd.arg("--release");
+    }
+    util::run(&mut cmd)
+}
+
+fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
+    let agent = root.join("target/release/evpleg");
+    if demo {
+        return util::demo(&agent, args);
+    }
+    util::step("running the agent (Ctrl-C stops it)");
+    let mut cmd = std::process::Command::new(&agent);
+    cmd.args(args);
+    util::run(&mut cmd)
+}
+
+fn test(root: &std::path::Path, args: &[String]) -> Result<()> {
+    build_ebpf(root)?;
+    util::step("checking formatting");
+    util::run(util::cargo(root).args(["fmt", "--all", "--check"]))?;
+    util::step("clippy on the user-space crates");
+    util::run(util::cargo(root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    util::step("clippy on the eBPF crate (its own target)");
+    let dir = root.join("ebpf/programs");
+    util::run(util::nightly_cargo(root, &dir).args(["clippy", "--release", "--", "-D", "warnings"]))?;
+    util::step("running every test tier (unit, privileged, end-to-end)");
+    let mut cmd = util::cargo(root);
+    cmd.args(["test", "--workspace"]);
+    if !args.is_empty() {
+        cmd.arg("--").args(args);
+    }
+    util::run(&mut cmd)
+}

@@ -19,6 +19,11 @@ use super::btf;
 static EMBEDDED_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/evpleg.bpf.o"));
 
+/// Whether `cargo xtask build` had built the eBPF object when this crate was built.
+pub fn embedded_object_present() -> bool {
+    !EMBEDDED_OBJECT.is_empty()
+}
+
 /// The programs, in attach order (cgroup reports first, so that a container's
 /// cgroup is reported before any of its processes).
 pub const PROGRAMS: [&str; 5] = [

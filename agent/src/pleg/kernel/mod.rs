@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 pub use loader::{LoadError, LoaderConfig};
-pub use reader::{Command, KernelStats, monotonic_ns};
+pub use reader::{Command, KernelStats, RecordTap, monotonic_ns};
 
 use super::{ContainerId, PodLifecycleEvent, RelistSignal};
 
@@ -93,13 +93,12 @@ pub struct KernelPleg {
 impl KernelPleg {
     /// Loads and attaches the programs, scans the existing cgroups and starts the
     /// reader. Lifecycle events go to `events` (never blocking: a full channel is
-    /// counted and raises `relist`). `on_receipt` is called on the reader thread
-    /// with each record's kernel-to-reader delay in ns.
+    /// counted and raises `relist`). `tap` sees every decoded record.
     pub fn start(
         config: KernelPlegConfig,
         events: mpsc::Sender<PodLifecycleEvent>,
         relist: Arc<RelistSignal>,
-        on_receipt: Option<Box<dyn Fn(u64) + Send>>,
+        tap: Option<RecordTap>,
     ) -> Result<Self, KernelPlegError> {
         let cgroup2_mount = index::cgroup2_mount()
             .map_err(|source| KernelPlegError::Proc {
@@ -150,7 +149,7 @@ impl KernelPleg {
             stop: stop.clone(),
             commands: command_rx,
             realtime_priority: config.realtime_priority,
-            on_receipt,
+            tap,
         };
         let thread = std::thread::Builder::new()
             .name("evpleg-ringbuf".into())

@@ -55,6 +55,10 @@ pub struct KernelStats {
     pub latency_count: AtomicU64,
 }
 
+/// Called on the reader thread with every decoded record and its delay from the
+/// kernel's timestamp to receipt, in ns (metrics, tests, the benchmark).
+pub type RecordTap = Box<dyn Fn(&KernelEvent, u64) + Send>;
+
 /// Commands to the reader thread.
 #[derive(Debug)]
 pub enum Command {
@@ -72,7 +76,7 @@ pub(super) struct Reader {
     pub stop: Arc<AtomicBool>,
     pub commands: std_mpsc::Receiver<Command>,
     pub realtime_priority: Option<i32>,
-    pub on_receipt: Option<Box<dyn Fn(u64) + Send>>,
+    pub tap: Option<RecordTap>,
 }
 
 /// Tries to make the calling thread SCHED_FIFO at `priority`.
@@ -184,8 +188,8 @@ impl Reader {
                         let delay = now.saturating_sub(ev.at_ns());
                         self.stats.latency_sum_ns.fetch_add(delay, Ordering::Relaxed);
                         self.stats.latency_count.fetch_add(1, Ordering::Relaxed);
-                        if let Some(f) = &self.on_receipt {
-                            f(delay);
+                        if let Some(tap) = &self.tap {
+                            tap(&ev, delay);
                         }
                         records.push(ev);
                     }

@@ -1,0 +1,140 @@
+//! A running kernel PLEG for tests: lifecycle events and a tap on raw records, both
+//! waited for with a timeout.
+
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use evpleg::pleg::kernel::event::KernelEvent;
+use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig};
+use evpleg::pleg::{EventKind, PodLifecycleEvent, RelistSignal};
+use tokio::sync::mpsc;
+
+/// How long a test waits for an event that should come at once.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+pub struct PlegUnderTest {
+    pub pleg: KernelPleg,
+    pub relist: Arc<RelistSignal>,
+    events: mpsc::Receiver<PodLifecycleEvent>,
+    records: std_mpsc::Receiver<(KernelEvent, u64)>,
+    pending_events: Vec<PodLifecycleEvent>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl PlegUnderTest {
+    /// Starts a kernel PLEG with the default roots, adjusted by `configure`.
+    pub fn start(configure: impl FnOnce(&mut KernelPlegConfig)) -> Self {
+        Self::start_with_channel(1000, configure)
+    }
+
+    pub fn start_with_channel(capacity: usize, configure: impl FnOnce(&mut KernelPlegConfig)) -> Self {
+        let mut config = KernelPlegConfig::default();
+        configure(&mut config);
+        let (tx, events) = mpsc::channel(capacity);
+        let (record_tx, records) = std_mpsc::channel();
+        let relist = Arc::new(RelistSignal::new());
+        let tap = Box::new(move |ev: &KernelEvent, delay: u64| {
+            let _ = record_tx.send((ev.clone(), delay));
+        });
+        let pleg = KernelPleg::start(config, tx, relist.clone(), Some(tap))
+            .unwrap_or_else(|e| panic!("starting the kernel pleg: {e}"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a tokio runtime");
+        Self {
+            pleg,
+            relist,
+            events,
+            records,
+            pending_events: Vec::new(),
+            runtime,
+        }
+    }
+
+    /// The next event of `container_id` (events of other containers, from tests
+    /// running alongside, are kept for later calls). Panics after the timeout.
+    pub fn event(&mut self, container_id: &str) -> PodLifecycleEvent {
+        let matches = |e: &PodLifecycleEvent| e.container_id.as_ref().is_some_and(|c| c.as_str() == container_id);
+        if let Some(i) = self.pending_events.iter().position(matches) {
+            return self.pending_events.remove(i);
+        }
+        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        let deadline = tokio::time::Instant::from_std(deadline);
+        loop {
+            let events = &mut self.events;
+            let next = self
+                .runtime
+                .block_on(async { tokio::time::timeout_at(deadline, events.recv()).await });
+            match next {
+                Ok(Some(e)) if matches(&e) => return e,
+                Ok(Some(e)) => self.pending_events.push(e),
+                Ok(None) => panic!("the kernel pleg's event channel closed"),
+                Err(_) => panic!(
+                    "no event for container {container_id} within {EVENT_TIMEOUT:?}; other events: {:?}",
+                    self.pending_events
+                ),
+            }
+        }
+    }
+
+    /// The next event of `container_id`, which must be of `kind`.
+    pub fn expect(&mut self, container_id: &str, kind: EventKind) -> PodLifecycleEvent {
+        let e = self.event(container_id);
+        assert_eq!(e.kind, kind, "unexpected event for {container_id}: {e:?}");
+        e
+    }
+
+    /// Waits until a relist is requested; returns whether one was within `timeout`.
+    pub fn wait_relist(&self, timeout: Duration) -> bool {
+        let relist = self.relist.clone();
+        self.runtime
+            .block_on(async { tokio::time::timeout(timeout, relist.requested()).await.is_ok() })
+    }
+
+    /// Every event received so far without waiting, for `container_id`.
+    pub fn drain_events(&mut self, container_id: &str) -> Vec<PodLifecycleEvent> {
+        while let Ok(e) = self.events.try_recv() {
+            self.pending_events.push(e);
+        }
+        let (mine, others) = self
+            .pending_events
+            .drain(..)
+            .partition(|e| e.container_id.as_ref().is_some_and(|c| c.as_str() == container_id));
+        self.pending_events = others;
+        mine
+    }
+
+    /// The first raw record satisfying `pred`, with its kernel-to-reader delay;
+    /// records before it are discarded. Panics after `timeout`.
+    pub fn record(&self, timeout: Duration, mut pred: impl FnMut(&KernelEvent) -> bool) -> (KernelEvent, u64) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.records.recv_timeout(left) {
+                Ok((ev, delay)) if pred(&ev) => return (ev, delay),
+                Ok(_) => {}
+                Err(_) => panic!("no matching kernel record within {timeout:?}"),
+            }
+        }
+    }
+
+    /// Calls `f` on every raw record until it returns `true` or `timeout` passes;
+    /// returns whether it finished.
+    pub fn records_until(&self, timeout: Duration, mut f: impl FnMut(&KernelEvent) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.records.recv_timeout(left) {
+                Ok((ev, _)) => {
+                    if f(&ev) {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+}

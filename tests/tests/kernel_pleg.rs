@@ -1,0 +1,387 @@
+//! Privileged tests of the kernel PLEG on the real kernel, with real cgroups and
+//! processes and no container runtime. They skip with a reason without root, BTF
+//! or the eBPF object, and fail instead under `CI=true`.
+
+use std::io::Write;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use evpleg::pleg::kernel::event::KernelEvent;
+use evpleg::pleg::{EventKind, EventSource};
+use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring, v1_memory};
+use evpleg_tests::pleg::PlegUnderTest;
+use evpleg_tests::privileged;
+
+const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn exec_and_exit_records_of_bin_true() {
+    if !privileged("exec_and_exit_records_of_bin_true") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let pleg = PlegUnderTest::start(|_| {});
+    let mut child = cg.command("/bin/true").spawn().expect("spawn /bin/true");
+    let pid = child.id();
+    assert!(child.wait().expect("wait").success());
+    let (exec, _) = pleg.record(RECORD_TIMEOUT, |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == pid));
+    let KernelEvent::Exec(exec) = exec else { unreachable!() };
+    assert_eq!(exec.cgroup_id, cg.id());
+    assert_eq!(exec.filename, "/bin/true");
+    let (exit, delay) = pleg.record(RECORD_TIMEOUT, |e| matches!(e, KernelEvent::Exit(x) if x.process.pid == pid));
+    let KernelEvent::Exit(exit) = exit else { unreachable!() };
+    assert_eq!(exit.cgroup_id, cg.id());
+    assert_eq!(exit.wait_status, 0);
+    assert_eq!(exit.status.code, 0);
+    assert_eq!(exit.process, exec.process, "the same process (pid and start time)");
+    eprintln!("exit record reached user space {delay} ns after the kernel saw it");
+}
+
+#[test]
+fn started_died_with_exit_code_7_and_removed() {
+    if !privileged("started_died_with_exit_code_7_and_removed") {
+        return;
+    }
+    let mut cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    let mut child = cg.command("/bin/sh").args(["-c", "exit 7"]).spawn().expect("spawn sh");
+    let pid = child.id();
+    assert_eq!(child.wait().expect("wait").code(), Some(7));
+    let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+    assert_eq!(started.pod_uid.as_ref().map(|u| u.as_str()), Some(cg.pod_uid.as_str()));
+    assert_eq!((started.pid, started.source), (Some(pid), EventSource::Kernel));
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    let exit = died.exit.expect("an exit status");
+    assert_eq!((exit.code, exit.signal, exit.oom_killed), (7, None, false));
+    assert_eq!(died.pid, Some(pid));
+    assert!(died.at_ns >= started.at_ns);
+    cg.remove_container();
+    let removed = pleg.expect(&cg.container_id, EventKind::ContainerRemoved);
+    assert_eq!(removed.pod_uid, started.pod_uid);
+    assert_eq!(pleg.relist.count(), 0, "nothing was lost");
+}
+
+#[test]
+fn systemd_and_containerd_layouts_are_attributed() {
+    if !privileged("systemd_and_containerd_layouts_are_attributed") {
+        return;
+    }
+    let systemd = ContainerCgroup::new(Layout::Systemd);
+    let no_parent = ContainerCgroup::new(Layout::ContainerdNoParent);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    for cg in [&systemd, &no_parent] {
+        let status = cg.command("/bin/sh").args(["-c", "exit 3"]).status().expect("run sh");
+        assert_eq!(status.code(), Some(3));
+    }
+    let started = pleg.expect(&systemd.container_id, EventKind::ContainerStarted);
+    assert_eq!(started.pod_uid.map(|u| u.to_string()), Some(systemd.pod_uid.clone()));
+    let died = pleg.expect(&systemd.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(3));
+    let started = pleg.expect(&no_parent.container_id, EventKind::ContainerStarted);
+    assert_eq!(started.pod_uid, None, "/k8s.io/<id> does not name the pod");
+    let died = pleg.expect(&no_parent.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(3));
+}
+
+#[test]
+fn died_by_sigkill() {
+    if !privileged("died_by_sigkill") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    let mut child = cg.command("/bin/sleep").arg("600").spawn().expect("spawn sleep");
+    let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+    assert_eq!(started.pid, Some(child.id()));
+    child.kill().expect("kill");
+    assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGKILL));
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    let exit = died.exit.expect("an exit status");
+    assert_eq!((exit.code, exit.signal, exit.oom_killed), (137, Some(9), false));
+}
+
+#[test]
+fn oom_killed() {
+    if !privileged("oom_killed") {
+        return;
+    }
+    let cg = ContainerCgroup::with_v1_memory(Layout::Cgroupfs);
+    cg.limit_memory(16 << 20);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    // dd allocates a 256 MiB buffer and fills it from /dev/zero: far over the limit.
+    let status = cg
+        .command("/bin/dd")
+        .args(["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"])
+        .stderr(Stdio::null())
+        .status()
+        .expect("run dd");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "dd was not OOM-killed: {status:?}");
+    pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    let exit = died.exit.expect("an exit status");
+    assert!(exit.oom_killed, "not reported as OOM-killed: {exit:?}");
+    assert_eq!((exit.code, exit.signal), (137, Some(9)));
+}
+
+#[test]
+fn process_shorter_than_a_millisecond_in_a_new_cgroup_is_reported() {
+    if !privileged("process_shorter_than_a_millisecond_in_a_new_cgroup_is_reported") {
+        return;
+    }
+    let mut pleg = PlegUnderTest::start(|_| {});
+    // The cgroup is created right before the process, so user space may not have
+    // read its mkdir yet when the process runs: the kernel filter goes by ancestry.
+    let mut shortest = u64::MAX;
+    for _ in 0..5 {
+        let cg = ContainerCgroup::new(Layout::Cgroupfs);
+        let status = cg.command("/bin/true").status().expect("run true");
+        assert!(status.success());
+        let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+        let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+        assert_eq!(died.exit.map(|e| e.code), Some(0));
+        shortest = shortest.min(died.at_ns - started.at_ns);
+        if shortest < 1_000_000 {
+            break;
+        }
+    }
+    eprintln!("shortest lifetime seen: {shortest} ns");
+    assert!(shortest < 1_000_000, "no run of /bin/true lived under 1 ms ({shortest} ns)");
+}
+
+#[test]
+fn process_started_before_the_agent_reports_its_exit_code() {
+    if !privileged("process_started_before_the_agent_reports_its_exit_code") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut child = cg
+        .command("/bin/sh")
+        .args(["-c", "read line; exit 5"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn sh");
+    // The shell has exec'd once it is in the cgroup and its /proc/<pid>/exe is sh.
+    let exe = std::path::Path::new("/proc").join(child.id().to_string()).join("exe");
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while std::fs::read_link(&exe).map(|p| !p.ends_with("sh") && !p.to_string_lossy().contains("dash") && !p.to_string_lossy().contains("bash")).unwrap_or(true) {
+        assert!(Instant::now() < deadline, "the shell never started");
+        std::thread::yield_now();
+    }
+    let mut pleg = PlegUnderTest::start(|_| {});
+    child.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    assert_eq!(child.wait().expect("wait").code(), Some(5));
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(5));
+    assert_eq!(died.pid, Some(child.id()));
+}
+
+#[test]
+fn process_outside_the_roots_is_not_reported() {
+    if !privileged("process_outside_the_roots_is_not_reported") {
+        return;
+    }
+    let outside = OutsideCgroup::new();
+    let inside = ContainerCgroup::new(Layout::Cgroupfs);
+    let pleg = PlegUnderTest::start(|_| {});
+    let filtered_before = pleg.pleg.stats().kernel_filtered.load(std::sync::atomic::Ordering::Relaxed);
+    let status = outside.command("/bin/true").status().expect("run true outside");
+    assert!(status.success());
+    // Then a process inside: the ring buffer is ordered, so once its exit is read,
+    // a record of the outside process would have been read before it.
+    let mut child = inside.command("/bin/true").spawn().expect("run true inside");
+    let inside_pid = child.id();
+    child.wait().expect("wait");
+    let outside_id = outside.id();
+    let mut outside_records = 0;
+    let done = pleg.records_until(RECORD_TIMEOUT, |e| {
+        match e {
+            KernelEvent::Exec(x) if x.cgroup_id == outside_id => outside_records += 1,
+            KernelEvent::Exit(x) if x.cgroup_id == outside_id => outside_records += 1,
+            _ => {}
+        }
+        matches!(e, KernelEvent::Exit(x) if x.process.pid == inside_pid)
+    });
+    assert!(done, "the inside process's exit was not reported");
+    assert_eq!(outside_records, 0, "a process outside the roots was reported");
+    // The reader reads the kernel's counters every 100 ms.
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while pleg.pleg.stats().kernel_filtered.load(std::sync::atomic::Ordering::Relaxed) == filtered_before {
+        assert!(Instant::now() < deadline, "the kernel's filtered counter did not move");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `sh -c 'read line; exit 7'` as the container's main process in a private
+/// PID namespace, as runc does: the process that joins the cgroup unshares the
+/// namespace and forks; the child (pid 1 inside) execs, the parent waits.
+#[test]
+fn main_process_in_a_private_pid_namespace() {
+    if !privileged("main_process_in_a_private_pid_namespace") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    let procs = path_cstring(&cg.dir().join("cgroup.procs"));
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", "read line; exit 7"]).stdin(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            join_cgroup(&procs)?;
+            if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            fork_and_wait_in_parent()
+        });
+    }
+    let mut waiter = cmd.spawn().expect("spawn");
+    let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+    let main_pid = started.pid.expect("a pid");
+    assert_ne!(main_pid, waiter.id(), "the waiting parent never exec'd: not the main process");
+    assert_eq!(ns_pid(main_pid), Some(1), "the main process is pid 1 in its namespace");
+    waiter.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    assert_eq!(waiter.wait().expect("wait").code(), Some(7));
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    assert_eq!((died.pid, died.exit.map(|e| e.code)), (Some(main_pid), Some(7)));
+    // The waiter's own exit is not a second death.
+    assert!(pleg.drain_events(&cg.container_id).is_empty());
+}
+
+/// A pod-shared PID namespace: a sandbox (pid 1 of the namespace) in one cgroup, a
+/// container joining its namespace in another; the container's main process is
+/// not pid 1 there.
+#[test]
+fn main_process_in_a_pod_shared_pid_namespace() {
+    if !privileged("main_process_in_a_pod_shared_pid_namespace") {
+        return;
+    }
+    let sandbox = ContainerCgroup::new(Layout::Cgroupfs);
+    let container = sandbox.sibling(Layout::Cgroupfs);
+    let mut pleg = PlegUnderTest::start(|_| {});
+
+    let procs = path_cstring(&sandbox.dir().join("cgroup.procs"));
+    let mut cmd = std::process::Command::new("/bin/sleep");
+    cmd.arg("600");
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            join_cgroup(&procs)?;
+            if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            fork_and_wait_in_parent()
+        });
+    }
+    let mut sandbox_waiter = cmd.spawn().expect("spawn sandbox");
+    let pause = pleg.expect(&sandbox.container_id, EventKind::ContainerStarted).pid.expect("pid");
+    assert_eq!(ns_pid(pause), Some(1));
+
+    let ns = std::fs::File::open(format!("/proc/{pause}/ns/pid")).expect("open the sandbox's pid ns");
+    let ns_fd = std::os::fd::AsRawFd::as_raw_fd(&ns);
+    let procs = path_cstring(&container.dir().join("cgroup.procs"));
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", "read line; exit 7"]).stdin(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec; `ns` outlives spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            join_cgroup(&procs)?;
+            if libc::setns(ns_fd, libc::CLONE_NEWPID) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            fork_and_wait_in_parent()
+        });
+    }
+    let mut waiter = cmd.spawn().expect("spawn container");
+    let started = pleg.expect(&container.container_id, EventKind::ContainerStarted);
+    let main_pid = started.pid.expect("pid");
+    let inner = ns_pid(main_pid).expect("NSpid of the main process");
+    assert!(inner > 1, "the container shares the sandbox's namespace (pid {inner} there)");
+    waiter.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    assert_eq!(waiter.wait().expect("wait").code(), Some(7));
+    let died = pleg.expect(&container.container_id, EventKind::ContainerDied);
+    assert_eq!((died.pid, died.exit.map(|e| e.code)), (Some(main_pid), Some(7)));
+    // The sandbox is untouched until killed.
+    assert!(pleg.drain_events(&sandbox.container_id).is_empty());
+    // SAFETY: plain signal.
+    unsafe { libc::kill(pause as i32, libc::SIGKILL) };
+    sandbox_waiter.wait().expect("wait sandbox");
+    let died = pleg.expect(&sandbox.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.and_then(|e| e.signal), Some(9));
+}
+
+#[test]
+fn full_event_channel_is_counted_and_requests_a_relist() {
+    if !privileged("full_event_channel_is_counted_and_requests_a_relist") {
+        return;
+    }
+    // A channel of one, never read: the second event cannot be delivered.
+    let pleg = PlegUnderTest::start_with_channel(1, |_| {});
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let status = cg.command("/bin/sh").args(["-c", "exit 1"]).status().expect("run sh");
+    assert_eq!(status.code(), Some(1));
+    assert!(pleg.wait_relist(RECORD_TIMEOUT), "no relist requested for a discarded event");
+    assert!(pleg.pleg.stats().discarded.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id() {
+    if !privileged("v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id") {
+        return;
+    }
+    let Some((memory_id, _)) = v1_memory() else {
+        eprintln!("SKIPPED v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id: this host has no v1 memory hierarchy (cgroup2 only)");
+        return;
+    };
+    let pleg = PlegUnderTest::start(|c| c.v1_hierarchies = vec![memory_id]);
+    let cg = ContainerCgroup::with_v1_memory(Layout::Cgroupfs);
+    let mut seen = Vec::new();
+    let done = pleg.records_until(RECORD_TIMEOUT, |e| {
+        if let KernelEvent::CgroupMkdir(c) = e
+            && c.path == cg.path
+        {
+            seen.push(c.hierarchy_id);
+        }
+        seen.contains(&0) && seen.contains(&memory_id)
+    });
+    assert!(done, "mkdir of {} seen in hierarchies {seen:?}, expected 0 and {memory_id}", cg.path);
+}
+
+/// In the pre_exec of a process that just entered a new PID namespace (or
+/// `setns`ed into one): fork; the child returns and execs, the parent waits and
+/// exits with the child's status.
+unsafe fn fork_and_wait_in_parent() -> std::io::Result<()> {
+    // SAFETY: fork in a single-threaded child of fork; async-signal-safe calls only.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if pid > 0 {
+            // std's spawn waits for its exec-error pipe to close: the child closes
+            // it by exec'ing, the waiter must close its copy (and every other fd).
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, 0);
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+            libc::_exit(code);
+        }
+    }
+    Ok(())
+}
+
+/// The pid of `pid` in its own (innermost) PID namespace, from NSpid.
+fn ns_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
