@@ -35,7 +35,11 @@ pub struct Args {
     pub cgroup_roots: Vec<String>,
 
     /// Also index these cgroup v1 hierarchy ids (hybrid hosts), e.g. the memory one.
-    #[arg(long = "v1-hierarchy", env = "EVPLEG_V1_HIERARCHIES", value_delimiter = ',')]
+    #[arg(
+        long = "v1-hierarchy",
+        env = "EVPLEG_V1_HIERARCHIES",
+        value_delimiter = ','
+    )]
     pub v1_hierarchies: Vec<u32>,
 
     /// Ring buffer size in bytes (a power of two, at least a page).
@@ -74,8 +78,14 @@ mod tests {
     #[test]
     fn defaults_and_overrides() {
         let args = Args::try_parse_from(["evpleg"]).unwrap();
-        assert_eq!(args.cgroup_roots, ["/kubepods", "/kubepods.slice", "/k8s.io"]);
-        assert_eq!(args.kernel_pleg().realtime_priority, Some(DEFAULT_REALTIME_PRIORITY));
+        assert_eq!(
+            args.cgroup_roots,
+            ["/kubepods", "/kubepods.slice", "/k8s.io"]
+        );
+        assert_eq!(
+            args.kernel_pleg().realtime_priority,
+            Some(DEFAULT_REALTIME_PRIORITY)
+        );
         let args = Args::try_parse_from([
             "evpleg",
             "--cgroup-root",

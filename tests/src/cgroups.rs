@@ -2,8 +2,8 @@
 //! with any process still in them killed first.
 
 use std::collections::HashMap;
-use std::fs;
 use std::ffi::CString;
+use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -42,12 +42,15 @@ pub fn cgroup2() -> PathBuf {
 
 /// The v1 memory hierarchy's id and mount point, on hybrid hosts.
 pub fn v1_memory() -> Option<(u32, PathBuf)> {
-    v1_hierarchies().ok()?.into_iter().find_map(|(id, controllers, mount)| {
-        controllers
-            .split(',')
-            .any(|c| c == "memory")
-            .then_some((id, mount))
-    })
+    v1_hierarchies()
+        .ok()?
+        .into_iter()
+        .find_map(|(id, controllers, mount)| {
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then_some((id, mount))
+        })
 }
 
 /// A container cgroup (and its pod cgroup) under one or more hierarchies.
@@ -117,7 +120,8 @@ impl ContainerCgroup {
                     dir.push(part);
                     let entry = registry.entry(dir.clone()).or_insert((0, false));
                     if entry.0 == 0 && !dir.exists() {
-                        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                        fs::create_dir(&dir)
+                            .unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
                         entry.1 = true;
                     }
                     entry.0 += 1;

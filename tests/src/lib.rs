@@ -19,7 +19,11 @@ pub fn privileged(test: &str) -> bool {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         missing.push("kernel BTF (/sys/kernel/btf/vmlinux)");
     }
-    if evpleg::pleg::kernel::index::cgroup2_mount().ok().flatten().is_none() {
+    if evpleg::pleg::kernel::index::cgroup2_mount()
+        .ok()
+        .flatten()
+        .is_none()
+    {
         missing.push("a cgroup2 hierarchy");
     }
     if !evpleg::pleg::kernel::loader::embedded_object_present() {
@@ -44,7 +48,11 @@ pub fn unique_u64() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let mut x = t ^ (u64::from(std::process::id()) << 32) ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut x = t
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
     // splitmix64 finaliser
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -29,7 +29,10 @@ impl PlegUnderTest {
         Self::start_with_channel(1000, configure)
     }
 
-    pub fn start_with_channel(capacity: usize, configure: impl FnOnce(&mut KernelPlegConfig)) -> Self {
+    pub fn start_with_channel(
+        capacity: usize,
+        configure: impl FnOnce(&mut KernelPlegConfig),
+    ) -> Self {
         let mut config = KernelPlegConfig::default();
         configure(&mut config);
         let (tx, events) = mpsc::channel(capacity);
@@ -57,7 +60,11 @@ impl PlegUnderTest {
     /// The next event of `container_id` (events of other containers, from tests
     /// running alongside, are kept for later calls). Panics after the timeout.
     pub fn event(&mut self, container_id: &str) -> PodLifecycleEvent {
-        let matches = |e: &PodLifecycleEvent| e.container_id.as_ref().is_some_and(|c| c.as_str() == container_id);
+        let matches = |e: &PodLifecycleEvent| {
+            e.container_id
+                .as_ref()
+                .is_some_and(|c| c.as_str() == container_id)
+        };
         if let Some(i) = self.pending_events.iter().position(matches) {
             return self.pending_events.remove(i);
         }
@@ -90,8 +97,11 @@ impl PlegUnderTest {
     /// Waits until a relist is requested; returns whether one was within `timeout`.
     pub fn wait_relist(&self, timeout: Duration) -> bool {
         let relist = self.relist.clone();
-        self.runtime
-            .block_on(async { tokio::time::timeout(timeout, relist.requested()).await.is_ok() })
+        self.runtime.block_on(async {
+            tokio::time::timeout(timeout, relist.requested())
+                .await
+                .is_ok()
+        })
     }
 
     /// Every event received so far without waiting, for `container_id`.
@@ -99,17 +109,22 @@ impl PlegUnderTest {
         while let Ok(e) = self.events.try_recv() {
             self.pending_events.push(e);
         }
-        let (mine, others) = self
-            .pending_events
-            .drain(..)
-            .partition(|e| e.container_id.as_ref().is_some_and(|c| c.as_str() == container_id));
+        let (mine, others) = self.pending_events.drain(..).partition(|e| {
+            e.container_id
+                .as_ref()
+                .is_some_and(|c| c.as_str() == container_id)
+        });
         self.pending_events = others;
         mine
     }
 
     /// The first raw record satisfying `pred`, with its kernel-to-reader delay;
     /// records before it are discarded. Panics after `timeout`.
-    pub fn record(&self, timeout: Duration, mut pred: impl FnMut(&KernelEvent) -> bool) -> (KernelEvent, u64) {
+    pub fn record(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&KernelEvent) -> bool,
+    ) -> (KernelEvent, u64) {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -123,7 +138,11 @@ impl PlegUnderTest {
 
     /// Calls `f` on every raw record until it returns `true` or `timeout` passes;
     /// returns whether it finished.
-    pub fn records_until(&self, timeout: Duration, mut f: impl FnMut(&KernelEvent) -> bool) -> bool {
+    pub fn records_until(
+        &self,
+        timeout: Duration,
+        mut f: impl FnMut(&KernelEvent) -> bool,
+    ) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

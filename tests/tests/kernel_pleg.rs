@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::{EventKind, EventSource};
-use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring, v1_memory};
+use evpleg_tests::cgroups::{
+    ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring, v1_memory,
+};
 use evpleg_tests::pleg::PlegUnderTest;
 use evpleg_tests::privileged;
 
@@ -25,16 +27,29 @@ fn exec_and_exit_records_of_bin_true() {
     let mut child = cg.command("/bin/true").spawn().expect("spawn /bin/true");
     let pid = child.id();
     assert!(child.wait().expect("wait").success());
-    let (exec, _) = pleg.record(RECORD_TIMEOUT, |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == pid));
-    let KernelEvent::Exec(exec) = exec else { unreachable!() };
+    let (exec, _) = pleg.record(
+        RECORD_TIMEOUT,
+        |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == pid),
+    );
+    let KernelEvent::Exec(exec) = exec else {
+        unreachable!()
+    };
     assert_eq!(exec.cgroup_id, cg.id());
     assert_eq!(exec.filename, "/bin/true");
-    let (exit, delay) = pleg.record(RECORD_TIMEOUT, |e| matches!(e, KernelEvent::Exit(x) if x.process.pid == pid));
-    let KernelEvent::Exit(exit) = exit else { unreachable!() };
+    let (exit, delay) = pleg.record(
+        RECORD_TIMEOUT,
+        |e| matches!(e, KernelEvent::Exit(x) if x.process.pid == pid),
+    );
+    let KernelEvent::Exit(exit) = exit else {
+        unreachable!()
+    };
     assert_eq!(exit.cgroup_id, cg.id());
     assert_eq!(exit.wait_status, 0);
     assert_eq!(exit.status.code, 0);
-    assert_eq!(exit.process, exec.process, "the same process (pid and start time)");
+    assert_eq!(
+        exit.process, exec.process,
+        "the same process (pid and start time)"
+    );
     eprintln!("exit record reached user space {delay} ns after the kernel saw it");
 }
 
@@ -45,12 +60,22 @@ fn started_died_with_exit_code_7_and_removed() {
     }
     let mut cg = ContainerCgroup::new(Layout::Cgroupfs);
     let mut pleg = PlegUnderTest::start(|_| {});
-    let mut child = cg.command("/bin/sh").args(["-c", "exit 7"]).spawn().expect("spawn sh");
+    let mut child = cg
+        .command("/bin/sh")
+        .args(["-c", "exit 7"])
+        .spawn()
+        .expect("spawn sh");
     let pid = child.id();
     assert_eq!(child.wait().expect("wait").code(), Some(7));
     let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
-    assert_eq!(started.pod_uid.as_ref().map(|u| u.as_str()), Some(cg.pod_uid.as_str()));
-    assert_eq!((started.pid, started.source), (Some(pid), EventSource::Kernel));
+    assert_eq!(
+        started.pod_uid.as_ref().map(|u| u.as_str()),
+        Some(cg.pod_uid.as_str())
+    );
+    assert_eq!(
+        (started.pid, started.source),
+        (Some(pid), EventSource::Kernel)
+    );
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     let exit = died.exit.expect("an exit status");
     assert_eq!((exit.code, exit.signal, exit.oom_killed), (7, None, false));
@@ -71,11 +96,18 @@ fn systemd_and_containerd_layouts_are_attributed() {
     let no_parent = ContainerCgroup::new(Layout::ContainerdNoParent);
     let mut pleg = PlegUnderTest::start(|_| {});
     for cg in [&systemd, &no_parent] {
-        let status = cg.command("/bin/sh").args(["-c", "exit 3"]).status().expect("run sh");
+        let status = cg
+            .command("/bin/sh")
+            .args(["-c", "exit 3"])
+            .status()
+            .expect("run sh");
         assert_eq!(status.code(), Some(3));
     }
     let started = pleg.expect(&systemd.container_id, EventKind::ContainerStarted);
-    assert_eq!(started.pod_uid.map(|u| u.to_string()), Some(systemd.pod_uid.clone()));
+    assert_eq!(
+        started.pod_uid.map(|u| u.to_string()),
+        Some(systemd.pod_uid.clone())
+    );
     let died = pleg.expect(&systemd.container_id, EventKind::ContainerDied);
     assert_eq!(died.exit.map(|e| e.code), Some(3));
     let started = pleg.expect(&no_parent.container_id, EventKind::ContainerStarted);
@@ -91,14 +123,21 @@ fn died_by_sigkill() {
     }
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
     let mut pleg = PlegUnderTest::start(|_| {});
-    let mut child = cg.command("/bin/sleep").arg("600").spawn().expect("spawn sleep");
+    let mut child = cg
+        .command("/bin/sleep")
+        .arg("600")
+        .spawn()
+        .expect("spawn sleep");
     let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
     assert_eq!(started.pid, Some(child.id()));
     child.kill().expect("kill");
     assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGKILL));
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     let exit = died.exit.expect("an exit status");
-    assert_eq!((exit.code, exit.signal, exit.oom_killed), (137, Some(9), false));
+    assert_eq!(
+        (exit.code, exit.signal, exit.oom_killed),
+        (137, Some(9), false)
+    );
 }
 
 #[test]
@@ -116,7 +155,11 @@ fn oom_killed() {
         .stderr(Stdio::null())
         .status()
         .expect("run dd");
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "dd was not OOM-killed: {status:?}");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "dd was not OOM-killed: {status:?}"
+    );
     pleg.expect(&cg.container_id, EventKind::ContainerStarted);
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     let exit = died.exit.expect("an exit status");
@@ -146,7 +189,10 @@ fn process_shorter_than_a_millisecond_in_a_new_cgroup_is_reported() {
         }
     }
     eprintln!("shortest lifetime seen: {shortest} ns");
-    assert!(shortest < 1_000_000, "no run of /bin/true lived under 1 ms ({shortest} ns)");
+    assert!(
+        shortest < 1_000_000,
+        "no run of /bin/true lived under 1 ms ({shortest} ns)"
+    );
 }
 
 #[test]
@@ -162,14 +208,28 @@ fn process_started_before_the_agent_reports_its_exit_code() {
         .spawn()
         .expect("spawn sh");
     // The shell has exec'd once it is in the cgroup and its /proc/<pid>/exe is sh.
-    let exe = std::path::Path::new("/proc").join(child.id().to_string()).join("exe");
+    let exe = std::path::Path::new("/proc")
+        .join(child.id().to_string())
+        .join("exe");
     let deadline = Instant::now() + RECORD_TIMEOUT;
-    while std::fs::read_link(&exe).map(|p| !p.ends_with("sh") && !p.to_string_lossy().contains("dash") && !p.to_string_lossy().contains("bash")).unwrap_or(true) {
+    while std::fs::read_link(&exe)
+        .map(|p| {
+            !p.ends_with("sh")
+                && !p.to_string_lossy().contains("dash")
+                && !p.to_string_lossy().contains("bash")
+        })
+        .unwrap_or(true)
+    {
         assert!(Instant::now() < deadline, "the shell never started");
         std::thread::yield_now();
     }
     let mut pleg = PlegUnderTest::start(|_| {});
-    child.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
     assert_eq!(child.wait().expect("wait").code(), Some(5));
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     assert_eq!(died.exit.map(|e| e.code), Some(5));
@@ -184,12 +244,22 @@ fn process_outside_the_roots_is_not_reported() {
     let outside = OutsideCgroup::new();
     let inside = ContainerCgroup::new(Layout::Cgroupfs);
     let pleg = PlegUnderTest::start(|_| {});
-    let filtered_before = pleg.pleg.stats().kernel_filtered.load(std::sync::atomic::Ordering::Relaxed);
-    let status = outside.command("/bin/true").status().expect("run true outside");
+    let filtered_before = pleg
+        .pleg
+        .stats()
+        .kernel_filtered
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let status = outside
+        .command("/bin/true")
+        .status()
+        .expect("run true outside");
     assert!(status.success());
     // Then a process inside: the ring buffer is ordered, so once its exit is read,
     // a record of the outside process would have been read before it.
-    let mut child = inside.command("/bin/true").spawn().expect("run true inside");
+    let mut child = inside
+        .command("/bin/true")
+        .spawn()
+        .expect("run true inside");
     let inside_pid = child.id();
     child.wait().expect("wait");
     let outside_id = outside.id();
@@ -203,11 +273,23 @@ fn process_outside_the_roots_is_not_reported() {
         matches!(e, KernelEvent::Exit(x) if x.process.pid == inside_pid)
     });
     assert!(done, "the inside process's exit was not reported");
-    assert_eq!(outside_records, 0, "a process outside the roots was reported");
+    assert_eq!(
+        outside_records, 0,
+        "a process outside the roots was reported"
+    );
     // The reader reads the kernel's counters every 100 ms.
     let deadline = Instant::now() + RECORD_TIMEOUT;
-    while pleg.pleg.stats().kernel_filtered.load(std::sync::atomic::Ordering::Relaxed) == filtered_before {
-        assert!(Instant::now() < deadline, "the kernel's filtered counter did not move");
+    while pleg
+        .pleg
+        .stats()
+        .kernel_filtered
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == filtered_before
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the kernel's filtered counter did not move"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -238,12 +320,28 @@ fn main_process_in_a_private_pid_namespace() {
     let mut waiter = cmd.spawn().expect("spawn");
     let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
     let main_pid = started.pid.expect("a pid");
-    assert_ne!(main_pid, waiter.id(), "the waiting parent never exec'd: not the main process");
-    assert_eq!(ns_pid(main_pid), Some(1), "the main process is pid 1 in its namespace");
-    waiter.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    assert_ne!(
+        main_pid,
+        waiter.id(),
+        "the waiting parent never exec'd: not the main process"
+    );
+    assert_eq!(
+        ns_pid(main_pid),
+        Some(1),
+        "the main process is pid 1 in its namespace"
+    );
+    waiter
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
     assert_eq!(waiter.wait().expect("wait").code(), Some(7));
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
-    assert_eq!((died.pid, died.exit.map(|e| e.code)), (Some(main_pid), Some(7)));
+    assert_eq!(
+        (died.pid, died.exit.map(|e| e.code)),
+        (Some(main_pid), Some(7))
+    );
     // The waiter's own exit is not a second death.
     assert!(pleg.drain_events(&cg.container_id).is_empty());
 }
@@ -274,10 +372,14 @@ fn main_process_in_a_pod_shared_pid_namespace() {
         });
     }
     let mut sandbox_waiter = cmd.spawn().expect("spawn sandbox");
-    let pause = pleg.expect(&sandbox.container_id, EventKind::ContainerStarted).pid.expect("pid");
+    let pause = pleg
+        .expect(&sandbox.container_id, EventKind::ContainerStarted)
+        .pid
+        .expect("pid");
     assert_eq!(ns_pid(pause), Some(1));
 
-    let ns = std::fs::File::open(format!("/proc/{pause}/ns/pid")).expect("open the sandbox's pid ns");
+    let ns =
+        std::fs::File::open(format!("/proc/{pause}/ns/pid")).expect("open the sandbox's pid ns");
     let ns_fd = std::os::fd::AsRawFd::as_raw_fd(&ns);
     let procs = path_cstring(&container.dir().join("cgroup.procs"));
     let mut cmd = std::process::Command::new("/bin/sh");
@@ -296,11 +398,22 @@ fn main_process_in_a_pod_shared_pid_namespace() {
     let started = pleg.expect(&container.container_id, EventKind::ContainerStarted);
     let main_pid = started.pid.expect("pid");
     let inner = ns_pid(main_pid).expect("NSpid of the main process");
-    assert!(inner > 1, "the container shares the sandbox's namespace (pid {inner} there)");
-    waiter.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+    assert!(
+        inner > 1,
+        "the container shares the sandbox's namespace (pid {inner} there)"
+    );
+    waiter
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
     assert_eq!(waiter.wait().expect("wait").code(), Some(7));
     let died = pleg.expect(&container.container_id, EventKind::ContainerDied);
-    assert_eq!((died.pid, died.exit.map(|e| e.code)), (Some(main_pid), Some(7)));
+    assert_eq!(
+        (died.pid, died.exit.map(|e| e.code)),
+        (Some(main_pid), Some(7))
+    );
     // The sandbox is untouched until killed.
     assert!(pleg.drain_events(&sandbox.container_id).is_empty());
     // SAFETY: plain signal.
@@ -318,10 +431,23 @@ fn full_event_channel_is_counted_and_requests_a_relist() {
     // A channel of one, never read: the second event cannot be delivered.
     let pleg = PlegUnderTest::start_with_channel(1, |_| {});
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
-    let status = cg.command("/bin/sh").args(["-c", "exit 1"]).status().expect("run sh");
+    let status = cg
+        .command("/bin/sh")
+        .args(["-c", "exit 1"])
+        .status()
+        .expect("run sh");
     assert_eq!(status.code(), Some(1));
-    assert!(pleg.wait_relist(RECORD_TIMEOUT), "no relist requested for a discarded event");
-    assert!(pleg.pleg.stats().discarded.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert!(
+        pleg.wait_relist(RECORD_TIMEOUT),
+        "no relist requested for a discarded event"
+    );
+    assert!(
+        pleg.pleg
+            .stats()
+            .discarded
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
 }
 
 #[test]
@@ -330,7 +456,9 @@ fn v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id() {
         return;
     }
     let Some((memory_id, _)) = v1_memory() else {
-        eprintln!("SKIPPED v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id: this host has no v1 memory hierarchy (cgroup2 only)");
+        eprintln!(
+            "SKIPPED v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id: this host has no v1 memory hierarchy (cgroup2 only)"
+        );
         return;
     };
     let pleg = PlegUnderTest::start(|c| c.v1_hierarchies = vec![memory_id]);
@@ -344,7 +472,11 @@ fn v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id() {
         }
         seen.contains(&0) && seen.contains(&memory_id)
     });
-    assert!(done, "mkdir of {} seen in hierarchies {seen:?}, expected 0 and {memory_id}", cg.path);
+    assert!(
+        done,
+        "mkdir of {} seen in hierarchies {seen:?}, expected 0 and {memory_id}",
+        cg.path
+    );
 }
 
 /// In the pre_exec of a process that just entered a new PID namespace (or

@@ -52,19 +52,28 @@ fn spawner() {
     }
     drop(tx);
     reaper.join().expect("reaper");
-    eprintln!("spawner: {total} in {:.2} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "spawner: {total} in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]
 fn thousand_exits_per_second_for_ten_seconds() {
-    if std::env::var_os(SPAWNER_ENV).is_some() || !privileged("thousand_exits_per_second_for_ten_seconds") {
+    if std::env::var_os(SPAWNER_ENV).is_some()
+        || !privileged("thousand_exits_per_second_for_ten_seconds")
+    {
         return;
     }
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
     let pleg = PlegUnderTest::start(|_| {});
     let started = Instant::now();
     let mut spawner = cg
-        .command(&std::env::current_exe().expect("test binary").to_string_lossy())
+        .command(
+            &std::env::current_exe()
+                .expect("test binary")
+                .to_string_lossy(),
+        )
         .args(["--exact", "spawner", "--nocapture", "--test-threads", "1"])
         .env(SPAWNER_ENV, "1")
         .stdout(Stdio::piped())
@@ -73,12 +82,23 @@ fn thousand_exits_per_second_for_ten_seconds() {
     let mut pending: HashSet<u32> = BufReader::new(spawner.stdout.take().expect("stdout"))
         .lines()
         .map_while(Result::ok)
-        .filter_map(|l| l.split("spawned-pid:").nth(1).and_then(|p| p.trim().parse().ok()))
+        .filter_map(|l| {
+            l.split("spawned-pid:")
+                .nth(1)
+                .and_then(|p| p.trim().parse().ok())
+        })
         .collect();
-    assert!(spawner.wait().expect("wait spawner").success(), "the spawner failed");
+    assert!(
+        spawner.wait().expect("wait spawner").success(),
+        "the spawner failed"
+    );
     let elapsed = started.elapsed();
     let total = pending.len() as u64;
-    assert_eq!(total, RATE_PER_SECOND * SECONDS, "the spawner reported every child");
+    assert_eq!(
+        total,
+        RATE_PER_SECOND * SECONDS,
+        "the spawner reported every child"
+    );
     let id = cg.id();
     let mut seen = 0u64;
     let all = pleg.records_until(Duration::from_secs(30), |e| {
@@ -102,8 +122,15 @@ fn thousand_exits_per_second_for_ten_seconds() {
     if !all {
         // Losses are allowed only when the kernel counted them and a relist was
         // requested.
-        assert!(dropped >= pending.len() as u64, "{} exits lost, only {dropped} counted", pending.len());
-        assert!(pleg.relist.count() > 0, "records were lost but no relist was requested");
+        assert!(
+            dropped >= pending.len() as u64,
+            "{} exits lost, only {dropped} counted",
+            pending.len()
+        );
+        assert!(
+            pleg.relist.count() > 0,
+            "records were lost but no relist was requested"
+        );
     }
     assert_eq!(stats.malformed.load(Ordering::Relaxed), 0);
 }

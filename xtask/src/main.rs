@@ -90,7 +90,11 @@ fn build_ebpf(root: &std::path::Path) -> Result<()> {
     if std::fs::read(&dest).ok().as_deref() != Some(new.as_slice()) {
         std::fs::write(&dest, &new)?;
     }
-    util::info(&format!("eBPF object: {} ({} bytes)", dest.display(), new.len()));
+    util::info(&format!(
+        "eBPF object: {} ({} bytes)",
+        dest.display(),
+        new.len()
+    ));
     Ok(())
 }
 
@@ -121,10 +125,23 @@ fn test(root: &std::path::Path, args: &[String]) -> Result<()> {
     util::step("checking formatting");
     util::run(util::cargo(root).args(["fmt", "--all", "--check"]))?;
     util::step("clippy on the user-space crates");
-    util::run(util::cargo(root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    util::run(util::cargo(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     util::step("clippy on the eBPF crate (its own target)");
     let dir = root.join("ebpf/programs");
-    util::run(util::nightly_cargo(root, &dir).args(["clippy", "--release", "--", "-D", "warnings"]))?;
+    util::run(util::nightly_cargo(root, &dir).args([
+        "clippy",
+        "--release",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     util::step("running every test tier (unit, privileged, end-to-end)");
     let mut cmd = util::cargo(root);
     cmd.args(["test", "--workspace"]);

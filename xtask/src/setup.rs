@@ -88,7 +88,9 @@ fn nightly_llvm_major() -> Option<u32> {
 
 fn ensure_nightly() -> Result<()> {
     if nightly_llvm_major().is_none() {
-        info("installing: the nightly toolchain (rustup toolchain install nightly --profile minimal --component rust-src)");
+        info(
+            "installing: the nightly toolchain (rustup toolchain install nightly --profile minimal --component rust-src)",
+        );
         util::run(Command::new("rustup").args([
             "toolchain",
             "install",
@@ -112,8 +114,16 @@ fn ensure_nightly() -> Result<()> {
         .context("`rustc +nightly --print sysroot` failed")?;
     let core_src = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
     if !core_src.exists() {
-        info("installing: rust-src for the nightly (rustup component add rust-src --toolchain nightly)");
-        util::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        info(
+            "installing: rust-src for the nightly (rustup component add rust-src --toolchain nightly)",
+        );
+        util::run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     info(&format!("nightly: LLVM {LLVM_MAJOR}, rust-src present"));
     Ok(())
@@ -121,7 +131,8 @@ fn ensure_nightly() -> Result<()> {
 
 fn missing_packages() -> Vec<&'static str> {
     let mut cmd = Command::new("dpkg-query");
-    cmd.args(["-W", "-f", "${Package} ${Status}\n"]).args(APT_PACKAGES);
+    cmd.args(["-W", "-f", "${Package} ${Status}\n"])
+        .args(APT_PACKAGES);
     let installed = output(&mut cmd).unwrap_or_default();
     // dpkg-query fails when one package is unknown; parse what it printed anyway.
     let installed = if installed.is_empty() {
@@ -173,7 +184,7 @@ fn ensure_bpf_linker(root: &Path) -> Result<()> {
     let tools = util::tools_dir(root);
     let linker = tools.join("bin/bpf-linker");
     let wanted = format!("bpf-linker {BPF_LINKER_VERSION}");
-    if output(&mut Command::new(&linker).arg("--version")).is_some_and(|v| v.trim() == wanted) {
+    if output(Command::new(&linker).arg("--version")).is_some_and(|v| v.trim() == wanted) {
         info(&format!("{wanted}: {}", linker.display()));
         return Ok(());
     }
@@ -188,8 +199,19 @@ fn ensure_bpf_linker(root: &Path) -> Result<()> {
             .env(format!("LLVM_SYS_{LLVM_MAJOR}1_PREFIX"), &llvm)
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("CARGO_TARGET_DIR")
-            .args(["+stable", "install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
-            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
+            .args([
+                "+stable",
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{LLVM_MAJOR}"),
+            ])
             .arg("--root")
             .arg(&tools),
     )

@@ -71,7 +71,10 @@ pub fn nightly_cargo(root: &Path, dir: &Path) -> Command {
         cmd.env_remove(var);
     }
     let path = std::env::var("PATH").unwrap_or_default();
-    cmd.env("PATH", format!("{}:{path}", tools_dir(root).join("bin").display()));
+    cmd.env(
+        "PATH",
+        format!("{}:{path}", tools_dir(root).join("bin").display()),
+    );
     cmd
 }
 
@@ -79,7 +82,11 @@ pub fn nightly_cargo(root: &Path, dir: &Path) -> Command {
 /// processes in it, so that lifecycle events show without a container runtime.
 pub fn demo(agent: &Path, args: &[String]) -> Result<()> {
     let cgroup2 = cgroup2_mount().context("no cgroup2 hierarchy mounted")?;
-    let uid = format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), now_ns() % (1 << 48));
+    let uid = format!(
+        "{:08x}-0000-4000-8000-{:012x}",
+        std::process::id(),
+        now_ns() % (1 << 48)
+    );
     let container = format!("{:064x}", now_ns() as u128 * 0x9e37_79b9_7f4a_7c15u128);
     let container = &container[container.len() - 64..];
     let pod_dir = cgroup2.join(format!("kubepods/besteffort/pod{uid}"));
@@ -98,8 +105,13 @@ pub fn demo(agent: &Path, args: &[String]) -> Result<()> {
         "echo $$ > {p}; exec sh -c 'sh -c \"exit 0\"; sleep 0.2; exit 7'",
         p = procs.display()
     );
-    run(Command::new("sh").args(["-c", &script]))
-        .or_else(|e| if e.to_string().contains("exit status: 7") { Ok(()) } else { Err(e) })?;
+    run(Command::new("sh").args(["-c", &script])).or_else(|e| {
+        if e.to_string().contains("exit status: 7") {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })?;
     let sleep_script = format!("echo $$ > {p}; exec sleep 30", p = procs.display());
     let mut sleeper = Command::new("sh").args(["-c", &sleep_script]).spawn()?;
     std::thread::sleep(Duration::from_millis(300));

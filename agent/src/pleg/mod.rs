@@ -188,11 +188,15 @@ mod tests {
     #[test]
     fn uid_normalisation() {
         assert_eq!(
-            PodUid::parse("1B4E28BA_2FA1_11D2_883F_0016D3CCA427").unwrap().as_str(),
+            PodUid::parse("1B4E28BA_2FA1_11D2_883F_0016D3CCA427")
+                .unwrap()
+                .as_str(),
             "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
         );
         assert_eq!(
-            PodUid::parse("6f0e1b0c2a3d4e5f60718293a4b5c6d7").unwrap().as_str(),
+            PodUid::parse("6f0e1b0c2a3d4e5f60718293a4b5c6d7")
+                .unwrap()
+                .as_str(),
             "6f0e1b0c2a3d4e5f60718293a4b5c6d7"
         );
         for bad in ["", "-abc", "abc-", "xyz", "1234/5678", &"a".repeat(65)] {
@@ -211,10 +215,19 @@ mod tests {
     #[test]
     fn wait_status() {
         let exit7 = ExitStatus::from_wait_status(0x700, false);
-        assert_eq!((exit7.code, exit7.signal, exit7.core_dumped), (7, None, false));
+        assert_eq!(
+            (exit7.code, exit7.signal, exit7.core_dumped),
+            (7, None, false)
+        );
         let kill = ExitStatus::from_wait_status(9, true);
-        assert_eq!((kill.code, kill.signal, kill.oom_killed), (137, Some(9), true));
+        assert_eq!(
+            (kill.code, kill.signal, kill.oom_killed),
+            (137, Some(9), true)
+        );
         let segv_core = ExitStatus::from_wait_status(0x80 | 11, false);
-        assert_eq!((segv_core.code, segv_core.signal, segv_core.core_dumped), (139, Some(11), true));
+        assert_eq!(
+            (segv_core.code, segv_core.signal, segv_core.core_dumped),
+            (139, Some(11), true)
+        );
     }
 }

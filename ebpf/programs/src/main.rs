@@ -229,16 +229,11 @@ fn path_selected(path: &[u8; CGROUP_PATH_LEN]) -> bool {
         if len == 0 || len >= PREFIX_LEN {
             break;
         }
-        let mut same = true;
-        for j in 0..PREFIX_LEN {
-            if j >= len {
-                break;
-            }
-            if path[j] != prefix.bytes[j] {
-                same = false;
-                break;
-            }
-        }
+        let same = path
+            .iter()
+            .zip(prefix.bytes.iter())
+            .take(len)
+            .all(|(a, b)| a == b);
         if same && (path[len] == 0 || path[len] == b'/') {
             return true;
         }

@@ -24,7 +24,11 @@ pub enum DecodeError {
     UnknownKind { kind: u32, len: usize },
     /// the size does not match the kind's layout
     #[error("record kind {kind} has {len} bytes, expected {expected}")]
-    Size { kind: u32, len: usize, expected: usize },
+    Size {
+        kind: u32,
+        len: usize,
+        expected: usize,
+    },
     /// a path that is not UTF-8
     #[error("cgroup path of cgroup id {cgroup_id} is not utf-8")]
     PathNotUtf8 { cgroup_id: u64 },
@@ -201,8 +205,7 @@ pub(crate) mod encode {
 
     fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
         // SAFETY: `T` is a padding-free `#[repr(C)]` record of `evpleg_events`.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-            .to_vec()
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     fn fill<const N: usize>(s: &str) -> [u8; N] {
@@ -274,7 +277,10 @@ mod tests {
         let KernelEvent::Exec(e) = exec else {
             panic!("not an exec: {exec:?}")
         };
-        assert_eq!((e.at_ns, e.process.pid, e.process.start_boottime_ns), (10, 42, 99));
+        assert_eq!(
+            (e.at_ns, e.process.pid, e.process.start_boottime_ns),
+            (10, 42, 99)
+        );
         assert_eq!((e.cgroup_id, e.filename.as_str()), (7, "/bin/true"));
 
         let exit = decode(&encode::exit(11, 42, 99, 7, 0x700, 0)).unwrap();
@@ -286,13 +292,26 @@ mod tests {
         let KernelEvent::Exit(x) = oom else {
             panic!("not an exit: {oom:?}")
         };
-        assert_eq!((x.status.code, x.status.signal, x.status.oom_killed), (137, Some(9), true));
+        assert_eq!(
+            (x.status.code, x.status.signal, x.status.oom_killed),
+            (137, Some(9), true)
+        );
 
-        let mk = decode(&encode::cgroup(EVENT_CGROUP_MKDIR, 12, 0, 5, "/kubepods/pod1")).unwrap();
+        let mk = decode(&encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            12,
+            0,
+            5,
+            "/kubepods/pod1",
+        ))
+        .unwrap();
         let KernelEvent::CgroupMkdir(c) = mk else {
             panic!("not a mkdir: {mk:?}")
         };
-        assert_eq!((c.cgroup_id, c.path.as_str(), c.truncated), (5, "/kubepods/pod1", false));
+        assert_eq!(
+            (c.cgroup_id, c.path.as_str(), c.truncated),
+            (5, "/kubepods/pod1", false)
+        );
         let long = "/a".repeat(200);
         let rm = decode(&encode::cgroup(EVENT_CGROUP_RMDIR, 12, 3, 5, &long)).unwrap();
         let KernelEvent::CgroupRmdir(c) = rm else {
@@ -304,16 +323,28 @@ mod tests {
 
     #[test]
     fn rejects_malformed_records() {
-        assert_eq!(decode(&[1, 0, 0]), Err(DecodeError::Short { len: 3, header: 16 }));
+        assert_eq!(
+            decode(&[1, 0, 0]),
+            Err(DecodeError::Short { len: 3, header: 16 })
+        );
         let mut exec = encode::exec(1, 1, 1, 1, "x");
         exec.pop();
-        assert!(matches!(decode(&exec), Err(DecodeError::Size { kind: 1, .. })));
+        assert!(matches!(
+            decode(&exec),
+            Err(DecodeError::Size { kind: 1, .. })
+        ));
         let mut unknown = encode::exit(1, 1, 1, 1, 0, 0);
         unknown[0] = 99;
-        assert!(matches!(decode(&unknown), Err(DecodeError::UnknownKind { kind: 99, .. })));
+        assert!(matches!(
+            decode(&unknown),
+            Err(DecodeError::UnknownKind { kind: 99, .. })
+        ));
         let mut bad_path = encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 9, "/kubepods");
         bad_path[40] = 0xff;
-        assert_eq!(decode(&bad_path), Err(DecodeError::PathNotUtf8 { cgroup_id: 9 }));
+        assert_eq!(
+            decode(&bad_path),
+            Err(DecodeError::PathNotUtf8 { cgroup_id: 9 })
+        );
     }
 
     #[test]

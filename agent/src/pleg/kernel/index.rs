@@ -246,7 +246,12 @@ mod tests {
         assert!(!nested);
         // The same id in another hierarchy is another cgroup.
         assert!(index.get(3, 100).is_none());
-        assert!(index.insert(0, 7, "/user.slice/user-0.slice").unwrap().is_none());
+        assert!(
+            index
+                .insert(0, 7, "/user.slice/user-0.slice")
+                .unwrap()
+                .is_none()
+        );
         assert!(index.is_ignored(0, 7));
         assert!(index.insert(0, 8, "/kubepods/besteffort/podZZ/x").is_err());
         assert_eq!(index.len(), 1);
@@ -264,7 +269,10 @@ mod tests {
         );
         let entry = index.insert(0, 5, &path).unwrap().unwrap();
         let (id, pod, nested) = entry.container().unwrap();
-        assert_eq!((id.as_str(), pod.unwrap().as_str(), nested), (cid('b').as_str(), UID, true));
+        assert_eq!(
+            (id.as_str(), pod.unwrap().as_str(), nested),
+            (cid('b').as_str(), UID, true)
+        );
     }
 
     #[test]
@@ -300,17 +308,35 @@ mod tests {
 38 35 0:33 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
 39 35 0:34 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd
 ";
-        assert_eq!(parse_cgroup2_mount(mountinfo).unwrap(), PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(
+            parse_cgroup2_mount(mountinfo).unwrap(),
+            PathBuf::from("/sys/fs/cgroup/unified")
+        );
         let cgroup = "12:memory:/\n4:cpu,cpuacct:/\n1:name=systemd:/\n0::/\n";
         let v1 = parse_v1_hierarchies(cgroup, mountinfo);
         assert_eq!(
             v1,
             vec![
-                (12, "memory".to_owned(), PathBuf::from("/sys/fs/cgroup/memory")),
-                (4, "cpu,cpuacct".to_owned(), PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")),
-                (1, "name=systemd".to_owned(), PathBuf::from("/sys/fs/cgroup/systemd")),
+                (
+                    12,
+                    "memory".to_owned(),
+                    PathBuf::from("/sys/fs/cgroup/memory")
+                ),
+                (
+                    4,
+                    "cpu,cpuacct".to_owned(),
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+                ),
+                (
+                    1,
+                    "name=systemd".to_owned(),
+                    PathBuf::from("/sys/fs/cgroup/systemd")
+                ),
             ]
         );
-        assert_eq!(parse_cgroup2_mount("1 2 0:1 / /proc rw - proc proc rw\n"), None);
+        assert_eq!(
+            parse_cgroup2_mount("1 2 0:1 / /proc rw - proc proc rw\n"),
+            None
+        );
     }
 }

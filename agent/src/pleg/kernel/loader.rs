@@ -42,7 +42,10 @@ pub enum LoadError {
     NotBuilt,
     /// reading a given object file failed
     #[error("cannot read eBPF object {path}: {source}")]
-    ReadObject { path: PathBuf, source: std::io::Error },
+    ReadObject {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// the kernel's BTF is missing or lacks a field
     #[error("kernel btf: {0}")]
     Btf(#[from] btf::BtfError),
@@ -136,9 +139,10 @@ impl RootsMap {
     fn sync(&mut self) -> Result<(), LoadError> {
         for i in 0..MAX_ROOTS {
             let entry = self.entries.get(i as usize).copied().unwrap_or_default();
-            self.map
-                .set(i, entry, 0)
-                .map_err(|source| LoadError::Map { name: "ROOTS", source })?;
+            self.map.set(i, entry, 0).map_err(|source| LoadError::Map {
+                name: "ROOTS",
+                source,
+            })?;
         }
         Ok(())
     }
@@ -155,7 +159,9 @@ impl std::fmt::Debug for Loaded {
 
 impl std::fmt::Debug for RootsMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RootsMap").field("entries", &self.entries).finish_non_exhaustive()
+        f.debug_struct("RootsMap")
+            .field("entries", &self.entries)
+            .finish_non_exhaustive()
     }
 }
 
@@ -180,10 +186,7 @@ fn prefix_entry(path: &str) -> Result<PathPrefix, LoadError> {
     Ok(entry)
 }
 
-fn take<T>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<T, LoadError>
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
@@ -245,7 +248,10 @@ pub fn load(config: &LoaderConfig) -> Result<Loaded, LoadError> {
     for (i, p) in prefixes.iter().enumerate() {
         prefix_map
             .set(i as u32, p, 0)
-            .map_err(|source| LoadError::Map { name: "PREFIXES", source })?;
+            .map_err(|source| LoadError::Map {
+                name: "PREFIXES",
+                source,
+            })?;
     }
     let mut roots = RootsMap {
         map: take(&mut ebpf, "ROOTS")?,

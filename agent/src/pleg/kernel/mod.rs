@@ -45,11 +45,16 @@ pub enum KernelPlegError {
     #[error(transparent)]
     Scan(#[from] index::ScanError),
     /// no cgroup2 hierarchy is mounted (pure cgroup v1 hosts are not supported)
-    #[error("no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); evpleg needs cgroup2 or a hybrid layout")]
+    #[error(
+        "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); evpleg needs cgroup2 or a hybrid layout"
+    )]
     NoCgroup2,
     /// reading /proc failed
     #[error("cannot read {path}: {source}")]
-    Proc { path: &'static str, source: std::io::Error },
+    Proc {
+        path: &'static str,
+        source: std::io::Error,
+    },
     /// the reader thread could not be spawned
     #[error("cannot spawn the ring-buffer reader thread: {0}")]
     Spawn(std::io::Error),

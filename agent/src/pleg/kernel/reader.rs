@@ -186,7 +186,9 @@ impl Reader {
                 match decode(&item) {
                     Ok(ev) => {
                         let delay = now.saturating_sub(ev.at_ns());
-                        self.stats.latency_sum_ns.fetch_add(delay, Ordering::Relaxed);
+                        self.stats
+                            .latency_sum_ns
+                            .fetch_add(delay, Ordering::Relaxed);
                         self.stats.latency_count.fetch_add(1, Ordering::Relaxed);
                         if let Some(tap) = &self.tap {
                             tap(&ev, delay);
@@ -243,7 +245,9 @@ impl Reader {
                     path,
                 } => match self.loaded.roots.add(cgroup_id, level) {
                     Ok(()) => info!(path, cgroup_id, "root cgroup appeared; now filtered in"),
-                    Err(e) => warn!(error = %e, path, "cannot add root cgroup to the kernel filter"),
+                    Err(e) => {
+                        warn!(error = %e, path, "cannot add root cgroup to the kernel filter")
+                    }
                 },
                 Notice::RootRemoved { cgroup_id, path } => {
                     if let Err(e) = self.loaded.roots.remove(cgroup_id) {
@@ -279,7 +283,10 @@ impl Reader {
         let dropped = sum(c, counter::DROPPED);
         let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
         if dropped > before {
-            warn!(lost = dropped - before, "kernel ring buffer full: records lost, relist requested");
+            warn!(
+                lost = dropped - before,
+                "kernel ring buffer full: records lost, relist requested"
+            );
             self.relist.request("kernel ring buffer full");
         }
         self.stats

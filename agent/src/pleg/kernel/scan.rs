@@ -27,8 +27,8 @@ impl Scanner {
     /// Teaches `tracker` every cgroup not yet known; returns how many were new.
     pub fn scan_into(&self, tracker: &mut Tracker) -> Result<usize, ScanError> {
         let mut learned = 0;
-        let hierarchies =
-            std::iter::once((CGROUP2_HIERARCHY, &self.cgroup2_mount)).chain(self.v1.iter().map(|(h, m)| (*h, m)));
+        let hierarchies = std::iter::once((CGROUP2_HIERARCHY, &self.cgroup2_mount))
+            .chain(self.v1.iter().map(|(h, m)| (*h, m)));
         for (hierarchy, mount) in hierarchies {
             for cgroup in scan(mount, &self.roots)? {
                 if tracker.index().get(hierarchy, cgroup.cgroup_id).is_some()
@@ -58,7 +58,12 @@ pub fn processes_below(dir: &Path) -> Vec<ProcInfo> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
-            out.extend(procs.lines().filter_map(|l| l.trim().parse().ok()).filter_map(proc_info));
+            out.extend(
+                procs
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .filter_map(proc_info),
+            );
         }
         if let Ok(entries) = fs::read_dir(&dir) {
             stack.extend(
@@ -74,7 +79,10 @@ pub fn processes_below(dir: &Path) -> Vec<ProcInfo> {
 
 /// A process's parent and start time, from `/proc/<pid>/stat`.
 pub fn proc_info(pid: u32) -> Option<ProcInfo> {
-    let stat = procfs::process::Process::new(pid as i32).ok()?.stat().ok()?;
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
     Some(ProcInfo {
         pid,
         ppid: stat.ppid as u32,

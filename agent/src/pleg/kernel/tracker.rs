@@ -78,7 +78,11 @@ pub enum Notice {
     /// and hands the record in again with [`Tracker::retry`].
     UnknownCgroup { cgroup_id: u64 },
     /// A configured root cgroup appeared: the kernel filter must learn its id.
-    RootCreated { cgroup_id: u64, level: u32, path: String },
+    RootCreated {
+        cgroup_id: u64,
+        level: u32,
+        path: String,
+    },
     /// A configured root cgroup went away.
     RootRemoved { cgroup_id: u64, path: String },
     /// A cgroup path that is under a root but malformed.
@@ -299,7 +303,10 @@ impl Tracker {
         };
         let (_, died, _) = self.kinds(&id);
         let tick_ns = self.tick_ns;
-        let oom_victim = self.oom_victims.iter().any(|(tid, _)| *tid == exit.process.pid);
+        let oom_victim = self
+            .oom_victims
+            .iter()
+            .any(|(tid, _)| *tid == exit.process.pid);
         let Some(state) = self.containers.get_mut(&id) else {
             return;
         };
@@ -323,14 +330,22 @@ impl Tracker {
     }
 
     fn on_mkdir(&mut self, change: &CgroupChange, notices: &mut Vec<Notice>) {
-        if change.hierarchy_id == CGROUP2_HIERARCHY && self.roots.iter().any(|r| *r == change.path) {
+        if change.truncated {
+            // A cut path could be misread (a partial id); the first task in this
+            // cgroup finds it unknown and the rescan reads the full path from disk.
+            return;
+        }
+        if change.hierarchy_id == CGROUP2_HIERARCHY && self.roots.contains(&change.path) {
             notices.push(Notice::RootCreated {
                 cgroup_id: change.cgroup_id,
                 level: change.level,
                 path: change.path.clone(),
             });
         }
-        match self.index.insert(change.hierarchy_id, change.cgroup_id, &change.path) {
+        match self
+            .index
+            .insert(change.hierarchy_id, change.cgroup_id, &change.path)
+        {
             Ok(Some(entry)) if change.hierarchy_id == CGROUP2_HIERARCHY => {
                 if let Some((id, pod, false)) = entry.container() {
                     let (id, pod) = (id.clone(), pod.cloned());
@@ -369,7 +384,7 @@ impl Tracker {
         if change.hierarchy_id != CGROUP2_HIERARCHY {
             return;
         }
-        if self.roots.iter().any(|r| *r == change.path) {
+        if self.roots.contains(&change.path) {
             notices.push(Notice::RootRemoved {
                 cgroup_id: change.cgroup_id,
                 path: change.path.clone(),
@@ -398,7 +413,10 @@ impl Tracker {
                 pid: None,
             });
             notices.push(Notice::RelistNeeded {
-                reason: format!("cgroup {} removed before its main process was seen to exit", change.path),
+                reason: format!(
+                    "cgroup {} removed before its main process was seen to exit",
+                    change.path
+                ),
             });
         }
         events.push(PodLifecycleEvent {
@@ -455,13 +473,20 @@ mod tests {
 
         fn feed(&mut self, bytes: Vec<u8>) {
             let ev = decode(&bytes).unwrap();
-            self.tracker.handle(&ev, &mut self.events, &mut self.notices);
+            self.tracker
+                .handle(&ev, &mut self.events, &mut self.notices);
         }
 
         fn take(&mut self) -> Vec<(EventKind, Option<i32>, bool)> {
             self.events
                 .drain(..)
-                .map(|e| (e.kind, e.exit.map(|x| x.code), e.exit.is_some_and(|x| x.oom_killed)))
+                .map(|e| {
+                    (
+                        e.kind,
+                        e.exit.map(|x| x.code),
+                        e.exit.is_some_and(|x| x.oom_killed),
+                    )
+                })
                 .collect()
         }
     }
@@ -478,8 +503,20 @@ mod tests {
                 path: "/kubepods".into()
             }]
         );
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 2, 0, 60, &format!("/kubepods/besteffort/pod{UID}")));
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 3, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            2,
+            0,
+            60,
+            &format!("/kubepods/besteffort/pod{UID}"),
+        ));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            3,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(4, 1000, 555, 70, "/bin/sh"));
         // A child process and a second exec of another process: no container events.
         h.feed(encode::exec(5, 1001, 556, 70, "/bin/sleep"));
@@ -487,31 +524,59 @@ mod tests {
         assert_eq!(h.take(), vec![(EventKind::ContainerStarted, None, false)]);
         h.feed(encode::exit(7, 1000, 555, 70, 0x700, 0));
         assert_eq!(h.take(), vec![(EventKind::ContainerDied, Some(7), false)]);
-        h.feed(encode::cgroup(EVENT_CGROUP_RMDIR, 8, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_RMDIR,
+            8,
+            0,
+            70,
+            &container_path('a'),
+        ));
         assert_eq!(h.take(), vec![(EventKind::ContainerRemoved, None, false)]);
         assert_eq!(h.tracker.stats.execs_other, 1);
         assert_eq!(h.tracker.stats.exits_other, 1);
-        assert!(!h.notices.iter().any(|n| matches!(n, Notice::RelistNeeded { .. })));
+        assert!(
+            !h.notices
+                .iter()
+                .any(|n| matches!(n, Notice::RelistNeeded { .. }))
+        );
     }
 
     #[test]
     fn event_fields_name_the_pod_and_container() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 3, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            3,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(4, 1000, 555, 70, "/bin/sh"));
         h.feed(encode::exit(9, 1000, 555, 70, 9, EXIT_FLAG_OOM_KILLED));
         let died = h.events.pop().unwrap();
         assert_eq!(died.pod_uid.unwrap().as_str(), UID);
         assert_eq!(died.container_id.unwrap().as_str(), cid('a'));
-        assert_eq!((died.at_ns, died.pid, died.source), (9, Some(1000), EventSource::Kernel));
+        assert_eq!(
+            (died.at_ns, died.pid, died.source),
+            (9, Some(1000), EventSource::Kernel)
+        );
         let exit = died.exit.unwrap();
-        assert_eq!((exit.code, exit.signal, exit.oom_killed), (137, Some(9), true));
+        assert_eq!(
+            (exit.code, exit.signal, exit.oom_killed),
+            (137, Some(9), true)
+        );
     }
 
     #[test]
     fn reused_pid_is_not_the_main_process() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
         // Same pid, another start time: a different process.
         h.feed(encode::exit(3, 1000, 999, 70, 0x100, 0));
@@ -523,20 +588,35 @@ mod tests {
     #[test]
     fn main_process_exec_again_is_not_a_new_start() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
         h.feed(encode::exec(3, 1000, 555, 70, "/bin/sleep"));
         h.feed(encode::exit(4, 1000, 555, 70, 0, 0));
         assert_eq!(
             h.take(),
-            vec![(EventKind::ContainerStarted, None, false), (EventKind::ContainerDied, Some(0), false)]
+            vec![
+                (EventKind::ContainerStarted, None, false),
+                (EventKind::ContainerDied, Some(0), false)
+            ]
         );
     }
 
     #[test]
     fn runtime_self_exec_is_not_the_main_process() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(2, 900, 1, 70, "/proc/self/exe"));
         h.feed(encode::exit(3, 900, 1, 70, 0, 0));
         h.feed(encode::exec(4, 1000, 555, 70, "/pause"));
@@ -546,19 +626,49 @@ mod tests {
     #[test]
     fn nested_cgroup_processes_belong_to_the_container() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 2, 0, 71, &format!("{}/init.scope", container_path('a'))));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            2,
+            0,
+            71,
+            &format!("{}/init.scope", container_path('a')),
+        ));
         h.feed(encode::exec(3, 1000, 555, 71, "/sbin/init"));
-        h.feed(encode::cgroup(EVENT_CGROUP_RMDIR, 4, 0, 71, &format!("{}/init.scope", container_path('a'))));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_RMDIR,
+            4,
+            0,
+            71,
+            &format!("{}/init.scope", container_path('a')),
+        ));
         assert_eq!(h.take(), vec![(EventKind::ContainerStarted, None, false)]);
     }
 
     #[test]
     fn removal_without_a_seen_exit_is_died_then_removed_and_a_relist() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
-        h.feed(encode::cgroup(EVENT_CGROUP_RMDIR, 3, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_RMDIR,
+            3,
+            0,
+            70,
+            &container_path('a'),
+        ));
         assert_eq!(
             h.take(),
             vec![
@@ -567,7 +677,10 @@ mod tests {
                 (EventKind::ContainerRemoved, None, false)
             ]
         );
-        assert!(matches!(h.notices.last(), Some(Notice::RelistNeeded { .. })));
+        assert!(matches!(
+            h.notices.last(),
+            Some(Notice::RelistNeeded { .. })
+        ));
     }
 
     #[test]
@@ -584,20 +697,61 @@ mod tests {
     #[test]
     fn sandboxes_get_sandbox_events() {
         let mut h = Harness::new();
-        h.tracker.add_sandbox(ContainerId::parse(&cid('e')).unwrap());
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('e')));
+        h.tracker
+            .add_sandbox(ContainerId::parse(&cid('e')).unwrap());
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('e'),
+        ));
         h.feed(encode::exec(2, 1000, 555, 70, "/pause"));
         h.feed(encode::exit(3, 1000, 555, 70, 0, 0));
-        h.feed(encode::cgroup(EVENT_CGROUP_RMDIR, 4, 0, 70, &container_path('e')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_RMDIR,
+            4,
+            0,
+            70,
+            &container_path('e'),
+        ));
         let kinds: Vec<EventKind> = h.take().into_iter().map(|e| e.0).collect();
-        assert_eq!(kinds, vec![EventKind::SandboxStarted, EventKind::SandboxDied, EventKind::SandboxRemoved]);
+        assert_eq!(
+            kinds,
+            vec![
+                EventKind::SandboxStarted,
+                EventKind::SandboxDied,
+                EventKind::SandboxRemoved
+            ]
+        );
+    }
+
+    #[test]
+    fn truncated_paths_are_left_to_the_rescan() {
+        let mut h = Harness::new();
+        let long = format!("/kubepods/besteffort/pod{UID}/{}{}", cid('a'), "/n".repeat(100));
+        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &long));
+        h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
+        assert_eq!(h.notices, vec![Notice::UnknownCgroup { cgroup_id: 70 }]);
     }
 
     #[test]
     fn v1_hierarchy_changes_update_the_index_only() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 7, 70, &container_path('a')));
-        h.feed(encode::cgroup(EVENT_CGROUP_RMDIR, 2, 7, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            7,
+            70,
+            &container_path('a'),
+        ));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_RMDIR,
+            2,
+            7,
+            70,
+            &container_path('a'),
+        ));
         assert!(h.take().is_empty());
         assert!(h.tracker.index().is_empty());
     }
@@ -606,10 +760,21 @@ mod tests {
     fn existing_container_gets_its_exit_code() {
         let mut h = Harness::new();
         let procs = [
-            ProcInfo { pid: 2000, ppid: 1999, start_ticks: 300 },
-            ProcInfo { pid: 2001, ppid: 2000, start_ticks: 301 },
+            ProcInfo {
+                pid: 2000,
+                ppid: 1999,
+                start_ticks: 300,
+            },
+            ProcInfo {
+                pid: 2001,
+                ppid: 2000,
+                start_ticks: 301,
+            },
         ];
-        let main = h.tracker.learn_existing(0, 70, &container_path('a'), &procs).unwrap();
+        let main = h
+            .tracker
+            .learn_existing(0, 70, &container_path('a'), &procs)
+            .unwrap();
         assert_eq!(main.unwrap().pid, 2000);
         // start_boottime 3.005 s = 300 ticks at USER_HZ 100.
         h.feed(encode::exit(5, 2001, 3_015_000_000, 70, 0, 0));
@@ -620,18 +785,42 @@ mod tests {
     #[test]
     fn oom_victim_report_marks_the_exit() {
         let mut h = Harness::new();
-        h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &container_path('a')));
+        h.feed(encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            1,
+            0,
+            70,
+            &container_path('a'),
+        ));
         h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
-        h.tracker.handle(&KernelEvent::OomVictim { at_ns: 3, tid: 1000 }, &mut h.events, &mut h.notices);
+        h.tracker.handle(
+            &KernelEvent::OomVictim {
+                at_ns: 3,
+                tid: 1000,
+            },
+            &mut h.events,
+            &mut h.notices,
+        );
         h.feed(encode::exit(4, 1000, 555, 70, 9, 0));
-        assert_eq!(h.take().last(), Some(&(EventKind::ContainerDied, Some(137), true)));
+        assert_eq!(
+            h.take().last(),
+            Some(&(EventKind::ContainerDied, Some(137), true))
+        );
     }
 
     #[test]
     fn choose_main_prefers_the_process_whose_parent_is_outside() {
         let procs = [
-            ProcInfo { pid: 10, ppid: 5, start_ticks: 9 },
-            ProcInfo { pid: 5, ppid: 1, start_ticks: 10 },
+            ProcInfo {
+                pid: 10,
+                ppid: 5,
+                start_ticks: 9,
+            },
+            ProcInfo {
+                pid: 5,
+                ppid: 1,
+                start_ticks: 10,
+            },
         ];
         assert_eq!(choose_main(&procs).unwrap().pid, 5);
         assert_eq!(choose_main(&[]), None);
