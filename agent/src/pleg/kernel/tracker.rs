@@ -729,7 +729,11 @@ mod tests {
     #[test]
     fn truncated_paths_are_left_to_the_rescan() {
         let mut h = Harness::new();
-        let long = format!("/kubepods/besteffort/pod{UID}/{}{}", cid('a'), "/n".repeat(100));
+        let long = format!(
+            "/kubepods/besteffort/pod{UID}/{}{}",
+            cid('a'),
+            "/n".repeat(100)
+        );
         h.feed(encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 70, &long));
         h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
         assert_eq!(h.notices, vec![Notice::UnknownCgroup { cgroup_id: 70 }]);
