@@ -3,6 +3,9 @@
 //! The modules are named after the kubelet concepts they implement; see
 //! `docs/architecture.md` for the data flow.
 
+pub mod clock;
 pub mod config;
+pub mod container;
+pub mod cri;
 pub mod pleg;
 pub mod telemetry;

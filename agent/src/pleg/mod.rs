@@ -5,7 +5,9 @@
 //! of a change at its next one-second relist, evpleg's [`kernel`] PLEG learns it from
 //! eBPF programs the moment the kernel sees it.
 
+pub mod cache;
 pub mod kernel;
+pub mod relist;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,1283 @@
+//! A private containerd 1.6 (CRI plugin, runc, cgroupfs driver) for tests, for
+//! `cargo xtask run` and for the benchmark.
+//!
+//! [`Containerd::start`] builds two OCI images locally (busybox and a tiny pause
+//! program, cached under `target/evpleg-images/`), writes a configuration that
+//! keeps every path containerd owns under one base directory in the temp dir,
+//! starts `containerd`, waits until it answers the CRI `Version` call and
+//! imports the images. Dropping it (also while a test panics) removes the pod
+//! sandboxes over CRI, stops containerd, kills what is left of this instance's
+//! shims and containers, unmounts what is mounted under the base directory,
+//! removes the cgroups this instance's pods used and removes the base directory.
+//! See `/work/shared/notes/cri-runtime.md` for why the configuration is as it is.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::future::Future;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use evpleg_cri_api::v1;
+use evpleg_cri_api::{ImageServiceClient, RuntimeServiceClient};
+use tonic::transport::{Channel, Endpoint};
+
+/// The busybox image, as the CRI plugin knows it after the import.
+pub const BUSYBOX_IMAGE: &str = "localhost/busybox:latest";
+/// The pause image, the CRI plugin's `sandbox_image`.
+pub const PAUSE_IMAGE: &str = "localhost/pause:latest";
+/// The containerd namespace of the CRI plugin.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+
+const CONTAINERD: &str = "/usr/bin/containerd";
+const CTR: &str = "/usr/bin/ctr";
+const RUNC: &str = "/usr/sbin/runc";
+const UMOCI: &str = "/usr/bin/umoci";
+const BUSYBOX: &str = "/bin/busybox";
+const GCC: &str = "gcc";
+
+/// How long containerd may take to answer `Version` after it was started.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long containerd may take to exit after SIGTERM before it gets SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bound of the whole CRI part of the teardown.
+const TEARDOWN_CRI_TIMEOUT: Duration = Duration::from_secs(60);
+/// The bound of one CRI call of the teardown.
+const TEARDOWN_CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an imported image may take to show up in the CRI image store.
+const IMAGE_VISIBLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bump when the way images are built changes, to rebuild cached ones.
+const IMAGE_RECIPE: u32 = 1;
+
+/// An error of the harness; each names the command or path that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// A program the harness needs is not installed.
+    #[error("missing {path}: install it with `{install}` (or run `cargo xtask setup`)")]
+    MissingTool {
+        /// The program's path.
+        path: String,
+        /// How to install it.
+        install: &'static str,
+    },
+    /// A file system operation failed.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// Why it failed.
+        source: io::Error,
+    },
+    /// A command could not be run or exited with an error.
+    #[error("`{command}` failed: {detail}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Exit status and the end of its stderr, or why it did not run.
+        detail: String,
+    },
+    /// containerd exited while it was starting.
+    #[error("containerd --config {config} exited while starting ({status}); end of {log}:\n{tail}")]
+    Exited {
+        /// The configuration file.
+        config: PathBuf,
+        /// Its exit status.
+        status: String,
+        /// Its log file.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// containerd did not answer `Version` in time.
+    #[error(
+        "containerd --config {config} did not answer Version on {socket} within {timeout:?} (last error: {last_error}); end of {log}:\n{tail}"
+    )]
+    NotReady {
+        /// The configuration file.
+        config: PathBuf,
+        /// Its CRI socket.
+        socket: PathBuf,
+        /// How long the harness waited.
+        timeout: Duration,
+        /// The last error of the `Version` call.
+        last_error: String,
+        /// Its log file.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// An imported image did not become visible to the CRI plugin.
+    #[error("image {image} imported from {archive} is not visible over CRI on {socket}: {detail}")]
+    ImageNotVisible {
+        /// The image reference.
+        image: String,
+        /// The archive it was imported from.
+        archive: PathBuf,
+        /// The CRI socket.
+        socket: PathBuf,
+        /// The last `ImageStatus` answer or error.
+        detail: String,
+    },
+}
+
+type Result<T, E = HarnessError> = std::result::Result<T, E>;
+
+fn io_err(
+    action: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(io::Error) -> HarnessError {
+    let path = path.into();
+    move |source| HarnessError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// Number of [`Containerd`] instances alive in this process: the last one
+/// removes the shared cgroup ancestors (`/kubepods/besteffort`) it created.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A pod cgroup parent a test's pods use, and the ancestors it created.
+#[derive(Debug, Clone)]
+struct TrackedCgroup {
+    /// Relative to a hierarchy's root, e.g. `/kubepods/besteffort/pod<uid>`.
+    path: String,
+    /// Ancestors (same form) that did not exist when the parent was tracked.
+    created_ancestors: Vec<String>,
+}
+
+/// A private containerd with the CRI plugin. See the module documentation.
+#[derive(Debug)]
+pub struct Containerd {
+    base: PathBuf,
+    socket: PathBuf,
+    child: Option<Child>,
+    cgroups: Mutex<Vec<TrackedCgroup>>,
+    torn_down: bool,
+}
+
+impl Containerd {
+    /// Builds the images if needed, starts a private containerd, waits until it
+    /// answers CRI `Version` and imports the images.
+    pub fn start() -> Result<Containerd> {
+        for (path, install) in [
+            (CONTAINERD, "apt-get install containerd"),
+            (CTR, "apt-get install containerd"),
+            (RUNC, "apt-get install runc"),
+            (UMOCI, "apt-get install umoci"),
+            (BUSYBOX, "apt-get install busybox-static"),
+        ] {
+            if !Path::new(path).exists() {
+                return Err(HarnessError::MissingTool {
+                    path: path.to_owned(),
+                    install,
+                });
+            }
+        }
+        let images = build_images()?;
+
+        let base = std::env::temp_dir().join(format!(
+            "evpleg-containerd-{}-{:012x}",
+            std::process::id(),
+            crate::unique_u64() & 0xffff_ffff_ffff
+        ));
+        fs::create_dir(&base).map_err(io_err("create", &base))?;
+        LIVE.fetch_add(1, Ordering::SeqCst);
+        // From here on, dropping `this` cleans up whatever was done.
+        let mut this = Containerd {
+            socket: base.join("containerd.sock"),
+            base,
+            child: None,
+            cgroups: Mutex::new(Vec::new()),
+            torn_down: false,
+        };
+        let config = this.config_path();
+        fs::write(&config, config_toml(&this.base)).map_err(io_err("write", &config))?;
+        this.spawn()?;
+        let started = Instant::now();
+        for image in &images {
+            this.import(image)?;
+        }
+        this.wait_images_visible(&images)?;
+        tracing::info!(
+            base = %this.base.display(),
+            elapsed = ?started.elapsed(),
+            "containerd: images imported"
+        );
+        Ok(this)
+    }
+
+    /// The CRI socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The CRI endpoint, `unix:///…/containerd.sock`.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The base directory holding everything of this instance.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// containerd's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.base.join("containerd.log")
+    }
+
+    /// containerd's configuration file.
+    pub fn config_path(&self) -> PathBuf {
+        self.base.join("config.toml")
+    }
+
+    /// containerd's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops containerd (by pid; SIGTERM, SIGKILL after a bound) and starts it
+    /// again on the same base directory. Shims and containers keep running.
+    pub fn restart(&mut self) -> Result<()> {
+        let started = Instant::now();
+        self.stop();
+        self.spawn()?;
+        tracing::info!(elapsed = ?started.elapsed(), "containerd: restarted");
+        Ok(())
+    }
+
+    /// Stops containerd, leaving its shims, containers and state in place
+    /// ([`restart`](Self::restart) picks them up again). The teardown starts it
+    /// again to remove the pods.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id();
+        if let Ok(Some(status)) = child.try_wait() {
+            tracing::warn!(pid, %status, "containerd: had already exited");
+            return;
+        }
+        signal(pid, libc::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    tracing::info!(pid, %status, "containerd: stopped");
+                    return;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    tracing::warn!(pid, "containerd: no exit after SIGTERM; SIGKILL");
+                    signal(pid, libc::SIGKILL);
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Registers a cgroup parent (`/kubepods/besteffort/pod<uid>`, relative to a
+    /// hierarchy's root) that pods of this instance use: the teardown kills what
+    /// is left in it and removes it from every hierarchy, with its ancestors that
+    /// did not exist yet (when no other instance of this process is alive).
+    pub fn track_cgroup_parent(&self, path: &str) {
+        let path = format!("/{}", path.trim_matches('/'));
+        let mut tracked = self.cgroups.lock().unwrap_or_else(|e| e.into_inner());
+        if tracked.iter().any(|t| t.path == path) {
+            return;
+        }
+        let mounts = cgroup_mounts();
+        let exists = |rel: &str| {
+            mounts
+                .iter()
+                .any(|m| m.join(rel.trim_start_matches('/')).exists())
+        };
+        let mut created_ancestors = Vec::new();
+        let mut ancestor = String::new();
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        for part in &parts[..parts.len().saturating_sub(1)] {
+            ancestor.push('/');
+            ancestor.push_str(part);
+            if !exists(&ancestor) {
+                created_ancestors.push(ancestor.clone());
+            }
+        }
+        tracked.push(TrackedCgroup {
+            path,
+            created_ancestors,
+        });
+    }
+
+    /// A host-network pod sandbox config for pod `name` with `uid`, under
+    /// `cgroup_parent` (cgroupfs form, e.g. [`pod_cgroup_parent`]`(uid)`), which
+    /// is tracked for the teardown. The hostname stays empty: a host-network
+    /// sandbox has no UTS namespace of its own to set it in. The log directory
+    /// is created under the base directory.
+    pub fn sandbox_config(
+        &self,
+        name: &str,
+        uid: &str,
+        cgroup_parent: &str,
+    ) -> v1::PodSandboxConfig {
+        self.track_cgroup_parent(cgroup_parent);
+        let log_directory = self.base.join("pod-logs").join(uid);
+        if let Err(e) = fs::create_dir_all(&log_directory) {
+            tracing::warn!(dir = %log_directory.display(), "cannot create the pod log directory: {e}");
+        }
+        v1::PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+                namespace: "evpleg-test".to_owned(),
+                attempt: 0,
+            }),
+            hostname: String::new(),
+            log_directory: log_directory.display().to_string(),
+            labels: [("evpleg.test/pod".to_owned(), name.to_owned())].into(),
+            linux: Some(v1::LinuxPodSandboxConfig {
+                cgroup_parent: cgroup_parent.to_owned(),
+                security_context: Some(v1::LinuxSandboxSecurityContext {
+                    namespace_options: Some(v1::NamespaceOption {
+                        network: v1::NamespaceMode::Node as i32,
+                        pid: v1::NamespaceMode::Pod as i32,
+                        ipc: v1::NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The shim socket containerd-shim-runc-v2 listens on for the task (or pod)
+    /// `id` of this instance: `/run/containerd/s/<sha256 of "<socket>/k8s.io/<id>">`.
+    pub fn shim_socket_path(&self, id: &str) -> Option<PathBuf> {
+        let key = format!("{}/{CRI_NAMESPACE}/{id}", self.socket.display());
+        let out = Command::new("sha256sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                if let Some(mut stdin) = child.stdin.take() {
+                    stdin.write_all(key.as_bytes())?;
+                }
+                child.wait_with_output()
+            })
+            .ok()?;
+        let hex = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()?
+            .to_owned();
+        Some(Path::new("/run/containerd/s").join(hex))
+    }
+
+    // ---- starting ------------------------------------------------------------
+
+    /// Starts containerd on the base directory and waits until it answers.
+    fn spawn(&mut self) -> Result<()> {
+        let log_path = self.log_path();
+        let config = self.config_path();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_err("open", &log_path))?;
+        let log2 = log.try_clone().map_err(io_err("duplicate", &log_path))?;
+        let started = Instant::now();
+        let child = Command::new(CONTAINERD)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| HarnessError::Command {
+                command: format!("{CONTAINERD} --config {}", config.display()),
+                detail: e.to_string(),
+            })?;
+        let pid = child.id();
+        self.child = Some(child);
+        self.wait_ready()?;
+        tracing::info!(
+            pid,
+            socket = %self.socket.display(),
+            elapsed = ?started.elapsed(),
+            "containerd: answering CRI Version"
+        );
+        Ok(())
+    }
+
+    /// Polls CRI `Version` until it answers, containerd exits or the bound passes.
+    fn wait_ready(&mut self) -> Result<()> {
+        let socket = self.socket.clone();
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last_error = String::from("the socket does not exist yet");
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(HarnessError::Exited {
+                    config: self.config_path(),
+                    status: status.to_string(),
+                    log: self.log_path(),
+                    tail: log_tail(&self.log_path()),
+                });
+            }
+            if socket.exists() {
+                match block_on(cri_version(&socket, Duration::from_secs(2))) {
+                    Ok(version) => {
+                        tracing::debug!(?version, "containerd: Version");
+                        return Ok(());
+                    }
+                    Err(e) => last_error = e,
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::NotReady {
+                    config: self.config_path(),
+                    socket,
+                    timeout: START_TIMEOUT,
+                    last_error,
+                    log: self.log_path(),
+                    tail: log_tail(&self.log_path()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// `ctr images import` of one image archive.
+    fn import(&self, image: &BuiltImage) -> Result<()> {
+        let mut cmd = Command::new(CTR);
+        cmd.arg("-a")
+            .arg(&self.socket)
+            .args(["-n", CRI_NAMESPACE, "images", "import", "--base-name"])
+            .arg(format!("localhost/{}", image.name))
+            .arg(&image.archive);
+        run(&mut cmd)?;
+        Ok(())
+    }
+
+    /// Waits until the CRI plugin's image store has the imported images (it
+    /// learns about them from containerd's events, asynchronously).
+    fn wait_images_visible(&self, images: &[BuiltImage]) -> Result<()> {
+        let socket = self.socket.clone();
+        for image in images {
+            let reference = format!("localhost/{}:latest", image.name);
+            let deadline = Instant::now() + IMAGE_VISIBLE_TIMEOUT;
+            loop {
+                let detail = match block_on(cri_image_present(&socket, &reference)) {
+                    Ok(true) => break,
+                    Ok(false) => "not in the image store".to_owned(),
+                    Err(e) => e,
+                };
+                if Instant::now() > deadline {
+                    return Err(HarnessError::ImageNotVisible {
+                        image: reference,
+                        archive: image.archive.clone(),
+                        socket,
+                        detail,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- teardown ------------------------------------------------------------
+
+    fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        let started = Instant::now();
+
+        // 1. Pods over CRI: containerd stops their containers and shims and
+        //    releases their mounts. Start it again if a test stopped it.
+        if !self.running() && self.config_path().exists() {
+            tracing::info!("teardown: starting containerd again to remove the pods");
+            if let Err(e) = self.spawn() {
+                tracing::warn!("teardown: {e}");
+            }
+        }
+        if self.running() {
+            let socket = self.socket.clone();
+            match block_on(remove_all_pods(&socket)) {
+                Ok(removed) if removed.is_empty() => {}
+                Ok(removed) => tracing::info!(?removed, "teardown: removed pod sandboxes"),
+                Err(e) => tracing::warn!("teardown: removing pods over CRI: {e}"),
+            }
+        }
+
+        // 2. containerd itself.
+        self.stop();
+
+        // 3. Shims left over (their pods could not be removed) and their sockets.
+        for (pid, id) in self.leftover_shims() {
+            tracing::warn!(pid, id, "teardown: killing leftover shim");
+            signal(pid, libc::SIGKILL);
+            wait_gone(pid, Duration::from_secs(5));
+            if let Some(sock) = self.shim_socket_path(&id)
+                && sock.exists()
+            {
+                match fs::remove_file(&sock) {
+                    Ok(()) => {
+                        tracing::info!(path = %sock.display(), "teardown: removed shim socket")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %sock.display(), "teardown: cannot remove shim socket: {e}")
+                    }
+                }
+            }
+        }
+
+        // 4. Cgroups of the tracked pod parents (killing what is still in them).
+        let tracked = std::mem::take(&mut *self.cgroups.lock().unwrap_or_else(|e| e.into_inner()));
+        let last = LIVE.fetch_sub(1, Ordering::SeqCst) == 1;
+        let mounts = cgroup_mounts();
+        for t in &tracked {
+            remove_cgroup_tree(&mounts, &t.path);
+        }
+        if last {
+            let mut ancestors: BTreeSet<&str> = BTreeSet::new();
+            for t in &tracked {
+                ancestors.extend(t.created_ancestors.iter().map(String::as_str));
+            }
+            let mut ancestors: Vec<&str> = ancestors.into_iter().collect();
+            ancestors.sort_by_key(|a| std::cmp::Reverse(a.matches('/').count()));
+            for a in ancestors {
+                for m in &mounts {
+                    let dir = m.join(a.trim_start_matches('/'));
+                    if fs::remove_dir(&dir).is_ok() {
+                        tracing::info!(dir = %dir.display(), "teardown: removed cgroup");
+                    }
+                }
+            }
+        }
+
+        // 5. Mounts under the base directory, deepest first.
+        unmount_below(&self.base);
+
+        // 6. The base directory.
+        match fs::remove_dir_all(&self.base) {
+            Ok(()) => {
+                tracing::info!(base = %self.base.display(), elapsed = ?started.elapsed(), "teardown: done")
+            }
+            Err(e) => tracing::warn!(base = %self.base.display(), "teardown: cannot remove: {e}"),
+        }
+    }
+
+    /// Shim processes of this instance: `(pid, task or pod id)`.
+    fn leftover_shims(&self) -> Vec<(u32, String)> {
+        let socket = self.socket.display().to_string();
+        let mut found = Vec::new();
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return found;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if !args.first().is_some_and(|a| a.contains("containerd-shim")) {
+                continue;
+            }
+            let value = |flag: &str| {
+                args.iter()
+                    .position(|a| a == flag)
+                    .and_then(|i| args.get(i + 1))
+                    .cloned()
+            };
+            if value("-address").as_deref() == Some(socket.as_str()) {
+                found.push((pid, value("-id").unwrap_or_default()));
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// The cgroupfs cgroup parent the kubelet gives a best-effort pod.
+pub fn pod_cgroup_parent(uid: &str) -> String {
+    format!("/kubepods/besteffort/pod{uid}")
+}
+
+/// A busybox container config running `command` (e.g. `["sh", "-c", "exit 7"]`),
+/// sharing the host network as its sandbox does, logging to `<name>.log` in the
+/// pod's log directory.
+pub fn container_config(name: &str, command: &[&str]) -> v1::ContainerConfig {
+    v1::ContainerConfig {
+        metadata: Some(v1::ContainerMetadata {
+            name: name.to_owned(),
+            attempt: 0,
+        }),
+        image: Some(v1::ImageSpec {
+            image: BUSYBOX_IMAGE.to_owned(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        log_path: format!("{name}.log"),
+        labels: [("evpleg.test/container".to_owned(), name.to_owned())].into(),
+        linux: Some(v1::LinuxContainerConfig {
+            security_context: Some(v1::LinuxContainerSecurityContext {
+                namespace_options: Some(v1::NamespaceOption {
+                    network: v1::NamespaceMode::Node as i32,
+                    pid: v1::NamespaceMode::Container as i32,
+                    ipc: v1::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Sends logs of the harness and of evpleg to the test output (`RUST_LOG`
+/// overrides the default `info`). Safe to call from every test.
+pub fn init_test_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+// ---- configuration -------------------------------------------------------------
+
+/// containerd's configuration: every path under `base`.
+fn config_toml(base: &Path) -> String {
+    let b = base.display();
+    format!(
+        r#"# Written by evpleg's test harness (tests/src/containerd.rs).
+version = 2
+root = "{b}/root"
+state = "{b}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{b}/containerd.sock"
+
+[ttrpc]
+  address = "{b}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{b}/debug.sock"
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{b}/opt"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "{PAUSE_IMAGE}"
+    disable_apparmor = true
+    enable_selinux = false
+    # Required here: without CAP_SYS_RESOURCE the sandbox fails with "can't get
+    # final child's PID from pipe: EOF".
+    restrict_oom_score_adj = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          BinaryName = "{RUNC}"
+          Root = "{b}/runc-root"
+          SystemdCgroup = false
+
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "{b}/cni/bin"
+      conf_dir = "{b}/cni/conf"
+"#
+    )
+}
+
+// ---- CRI calls of the harness ----------------------------------------------------
+
+/// Runs `future` to completion on a private current-thread runtime in a helper
+/// thread, so that it works whether or not the caller is inside a runtime
+/// (a test's Drop may run on a Tokio worker).
+fn block_on<F>(future: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread Tokio runtime")
+                .block_on(future)
+        });
+        match handle.join() {
+            Ok(output) => output,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+async fn channel(socket: &Path, timeout: Duration) -> Result<Channel, String> {
+    let endpoint = Endpoint::from_shared(format!("unix://{}", socket.display()))
+        .map_err(|e| format!("endpoint unix://{}: {e}", socket.display()))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("connect to {}: {e}", socket.display()))
+}
+
+/// CRI `Version` through the generated client.
+async fn cri_version(socket: &Path, timeout: Duration) -> Result<v1::VersionResponse, String> {
+    let mut client = RuntimeServiceClient::new(channel(socket, timeout).await?);
+    client
+        .version(v1::VersionRequest {
+            version: "v1".to_owned(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|s| format!("Version: {:?}: {}", s.code(), s.message()))
+}
+
+/// Whether the CRI image store has `reference`.
+async fn cri_image_present(socket: &Path, reference: &str) -> Result<bool, String> {
+    let mut client = ImageServiceClient::new(channel(socket, Duration::from_secs(5)).await?);
+    let status = client
+        .image_status(v1::ImageStatusRequest {
+            image: Some(v1::ImageSpec {
+                image: reference.to_owned(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .map_err(|s| {
+            format!(
+                "ImageStatus of {reference}: {:?}: {}",
+                s.code(),
+                s.message()
+            )
+        })?;
+    Ok(status.into_inner().image.is_some())
+}
+
+/// Stops and removes every pod sandbox (their containers go with them).
+/// Returns the ids removed.
+async fn remove_all_pods(socket: &Path) -> Result<Vec<String>, String> {
+    let work = async {
+        let mut client = RuntimeServiceClient::new(channel(socket, TEARDOWN_CALL_TIMEOUT).await?);
+        let sandboxes = client
+            .list_pod_sandbox(v1::ListPodSandboxRequest { filter: None })
+            .await
+            .map_err(|s| format!("ListPodSandbox: {}", s.message()))?
+            .into_inner()
+            .items;
+        let mut removed = Vec::new();
+        for sandbox in sandboxes {
+            let id = sandbox.id;
+            if let Err(s) = client
+                .stop_pod_sandbox(v1::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+            {
+                tracing::warn!(
+                    id,
+                    "teardown: StopPodSandbox: {:?}: {}",
+                    s.code(),
+                    s.message()
+                );
+            }
+            match client
+                .remove_pod_sandbox(v1::RemovePodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+            {
+                Ok(_) => removed.push(id),
+                Err(s) => {
+                    tracing::warn!(
+                        id,
+                        "teardown: RemovePodSandbox: {:?}: {}",
+                        s.code(),
+                        s.message()
+                    )
+                }
+            }
+        }
+        Ok(removed)
+    };
+    tokio::time::timeout(TEARDOWN_CRI_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| Err(format!("not done within {TEARDOWN_CRI_TIMEOUT:?}")))
+}
+
+// ---- processes, cgroups and mounts ----------------------------------------------
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Waits (bounded) until `/proc/<pid>` is gone; for processes that are not our
+/// children.
+fn wait_gone(pid: u32, bound: Duration) {
+    let deadline = Instant::now() + bound;
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Mount points of every cgroup (v1) and cgroup2 hierarchy.
+fn cgroup_mounts() -> Vec<PathBuf> {
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut mounts: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            matches!(fstype, "cgroup" | "cgroup2")
+                .then(|| PathBuf::from(unescape_mount(mount_point)))
+        })
+        .collect();
+    mounts.sort();
+    mounts.dedup();
+    mounts
+}
+
+/// Removes the cgroup `rel` and everything below it from every hierarchy,
+/// killing processes still in them first.
+fn remove_cgroup_tree(mounts: &[PathBuf], rel: &str) {
+    for mount in mounts {
+        let top = mount.join(rel.trim_start_matches('/'));
+        if !top.is_dir() {
+            continue;
+        }
+        let mut dirs = Vec::new();
+        collect_dirs(&top, &mut dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.display(), "teardown: removed cgroup");
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if Instant::now() > deadline => {
+                        tracing::warn!(dir = %dir.display(), "teardown: cannot remove cgroup: {e}");
+                        break;
+                    }
+                    Err(_) => {
+                        for pid in cgroup_procs(&dir) {
+                            tracing::warn!(pid, dir = %dir.display(), "teardown: killing a leftover process");
+                            signal(pid, libc::SIGKILL);
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_path_buf());
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_dirs(&entry.path(), out);
+            }
+        }
+    }
+}
+
+fn cgroup_procs(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Detaches every mount at or below `base`, deepest first.
+fn unmount_below(base: &Path) {
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .map(|p| PathBuf::from(unescape_mount(p)))
+        .filter(|p| p.starts_with(base))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for point in points {
+        let Ok(c) = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: a valid NUL-terminated path.
+        let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if rc == 0 {
+            tracing::info!(path = %point.display(), "teardown: unmounted");
+        } else {
+            tracing::warn!(path = %point.display(), "teardown: cannot unmount: {}", io::Error::last_os_error());
+        }
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, …).
+fn unescape_mount(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The last lines of a log file, for error messages.
+fn log_tail(path: &Path) -> String {
+    const TAIL: u64 = 4096;
+    let Ok(mut file) = fs::File::open(path) else {
+        return format!("(cannot read {})", path.display());
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(TAIL)));
+    let mut buf = Vec::new();
+    let _ = file.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+// ---- commands ----------------------------------------------------------------------
+
+fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `cmd` to completion; an error names it, with its status and stderr.
+fn run(cmd: &mut Command) -> Result<std::process::Output> {
+    let line = command_line(cmd);
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| HarnessError::Command {
+            command: line.clone(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(HarnessError::Command {
+            command: line,
+            detail: format!("{}: {}", out.status, tail.join("\n")),
+        });
+    }
+    Ok(out)
+}
+
+// ---- images ------------------------------------------------------------------------
+
+/// An OCI image archive ready for `ctr images import`.
+#[derive(Debug, Clone)]
+struct BuiltImage {
+    /// `busybox` or `pause`: imported as `localhost/<name>:latest`.
+    name: &'static str,
+    archive: PathBuf,
+}
+
+/// The image cache: `<workspace>/target/evpleg-images/`.
+pub fn image_cache_dir() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .unwrap_or(manifest)
+        .join("target")
+        .join("evpleg-images")
+}
+
+/// The pause program's source.
+fn pause_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("images")
+        .join("pause.c")
+}
+
+/// Builds the busybox and pause images unless the cache has them for the same
+/// inputs. Serialised between processes by a lock file in the cache.
+fn build_images() -> Result<Vec<BuiltImage>> {
+    let cache = image_cache_dir();
+    fs::create_dir_all(&cache).map_err(io_err("create", &cache))?;
+    let lock_path = cache.join(".lock");
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err("open", &lock_path))?;
+    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
+    }
+
+    let busybox_meta = fs::metadata(BUSYBOX).map_err(io_err("stat", BUSYBOX))?;
+    let busybox_key = format!(
+        "recipe {IMAGE_RECIPE}; {BUSYBOX} size {} mtime {}.{}",
+        busybox_meta.len(),
+        busybox_meta.mtime(),
+        busybox_meta.mtime_nsec()
+    );
+    let source = pause_source();
+    let pause_c = fs::read(&source).map_err(io_err("read", &source))?;
+    let pause_key = format!(
+        "recipe {IMAGE_RECIPE}; pause.c fnv1a {:016x}",
+        fnv1a(&pause_c)
+    );
+
+    let images = [
+        (
+            "busybox",
+            busybox_key,
+            populate_busybox as fn(&Path) -> Result<()>,
+            vec![
+                "--config.cmd",
+                "/bin/sh",
+                "--config.env",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ],
+        ),
+        (
+            "pause",
+            pause_key,
+            populate_pause as fn(&Path) -> Result<()>,
+            vec!["--config.entrypoint", "/pause"],
+        ),
+    ];
+    let mut built = Vec::new();
+    for (name, key, populate, config) in images {
+        let archive = cache.join(format!("{name}.tar"));
+        let key_path = cache.join(format!("{name}.tar.key"));
+        let cached = archive.exists() && fs::read_to_string(&key_path).is_ok_and(|k| k == key);
+        if cached {
+            tracing::debug!(archive = %archive.display(), "image cached");
+        } else {
+            let started = Instant::now();
+            build_image(&cache, name, populate, &config, &archive)?;
+            fs::write(&key_path, &key).map_err(io_err("write", &key_path))?;
+            tracing::info!(archive = %archive.display(), elapsed = ?started.elapsed(), "image built");
+        }
+        built.push(BuiltImage { name, archive });
+    }
+    drop(lock);
+    Ok(built)
+}
+
+/// One image in its own OCI layout: `umoci init/new/unpack`, `populate` the
+/// rootfs, `umoci repack/config/gc`, then a tar of the layout (index.json at
+/// the top, as `ctr images import` expects).
+fn build_image(
+    cache: &Path,
+    name: &str,
+    populate: fn(&Path) -> Result<()>,
+    config: &[&str],
+    archive: &Path,
+) -> Result<()> {
+    let work = cache.join(format!("{name}.build"));
+    if work.exists() {
+        fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
+    }
+    fs::create_dir(&work).map_err(io_err("create", &work))?;
+    let layout = work.join("layout");
+    let bundle = work.join("bundle");
+    let image = format!("{}:latest", layout.display());
+
+    run(Command::new(UMOCI).arg("init").arg("--layout").arg(&layout))?;
+    run(Command::new(UMOCI).args(["new", "--image", &image]))?;
+    run(Command::new(UMOCI)
+        .args(["unpack", "--image", &image])
+        .arg(&bundle))?;
+    populate(&bundle.join("rootfs"))?;
+    run(Command::new(UMOCI)
+        .args(["repack", "--image", &image])
+        .arg(&bundle))?;
+    run(Command::new(UMOCI)
+        .args(["config", "--image", &image])
+        .args(config))?;
+    run(Command::new(UMOCI).arg("gc").arg("--layout").arg(&layout))?;
+
+    let partial = archive.with_extension("tar.partial");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&partial)
+        .args(["oci-layout", "index.json", "blobs"]))?;
+    fs::rename(&partial, archive).map_err(io_err("rename into place", archive))?;
+    fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
+    Ok(())
+}
+
+/// busybox with its applet links, a root user and a few directories.
+fn populate_busybox(rootfs: &Path) -> Result<()> {
+    for dir in ["bin", "etc", "tmp", "root", "proc", "sys", "dev"] {
+        let d = rootfs.join(dir);
+        fs::create_dir_all(&d).map_err(io_err("create", &d))?;
+    }
+    let target = rootfs.join("bin/busybox");
+    fs::copy(BUSYBOX, &target).map_err(io_err("copy /bin/busybox to", &target))?;
+    run(Command::new("chroot")
+        .arg(rootfs)
+        .args(["/bin/busybox", "--install", "-s", "/bin"]))?;
+    let passwd = rootfs.join("etc/passwd");
+    fs::write(
+        &passwd,
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    )
+    .map_err(io_err("write", &passwd))?;
+    let group = rootfs.join("etc/group");
+    fs::write(&group, "root:x:0:\nnobody:x:65534:\n").map_err(io_err("write", &group))?;
+    Ok(())
+}
+
+/// The static pause program at `/pause`.
+fn populate_pause(rootfs: &Path) -> Result<()> {
+    let libc_a = Path::new("/usr/lib/x86_64-linux-gnu/libc.a");
+    if cfg!(target_arch = "x86_64") && !libc_a.exists() {
+        return Err(HarnessError::MissingTool {
+            path: libc_a.display().to_string(),
+            install: "apt-get install libc6-dev",
+        });
+    }
+    run(Command::new(GCC)
+        .args(["-static", "-O2", "-o"])
+        .arg(rootfs.join("pause"))
+        .arg(pause_source()))?;
+    Ok(())
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint of the inputs (not cryptographic).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mount("/a\\040b"), "/a b");
+        assert_eq!(unescape_mount("/plain"), "/plain");
+        assert_eq!(unescape_mount("/tail\\04"), "/tail\\04");
+    }
+
+    #[test]
+    fn config_keeps_every_path_under_base() {
+        let toml = config_toml(Path::new("/tmp/evpleg-x"));
+        for line in toml.lines() {
+            if let Some((_, value)) = line.split_once(" = \"/")
+                && !value.starts_with("usr/sbin/runc")
+            {
+                assert!(value.starts_with("tmp/evpleg-x"), "{line}");
+            }
+        }
+        assert!(toml.contains("restrict_oom_score_adj = true"));
+        assert!(toml.contains("SystemdCgroup = false"));
+        assert!(toml.contains(r#"sandbox_image = "localhost/pause:latest""#));
+    }
+
+    #[test]
+    fn fnv1a_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

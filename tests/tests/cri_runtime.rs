@@ -1,0 +1,398 @@
+//! evpleg's CRI client against a real containerd 1.6 with runc, started
+//! privately by the harness (`evpleg_tests::containerd`). The tests skip with a
+//! reason without root, BTF or the eBPF object, and fail instead under `CI=true`.
+//! Everything they create is removed by the harness's Drop, also on failure.
+
+use std::time::{Duration, Instant};
+
+use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg_cri_api::v1;
+use evpleg_tests::containerd::{
+    BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, container_config, init_test_logging, pod_cgroup_parent,
+};
+use evpleg_tests::privileged;
+
+/// Bound of every wait for a container state.
+const STATE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Poll interval of ContainerStatus (containerd 1.6 has no CRI event stream).
+const POLL: Duration = Duration::from_millis(20);
+
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+}
+
+fn start_containerd() -> Containerd {
+    init_test_logging();
+    let started = Instant::now();
+    let containerd = Containerd::start().unwrap_or_else(|e| panic!("containerd harness: {e}"));
+    eprintln!(
+        "containerd ready with images in {:?} (base {})",
+        started.elapsed(),
+        containerd.base().display()
+    );
+    containerd
+}
+
+async fn connect(containerd: &Containerd) -> CriClient {
+    CriClient::connect(&containerd.endpoint(), CriClientConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// Polls ContainerStatus until `done` holds, for at most [`STATE_TIMEOUT`].
+async fn wait_status(
+    client: &CriClient,
+    id: &str,
+    what: &str,
+    done: impl Fn(&v1::ContainerStatus) -> bool,
+) -> v1::ContainerStatus {
+    let deadline = Instant::now() + STATE_TIMEOUT;
+    loop {
+        let status = client
+            .container_status(id, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .status
+            .expect("the client checks that a status is present");
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "container {id} not {what} within {STATE_TIMEOUT:?}: {status:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[test]
+fn version_status_and_images() {
+    if !privileged("version_status_and_images") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+        let started = Instant::now();
+        let version = client.version().await.expect("Version");
+        eprintln!("Version in {:?}: {version:?}", started.elapsed());
+        assert_eq!(version.runtime_api_version, "v1");
+        assert_eq!(version.runtime_name, "containerd");
+        assert!(version.runtime_version.starts_with("1.6"), "{version:?}");
+
+        let status = client.status(false).await.expect("Status");
+        let conditions = status.status.expect("checked by the client").conditions;
+        let runtime_ready = conditions
+            .iter()
+            .find(|c| c.r#type == "RuntimeReady")
+            .expect("a RuntimeReady condition");
+        assert!(runtime_ready.status, "{conditions:?}");
+        // No CNI configuration: the network is not ready, host-network pods
+        // still run.
+        assert!(conditions.iter().any(|c| c.r#type == "NetworkReady"));
+
+        let images = client.list_images(None).await.expect("ListImages");
+        for want in [BUSYBOX_IMAGE, PAUSE_IMAGE] {
+            assert!(
+                images.iter().any(|i| i.repo_tags.iter().any(|t| t == want)),
+                "{want} not in {images:?}"
+            );
+            let spec = v1::ImageSpec {
+                image: want.to_owned(),
+                ..Default::default()
+            };
+            let status = client
+                .image_status(&spec, false)
+                .await
+                .expect("ImageStatus");
+            assert!(status.image.is_some(), "{want}: {status:?}");
+        }
+        let missing = v1::ImageSpec {
+            image: "localhost/no-such-image:latest".to_owned(),
+            ..Default::default()
+        };
+        let status = client
+            .image_status(&missing, false)
+            .await
+            .expect("ImageStatus");
+        assert!(status.image.is_none());
+
+        // NotFound is an error for status calls and success for Stop/Remove.
+        let err = client
+            .container_status(&evpleg_tests::container_id(), false)
+            .await
+            .expect_err("unknown container");
+        assert!(err.is_not_found(), "{err}");
+        assert!(
+            err.to_string().starts_with("ContainerStatus of container "),
+            "{err}"
+        );
+        let unknown = evpleg_tests::container_id();
+        client
+            .stop_container(&unknown, 0)
+            .await
+            .expect("NotFound counts as stopped");
+        client
+            .remove_container(&unknown)
+            .await
+            .expect("NotFound counts as removed");
+        client
+            .stop_pod_sandbox(&unknown)
+            .await
+            .expect("NotFound counts as stopped");
+        client
+            .remove_pod_sandbox(&unknown)
+            .await
+            .expect("NotFound counts as removed");
+    });
+}
+
+#[test]
+fn container_exits_with_code_7_and_is_removed() {
+    if !privileged("container_exits_with_code_7_and_is_removed") {
+        return;
+    }
+    let containerd = start_containerd();
+    let uid = evpleg_tests::pod_uid();
+    let parent = pod_cgroup_parent(&uid);
+    let sandbox_config = containerd.sandbox_config("exit7", &uid, &parent);
+    let rt = tokio_runtime();
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+
+        let t = Instant::now();
+        let sandbox = client
+            .run_pod_sandbox(&sandbox_config, "")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("RunPodSandbox in {:?}", t.elapsed());
+        let sandbox_status = client
+            .pod_sandbox_status(&sandbox, false)
+            .await
+            .expect("status");
+        assert_eq!(
+            sandbox_status.status.as_ref().map(|s| s.state()),
+            Some(v1::PodSandboxState::SandboxReady)
+        );
+
+        let config = container_config("exit7", &["sh", "-c", "exit 7"]);
+        let t = Instant::now();
+        let id = client
+            .create_container(&sandbox, &config, &sandbox_config)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("CreateContainer in {:?}", t.elapsed());
+        let t = Instant::now();
+        client
+            .start_container(&id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("StartContainer in {:?}", t.elapsed());
+
+        let t = Instant::now();
+        let status = wait_status(&client, &id, "exited", |s| {
+            s.state() == v1::ContainerState::ContainerExited
+        })
+        .await;
+        eprintln!(
+            "EXITED seen {:?} after StartContainer returned",
+            t.elapsed()
+        );
+        assert_eq!(status.exit_code, 7, "{status:?}");
+        assert_eq!(status.reason, "Error", "{status:?}");
+
+        let listed = client.list_containers(None).await.expect("ListContainers");
+        let mine = listed
+            .iter()
+            .find(|c| c.id == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {listed:?}"));
+        assert_eq!(mine.pod_sandbox_id, sandbox);
+        assert_eq!(mine.state(), v1::ContainerState::ContainerExited);
+        let filtered = client
+            .list_containers(Some(v1::ContainerFilter {
+                pod_sandbox_id: sandbox.clone(),
+                ..Default::default()
+            }))
+            .await
+            .expect("ListContainers by sandbox");
+        assert_eq!(filtered.len(), 1, "{filtered:?}");
+
+        client
+            .remove_container(&id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listed = client.list_containers(None).await.expect("ListContainers");
+        assert!(listed.iter().all(|c| c.id != id), "{id} still listed");
+        let err = client
+            .container_status(&id, false)
+            .await
+            .expect_err("removed");
+        assert!(err.is_not_found(), "{err}");
+
+        client
+            .stop_pod_sandbox(&sandbox)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        client
+            .remove_pod_sandbox(&sandbox)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sandboxes = client
+            .list_pod_sandboxes(None)
+            .await
+            .expect("ListPodSandbox");
+        assert!(sandboxes.iter().all(|s| s.id != sandbox));
+    });
+    drop(rt);
+    let pod_dir = evpleg_tests::cgroups::cgroup2().join(parent.trim_start_matches('/'));
+    drop(containerd);
+    assert!(
+        !pod_dir.exists(),
+        "the harness removes {}",
+        pod_dir.display()
+    );
+}
+
+#[test]
+fn the_client_reconnects_after_a_containerd_restart() {
+    if !privileged("the_client_reconnects_after_a_containerd_restart") {
+        return;
+    }
+    let mut containerd = start_containerd();
+    let uid = evpleg_tests::pod_uid();
+    let parent = pod_cgroup_parent(&uid);
+    let sandbox_config = containerd.sandbox_config("sleeper", &uid, &parent);
+    let rt = tokio_runtime();
+    let client = rt.block_on(connect(&containerd));
+
+    let (sandbox, id) = rt.block_on(async {
+        let sandbox = client
+            .run_pod_sandbox(&sandbox_config, "")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = container_config("sleeper", &["sleep", "600"]);
+        let id = client
+            .create_container(&sandbox, &config, &sandbox_config)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        client
+            .start_container(&id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_status(&client, &id, "running", |s| {
+            s.state() == v1::ContainerState::ContainerRunning
+        })
+        .await;
+        (sandbox, id)
+    });
+
+    // The container's cgroup is where the notes say (cgroupfs driver).
+    let cgroup = evpleg_tests::cgroups::cgroup2()
+        .join(parent.trim_start_matches('/'))
+        .join(&id);
+    assert!(cgroup.is_dir(), "{} exists", cgroup.display());
+    // The shim of the sandbox listens where the harness computes it.
+    let shim_socket = containerd.shim_socket_path(&sandbox).expect("sha256sum");
+    assert!(shim_socket.exists(), "{} exists", shim_socket.display());
+
+    let old_pid = containerd.pid();
+    let t = Instant::now();
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("containerd restarted in {:?}", t.elapsed());
+    assert_ne!(containerd.pid(), old_pid);
+
+    rt.block_on(async {
+        // The same client: its connection broke with the restart.
+        let t = Instant::now();
+        let listed = client
+            .list_containers(None)
+            .await
+            .unwrap_or_else(|e| panic!("first call after the restart: {e}"));
+        eprintln!("first call after the restart took {:?}", t.elapsed());
+        let mine = listed
+            .iter()
+            .find(|c| c.id == id)
+            .unwrap_or_else(|| panic!("{id} not listed after the restart: {listed:?}"));
+        assert_eq!(mine.state(), v1::ContainerState::ContainerRunning);
+        let status = client.container_status(&id, false).await.expect("status");
+        assert_eq!(
+            status.status.map(|s| s.state()),
+            Some(v1::ContainerState::ContainerRunning)
+        );
+    });
+
+    // Calls made while containerd is down wait (with backoff, within their
+    // timeout) until it is back: a read-only one, and a CreateContainer, which
+    // is retried because its request could not be sent.
+    containerd.stop();
+    let down_since = Instant::now();
+    let list = rt.spawn({
+        let client = client.clone();
+        async move { client.list_pod_sandboxes(None).await }
+    });
+    let create = rt.spawn({
+        let client = client.clone();
+        let (sandbox, sandbox_config) = (sandbox.clone(), sandbox_config.clone());
+        async move {
+            let config = container_config("second", &["sleep", "600"]);
+            client
+                .create_container(&sandbox, &config, &sandbox_config)
+                .await
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!list.is_finished() && !create.is_finished(), "they wait");
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    let sandboxes = rt
+        .block_on(list)
+        .expect("join")
+        .unwrap_or_else(|e| panic!("ListPodSandbox while down: {e}"));
+    assert!(sandboxes.iter().any(|s| s.id == sandbox), "{sandboxes:?}");
+    let second = rt
+        .block_on(create)
+        .expect("join")
+        .unwrap_or_else(|e| panic!("CreateContainer while down: {e}"));
+    eprintln!(
+        "calls made while containerd was down returned {:?} after it went down",
+        down_since.elapsed()
+    );
+
+    rt.block_on(async {
+        let listed = client.list_containers(None).await.expect("ListContainers");
+        assert!(
+            listed.iter().any(|c| c.id == second),
+            "created exactly once: {listed:?}"
+        );
+        assert_eq!(
+            listed
+                .iter()
+                .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == "second"))
+                .count(),
+            1,
+            "created exactly once: {listed:?}"
+        );
+
+        // And it can still change state: stop the container.
+        client
+            .stop_container(&id, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let status = wait_status(&client, &id, "exited", |s| {
+            s.state() == v1::ContainerState::ContainerExited
+        })
+        .await;
+        // SIGTERM ends `sleep` as PID 1 only via the grace period's SIGKILL.
+        assert!([137, 143].contains(&status.exit_code), "{status:?}");
+    });
+    // The sandbox and its pod cgroup are left to the harness's teardown.
+    drop(client);
+    drop(rt);
+    drop(containerd);
+    assert!(!cgroup.exists(), "the harness removes {}", cgroup.display());
+    assert!(!shim_socket.exists(), "{} is gone", shim_socket.display());
+}
