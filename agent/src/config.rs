@@ -3,18 +3,12 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
+use crate::pleg::PlegMode;
 use crate::pleg::kernel::{
     DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, DEFAULT_ROOTS, KernelPlegConfig,
 };
-
-/// Which PLEG drives the pod workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PlegMode {
-    /// Kernel events (eBPF), with a slow reconciling relist.
-    Ebpf,
-}
 
 /// evpleg: a node agent whose PLEG is driven by the kernel.
 #[derive(Clone, Debug, Parser)]
@@ -23,6 +17,15 @@ pub struct Args {
     /// Which PLEG to run.
     #[arg(long, env = "EVPLEG_PLEG", value_enum, default_value = "ebpf")]
     pub pleg: PlegMode,
+
+    /// The CRI runtime's socket (`unix:///run/containerd/containerd.sock`). Without
+    /// it only kernel events are reported (no relist, no pods).
+    #[arg(long, env = "EVPLEG_CRI_ENDPOINT")]
+    pub cri_endpoint: Option<String>,
+
+    /// Relist period in seconds (default: 300 in ebpf mode, 1 in generic mode).
+    #[arg(long, env = "EVPLEG_RELIST_PERIOD_SECONDS")]
+    pub relist_period_seconds: Option<f64>,
 
     /// Load this eBPF object instead of the one embedded at build time.
     #[arg(long, env = "EVPLEG_BPF_OBJECT")]
@@ -53,6 +56,11 @@ pub struct Args {
     /// Capacity of the lifecycle event channel (the kubelet uses 1000).
     #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000)]
     pub event_channel: usize,
+
+    /// Address of the HTTP endpoints (/metrics, /healthz); the kubelet's read-only
+    /// port by default.
+    #[arg(long, env = "EVPLEG_LISTEN", default_value = "127.0.0.1:10255")]
+    pub listen: std::net::SocketAddr,
 
     /// Stop after this many seconds (0: run until interrupted).
     #[arg(long, env = "EVPLEG_RUN_FOR_SECONDS", default_value_t = 0)]

@@ -7,5 +7,8 @@ pub mod clock;
 pub mod config;
 pub mod container;
 pub mod cri;
+pub mod metrics;
 pub mod pleg;
+pub mod runtime;
+pub mod server;
 pub mod telemetry;

@@ -1,56 +1,121 @@
 //! The `evpleg` binary.
+//!
+//! With `--cri-endpoint` it runs the PLEG of `--pleg` against that runtime (kernel
+//! events merged with a reconciling relist in `ebpf` mode, the kubelet's 1 s
+//! relist in `generic` mode) and logs every lifecycle event; without it, the kernel
+//! PLEG alone. Pod sources, workers and the status manager come next.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use evpleg::clock::MonotonicClock;
 use evpleg::config::Args;
-use evpleg::pleg::RelistSignal;
+use evpleg::cri::{CriClient, CriClientConfig};
 use evpleg::pleg::kernel::{KernelPleg, monotonic_ns};
+use evpleg::pleg::{PodLifecycleEvent, Pleg, RelistSignal};
+use evpleg::metrics::Metrics;
+use evpleg::runtime::CriRuntime;
+use evpleg::server::{self, ServerState};
+use tokio_util::sync::CancellationToken;
 use tokio::sync::mpsc;
 use tracing::info;
+
+fn log_event(ev: &PodLifecycleEvent) {
+    let latency_us = monotonic_ns().saturating_sub(ev.at_ns) as f64 / 1000.0;
+    info!(
+        kind = ?ev.kind,
+        source = ?ev.source,
+        pod = ev.pod_uid.as_ref().map(|u| u.as_str()).unwrap_or("-"),
+        container = ev.container_id.as_ref().map(|c| c.as_str()).unwrap_or("-"),
+        pid = ev.pid,
+        exit_code = ev.exit.map(|e| e.code),
+        signal = ev.exit.and_then(|e| e.signal),
+        oom_killed = ev.exit.is_some_and(|e| e.oom_killed),
+        latency_us,
+        "pod lifecycle event"
+    );
+}
+
+async fn until_stopped(run_for_seconds: u64) {
+    let deadline = async {
+        if run_for_seconds == 0 {
+            std::future::pending::<()>().await
+        } else {
+            tokio::time::sleep(Duration::from_secs(run_for_seconds)).await
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("interrupted"),
+        () = deadline => info!(run_for_seconds, "run time over"),
+    }
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     evpleg::telemetry::init("info");
     let args = Args::parse();
     let (tx, mut rx) = mpsc::channel(args.event_channel);
-    let relist = Arc::new(RelistSignal::new());
-    let pleg = KernelPleg::start(args.kernel_pleg(), tx, relist.clone(), None)
-        .context("starting the kernel pleg")?;
-    info!(offsets = ?pleg.offsets(), "offsets from the kernel's btf");
-    let deadline = async {
-        if args.run_for_seconds == 0 {
-            std::future::pending::<()>().await
-        } else {
-            tokio::time::sleep(Duration::from_secs(args.run_for_seconds)).await
+    let printer = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            log_event(&ev);
         }
-    };
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            Some(ev) = rx.recv() => {
-                let latency_us = monotonic_ns().saturating_sub(ev.at_ns) as f64 / 1000.0;
-                info!(
-                    kind = ?ev.kind,
-                    pod = ev.pod_uid.as_ref().map(|u| u.as_str()).unwrap_or("-"),
-                    container = ev.container_id.as_ref().map(|c| c.as_str()).unwrap_or("-"),
-                    pid = ev.pid,
-                    exit_code = ev.exit.map(|e| e.code),
-                    signal = ev.exit.and_then(|e| e.signal),
-                    oom_killed = ev.exit.is_some_and(|e| e.oom_killed),
-                    latency_us,
-                    "pod lifecycle event"
-                );
-            }
-            () = relist.requested() => info!(total = relist.count(), "relist requested"),
-            _ = tokio::signal::ctrl_c() => break,
-            () = &mut deadline => break,
+    });
+    match &args.cri_endpoint {
+        Some(endpoint) => {
+            let client = CriClient::connect(endpoint, CriClientConfig::default())
+                .await
+                .with_context(|| format!("connecting to the CRI runtime at {endpoint}"))?;
+            let pleg = Pleg::start(
+                args.pleg,
+                CriRuntime::new(client),
+                args.kernel_pleg(),
+                tx,
+                Arc::new(MonotonicClock),
+                args.relist_period_seconds.map(Duration::from_secs_f64),
+            )
+            .context("starting the pleg")?;
+            info!(mode = ?pleg.mode, endpoint, "pleg running");
+            let metrics = Arc::new(Metrics::new(Some(&pleg), None));
+            let period = args
+                .relist_period_seconds
+                .map(Duration::from_secs_f64)
+                .unwrap_or(pleg.relist_period());
+            let state = ServerState::new(metrics, Some(pleg.relist_stats.clone()), Arc::new(MonotonicClock), period);
+            let shutdown = CancellationToken::new();
+            let server = tokio::spawn(server::serve(args.listen, server::router(state), shutdown.clone()));
+            until_stopped(args.run_for_seconds).await;
+            shutdown.cancel();
+            server.await.context("http server")?.with_context(|| format!("serving on {}", args.listen))?;
+            pleg.stop().await;
+        }
+        None => {
+            let relist = Arc::new(RelistSignal::new());
+            let pleg = KernelPleg::start(args.kernel_pleg(), tx, relist.clone(), None)
+                .context("starting the kernel pleg")?;
+            info!(offsets = ?pleg.offsets(), "kernel pleg running without a container runtime");
+            let metrics = Arc::new(Metrics::new(None, Some(pleg.stats().clone())));
+            let state = ServerState::new(metrics, None, Arc::new(MonotonicClock), Duration::ZERO);
+            let shutdown = CancellationToken::new();
+            let server = tokio::spawn(server::serve(args.listen, server::router(state), shutdown.clone()));
+            until_stopped(args.run_for_seconds).await;
+            shutdown.cancel();
+            server.await.context("http server")?.with_context(|| format!("serving on {}", args.listen))?;
+            let stats = pleg.stats().clone();
+            pleg.stop();
+            info!(
+                records = stats.records.load(Ordering::Relaxed),
+                events = stats.events.load(Ordering::Relaxed),
+                kernel_dropped = stats.kernel_dropped.load(Ordering::Relaxed),
+                kernel_filtered = stats.kernel_filtered.load(Ordering::Relaxed),
+                discarded = stats.discarded.load(Ordering::Relaxed),
+                relist_requests = relist.count(),
+                "stopped"
+            );
         }
     }
-    let stats = pleg.stats().clone();
-    pleg.stop();
-    info!(?stats, "stopped");
+    printer.await.context("event printer")?;
     Ok(())
 }

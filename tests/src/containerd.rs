@@ -85,32 +85,34 @@ pub enum HarnessError {
         detail: String,
     },
     /// containerd exited while it was starting.
-    #[error("containerd --config {config} exited while starting ({status}); end of {log}:\n{tail}")]
+    #[error(
+        "containerd --config {}/config.toml exited while starting ({status}); end of {}/containerd.log:\n{tail}",
+        base.display(),
+        base.display()
+    )]
     Exited {
-        /// The configuration file.
-        config: PathBuf,
+        /// The instance's base directory (config.toml, containerd.log).
+        base: PathBuf,
         /// Its exit status.
         status: String,
-        /// Its log file.
-        log: PathBuf,
         /// The end of its log.
         tail: String,
     },
     /// containerd did not answer `Version` in time.
     #[error(
-        "containerd --config {config} did not answer Version on {socket} within {timeout:?} (last error: {last_error}); end of {log}:\n{tail}"
+        "containerd --config {}/config.toml did not answer Version on {}/containerd.sock within {timeout:?} (last error: {last_error}); end of {}/containerd.log:\n{tail}",
+        base.display(),
+        base.display(),
+        base.display()
     )]
     NotReady {
-        /// The configuration file.
-        config: PathBuf,
-        /// Its CRI socket.
-        socket: PathBuf,
+        /// The instance's base directory (config.toml, containerd.sock,
+        /// containerd.log).
+        base: PathBuf,
         /// How long the harness waited.
         timeout: Duration,
         /// The last error of the `Version` call.
         last_error: String,
-        /// Its log file.
-        log: PathBuf,
         /// The end of its log.
         tail: String,
     },
@@ -434,9 +436,8 @@ impl Containerd {
             {
                 self.child = None;
                 return Err(HarnessError::Exited {
-                    config: self.config_path(),
+                    base: self.base.clone(),
                     status: status.to_string(),
-                    log: self.log_path(),
                     tail: log_tail(&self.log_path()),
                 });
             }
@@ -451,11 +452,9 @@ impl Containerd {
             }
             if Instant::now() > deadline {
                 return Err(HarnessError::NotReady {
-                    config: self.config_path(),
-                    socket,
+                    base: self.base.clone(),
                     timeout: START_TIMEOUT,
                     last_error,
-                    log: self.log_path(),
                     tail: log_tail(&self.log_path()),
                 });
             }
@@ -1273,6 +1272,40 @@ mod tests {
         assert!(toml.contains("restrict_oom_score_adj = true"));
         assert!(toml.contains("SystemdCgroup = false"));
         assert!(toml.contains(r#"sandbox_image = "localhost/pause:latest""#));
+    }
+
+    #[test]
+    fn errors_name_what_failed() {
+        let base = PathBuf::from("/tmp/evpleg-containerd-1-abc");
+        let not_ready = HarnessError::NotReady {
+            base: base.clone(),
+            timeout: Duration::from_secs(20),
+            last_error: "connect: refused".into(),
+            tail: "level=fatal msg=boom".into(),
+        };
+        assert_eq!(
+            not_ready.to_string(),
+            "containerd --config /tmp/evpleg-containerd-1-abc/config.toml did not answer Version \
+             on /tmp/evpleg-containerd-1-abc/containerd.sock within 20s (last error: connect: \
+             refused); end of /tmp/evpleg-containerd-1-abc/containerd.log:\nlevel=fatal msg=boom"
+        );
+        let exited = HarnessError::Exited {
+            base,
+            status: "exit status: 1".into(),
+            tail: "boom".into(),
+        };
+        assert!(exited.to_string().starts_with(
+            "containerd --config /tmp/evpleg-containerd-1-abc/config.toml exited while starting"
+        ));
+        let io = io_err("read", "/nope")(io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(io.to_string(), "cannot read /nope: entity not found");
+        let failed = run(&mut Command::new("false")).unwrap_err();
+        assert!(
+            failed
+                .to_string()
+                .starts_with("`false` failed: exit status: 1"),
+            "{failed}"
+        );
     }
 
     #[test]

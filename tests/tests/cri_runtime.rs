@@ -396,3 +396,63 @@ fn the_client_reconnects_after_a_containerd_restart() {
     assert!(!cgroup.exists(), "the harness removes {}", cgroup.display());
     assert!(!shim_socket.exists(), "{} is gone", shim_socket.display());
 }
+
+#[test]
+fn the_harness_cleans_up_after_a_panicking_test() {
+    if !privileged("the_harness_cleans_up_after_a_panicking_test") {
+        return;
+    }
+    let mut left = None;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let containerd = start_containerd();
+        let uid = evpleg_tests::pod_uid();
+        let parent = pod_cgroup_parent(&uid);
+        let sandbox_config = containerd.sandbox_config("doomed", &uid, &parent);
+        let rt = tokio_runtime();
+        let id = rt.block_on(async {
+            let client = connect(&containerd).await;
+            let sandbox = client
+                .run_pod_sandbox(&sandbox_config, "")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let config = container_config("doomed", &["sleep", "600"]);
+            let id = client
+                .create_container(&sandbox, &config, &sandbox_config)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            client
+                .start_container(&id)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            wait_status(&client, &id, "running", |s| {
+                s.state() == v1::ContainerState::ContainerRunning
+            })
+            .await;
+            id
+        });
+        let pod_dir = evpleg_tests::cgroups::cgroup2().join(parent.trim_start_matches('/'));
+        assert!(pod_dir.join(&id).is_dir());
+        left = Some((containerd.base().to_owned(), containerd.endpoint(), pod_dir));
+        panic!("a test failing with a running container");
+    }));
+    assert!(outcome.is_err(), "the closure panics");
+    let (base, endpoint, pod_dir) = left.expect("set before the panic");
+    assert!(!base.exists(), "{} removed", base.display());
+    assert!(!pod_dir.exists(), "{} removed", pod_dir.display());
+    let socket = endpoint.trim_start_matches("unix://");
+    let leftovers = std::process::Command::new("pgrep")
+        .args(["-af", socket])
+        .output()
+        .expect("pgrep");
+    assert!(
+        leftovers.stdout.is_empty(),
+        "processes of the instance are left: {}",
+        String::from_utf8_lossy(&leftovers.stdout)
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(base.to_str().expect("utf-8")),
+        "nothing mounted under {}",
+        base.display()
+    );
+}

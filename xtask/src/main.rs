@@ -4,8 +4,11 @@
 //! * `build`: builds the eBPF object (nightly, BPF target, with BTF) and the agent;
 //! * `run`: builds, then runs the agent on this host;
 //! * `test`: builds and runs every test tier, privileged ones included, and the
-//!   format and lint checks.
+//!   format and lint checks, then the kernel matrix;
+//! * `matrix`: only the kernel matrix (privileged checks in QEMU guests booting
+//!   Debian's kernels, docs/kernels.md).
 
+mod matrix;
 mod setup;
 mod util;
 
@@ -40,11 +43,27 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Build and run every test tier.
+    /// Build and run every test tier, then the kernel matrix.
     Test {
+        /// Kernels of the matrix run after the host tests: `all`, `none`, or a
+        /// comma-separated list of series (6.1,6.12,6.16,6.18,7.3).
+        #[arg(long, default_value = "all")]
+        kernels: matrix::Selection,
         /// Arguments passed to `cargo test` after `--`.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Run only the kernel matrix: the privileged checks in QEMU guests.
+    Matrix {
+        /// `all`, `none`, or a comma-separated list of series (6.1,6.12,...).
+        #[arg(long, default_value = "all")]
+        kernels: matrix::Selection,
+        /// Load this eBPF object in the guests instead of the embedded one.
+        #[arg(long)]
+        bpf_object: Option<PathBuf>,
+        /// Seconds before a guest is killed.
+        #[arg(long, default_value_t = matrix::DEFAULT_TIMEOUT.as_secs())]
+        timeout: u64,
     },
 }
 
@@ -62,9 +81,26 @@ fn main() -> Result<()> {
             build(&root, true)?;
             run(&root, demo, &args)
         }
-        Command::Test { args } => {
+        Command::Test { kernels, args } => {
             setup::run(&root)?;
-            test(&root, &args)
+            test(&root, &args, kernels)
+        }
+        Command::Matrix {
+            kernels,
+            bpf_object,
+            timeout,
+        } => {
+            setup::run(&root)?;
+            build_ebpf(&root)?;
+            let bpf_object = bpf_object.map(std::path::absolute).transpose()?;
+            matrix::run(
+                &root,
+                &matrix::Options {
+                    kernels,
+                    bpf_object,
+                    timeout: std::time::Duration::from_secs(timeout),
+                },
+            )
         }
     }
 }
@@ -120,7 +156,7 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
     util::run(&mut cmd)
 }
 
-fn test(root: &std::path::Path, args: &[String]) -> Result<()> {
+fn test(root: &std::path::Path, args: &[String], kernels: matrix::Selection) -> Result<()> {
     build_ebpf(root)?;
     util::step("checking formatting");
     util::run(util::cargo(root).args(["fmt", "--all", "--check"]))?;
@@ -148,5 +184,13 @@ fn test(root: &std::path::Path, args: &[String]) -> Result<()> {
     if !args.is_empty() {
         cmd.arg("--").args(args);
     }
-    util::run(&mut cmd)
+    util::run(&mut cmd)?;
+    matrix::run(
+        root,
+        &matrix::Options {
+            kernels,
+            bpf_object: None,
+            timeout: matrix::DEFAULT_TIMEOUT,
+        },
+    )
 }

@@ -8,6 +8,7 @@
 //! * LLVM 22's development packages and bpf-linker [`BPF_LINKER_VERSION`] built
 //!   against them, installed under `.tools/` (not committed);
 //! * containerd, runc, umoci and busybox-static for the runtime tests;
+//! * qemu-system-x86 and cpio for the kernel matrix (busybox-static too);
 //! * a kernel with BTF and a cgroup2 hierarchy. No tracefs: the programs are BTF
 //!   tracepoints.
 
@@ -35,6 +36,9 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "umoci",
     "busybox-static",
+    // the kernel matrix: guests under QEMU, their initramfs
+    "qemu-system-x86",
+    "cpio",
 ];
 
 fn is_root() -> bool {

@@ -129,11 +129,14 @@ pub enum CriError {
 
 impl CriError {
     /// An error from a gRPC status returned by `call` on `target`.
+    ///
+    /// containerd's "server is not initialized yet" (code `Unknown`, answered
+    /// while its CRI plugin starts) becomes `Unavailable`: see [`status_code`].
     pub fn from_status(call: &'static str, target: Target, status: &tonic::Status) -> Self {
         Self::Rpc {
             call,
             target: Box::new(target),
-            code: status.code(),
+            code: status_code(status),
             message: status.message().to_owned(),
         }
     }
@@ -170,6 +173,28 @@ impl CriError {
     /// Whether the runtime does not know the sandbox, container or image.
     pub fn is_not_found(&self) -> bool {
         self.code() == Some(Code::NotFound)
+    }
+}
+
+/// The message of containerd's CRI plugin (1.6 to 2.x) for calls it gets
+/// before it has finished starting, with code `Unknown`.
+pub(crate) const CONTAINERD_NOT_INITIALIZED: &str = "server is not initialized yet";
+
+/// Whether the runtime refused the call because it is still starting, before
+/// doing anything: containerd answers [`CONTAINERD_NOT_INITIALIZED`] between
+/// opening its socket and the end of the CRI plugin's start (after a restart,
+/// tens of milliseconds).
+pub(crate) fn runtime_starting(status: &tonic::Status) -> bool {
+    status.code() == Code::Unknown && status.message() == CONTAINERD_NOT_INITIALIZED
+}
+
+/// The code a status counts as: its own, except `Unavailable` for a runtime
+/// that is still starting ([`runtime_starting`]), which is what that is.
+pub(crate) fn status_code(status: &tonic::Status) -> Code {
+    if runtime_starting(status) {
+        Code::Unavailable
+    } else {
+        status.code()
     }
 }
 
@@ -317,6 +342,24 @@ mod tests {
         };
         assert!(!version.is_retryable());
         assert_eq!(version.code(), None);
+    }
+
+    #[test]
+    fn a_starting_containerd_is_unavailable() {
+        let starting = CriError::from_status(
+            "ListContainers",
+            Target::Runtime(Arc::from("unix:///run/c.sock")),
+            &tonic::Status::unknown(CONTAINERD_NOT_INITIALIZED),
+        );
+        assert_eq!(starting.code(), Some(Code::Unavailable));
+        assert!(starting.is_retryable());
+        assert_eq!(
+            starting.to_string(),
+            "ListContainers of runtime unix:///run/c.sock: unavailable: server is not initialized yet"
+        );
+        let other = rpc(Code::Unknown, "something else");
+        assert_eq!(other.code(), Some(Code::Unknown));
+        assert!(!other.is_retryable());
     }
 
     #[test]

@@ -36,6 +36,9 @@
 //!   `Stop*`, `Remove*`, `PullImage`), and for `RunPodSandbox`,
 //!   `CreateContainer` and `StartContainer` only when the request never left
 //!   (the connection could not be made), so that nothing is created twice.
+//!   containerd answers `Unknown` "server is not initialized yet" for a few
+//!   tens of milliseconds after it restarts, before doing anything: that counts
+//!   as `Unavailable` for every call, in retries and in the returned error.
 //! - Read-only calls, which the PLEG makes on every relist, have their own
 //!   shorter timeout (10 s); `PullImage` has one (10 min) where the kubelet has
 //!   none.
@@ -638,12 +641,14 @@ fn deadline_after(start: Instant, timeout: Duration) -> Instant {
         .unwrap_or_else(|| start + Duration::from_secs(86_400))
 }
 
-/// Whether a failed attempt may be repeated under `retry`.
+/// Whether a failed attempt may be repeated under `retry`. A runtime that is
+/// still starting refused the call before doing anything, so any call may be
+/// repeated then.
 fn should_retry(retry: Retry, status: &tonic::Status) -> bool {
-    status.code() == Code::Unavailable
+    error::status_code(status) == Code::Unavailable
         && match retry {
             Retry::Unavailable => true,
-            Retry::NotSent => never_sent(status),
+            Retry::NotSent => never_sent(status) || error::runtime_starting(status),
         }
 }
 
@@ -793,6 +798,12 @@ mod tests {
         assert!(!never_sent(&reset));
         assert!(!should_retry(Retry::NotSent, &reset));
         assert!(should_retry(Retry::Unavailable, &reset));
+
+        let starting = tonic::Status::unknown("server is not initialized yet");
+        assert!(should_retry(Retry::NotSent, &starting));
+        assert!(should_retry(Retry::Unavailable, &starting));
+        let unknown = tonic::Status::unknown("failed to create containerd task");
+        assert!(!should_retry(Retry::Unavailable, &unknown));
 
         let not_found = tonic::Status::not_found("gone");
         assert!(!should_retry(Retry::Unavailable, &not_found));

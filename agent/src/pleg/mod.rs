@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod kernel;
+pub mod merge;
 pub mod relist;
 
 use std::fmt;
@@ -231,5 +232,116 @@ mod tests {
             (segv_core.code, segv_core.signal, segv_core.core_dumped),
             (139, Some(11), true)
         );
+    }
+}
+
+/// Which PLEG drives the pod workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlegMode {
+    /// Kernel events (eBPF), merged with a slow reconciling relist (300 s).
+    Ebpf,
+    /// The kubelet's generic PLEG: a relist every second.
+    Generic,
+}
+
+/// Errors of starting the PLEG.
+#[derive(Debug, thiserror::Error)]
+pub enum PlegError {
+    #[error("kernel pleg: {0}")]
+    Kernel(#[from] kernel::KernelPlegError),
+}
+
+/// The running PLEG: its tasks, the cache it writes and the events it sends.
+#[derive(Debug)]
+pub struct Pleg {
+    pub mode: PlegMode,
+    period: std::time::Duration,
+    pub cache: std::sync::Arc<cache::PodStatusCache>,
+    pub relist_stats: std::sync::Arc<relist::RelistStats>,
+    pub relist_signal: std::sync::Arc<RelistSignal>,
+    /// Asks for an on-demand relist of one pod.
+    pub pod_relist: tokio::sync::mpsc::UnboundedSender<PodUid>,
+    pub kernel: Option<kernel::KernelPleg>,
+    pub merge_stats: Option<std::sync::Arc<merge::MergeStats>>,
+    shutdown: tokio_util::sync::CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Pleg {
+    /// Starts the PLEG of `mode` over `runtime`; lifecycle events go to `events`.
+    /// In `ebpf` mode the kernel programs are loaded with `kernel_config`.
+    pub fn start<R: relist::PodRuntime + 'static>(
+        mode: PlegMode,
+        runtime: R,
+        kernel_config: kernel::KernelPlegConfig,
+        events: tokio::sync::mpsc::Sender<PodLifecycleEvent>,
+        clock: crate::clock::SharedClock,
+        relist_period: Option<std::time::Duration>,
+    ) -> Result<Self, PlegError> {
+        use std::sync::Arc;
+        let cache = Arc::new(cache::PodStatusCache::new());
+        let reports = Arc::new(relist::KernelReports::default());
+        let relist_signal = Arc::new(RelistSignal::new());
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let (pod_relist, pod_requests) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        let (kernel, merge_stats) = match mode {
+            PlegMode::Ebpf => {
+                let (ktx, krx) = tokio::sync::mpsc::channel(events.max_capacity());
+                let kernel = kernel::KernelPleg::start(kernel_config, ktx, relist_signal.clone(), None)?;
+                let stats = Arc::new(merge::MergeStats::default());
+                let merge = merge::KernelMerge {
+                    cache: cache.clone(),
+                    reports: reports.clone(),
+                    out: events.clone(),
+                    pod_relist: pod_relist.clone(),
+                    relist: relist_signal.clone(),
+                    stats: stats.clone(),
+                };
+                tasks.push(tokio::spawn(merge.run(krx, shutdown.clone())));
+                (Some(kernel), Some(stats))
+            }
+            PlegMode::Generic => (None, None),
+        };
+        let period = relist_period.unwrap_or(match mode {
+            PlegMode::Ebpf => relist::EBPF_PERIOD,
+            PlegMode::Generic => relist::GENERIC_PERIOD,
+        });
+        let relister = relist::RelistPleg::new(runtime, cache.clone(), events, clock, reports);
+        let relist_stats = relister.stats();
+        tasks.push(tokio::spawn(relister.run(
+            period,
+            relist_signal.clone(),
+            pod_requests,
+            shutdown.clone(),
+        )));
+        Ok(Self {
+            mode,
+            period,
+            cache,
+            relist_stats,
+            relist_signal,
+            pod_relist,
+            kernel,
+            merge_stats,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// The full relist's period.
+    pub fn relist_period(&self) -> std::time::Duration {
+        self.period
+    }
+
+    /// Stops every task and detaches the kernel programs.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        if let Some(k) = self.kernel.take() {
+            k.stop();
+        }
     }
 }

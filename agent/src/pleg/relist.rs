@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -149,8 +150,12 @@ impl KernelReports {
 }
 
 /// Counters and health of the relist PLEG (Prometheus names in `metrics`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RelistStats {
+    /// `pleg_relist_duration_seconds`.
+    pub duration_seconds: Histogram,
+    /// `pleg_relist_interval_seconds`.
+    pub interval_seconds: Histogram,
     /// Monotonic ns of the start of the last successful full relist (0: none yet).
     pub last_relist_ns: AtomicU64,
     pub relists: AtomicU64,
@@ -165,6 +170,26 @@ pub struct RelistStats {
     /// Kernel exits the runtime confirmed / contradicted past the bound.
     pub confirmed: AtomicU64,
     pub disagreements: AtomicU64,
+}
+
+impl Default for RelistStats {
+    fn default() -> Self {
+        // The kubelet's buckets: 5 ms doubling twelve times (about 20 s).
+        let buckets = || Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        Self {
+            duration_seconds: buckets(),
+            interval_seconds: buckets(),
+            last_relist_ns: AtomicU64::new(0),
+            relists: AtomicU64::new(0),
+            pod_relists: AtomicU64::new(0),
+            failed_relists: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            last_duration_ns: AtomicU64::new(0),
+            last_interval_ns: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            disagreements: AtomicU64::new(0),
+        }
+    }
 }
 
 impl RelistStats {
@@ -282,9 +307,9 @@ impl<R: PodRuntime> RelistPleg<R> {
         };
         let previous = self.stats.last_relist_ns.swap(timestamp, Ordering::Relaxed);
         if previous != 0 {
-            self.stats
-                .last_interval_ns
-                .store(timestamp.saturating_sub(previous), Ordering::Relaxed);
+            let interval = timestamp.saturating_sub(previous);
+            self.stats.last_interval_ns.store(interval, Ordering::Relaxed);
+            self.stats.interval_seconds.observe(interval as f64 / 1e9);
         }
         let mut by_pod: HashMap<PodUid, Vec<RuntimeEntry>> = HashMap::new();
         for e in entries {
@@ -310,10 +335,9 @@ impl<R: PodRuntime> RelistPleg<R> {
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
         self.stats.relists.fetch_add(1, Ordering::Relaxed);
-        self.stats.last_duration_ns.store(
-            self.clock.now_ns().saturating_sub(timestamp),
-            Ordering::Relaxed,
-        );
+        let duration = self.clock.now_ns().saturating_sub(timestamp);
+        self.stats.last_duration_ns.store(duration, Ordering::Relaxed);
+        self.stats.duration_seconds.observe(duration as f64 / 1e9);
         Ok(())
     }
 

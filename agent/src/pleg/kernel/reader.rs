@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuArray};
 use evpleg_events::counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, info, warn};
 
@@ -29,8 +30,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const RESCAN_MIN_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Counters of the kernel PLEG, shared with metrics.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KernelStats {
+    /// Delay from the kernel's timestamp to the reader's receipt
+    /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us.
+    pub latency_seconds: Histogram,
     /// Records read from the ring buffer.
     pub records: AtomicU64,
     /// Records rejected by the decoder.
@@ -49,10 +53,26 @@ pub struct KernelStats {
     pub unattributed: AtomicU64,
     /// Rescans of the cgroup tree.
     pub rescans: AtomicU64,
-    /// Sum and count of the delay from the kernel's timestamp to the reader's
-    /// receipt, in ns (see also the latency histogram in metrics).
-    pub latency_sum_ns: AtomicU64,
-    pub latency_count: AtomicU64,
+}
+
+impl Default for KernelStats {
+    fn default() -> Self {
+        Self {
+            // 1 us doubling 24 times: up to about 8 s.
+            latency_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            records: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            kernel_reported: AtomicU64::new(0),
+            kernel_filtered: AtomicU64::new(0),
+            kernel_dropped: AtomicU64::new(0),
+            kernel_read_errors: AtomicU64::new(0),
+            kernel_thread_exits: AtomicU64::new(0),
+            unattributed: AtomicU64::new(0),
+            rescans: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Called on the reader thread with every decoded record and its delay from the
@@ -186,10 +206,7 @@ impl Reader {
                 match decode(&item) {
                     Ok(ev) => {
                         let delay = now.saturating_sub(ev.at_ns());
-                        self.stats
-                            .latency_sum_ns
-                            .fetch_add(delay, Ordering::Relaxed);
-                        self.stats.latency_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.latency_seconds.observe(delay as f64 / 1e9);
                         if let Some(tap) = &self.tap {
                             tap(&ev, delay);
                         }

@@ -1,0 +1,174 @@
+//! Prometheus metrics. Names mirror the kubelet's (`kubelet_pleg_relist_duration_seconds`
+//! becomes `evpleg_pleg_relist_duration_seconds`, and so on) so that PLEG dashboards
+//! carry over; the kernel PLEG adds its own.
+//!
+//! | metric | kubelet counterpart |
+//! |---|---|
+//! | `evpleg_pleg_relist_duration_seconds` (histogram) | `kubelet_pleg_relist_duration_seconds` |
+//! | `evpleg_pleg_relist_interval_seconds` (histogram) | `kubelet_pleg_relist_interval_seconds` |
+//! | `evpleg_pleg_discard_events_total` | `kubelet_pleg_discard_events` |
+//! | `evpleg_pleg_last_seen_seconds` | `kubelet_pleg_last_seen_seconds` |
+//! | `evpleg_pleg_kernel_event_latency_seconds` (histogram) | none: kernel timestamp to reader |
+//! | `evpleg_pleg_kernel_records_total{result}` | none: kernel counters |
+//! | `evpleg_pleg_kernel_confirmations_total{result}` | none: runtime confirmation of kernel exits |
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::pleg::Pleg;
+use crate::pleg::kernel::KernelStats;
+use crate::pleg::merge::MergeStats;
+use crate::pleg::relist::RelistStats;
+
+/// The agent's registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+}
+
+/// Reads the PLEG's counters at scrape time.
+#[derive(Debug)]
+struct PlegCollector {
+    relist: Option<Arc<RelistStats>>,
+    kernel: Option<Arc<KernelStats>>,
+    merge: Option<Arc<MergeStats>>,
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+impl Collector for PlegCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let mut discarded = 0;
+        if let Some(r) = &self.relist {
+            discarded += load(&r.discarded);
+            let last = load(&r.last_relist_ns);
+            if last != 0 {
+                let g = ConstGauge::new(crate::container::monotonic_to_unix_ns(last) as f64 / 1e9);
+                g.encode(encoder.encode_descriptor(
+                    "pleg_last_seen_seconds",
+                    "Timestamp in seconds when the relist PLEG was last seen active",
+                    None,
+                    g.metric_type(),
+                )?)?;
+            }
+            counter(&mut encoder, "pleg_relists", "Full relists done", load(&r.relists))?;
+            counter(&mut encoder, "pleg_pod_relists", "On-demand relists of one pod", load(&r.pod_relists))?;
+            counter(&mut encoder, "pleg_failed_relists", "Relists whose listing failed", load(&r.failed_relists))?;
+            counter(
+                &mut encoder,
+                "pleg_kernel_exits_confirmed",
+                "Kernel-observed exits the runtime confirmed",
+                load(&r.confirmed),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_kernel_exits_disagreed",
+                "Kernel-observed exits the runtime contradicted past the bound (the runtime won)",
+                load(&r.disagreements),
+            )?;
+        }
+        if let Some(m) = &self.merge {
+            discarded += load(&m.discarded);
+            counter(
+                &mut encoder,
+                "pleg_kernel_events_unattributed",
+                "Kernel events whose pod the cgroup path did not name",
+                load(&m.unattributed),
+            )?;
+        }
+        if let Some(k) = &self.kernel {
+            discarded += load(&k.discarded);
+            for (name, help, value) in [
+                ("pleg_kernel_records_reported", "Records the kernel programs submitted", load(&k.kernel_reported)),
+                ("pleg_kernel_records_filtered", "Events the kernel filter left out", load(&k.kernel_filtered)),
+                ("pleg_kernel_records_dropped", "Records lost to a full ring buffer (each raises a relist)", load(&k.kernel_dropped)),
+                ("pleg_kernel_read_errors", "Kernel memory reads that failed", load(&k.kernel_read_errors)),
+                ("pleg_kernel_records_read", "Records read from the ring buffer", load(&k.records)),
+                ("pleg_kernel_records_malformed", "Records rejected by the decoder", load(&k.malformed)),
+                ("pleg_kernel_unattributed", "Task records in cgroups unknown after a rescan", load(&k.unattributed)),
+                ("pleg_kernel_rescans", "Rescans of the cgroup tree", load(&k.rescans)),
+            ] {
+                counter(&mut encoder, name, help, value)?;
+            }
+        }
+        counter(
+            &mut encoder,
+            "pleg_discard_events",
+            "Lifecycle events dropped because a channel was full",
+            discarded,
+        )
+    }
+}
+
+impl Metrics {
+    /// A registry with the PLEG's metrics.
+    pub fn new(pleg: Option<&Pleg>, kernel: Option<Arc<KernelStats>>) -> Self {
+        let mut registry = Registry::with_prefix("evpleg");
+        let kernel = kernel.or_else(|| pleg.and_then(|p| p.kernel.as_ref()).map(|k| k.stats().clone()));
+        if let Some(p) = pleg {
+            registry.register(
+                "pleg_relist_duration_seconds",
+                "Duration of a full relist",
+                p.relist_stats.duration_seconds.clone(),
+            );
+            registry.register(
+                "pleg_relist_interval_seconds",
+                "Interval between two full relists",
+                p.relist_stats.interval_seconds.clone(),
+            );
+        }
+        if let Some(k) = &kernel {
+            registry.register(
+                "pleg_kernel_event_latency_seconds",
+                "Delay from the kernel's timestamp of an event to its receipt by the reader",
+                k.latency_seconds.clone(),
+            );
+        }
+        registry.register_collector(Box::new(PlegCollector {
+            relist: pleg.map(|p| p.relist_stats.clone()),
+            kernel,
+            merge: pleg.and_then(|p| p.merge_stats.clone()),
+        }));
+        Self { registry }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_kernel_metrics() {
+        let stats = Arc::new(KernelStats::default());
+        stats.latency_seconds.observe(25e-6);
+        stats.discarded.store(3, Ordering::Relaxed);
+        stats.kernel_dropped.store(2, Ordering::Relaxed);
+        let text = Metrics::new(None, Some(stats)).render();
+        assert!(text.contains("evpleg_pleg_kernel_event_latency_seconds_count 1"), "{text}");
+        assert!(text.contains("evpleg_pleg_discard_events_total 3"), "{text}");
+        assert!(text.contains("evpleg_pleg_kernel_records_dropped_total 2"), "{text}");
+    }
+}

@@ -1,0 +1,249 @@
+//! The kubelet's `kuberuntime` side: pods as the CRI runtime holds them.
+//!
+//! [`CriRuntime`] implements the relist PLEG's [`PodRuntime`] over a
+//! [`CriClient`] as the kubelet's `GetPods` and `GetPodStatus` do: sandboxes and
+//! containers are attributed to pods by the labels the agent puts on them
+//! ([`labels`]); a pod's status is every sandbox's `PodSandboxStatus` and every
+//! container's `ContainerStatus`. Objects without the pod UID label are not the
+//! agent's and are ignored.
+
+pub mod labels;
+
+use std::collections::BTreeMap;
+
+use evpleg_cri_api::v1;
+use tracing::warn;
+
+use crate::container::{ContainerState, ContainerStatus, PodStatus, SandboxState, SandboxStatus};
+use crate::cri::{CriClient, CriError};
+use crate::pleg::relist::{PlegState, PodRuntime, RuntimeEntry, RuntimeError};
+use crate::pleg::{ContainerId, EventSource, PodUid};
+
+impl From<CriError> for RuntimeError {
+    fn from(e: CriError) -> Self {
+        RuntimeError(e.to_string())
+    }
+}
+
+/// The CRI runtime as the PLEG sees it.
+#[derive(Clone, Debug)]
+pub struct CriRuntime {
+    client: CriClient,
+}
+
+impl CriRuntime {
+    pub fn new(client: CriClient) -> Self {
+        Self { client }
+    }
+
+    pub fn client(&self) -> &CriClient {
+        &self.client
+    }
+}
+
+fn pod_selector(pod: Option<&PodUid>) -> BTreeMap<String, String> {
+    pod.map(|p| BTreeMap::from([(labels::POD_UID.to_owned(), p.to_string())]))
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+fn pod_of(labels: &std::collections::HashMap<String, String>) -> Option<PodUid> {
+    labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u))
+}
+
+/// The CRI's container state as the kubelet's.
+pub fn container_state(state: i32) -> ContainerState {
+    match v1::ContainerState::try_from(state) {
+        Ok(v1::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(v1::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(v1::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+fn nonzero(ns: i64) -> Option<i64> {
+    (ns != 0).then_some(ns)
+}
+
+/// Converts a CRI `ContainerStatus` to the kubelet's view.
+pub fn convert_container_status(s: &v1::ContainerStatus) -> Option<ContainerStatus> {
+    let id = ContainerId::parse(&s.id)?;
+    let name = s.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let mut c = ContainerStatus::new(id, &name, container_state(s.state), EventSource::Relist);
+    c.attempt = s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
+    c.created_at = nonzero(s.created_at);
+    c.started_at = nonzero(s.started_at);
+    c.finished_at = nonzero(s.finished_at);
+    c.exit_code = (c.state == ContainerState::Exited).then_some(s.exit_code);
+    c.reason = s.reason.clone();
+    c.message = s.message.clone();
+    c.image = s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    c.image_ref = s.image_ref.clone();
+    c.hash = s
+        .annotations
+        .get(labels::CONTAINER_HASH)
+        .and_then(|h| u64::from_str_radix(h, 16).ok());
+    c.labels = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    c.annotations = s.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    Some(c)
+}
+
+impl PodRuntime for CriRuntime {
+    async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
+        let selector = pod_selector(pod);
+        let sandboxes = self
+            .client
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector.clone().into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let containers = self
+            .client
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: selector.into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let mut out = Vec::with_capacity(sandboxes.len() + containers.len());
+        for s in &sandboxes {
+            let (Some(uid), Some(id)) = (pod_of(&s.labels), ContainerId::parse(&s.id)) else {
+                continue;
+            };
+            let state = if s.state == v1::PodSandboxState::SandboxReady as i32 {
+                PlegState::Running
+            } else {
+                PlegState::Exited
+            };
+            out.push(RuntimeEntry {
+                pod: uid,
+                id,
+                sandbox: true,
+                state,
+            });
+        }
+        for c in &containers {
+            let Some(uid) = pod_of(&c.labels) else { continue };
+            let Some(id) = ContainerId::parse(&c.id) else {
+                warn!(container = %c.id, "container id is not 64 hex digits; ignored");
+                continue;
+            };
+            out.push(RuntimeEntry {
+                pod: uid,
+                id,
+                sandbox: false,
+                state: container_state(c.state).into(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
+        let selector = pod_selector(Some(pod));
+        let sandboxes = self
+            .client
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector.clone().into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let mut status = PodStatus {
+            uid: Some(pod.clone()),
+            ..PodStatus::default()
+        };
+        // Newest sandbox first, as the kubelet orders them.
+        let mut sandboxes = sandboxes;
+        sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        for s in &sandboxes {
+            let Some(id) = ContainerId::parse(&s.id) else { continue };
+            let resp = match self.client.pod_sandbox_status(&s.id, false).await {
+                Ok(r) => r,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let Some(st) = resp.status else { continue };
+            if let Some(m) = &st.metadata
+                && status.name.is_empty()
+            {
+                status.name = m.name.clone();
+                status.namespace = m.namespace.clone();
+            }
+            let ip = st
+                .network
+                .as_ref()
+                .map(|n| n.ip.clone())
+                .filter(|ip| !ip.is_empty());
+            if status.ips.is_empty()
+                && let Some(ip) = &ip
+            {
+                status.ips.push(ip.clone());
+            }
+            status.sandboxes.push(SandboxStatus {
+                id,
+                state: if st.state == v1::PodSandboxState::SandboxReady as i32 {
+                    SandboxState::Ready
+                } else {
+                    SandboxState::NotReady
+                },
+                attempt: st.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+                created_at: nonzero(st.created_at),
+                ip,
+            });
+        }
+        let containers = self
+            .client
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: selector.into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        for c in &containers {
+            let resp = match self.client.container_status(&c.id, false).await {
+                Ok(r) => r,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(s) = resp.status.as_ref().and_then(convert_container_status) {
+                status.containers.push(s);
+            }
+        }
+        Ok(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_a_cri_container_status() {
+        let s = v1::ContainerStatus {
+            id: "a".repeat(64),
+            metadata: Some(v1::ContainerMetadata {
+                name: "app".into(),
+                attempt: 2,
+            }),
+            state: v1::ContainerState::ContainerExited as i32,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 3,
+            exit_code: 7,
+            reason: "Error".into(),
+            annotations: [(labels::CONTAINER_HASH.to_owned(), "ff".to_owned())].into(),
+            ..Default::default()
+        };
+        let c = convert_container_status(&s).unwrap();
+        assert_eq!((c.name.as_str(), c.attempt, c.state), ("app", 2, ContainerState::Exited));
+        assert_eq!((c.started_at, c.finished_at, c.exit_code), (Some(2), Some(3), Some(7)));
+        assert_eq!((c.reason.as_str(), c.hash), ("Error", Some(255)));
+        let running = v1::ContainerStatus {
+            state: v1::ContainerState::ContainerRunning as i32,
+            ..s.clone()
+        };
+        assert_eq!(convert_container_status(&running).unwrap().exit_code, None);
+        let bad = v1::ContainerStatus { id: "short".into(), ..s };
+        assert!(convert_container_status(&bad).is_none());
+        assert_eq!(container_state(99), ContainerState::Unknown);
+    }
+}

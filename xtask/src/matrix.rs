@@ -1,0 +1,998 @@
+//! The kernel matrix (docs/kernels.md): the kernel PLEG's privileged checks inside
+//! QEMU guests booting Debian's kernels, after the host tests of `cargo xtask test`
+//! or alone with `cargo xtask matrix`.
+//!
+//! 1. Each kernel of [`KERNELS`] is fetched once with `apt-get download` (bookworm
+//!    from the system's apt sources, trixie and its backports through a private
+//!    apt configuration under `.cache/apt/trixie`, the system's apt untouched) and
+//!    only its image is kept: `.cache/kernels/<series>/vmlinuz`. Once there, no
+//!    network is needed.
+//! 2. The probe (`tests/kernel-probe`, the agent's loader, reader and container
+//!    index with the eBPF object embedded) is built statically (glibc,
+//!    `+crt-static`) in its own target dir, `target/kernel-probe`, so that its
+//!    flags do not invalidate the main build.
+//! 3. An initramfs holds busybox-static, the probe and an `/init` that mounts what
+//!    the probe needs, runs it with its output on the second serial port and powers
+//!    off. It is cached by the hash of its inputs under `target/kernel-matrix`.
+//! 4. The guests boot under software emulation (KVM does not run these kernels
+//!    here), at most [`PARALLEL_GUESTS`] at a time, each killed after the timeout.
+//!    The probe prints `RESULT <check> PASS|FAIL|ABSENT <detail>` lines and a final
+//!    `DONE <passed> <failed>`; any FAIL, or no DONE, fails the command with the
+//!    kernel and the check named, the check's full message (the verifier's log for
+//!    a rejected program) and the end of the guest's console.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{self, info, output, step};
+
+/// Where a kernel package comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Archive {
+    /// bookworm (and bookworm-security), from the system's own apt sources.
+    System,
+    /// trixie, trixie-security and trixie-backports, through the private apt
+    /// configuration ([`TRIXIE_SOURCES`]).
+    Trixie,
+}
+
+/// One kernel of the matrix: a Debian package and the image inside it.
+#[derive(Debug)]
+pub struct Kernel {
+    /// What `--kernels` selects, and the cache directory's name.
+    pub series: &'static str,
+    pub archive: Archive,
+    pub package: &'static str,
+    pub version: &'static str,
+    /// The image's path inside the package.
+    pub image: &'static str,
+}
+
+/// The matrix: the newest Debian build of each series when this table was last
+/// updated (`apt-cache madison <package>`; for trixie with the private
+/// configuration's `-o` options, see [`Apt::trixie`]). Debian removes superseded
+/// builds from the archive: a cached image keeps working, a fresh machine then
+/// needs this table updated to the series' current build.
+pub const KERNELS: [Kernel; 5] = [
+    Kernel {
+        series: "6.1",
+        archive: Archive::System,
+        package: "linux-image-6.1.0-56-amd64",
+        version: "6.1.192-2",
+        image: "./boot/vmlinuz-6.1.0-56-amd64",
+    },
+    Kernel {
+        series: "6.12",
+        archive: Archive::System,
+        package: "linux-image-6.12.117+deb12-amd64",
+        version: "6.12.117-1~deb12u1",
+        image: "./boot/vmlinuz-6.12.117+deb12-amd64",
+    },
+    Kernel {
+        series: "6.16",
+        archive: Archive::Trixie,
+        package: "linux-image-6.16.12+deb13-amd64",
+        version: "6.16.12-1~bpo13+1",
+        image: "./boot/vmlinuz-6.16.12+deb13-amd64",
+    },
+    Kernel {
+        series: "6.18",
+        archive: Archive::Trixie,
+        package: "linux-image-6.18.15+deb13-amd64",
+        version: "6.18.15-1~bpo13+1",
+        image: "./boot/vmlinuz-6.18.15+deb13-amd64",
+    },
+    // From 7.x the image is in its own package; linux-image-* only depends on it.
+    Kernel {
+        series: "7.3",
+        archive: Archive::Trixie,
+        package: "linux-binary-7.3.4+deb13-amd64",
+        version: "7.3.4-1~bpo13+1",
+        image: "./usr/lib/modules/7.3.4+deb13-amd64/vmlinuz",
+    },
+];
+
+/// The private apt configuration's sources (Debian's keyring package on bookworm
+/// carries the trixie keys).
+const TRIXIE_SOURCES: &str = "\
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie-backports main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security trixie-security main
+";
+
+/// Guests at a time: each is one emulated CPU, i.e. one host core.
+pub const PARALLEL_GUESTS: usize = 2;
+/// Per guest; a full run takes well under a minute here.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(240);
+/// A Rust binary plus the guest kernel: 128 MiB is tight.
+const GUEST_MEMORY: &str = "256M";
+const KERNEL_CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
+const BUSYBOX: &str = "/bin/busybox";
+const APPLETS: [&str; 14] = [
+    "sh", "true", "false", "sleep", "dd", "mount", "umount", "poweroff", "cat", "echo", "mkdir",
+    "rmdir", "ls", "swapoff",
+];
+const PROBE_PACKAGE: &str = "evpleg-kernel-probe";
+const PROBE_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// Lines of the console shown when a guest fails.
+const CONSOLE_TAIL: usize = 40;
+
+/// Which kernels `--kernels` selected: `all`, `none` or a comma-separated list of
+/// series.
+#[derive(Clone, Debug)]
+pub struct Selection(Vec<&'static Kernel>);
+
+impl FromStr for Selection {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, String> {
+        match spec.trim() {
+            "all" => return Ok(Self(KERNELS.iter().collect())),
+            "none" => return Ok(Self(Vec::new())),
+            _ => {}
+        }
+        let mut chosen: Vec<&'static Kernel> = Vec::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let kernel = KERNELS.iter().find(|k| k.series == item).ok_or_else(|| {
+                format!(
+                    "unknown kernel {item:?}: use all, none or a comma-separated list of {}",
+                    series_list(KERNELS.iter())
+                )
+            })?;
+            if !chosen.iter().any(|k| k.series == kernel.series) {
+                chosen.push(kernel);
+            }
+        }
+        if chosen.is_empty() {
+            return Err("no kernel given: use all, none or e.g. 6.1,6.18".to_owned());
+        }
+        // The table's order, whatever the order given.
+        chosen.sort_by_key(|k| KERNELS.iter().position(|x| x.series == k.series));
+        Ok(Self(chosen))
+    }
+}
+
+impl Selection {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn series_list<'a>(kernels: impl Iterator<Item = &'a Kernel>) -> String {
+    kernels.map(|k| k.series).collect::<Vec<_>>().join(", ")
+}
+
+/// How to run the matrix.
+#[derive(Debug)]
+pub struct Options {
+    pub kernels: Selection,
+    /// Load this object in the guests instead of the probe's embedded one.
+    pub bpf_object: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+/// Fetches, builds and runs; fails naming every failed kernel and check.
+pub fn run(root: &Path, options: &Options) -> Result<()> {
+    if options.kernels.is_empty() {
+        step("kernel matrix: skipped (--kernels none)");
+        return Ok(());
+    }
+    let kernels = &options.kernels.0;
+    let started = Instant::now();
+    step(&format!(
+        "kernel matrix: {} under QEMU (docs/kernels.md)",
+        series_list(kernels.iter().copied())
+    ));
+    check_tools()?;
+    let mut images = Vec::new();
+    for kernel in kernels {
+        images.push(ensure_image(root, kernel)?);
+    }
+    let probe = build_probe(root)?;
+    let initramfs = build_initramfs(root, &probe, options.bpf_object.as_deref())?;
+    step(&format!(
+        "kernel matrix: booting {} guest(s), {PARALLEL_GUESTS} at a time, {} s timeout each",
+        kernels.len(),
+        options.timeout.as_secs()
+    ));
+    let runs = run_guests(root, kernels, &images, &initramfs, options.timeout)?;
+    let total = started.elapsed();
+    let summary = summary(&runs, total);
+    eprint!("{summary}");
+    let out = out_dir(root).join("summary.md");
+    fs::write(&out, &summary).with_context(|| format!("cannot write {}", out.display()))?;
+    let failures: Vec<String> = runs.iter().flat_map(GuestRun::failures).collect();
+    if failures.is_empty() {
+        info(&format!(
+            "kernel matrix passed in {:.0} s (summary: {})",
+            total.as_secs_f64(),
+            out.display()
+        ));
+        return Ok(());
+    }
+    for run in runs.iter().filter(|r| !r.failures().is_empty()) {
+        run.print_diagnosis();
+    }
+    bail!(
+        "kernel matrix failed:\n  {}",
+        failures.join("\n  ").replace('\n', "\n  ")
+    )
+}
+
+fn out_dir(root: &Path) -> PathBuf {
+    root.join("target/kernel-matrix")
+}
+
+fn check_tools() -> Result<()> {
+    let mut missing = Vec::new();
+    for (tool, package) in [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("cpio", "cpio"),
+        ("gzip", "gzip"),
+        ("dpkg-deb", "dpkg"),
+        ("tar", "tar"),
+        ("apt-get", "apt"),
+    ] {
+        if output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_none() {
+            missing.push(format!("{tool} (package {package})"));
+        }
+    }
+    if !Path::new(BUSYBOX).is_file() {
+        missing.push(format!("{BUSYBOX} (package busybox-static)"));
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the kernel matrix needs {}: `cargo xtask setup` installs them",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Kernel images
+
+/// apt with either the system's configuration or the project's private one.
+struct Apt {
+    options: Vec<String>,
+    name: &'static str,
+}
+
+impl Apt {
+    fn system() -> Self {
+        Self {
+            options: Vec::new(),
+            name: "the system's apt sources (bookworm)",
+        }
+    }
+
+    /// trixie, trixie-security and trixie-backports: sources list, package lists
+    /// and caches under `.cache/apt/trixie`, so the system's apt stays untouched.
+    fn trixie(root: &Path) -> Result<Self> {
+        let dir = root.join(".cache/apt/trixie");
+        for sub in ["sources.list.d", "lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("cannot create {}", dir.join(sub).display()))?;
+        }
+        let sources = dir.join("sources.list");
+        if fs::read_to_string(&sources).ok().as_deref() != Some(TRIXIE_SOURCES) {
+            fs::write(&sources, TRIXIE_SOURCES)
+                .with_context(|| format!("cannot write {}", sources.display()))?;
+        }
+        let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
+        Ok(Self {
+            options: vec![
+                opt("Dir::Etc::SourceList", &sources),
+                opt("Dir::Etc::SourceParts", &dir.join("sources.list.d")),
+                opt("Dir::State::Lists", &dir.join("lists")),
+                opt("Dir::Cache", &dir.join("cache")),
+                // Its directories belong to root, not to apt's _apt user.
+                "APT::Sandbox::User=root".to_owned(),
+            ],
+            name: "the private apt configuration (trixie, trixie-backports)",
+        })
+    }
+
+    fn for_archive(root: &Path, archive: Archive) -> Result<Self> {
+        match archive {
+            Archive::System => Ok(Self::system()),
+            Archive::Trixie => Self::trixie(root),
+        }
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        for o in &self.options {
+            cmd.args(["-o", o]);
+        }
+        cmd
+    }
+
+    /// Whether the package lists know `package` at `version`.
+    fn knows(&self, kernel: &Kernel) -> bool {
+        let mut cmd = self.command("apt-cache");
+        cmd.args(["madison", kernel.package]);
+        output(&mut cmd).is_some_and(|out| {
+            out.lines()
+                .any(|l| l.split('|').nth(1).map(str::trim) == Some(kernel.version))
+        })
+    }
+
+    fn update(&self) -> Result<()> {
+        info(&format!("apt-get update with {}", self.name));
+        let mut cmd = self.command("apt-get");
+        cmd.args(["update", "-q"]);
+        util::run(&mut cmd)
+    }
+}
+
+/// The kernel's image in the project's cache, fetched when missing or when the
+/// table names another build; no network once cached.
+fn ensure_image(root: &Path, kernel: &Kernel) -> Result<PathBuf> {
+    let dir = root.join(".cache/kernels").join(kernel.series);
+    let image = dir.join("vmlinuz");
+    let stamp = dir.join("package");
+    let wanted = format!("{} {}\n", kernel.package, kernel.version);
+    if image.is_file() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        info(&format!(
+            "{}: cached {} ({} {})",
+            kernel.series,
+            image.display(),
+            kernel.package,
+            kernel.version
+        ));
+        return Ok(image);
+    }
+    info(&format!(
+        "{}: fetching {} {} (apt-get download, once)",
+        kernel.series, kernel.package, kernel.version
+    ));
+    let apt = Apt::for_archive(root, kernel.archive)?;
+    if !apt.knows(kernel) {
+        apt.update()?;
+        if !apt.knows(kernel) {
+            bail!(
+                "{} {} is not in {}: Debian removed superseded builds. Find the series' \
+                 current build with `apt-cache madison` (or `apt-cache search --names-only`) \
+                 and update KERNELS in xtask/src/matrix.rs",
+                kernel.package,
+                kernel.version,
+                apt.name
+            );
+        }
+    }
+    let download = dir.join("download");
+    let _ = fs::remove_dir_all(&download);
+    fs::create_dir_all(&download)
+        .with_context(|| format!("cannot create {}", download.display()))?;
+    let mut cmd = apt.command("apt-get");
+    cmd.current_dir(&download)
+        .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
+        .arg(format!("{}={}", kernel.package, kernel.version));
+    util::run(&mut cmd)?;
+    let deb = fs::read_dir(&download)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .with_context(|| format!("apt-get download left no .deb in {}", download.display()))?;
+    // Only the image is extracted: the packages are 15-170 MB of modules.
+    let mut dpkg = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(&deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start dpkg-deb")?;
+    let tar = Command::new("tar")
+        .arg("-x")
+        .arg("-C")
+        .arg(&download)
+        .arg(kernel.image)
+        .stdin(dpkg.stdout.take().expect("piped"))
+        .status()
+        .context("cannot start tar")?;
+    let dpkg = dpkg.wait()?;
+    if !tar.success() || !dpkg.success() {
+        bail!(
+            "extracting {} from {} failed (tar: {tar}, dpkg-deb: {dpkg})",
+            kernel.image,
+            deb.display()
+        );
+    }
+    fs::rename(download.join(kernel.image), &image)
+        .with_context(|| format!("cannot move the image to {}", image.display()))?;
+    fs::write(&stamp, wanted)?;
+    fs::remove_dir_all(&download)?;
+    info(&format!(
+        "{}: {} ({} bytes)",
+        kernel.series,
+        image.display(),
+        fs::metadata(&image)?.len()
+    ));
+    Ok(image)
+}
+
+// ---------------------------------------------------------------------------
+// Probe and initramfs
+
+/// Builds the probe statically in `target/kernel-probe`. It embeds the eBPF object
+/// at `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller has built.
+fn build_probe(root: &Path) -> Result<PathBuf> {
+    step("kernel matrix: building the probe (static, target/kernel-probe)");
+    let target_dir = root.join("target/kernel-probe");
+    let mut cmd = util::cargo(root);
+    cmd.env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        // Small: the guest holds it in RAM.
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "true")
+        .args(["build", "--release", "--package", PROBE_PACKAGE])
+        .args(["--target", PROBE_TARGET, "--target-dir"])
+        .arg(&target_dir);
+    util::run(&mut cmd)?;
+    let probe = target_dir
+        .join(PROBE_TARGET)
+        .join("release")
+        .join(PROBE_PACKAGE);
+    let bytes = fs::read(&probe).with_context(|| format!("cannot read {}", probe.display()))?;
+    if elf_interpreter(&bytes) != Some(false) {
+        bail!(
+            "{} is not a statically linked x86-64 ELF binary",
+            probe.display()
+        );
+    }
+    Ok(probe)
+}
+
+/// Whether a 64-bit little-endian ELF file asks for a dynamic loader (has a
+/// PT_INTERP program header); `None` when it is not such a file.
+fn elf_interpreter(elf: &[u8]) -> Option<bool> {
+    fn u16_at(b: &[u8], at: usize) -> Option<usize> {
+        Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize)
+    }
+    fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+        Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    }
+    fn u64_at(b: &[u8], at: usize) -> Option<usize> {
+        usize::try_from(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?)).ok()
+    }
+    if elf.get(..6)? != b"\x7fELF\x02\x01" || u16_at(elf, 18)? != 62 {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (u64_at(elf, 32)?, u16_at(elf, 54)?, u16_at(elf, 56)?);
+    for i in 0..phnum {
+        if u32_at(elf, phoff.checked_add(i * phentsize)?)? == 3 {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// The guest's `/init`: mounts, the probe with its results on the second serial
+/// port, power off.
+fn init_script(with_object: bool) -> String {
+    let args = if with_object {
+        " --object /evpleg.bpf.o"
+    } else {
+        ""
+    };
+    format!(
+        r#"#!/bin/sh
+# The kernel matrix's guest init (generated by xtask/src/matrix.rs).
+export PATH=/bin
+mount -t devtmpfs devtmpfs /dev
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+if [ -d /sys/kernel/tracing ]; then mount -t tracefs tracefs /sys/kernel/tracing; fi
+swapoff -a 2>/dev/null
+echo "init: $(cat /proc/sys/kernel/osrelease): running the probe"
+/evpleg-kernel-probe{args} >/dev/ttyS1
+status=$?
+echo "EXIT $status" >/dev/ttyS1
+echo "init: probe exited with $status; powering off"
+poweroff -f
+"#
+    )
+}
+
+/// FNV-1a, 64 bits: the initramfs cache key (not security-relevant).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// The initramfs (newc cpio, gzip), rebuilt only when an input changed.
+fn build_initramfs(root: &Path, probe: &Path, object: Option<&Path>) -> Result<PathBuf> {
+    let read = |p: &Path| fs::read(p).with_context(|| format!("cannot read {}", p.display()));
+    let busybox = read(Path::new(BUSYBOX))?;
+    if elf_interpreter(&busybox) != Some(false) {
+        bail!("{BUSYBOX} is not statically linked: install busybox-static");
+    }
+    let probe = read(probe)?;
+    let object = object.map(read).transpose()?;
+    let init = init_script(object.is_some());
+    let mut hash = Fnv::new();
+    hash.add(init.as_bytes());
+    hash.add(APPLETS.join(",").as_bytes());
+    hash.add(&busybox);
+    hash.add(&probe);
+    hash.add(object.as_deref().unwrap_or_default());
+    let dir = out_dir(root);
+    fs::create_dir_all(&dir)?;
+    let name = format!("initramfs-{:016x}.cpio.gz", hash.0);
+    let out = dir.join(&name);
+    if out.is_file() {
+        info(&format!("initramfs: {} (cached)", out.display()));
+        return Ok(out);
+    }
+    for old in fs::read_dir(&dir)?.filter_map(|e| e.ok()) {
+        let n = old.file_name().to_string_lossy().into_owned();
+        if n.starts_with("initramfs-") && n.ends_with(".cpio.gz") {
+            let _ = fs::remove_file(old.path());
+        }
+    }
+    let stage = dir.join("initramfs-root");
+    let _ = fs::remove_dir_all(&stage);
+    let mut entries: Vec<String> = vec![".".into()];
+    for d in ["bin", "dev", "proc", "sys", "tmp", "root"] {
+        fs::create_dir_all(stage.join(d))?;
+        entries.push(d.into());
+    }
+    let mut file = |path: &str, bytes: &[u8], mode: u32| -> Result<()> {
+        let p = stage.join(path);
+        fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
+        entries.push(path.into());
+        Ok(())
+    };
+    file("bin/busybox", &busybox, 0o755)?;
+    file("init", init.as_bytes(), 0o755)?;
+    file("evpleg-kernel-probe", &probe, 0o755)?;
+    if let Some(object) = &object {
+        file("evpleg.bpf.o", object, 0o644)?;
+    }
+    for applet in APPLETS {
+        symlink("busybox", stage.join("bin").join(applet))?;
+        entries.push(format!("bin/{applet}"));
+    }
+    entries.sort();
+    let cpio_path = dir.join("initramfs.cpio");
+    let mut cpio = Command::new("cpio")
+        .args([
+            "--null",
+            "--create",
+            "--format=newc",
+            "--reproducible",
+            "--quiet",
+        ])
+        .current_dir(&stage)
+        .stdin(Stdio::piped())
+        .stdout(fs::File::create(&cpio_path)?)
+        .spawn()
+        .context("cannot start cpio")?;
+    {
+        use std::io::Write as _;
+        let mut stdin = cpio.stdin.take().expect("piped");
+        for e in &entries {
+            stdin.write_all(e.as_bytes())?;
+            stdin.write_all(b"\0")?;
+        }
+    }
+    let status = cpio.wait()?;
+    if !status.success() {
+        bail!("cpio failed: {status}");
+    }
+    util::run(
+        Command::new("gzip")
+            .args(["-n", "-6", "-f"])
+            .arg(&cpio_path),
+    )?;
+    fs::rename(dir.join("initramfs.cpio.gz"), &out)?;
+    fs::remove_dir_all(&stage)?;
+    info(&format!(
+        "initramfs: {} ({} KiB)",
+        out.display(),
+        fs::metadata(&out)?.len() / 1024
+    ));
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Guests
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Pass,
+    Fail,
+    Absent,
+}
+
+#[derive(Debug)]
+struct Check {
+    name: String,
+    state: State,
+    detail: String,
+}
+
+/// What the probe printed on the results port.
+#[derive(Debug, Default)]
+struct Results {
+    release: Option<String>,
+    /// (name, present, detail)
+    features: Vec<(String, bool, String)>,
+    checks: Vec<Check>,
+    /// (check, line): a failure's full message.
+    logs: Vec<(String, String)>,
+    done: Option<(u32, u32)>,
+    exit: Option<String>,
+}
+
+fn parse_results(text: &str) -> Results {
+    let mut r = Results::default();
+    for line in text.lines().map(|l| l.trim_end_matches('\r')) {
+        let (tag, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match tag {
+            "KERNEL" => r.release = Some(rest.to_owned()),
+            "FEATURE" => {
+                let mut it = rest.splitn(3, ' ');
+                if let (Some(name), Some(state)) = (it.next(), it.next()) {
+                    let detail = it.next().unwrap_or("").to_owned();
+                    r.features
+                        .push((name.to_owned(), state == "PRESENT", detail));
+                }
+            }
+            "RESULT" => {
+                let mut it = rest.splitn(3, ' ');
+                if let (Some(name), Some(state)) = (it.next(), it.next()) {
+                    let state = match state {
+                        "PASS" => State::Pass,
+                        "ABSENT" => State::Absent,
+                        _ => State::Fail,
+                    };
+                    let detail = it.next().unwrap_or("").to_owned();
+                    r.checks.push(Check {
+                        name: name.to_owned(),
+                        state,
+                        detail,
+                    });
+                }
+            }
+            "LOG" => {
+                let (check, text) = rest.split_once(' ').unwrap_or((rest, ""));
+                r.logs.push((check.to_owned(), text.to_owned()));
+            }
+            "DONE" => {
+                let mut it = rest.split_whitespace().map(|n| n.parse::<u32>().ok());
+                if let (Some(Some(p)), Some(Some(f))) = (it.next(), it.next()) {
+                    r.done = Some((p, f));
+                }
+            }
+            "EXIT" => r.exit = Some(rest.to_owned()),
+            _ => {}
+        }
+    }
+    r
+}
+
+#[derive(Debug)]
+struct GuestRun {
+    kernel: &'static Kernel,
+    took: Duration,
+    timed_out: bool,
+    qemu: Option<ExitStatus>,
+    results: Results,
+    console: PathBuf,
+    results_path: PathBuf,
+}
+
+impl GuestRun {
+    fn count(&self, state: State) -> usize {
+        self.results
+            .checks
+            .iter()
+            .filter(|c| c.state == state)
+            .count()
+    }
+
+    /// One line per failure, naming the kernel and the check.
+    fn failures(&self) -> Vec<String> {
+        let k = self.kernel;
+        let who = format!("{} ({} {})", k.series, k.package, k.version);
+        let mut out: Vec<String> = self
+            .results
+            .checks
+            .iter()
+            .filter(|c| c.state == State::Fail)
+            .map(|c| format!("{who}: {}: {}", c.name, c.detail))
+            .collect();
+        match self.results.done {
+            None => {
+                let why = if self.timed_out {
+                    format!(
+                        "the guest was killed after {:.0} s",
+                        self.took.as_secs_f64()
+                    )
+                } else {
+                    match self.qemu {
+                        Some(s) => format!("the guest stopped early (qemu: {s})"),
+                        None => "the guest could not be run".to_owned(),
+                    }
+                };
+                out.push(format!(
+                    "{who}: no DONE line from the probe: {why}; console: {}",
+                    self.console.display()
+                ));
+            }
+            Some((_, failed)) if failed as usize != self.count(State::Fail) => out.push(format!(
+                "{who}: the probe counted {failed} failure(s) but reported {}; results: {}",
+                self.count(State::Fail),
+                self.results_path.display()
+            )),
+            Some(_) => {}
+        }
+        out
+    }
+
+    /// The failed checks' full messages and the end of the console.
+    fn print_diagnosis(&self) {
+        let k = self.kernel;
+        step(&format!(
+            "kernel matrix: {} ({} {}) failed",
+            k.series, k.package, k.version
+        ));
+        for c in self
+            .results
+            .checks
+            .iter()
+            .filter(|c| c.state == State::Fail)
+        {
+            eprintln!("RESULT {} FAIL {}", c.name, c.detail);
+            for (_, l) in self.results.logs.iter().filter(|(n, _)| *n == c.name) {
+                eprintln!("    {l}");
+            }
+        }
+        let console = fs::read_to_string(&self.console).unwrap_or_default();
+        let lines: Vec<&str> = console.lines().collect();
+        eprintln!(
+            "--- last {} lines of {} ---",
+            CONSOLE_TAIL.min(lines.len()),
+            self.console.display()
+        );
+        for l in &lines[lines.len().saturating_sub(CONSOLE_TAIL)..] {
+            eprintln!("{}", l.trim_end_matches('\r'));
+        }
+        eprintln!("--- results: {} ---", self.results_path.display());
+    }
+}
+
+fn run_guests(
+    root: &Path,
+    kernels: &[&'static Kernel],
+    images: &[PathBuf],
+    initramfs: &Path,
+    timeout: Duration,
+) -> Result<Vec<GuestRun>> {
+    let queue: Mutex<VecDeque<(&'static Kernel, &PathBuf)>> =
+        Mutex::new(kernels.iter().copied().zip(images).collect());
+    let runs: Mutex<Vec<Result<GuestRun>>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..PARALLEL_GUESTS.min(kernels.len()) {
+            s.spawn(|| {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+                    let Some((kernel, image)) = next else { break };
+                    let run = run_guest(root, kernel, image, initramfs, timeout);
+                    if let Ok(r) = &run {
+                        info(&format!(
+                            "{}: {} passed, {} failed, {} absent{} in {:.1} s",
+                            kernel.series,
+                            r.count(State::Pass),
+                            r.count(State::Fail),
+                            r.count(State::Absent),
+                            if r.results.done.is_none() {
+                                ", no DONE"
+                            } else {
+                                ""
+                            },
+                            r.took.as_secs_f64()
+                        ));
+                    }
+                    runs.lock().unwrap_or_else(|e| e.into_inner()).push(run);
+                }
+            });
+        }
+    });
+    let mut runs = runs
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    runs.sort_by_key(|r| KERNELS.iter().position(|k| k.series == r.kernel.series));
+    Ok(runs)
+}
+
+/// Boots one guest and reads its results; the guest is killed after `timeout`.
+fn run_guest(
+    root: &Path,
+    kernel: &'static Kernel,
+    image: &Path,
+    initramfs: &Path,
+    timeout: Duration,
+) -> Result<GuestRun> {
+    let dir = out_dir(root).join(kernel.series);
+    fs::create_dir_all(&dir)?;
+    let console = dir.join("console.log");
+    let results_path = dir.join("results.log");
+    for f in [&console, &results_path] {
+        let _ = fs::remove_file(f);
+    }
+    let qemu_log = fs::File::create(dir.join("qemu.log"))?;
+    let started = Instant::now();
+    let mut child = Command::new("qemu-system-x86_64")
+        // KVM does not run these stock kernels on this host's nested KVM.
+        .args(["-accel", "tcg", "-cpu", "max", "-machine", "pc"])
+        .args(["-m", GUEST_MEMORY, "-smp", "1", "-nic", "none"])
+        .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-serial")
+        .arg(format!("file:{}", results_path.display()))
+        .arg("-kernel")
+        .arg(image)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", KERNEL_CMDLINE])
+        .stdin(Stdio::null())
+        .stdout(qemu_log.try_clone()?)
+        .stderr(qemu_log)
+        .spawn()
+        .context("cannot start qemu-system-x86_64")?;
+    let (qemu, timed_out) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (Some(status), false);
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = started.elapsed();
+    let results = parse_results(&fs::read_to_string(&results_path).unwrap_or_default());
+    Ok(GuestRun {
+        kernel,
+        took,
+        timed_out,
+        qemu,
+        results,
+        console,
+        results_path,
+    })
+}
+
+/// The matrix as a markdown table with each kernel's features, as
+/// docs/kernels.md shows it.
+fn summary(runs: &[GuestRun], total: Duration) -> String {
+    let date = output(Command::new("date").args(["-u", "+%Y-%m-%d"])).unwrap_or_default();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nKernel matrix, {} (UTC), {:.0} s in all, {PARALLEL_GUESTS} guests at a time:\n",
+        date.trim(),
+        total.as_secs_f64()
+    );
+    let _ = writeln!(
+        s,
+        "| kernel | package | version | result | pass | fail | absent | group_dead | mark_victim arg | guest time |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let feature = |name: &str, yes: &str, no: &str| {
+            r.results
+                .features
+                .iter()
+                .find(|f| f.0 == name)
+                .map(|f| if f.1 { yes } else { no })
+                .unwrap_or("?")
+                .to_owned()
+        };
+        let result = if !r.failures().is_empty() {
+            "FAIL"
+        } else {
+            "PASS"
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {result} | {} | {} | {} | {} | {} | {:.0} s |",
+            r.kernel.series,
+            r.kernel.package,
+            r.kernel.version,
+            r.count(State::Pass),
+            r.count(State::Fail),
+            r.count(State::Absent),
+            feature("sched_process_exit.group_dead", "present", "absent"),
+            feature("mark_victim.task_arg", "task_struct *", "pid"),
+            r.took.as_secs_f64()
+        );
+    }
+    for r in runs {
+        for c in r.results.checks.iter().filter(|c| c.state == State::Absent) {
+            let _ = writeln!(s, "\n{}: {} ABSENT: {}", r.kernel.series, c.name, c.detail);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections() {
+        let all: Selection = "all".parse().unwrap();
+        assert_eq!(all.0.len(), KERNELS.len());
+        assert!("none".parse::<Selection>().unwrap().is_empty());
+        let some: Selection = "6.18, 6.1,6.18".parse().unwrap();
+        let series: Vec<_> = some.0.iter().map(|k| k.series).collect();
+        assert_eq!(series, ["6.1", "6.18"]);
+        let err = "6.2".parse::<Selection>().unwrap_err();
+        assert!(err.contains("6.1, 6.12, 6.16, 6.18, 7.3"), "{err}");
+        assert!(",".parse::<Selection>().is_err());
+    }
+
+    #[test]
+    fn results_are_parsed() {
+        let r = parse_results(
+            "KERNEL 6.1.0-56-amd64\r\nFEATURE sched_process_exit.group_dead ABSENT has 1 argument\r\n\
+             RESULT load FAIL program sched_process_exit: rejected\r\nLOG load line 1\r\n\
+             LOG load line 2\r\nRESULT oom_kill ABSENT no memory controller\r\nDONE 0 1\r\nEXIT 1\r\n",
+        );
+        assert_eq!(r.release.as_deref(), Some("6.1.0-56-amd64"));
+        assert_eq!(
+            r.features,
+            [(
+                "sched_process_exit.group_dead".to_owned(),
+                false,
+                "has 1 argument".to_owned()
+            )]
+        );
+        assert_eq!(r.checks.len(), 2);
+        assert_eq!(r.checks[0].state, State::Fail);
+        assert_eq!(r.checks[0].detail, "program sched_process_exit: rejected");
+        assert_eq!(r.checks[1].state, State::Absent);
+        assert_eq!(r.logs.len(), 2);
+        assert_eq!(r.done, Some((0, 1)));
+    }
+
+    #[test]
+    fn static_binaries_are_told_apart() {
+        let busybox = fs::read(BUSYBOX);
+        if let Ok(b) = busybox {
+            assert_eq!(elf_interpreter(&b), Some(false), "busybox-static");
+        }
+        let dynamic = fs::read("/bin/ls").expect("/bin/ls");
+        assert_eq!(elf_interpreter(&dynamic), Some(true));
+        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
+    }
+}
