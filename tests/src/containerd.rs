@@ -148,14 +148,10 @@ fn io_err(
 /// removes the shared cgroup ancestors (`/kubepods/besteffort`) it created.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// A pod cgroup parent a test's pods use, and the ancestors it created.
-#[derive(Debug, Clone)]
-struct TrackedCgroup {
-    /// Relative to a hierarchy's root, e.g. `/kubepods/besteffort/pod<uid>`.
-    path: String,
-    /// Ancestors (same form) that did not exist when the parent was tracked.
-    created_ancestors: Vec<String>,
-}
+/// Ancestors of tracked cgroup parents (`/kubepods`, `/kubepods/besteffort`)
+/// that did not exist when an instance of this process tracked them: the last
+/// instance to go removes them (if empty).
+static CREATED_ANCESTORS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// A private containerd with the CRI plugin. See the module documentation.
 #[derive(Debug)]
@@ -163,7 +159,11 @@ pub struct Containerd {
     base: PathBuf,
     socket: PathBuf,
     child: Option<Child>,
-    cgroups: Mutex<Vec<TrackedCgroup>>,
+    /// Pod cgroup parents (relative to a hierarchy's root) of this instance's pods.
+    cgroups: Mutex<Vec<String>>,
+    /// containerd answered at least once on this base (the teardown may then
+    /// start it again to remove pods).
+    was_ready: bool,
     torn_down: bool,
 }
 
@@ -200,6 +200,7 @@ impl Containerd {
             base,
             child: None,
             cgroups: Mutex::new(Vec::new()),
+            was_ready: false,
             torn_down: false,
         };
         let config = this.config_path();
@@ -298,7 +299,7 @@ impl Containerd {
     pub fn track_cgroup_parent(&self, path: &str) {
         let path = format!("/{}", path.trim_matches('/'));
         let mut tracked = self.cgroups.lock().unwrap_or_else(|e| e.into_inner());
-        if tracked.iter().any(|t| t.path == path) {
+        if tracked.contains(&path) {
             return;
         }
         let mounts = cgroup_mounts();
@@ -307,20 +308,17 @@ impl Containerd {
                 .iter()
                 .any(|m| m.join(rel.trim_start_matches('/')).exists())
         };
-        let mut created_ancestors = Vec::new();
+        let mut created = CREATED_ANCESTORS.lock().unwrap_or_else(|e| e.into_inner());
         let mut ancestor = String::new();
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         for part in &parts[..parts.len().saturating_sub(1)] {
             ancestor.push('/');
             ancestor.push_str(part);
             if !exists(&ancestor) {
-                created_ancestors.push(ancestor.clone());
+                created.insert(ancestor.clone());
             }
         }
-        tracked.push(TrackedCgroup {
-            path,
-            created_ancestors,
-        });
+        tracked.push(path);
     }
 
     /// A host-network pod sandbox config for pod `name` with `uid`, under
@@ -416,6 +414,7 @@ impl Containerd {
         let pid = child.id();
         self.child = Some(child);
         self.wait_ready()?;
+        self.was_ready = true;
         tracing::info!(
             pid,
             socket = %self.socket.display(),
@@ -518,7 +517,7 @@ impl Containerd {
 
         // 1. Pods over CRI: containerd stops their containers and shims and
         //    releases their mounts. Start it again if a test stopped it.
-        if !self.running() && self.config_path().exists() {
+        if !self.running() && self.was_ready {
             tracing::info!("teardown: starting containerd again to remove the pods");
             if let Err(e) = self.spawn() {
                 tracing::warn!("teardown: {e}");
@@ -557,23 +556,22 @@ impl Containerd {
 
         // 4. Cgroups of the tracked pod parents (killing what is still in them).
         let tracked = std::mem::take(&mut *self.cgroups.lock().unwrap_or_else(|e| e.into_inner()));
-        let last = LIVE.fetch_sub(1, Ordering::SeqCst) == 1;
         let mounts = cgroup_mounts();
-        for t in &tracked {
-            remove_cgroup_tree(&mounts, &t.path);
+        for path in &tracked {
+            remove_cgroup_tree(&mounts, path);
         }
-        if last {
-            let mut ancestors: BTreeSet<&str> = BTreeSet::new();
-            for t in &tracked {
-                ancestors.extend(t.created_ancestors.iter().map(String::as_str));
-            }
-            let mut ancestors: Vec<&str> = ancestors.into_iter().collect();
-            ancestors.sort_by_key(|a| std::cmp::Reverse(a.matches('/').count()));
-            for a in ancestors {
-                for m in &mounts {
-                    let dir = m.join(a.trim_start_matches('/'));
-                    if fs::remove_dir(&dir).is_ok() {
-                        tracing::info!(dir = %dir.display(), "teardown: removed cgroup");
+        {
+            let mut created = CREATED_ANCESTORS.lock().unwrap_or_else(|e| e.into_inner());
+            if LIVE.fetch_sub(1, Ordering::SeqCst) == 1 {
+                let mut ancestors: Vec<String> =
+                    std::mem::take(&mut *created).into_iter().collect();
+                ancestors.sort_by_key(|a| std::cmp::Reverse(a.matches('/').count()));
+                for a in ancestors {
+                    for m in &mounts {
+                        let dir = m.join(a.trim_start_matches('/'));
+                        if fs::remove_dir(&dir).is_ok() {
+                            tracing::info!(dir = %dir.display(), "teardown: removed cgroup");
+                        }
                     }
                 }
             }

@@ -5,6 +5,7 @@
 
 pub mod cgroups;
 pub mod containerd;
+pub mod fake_apiserver;
 pub mod pleg;
 
 use std::path::Path;

@@ -123,8 +123,12 @@ const APPLETS: [&str; 14] = [
 ];
 const PROBE_PACKAGE: &str = "evpleg-kernel-probe";
 const PROBE_TARGET: &str = "x86_64-unknown-linux-gnu";
-/// Lines of the console shown when a guest fails.
+/// Lines of the console shown when a guest fails (a quarter of them when the
+/// probe finished).
 const CONSOLE_TAIL: usize = 40;
+/// Lines of a failed check's message (a verifier's log) shown: the start and end.
+const LOG_HEAD: usize = 10;
+const LOG_TAIL: usize = 30;
 
 /// Which kernels `--kernels` selected: `all`, `none` or a comma-separated list of
 /// series.
@@ -197,8 +201,17 @@ pub fn run(root: &Path, options: &Options) -> Result<()> {
     for kernel in kernels {
         images.push(ensure_image(root, kernel)?);
     }
+    info(&format!(
+        "kernel images ready after {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    let building = Instant::now();
     let probe = build_probe(root)?;
     let initramfs = build_initramfs(root, &probe, options.bpf_object.as_deref())?;
+    info(&format!(
+        "probe and initramfs ready in {:.1} s",
+        building.elapsed().as_secs_f64()
+    ));
     step(&format!(
         "kernel matrix: booting {} guest(s), {PARALLEL_GUESTS} at a time, {} s timeout each",
         kernels.len(),
@@ -206,7 +219,7 @@ pub fn run(root: &Path, options: &Options) -> Result<()> {
     ));
     let runs = run_guests(root, kernels, &images, &initramfs, options.timeout)?;
     let total = started.elapsed();
-    let summary = summary(&runs, total);
+    let summary = summary(&runs, total, options.bpf_object.as_deref());
     eprint!("{summary}");
     let out = out_dir(root).join("summary.md");
     fs::write(&out, &summary).with_context(|| format!("cannot write {}", out.display()))?;
@@ -222,10 +235,7 @@ pub fn run(root: &Path, options: &Options) -> Result<()> {
     for run in runs.iter().filter(|r| !r.failures().is_empty()) {
         run.print_diagnosis();
     }
-    bail!(
-        "kernel matrix failed:\n  {}",
-        failures.join("\n  ").replace('\n', "\n  ")
-    )
+    bail!("kernel matrix failed:\n  {}", failures.join("\n  "))
 }
 
 fn out_dir(root: &Path) -> PathBuf {
@@ -767,18 +777,48 @@ impl GuestRun {
             .filter(|c| c.state == State::Fail)
         {
             eprintln!("RESULT {} FAIL {}", c.name, c.detail);
-            for (_, l) in self.results.logs.iter().filter(|(n, _)| *n == c.name) {
+            // A verifier's log runs to thousands of lines: its start and its end
+            // (the verdict) here, all of it in results.log.
+            let log: Vec<&str> = self
+                .results
+                .logs
+                .iter()
+                .filter(|(n, _)| *n == c.name)
+                .map(|(_, l)| l.as_str())
+                .collect();
+            let (head, tail) = if log.len() > LOG_HEAD + LOG_TAIL + 10 {
+                (LOG_HEAD, LOG_TAIL)
+            } else {
+                (log.len(), 0)
+            };
+            for l in &log[..head] {
                 eprintln!("    {l}");
             }
+            if tail > 0 {
+                eprintln!(
+                    "    [... {} more lines in {} ...]",
+                    log.len() - head - tail,
+                    self.results_path.display()
+                );
+                for l in &log[log.len() - tail..] {
+                    eprintln!("    {l}");
+                }
+            }
         }
+        // The whole console matters when the guest crashed or hung.
+        let tail = if self.results.done.is_none() {
+            CONSOLE_TAIL
+        } else {
+            CONSOLE_TAIL / 4
+        };
         let console = fs::read_to_string(&self.console).unwrap_or_default();
         let lines: Vec<&str> = console.lines().collect();
         eprintln!(
             "--- last {} lines of {} ---",
-            CONSOLE_TAIL.min(lines.len()),
+            tail.min(lines.len()),
             self.console.display()
         );
-        for l in &lines[lines.len().saturating_sub(CONSOLE_TAIL)..] {
+        for l in &lines[lines.len().saturating_sub(tail)..] {
             eprintln!("{}", l.trim_end_matches('\r'));
         }
         eprintln!("--- results: {} ---", self.results_path.display());
@@ -847,8 +887,8 @@ fn run_guest(
         let _ = fs::remove_file(f);
     }
     let qemu_log = fs::File::create(dir.join("qemu.log"))?;
-    let started = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd
         // KVM does not run these stock kernels on this host's nested KVM.
         .args(["-accel", "tcg", "-cpu", "max", "-machine", "pc"])
         .args(["-m", GUEST_MEMORY, "-smp", "1", "-nic", "none"])
@@ -864,9 +904,11 @@ fn run_guest(
         .args(["-append", KERNEL_CMDLINE])
         .stdin(Stdio::null())
         .stdout(qemu_log.try_clone()?)
-        .stderr(qemu_log)
-        .spawn()
-        .context("cannot start qemu-system-x86_64")?;
+        .stderr(qemu_log);
+    // To run it again by hand.
+    fs::write(dir.join("qemu.cmd"), format!("{cmd:?}\n"))?;
+    let started = Instant::now();
+    let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
     let (qemu, timed_out) = loop {
         if let Some(status) = child.try_wait()? {
             break (Some(status), false);
@@ -893,12 +935,16 @@ fn run_guest(
 
 /// The matrix as a markdown table with each kernel's features, as
 /// docs/kernels.md shows it.
-fn summary(runs: &[GuestRun], total: Duration) -> String {
+fn summary(runs: &[GuestRun], total: Duration, object: Option<&Path>) -> String {
     let date = output(Command::new("date").args(["-u", "+%Y-%m-%d"])).unwrap_or_default();
+    let object = match object {
+        Some(o) => format!("eBPF object {}", o.display()),
+        None => "the embedded eBPF object".to_owned(),
+    };
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\nKernel matrix, {} (UTC), {:.0} s in all, {PARALLEL_GUESTS} guests at a time:\n",
+        "\nKernel matrix, {} (UTC), {object}, {:.0} s in all, {PARALLEL_GUESTS} guests at a time:\n",
         date.trim(),
         total.as_secs_f64()
     );

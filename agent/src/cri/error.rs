@@ -131,7 +131,8 @@ impl CriError {
     /// An error from a gRPC status returned by `call` on `target`.
     ///
     /// containerd's "server is not initialized yet" (code `Unknown`, answered
-    /// while its CRI plugin starts) becomes `Unavailable`: see [`status_code`].
+    /// while its CRI plugin starts) becomes `Unavailable`: the call was refused
+    /// before anything was done and may be repeated.
     pub fn from_status(call: &'static str, target: Target, status: &tonic::Status) -> Self {
         Self::Rpc {
             call,

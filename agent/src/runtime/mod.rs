@@ -7,7 +7,10 @@
 //! container's `ContainerStatus`. Objects without the pod UID label are not the
 //! agent's and are ignored.
 
+pub mod actions;
+pub mod backoff;
 pub mod labels;
+pub mod qos;
 
 use std::collections::BTreeMap;
 

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use evpleg::pleg::kernel::btf::{self, Btf};
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::kernel::index::cgroup2_mount;
-use evpleg::pleg::kernel::loader::embedded_object_present;
+use evpleg::pleg::kernel::loader::{PROGRAMS, embedded_object_present};
 use evpleg::pleg::{EventKind, EventSource};
 use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup};
 use evpleg_tests::pleg::PlegUnderTest;
@@ -287,9 +287,10 @@ fn load(object: Option<PathBuf>) -> ((PlegUnderTest, Vec<PathBuf>), Outcome) {
     let pleg = PlegUnderTest::start(|c| c.object = object);
     let o = *pleg.pleg.offsets();
     let detail = format!(
-        "{from}: 5 programs verified and attached; BTF offsets task_struct.exit_code={} \
+        "{from}: {} programs verified and attached; BTF offsets task_struct.exit_code={} \
          task_struct.signal={} signal_struct.live={} signal_struct.oom_mm={} \
          task_struct.start_boottime={} mark_victim arg {}",
+        PROGRAMS.len(),
         o.task_exit_code,
         o.task_signal,
         o.signal_live,

@@ -1,0 +1,388 @@
+//! What SyncPod must do: the kubelet's `computePodActions`
+//! (`kuberuntime_manager.go`), as a pure function of the pod's spec, what the
+//! runtime (and the kernel) last observed, and the restart back-off.
+//!
+//! * A pod without a ready sandbox gets a new one; everything in the old one is
+//!   killed and started again (except a `restartPolicy: Never` pod whose
+//!   containers already ran: it is done).
+//! * Init containers run one at a time, in order, each to completion before the
+//!   next; app containers start once all succeeded.
+//! * A running container whose spec hash changed is killed and started again.
+//! * An exited container restarts per `restartPolicy` (Always; OnFailure when the
+//!   exit code is not 0; Never), after its CrashLoopBackOff.
+//! * With Never (all containers exited) or OnFailure (all exited 0) the pod is
+//!   terminal: Succeeded when every exit code is 0, else Failed.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use sha2::{Digest, Sha256};
+
+use super::backoff::CrashBackoff;
+use crate::container::{ContainerState, ContainerStatus, PodStatus, SandboxState};
+use crate::pleg::{ContainerId, PodUid};
+
+/// A pod's restart policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    pub fn of(pod: &Pod) -> Self {
+        match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
+            Some("Never") => Self::Never,
+            Some("OnFailure") => Self::OnFailure,
+            _ => Self::Always,
+        }
+    }
+
+    fn restarts(&self, exit_code: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnFailure => exit_code != 0,
+            Self::Never => false,
+        }
+    }
+}
+
+/// How a finished pod ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Terminal {
+    Succeeded,
+    Failed,
+}
+
+/// A container to kill, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kill {
+    pub id: ContainerId,
+    pub name: String,
+    pub reason: &'static str,
+}
+
+/// The actions of one SyncPod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodActions {
+    /// Stop every container and the sandbox (before re-creating it).
+    pub kill_pod: bool,
+    pub create_sandbox: bool,
+    /// The ready sandbox to use, when not creating one.
+    pub sandbox: Option<ContainerId>,
+    /// Attempt number of a new sandbox.
+    pub sandbox_attempt: u32,
+    /// The init container (index in `initContainers`) to start.
+    pub start_init: Option<usize>,
+    /// App containers (indices in `containers`) to start.
+    pub start: Vec<usize>,
+    pub kill: Vec<Kill>,
+    /// Containers waiting in CrashLoopBackOff, with the time left.
+    pub backoff: Vec<(String, Duration)>,
+    pub terminal: Option<Terminal>,
+}
+
+impl PodActions {
+    /// Whether this sync changes anything in the runtime.
+    pub fn does_runtime_work(&self) -> bool {
+        self.kill_pod || self.create_sandbox || self.start_init.is_some() || !self.start.is_empty() || !self.kill.is_empty()
+    }
+}
+
+/// The hash of a container's spec, as the `io.kubernetes.container.hash`
+/// annotation carries it: the first 8 bytes of the SHA-256 of its JSON form (the
+/// kubelet hashes with FNV; any stable hash of the spec does).
+pub fn container_hash(c: &Container) -> u64 {
+    let json = serde_json::to_vec(c).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    u64::from_be_bytes([digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7]])
+}
+
+/// The newest status of the container named `name`.
+pub fn latest<'a>(status: &'a PodStatus, name: &str) -> Option<&'a ContainerStatus> {
+    status
+        .containers
+        .iter()
+        .filter(|c| c.name == name)
+        .max_by_key(|c| (c.attempt, c.created_at.unwrap_or(0)))
+}
+
+/// How many times the container named `name` ran before its newest instance.
+pub fn restart_count(status: &PodStatus, name: &str) -> u32 {
+    latest(status, name).map(|c| c.attempt).unwrap_or(0)
+}
+
+/// Computes the actions for `pod` given `status`, `backoff` and the time.
+pub fn compute_pod_actions(
+    pod: &Pod,
+    uid: &PodUid,
+    status: &PodStatus,
+    backoff: &CrashBackoff,
+    now_unix_ns: i64,
+) -> PodActions {
+    let mut actions = PodActions::default();
+    let spec = pod.spec.clone().unwrap_or_default();
+    let policy = RestartPolicy::of(pod);
+    let init = spec.init_containers.clone().unwrap_or_default();
+    let apps = spec.containers.clone();
+
+    // Terminal pods first: nothing more runs.
+    let init_failed = init.iter().any(|c| {
+        latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited && s.exit_code != Some(0))
+    });
+    let all_apps_exited = !apps.is_empty()
+        && apps.iter().all(|c| latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited));
+    let all_apps_ok = apps
+        .iter()
+        .all(|c| latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0)));
+    actions.terminal = match policy {
+        RestartPolicy::Never if init_failed => Some(Terminal::Failed),
+        RestartPolicy::Never if all_apps_exited => Some(if all_apps_ok { Terminal::Succeeded } else { Terminal::Failed }),
+        RestartPolicy::OnFailure if all_apps_ok => Some(Terminal::Succeeded),
+        _ => None,
+    };
+    if actions.terminal.is_some() {
+        return actions;
+    }
+
+    // The sandbox.
+    let ready = status
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .max_by_key(|s| (s.attempt, s.created_at.unwrap_or(0)));
+    match ready {
+        Some(s) => actions.sandbox = Some(s.id.clone()),
+        None => {
+            actions.create_sandbox = true;
+            actions.sandbox_attempt = status.sandboxes.iter().map(|s| s.attempt + 1).max().unwrap_or(0);
+            actions.kill_pod = !status.sandboxes.is_empty()
+                || status.containers.iter().any(|c| c.state == ContainerState::Running);
+        }
+    }
+
+    let wait_backoff = |actions: &mut PodActions, name: &str, s: &ContainerStatus| -> bool {
+        let finished = s.finished_at.unwrap_or(0);
+        match backoff.remaining(uid, name, finished, now_unix_ns) {
+            Some(left) => {
+                actions.backoff.push((name.to_owned(), left));
+                true
+            }
+            None => false,
+        }
+    };
+
+    // Init containers, one at a time. A new sandbox runs them all again.
+    if !actions.create_sandbox {
+        for (i, c) in init.iter().enumerate() {
+            match latest(status, &c.name) {
+                None => {
+                    actions.start_init = Some(i);
+                    return actions;
+                }
+                Some(s) if s.state == ContainerState::Exited && s.exit_code == Some(0) => continue,
+                Some(s) if s.state == ContainerState::Exited => {
+                    // Failed: restarted (policy Never was terminal above).
+                    if !wait_backoff(&mut actions, &c.name, s) {
+                        actions.start_init = Some(i);
+                    }
+                    return actions;
+                }
+                Some(_) => return actions, // running or being created: wait
+            }
+        }
+    } else if !init.is_empty() {
+        actions.start_init = Some(0);
+        return actions;
+    }
+
+    // App containers.
+    for (j, c) in apps.iter().enumerate() {
+        let Some(s) = latest(status, &c.name).filter(|_| !actions.create_sandbox) else {
+            actions.start.push(j);
+            continue;
+        };
+        match s.state {
+            ContainerState::Running | ContainerState::Created | ContainerState::Unknown => {
+                if s.hash.is_some_and(|h| h != container_hash(c)) {
+                    actions.kill.push(Kill {
+                        id: s.id.clone(),
+                        name: c.name.clone(),
+                        reason: "spec changed",
+                    });
+                    actions.start.push(j);
+                }
+            }
+            ContainerState::Exited => {
+                if policy.restarts(s.exit_code.unwrap_or(0)) && !wait_backoff(&mut actions, &c.name, s) {
+                    actions.start.push(j);
+                }
+            }
+        }
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::SandboxStatus;
+    use crate::pleg::EventSource;
+
+    fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
+        let containers = |names: &[&str]| -> Vec<Container> {
+            names
+                .iter()
+                .map(|n| Container {
+                    name: (*n).into(),
+                    image: Some("localhost/busybox:latest".into()),
+                    ..Container::default()
+                })
+                .collect()
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "a".repeat(32)},
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": containers(init),
+                "containers": containers(apps),
+            }
+        }))
+        .unwrap()
+    }
+
+    fn uid() -> PodUid {
+        PodUid::parse(&"a".repeat(32)).unwrap()
+    }
+
+    fn id(n: u8) -> ContainerId {
+        ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap()
+    }
+
+    fn sandbox() -> SandboxStatus {
+        SandboxStatus {
+            id: id(0),
+            state: SandboxState::Ready,
+            attempt: 0,
+            created_at: Some(1),
+            ip: None,
+        }
+    }
+
+    fn cs(n: u8, name: &str, state: ContainerState, exit: Option<i32>, attempt: u32) -> ContainerStatus {
+        let mut c = ContainerStatus::new(id(n), name, state, EventSource::Relist);
+        c.exit_code = exit;
+        c.attempt = attempt;
+        c.finished_at = exit.map(|_| 1_000);
+        c
+    }
+
+    fn status(containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            sandboxes: vec![sandbox()],
+            containers,
+            ..PodStatus::default()
+        }
+    }
+
+    const NOW: i64 = 1_000_000_000_000;
+
+    #[test]
+    fn a_new_pod_gets_a_sandbox_then_its_first_init_container() {
+        let p = pod("Always", &["init"], &["app"]);
+        let a = compute_pod_actions(&p, &uid(), &PodStatus::default(), &CrashBackoff::default(), NOW);
+        assert!(a.create_sandbox && !a.kill_pod);
+        assert_eq!((a.start_init, a.start.clone()), (Some(0), vec![]));
+        let p = pod("Always", &[], &["a", "b"]);
+        let a = compute_pod_actions(&p, &uid(), &PodStatus::default(), &CrashBackoff::default(), NOW);
+        assert_eq!(a.start, vec![0, 1]);
+    }
+
+    #[test]
+    fn init_containers_run_in_order_to_completion() {
+        let p = pod("Always", &["i1", "i2"], &["app"]);
+        let b = CrashBackoff::default();
+        let running = status(vec![cs(1, "i1", ContainerState::Running, None, 0)]);
+        let a = compute_pod_actions(&p, &uid(), &running, &b, NOW);
+        assert!(!a.does_runtime_work(), "wait for i1: {a:?}");
+        let i1_done = status(vec![cs(1, "i1", ContainerState::Exited, Some(0), 0)]);
+        assert_eq!(compute_pod_actions(&p, &uid(), &i1_done, &b, NOW).start_init, Some(1));
+        let both = status(vec![
+            cs(1, "i1", ContainerState::Exited, Some(0), 0),
+            cs(2, "i2", ContainerState::Exited, Some(0), 0),
+        ]);
+        let a = compute_pod_actions(&p, &uid(), &both, &b, NOW);
+        assert_eq!((a.start_init, a.start), (None, vec![0]));
+    }
+
+    /// The actions table for every restart policy and exit.
+    #[test]
+    fn restart_policy_table() {
+        let b = CrashBackoff::default();
+        let cases = [
+            ("Always", Some(0), vec![0], None),
+            ("Always", Some(3), vec![0], None),
+            ("OnFailure", Some(0), vec![], Some(Terminal::Succeeded)),
+            ("OnFailure", Some(3), vec![0], None),
+            ("Never", Some(0), vec![], Some(Terminal::Succeeded)),
+            ("Never", Some(3), vec![], Some(Terminal::Failed)),
+        ];
+        for (policy, exit, start, terminal) in cases {
+            let p = pod(policy, &[], &["app"]);
+            let s = status(vec![cs(1, "app", ContainerState::Exited, exit, 0)]);
+            let a = compute_pod_actions(&p, &uid(), &s, &b, NOW);
+            assert_eq!((a.start.clone(), a.terminal), (start, terminal), "{policy} exit {exit:?}");
+        }
+        let p = pod("Never", &["init"], &["app"]);
+        let s = status(vec![cs(1, "init", ContainerState::Exited, Some(1), 0)]);
+        assert_eq!(compute_pod_actions(&p, &uid(), &s, &b, NOW).terminal, Some(Terminal::Failed));
+    }
+
+    #[test]
+    fn crash_loop_backoff_delays_the_restart() {
+        let p = pod("Always", &[], &["app"]);
+        let mut b = CrashBackoff::default();
+        b.restarted(&uid(), "app", NOW - 1_000);
+        let mut c = cs(1, "app", ContainerState::Exited, Some(1), 1);
+        c.finished_at = Some(NOW - 1_000);
+        let a = compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW);
+        assert!(a.start.is_empty());
+        assert_eq!(a.backoff.len(), 1);
+        let later = NOW + 11_000_000_000;
+        assert_eq!(compute_pod_actions(&p, &uid(), &status(vec![c]), &b, later).start, vec![0]);
+    }
+
+    #[test]
+    fn a_changed_spec_kills_and_restarts() {
+        let p = pod("Always", &[], &["app"]);
+        let mut c = cs(1, "app", ContainerState::Running, None, 0);
+        c.hash = Some(container_hash(&p.spec.as_ref().unwrap().containers[0]));
+        let b = CrashBackoff::default();
+        assert!(!compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW).does_runtime_work());
+        c.hash = Some(1);
+        let a = compute_pod_actions(&p, &uid(), &status(vec![c]), &b, NOW);
+        assert_eq!((a.kill.len(), a.start.clone()), (1, vec![0]));
+    }
+
+    #[test]
+    fn a_dead_sandbox_is_recreated_and_everything_restarted() {
+        let p = pod("Always", &[], &["app"]);
+        let mut s = status(vec![cs(1, "app", ContainerState::Running, None, 0)]);
+        s.sandboxes[0].state = SandboxState::NotReady;
+        let a = compute_pod_actions(&p, &uid(), &s, &CrashBackoff::default(), NOW);
+        assert!(a.kill_pod && a.create_sandbox);
+        assert_eq!((a.sandbox_attempt, a.start), (1, vec![0]));
+    }
+
+    #[test]
+    fn latest_instance_and_restart_count() {
+        let s = status(vec![
+            cs(1, "app", ContainerState::Exited, Some(1), 0),
+            cs(2, "app", ContainerState::Running, None, 1),
+        ]);
+        assert_eq!(latest(&s, "app").unwrap().id, id(2));
+        assert_eq!(restart_count(&s, "app"), 1);
+        assert_eq!(restart_count(&s, "other"), 0);
+    }
+}

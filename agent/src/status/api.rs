@@ -1,0 +1,824 @@
+//! The API server status writer: pod status as a merge patch on the `status`
+//! subresource, and mirror pods for static pods (the kubelet's
+//! `pkg/kubelet/status/status_manager.go` `syncPod`, `pkg/util/pod.PatchPodStatus`
+//! and `pkg/kubelet/pod/mirror_client.go`).
+//!
+//! # One write
+//!
+//! As the kubelet's status manager: GET the pod; a pod whose UID differs was
+//! deleted and recreated, and this status is not for it; merge the new status with
+//! the stored one ([`merge_status`]: conditions the kubelet does not own, the
+//! nominated node and resource claim statuses stay as the API has them); build a
+//! two-way patch from the stored status to the merged one, with `metadata.uid` in
+//! it as a precondition (`{"metadata":{"uid":...},"status":{...}}`, fields that
+//! went away as `null`); send nothing when only the UID would be in it; else
+//! PATCH `.../pods/{name}/status`. The kubelet sends that patch as a strategic
+//! merge patch; evpleg sends it as a JSON merge patch (RFC 7386), which gives the
+//! same result because every list in it (conditions, container statuses, pod IPs)
+//! is sent whole.
+//!
+//! # Static pods
+//!
+//! A pod whose `kubernetes.io/config.source` is not `api` is a static pod: the API
+//! server does not know it, so its status goes to its **mirror pod**, a read-only
+//! copy with the same namespace and name, the static pod's labels, annotations and
+//! spec (bound to this node), the annotation `kubernetes.io/config.mirror` = the
+//! static pod's `kubernetes.io/config.hash`, an owner reference to this Node
+//! (when the Node exists), and no status. A missing mirror pod is created (409
+//! AlreadyExists is fine when the existing one is ours); a mirror pod of another
+//! hash (an older manifest) or one being deleted is deleted with grace period 0
+//! and the old UID as precondition, then recreated. A pod of that name that is not
+//! a mirror pod is never touched. The mirror pod's status is then patched as
+//! above, with the mirror pod's UID as the precondition. [`StatusWriter::forget`]
+//! deletes the static pod's mirror pod (the kubelet's orphaned mirror pod cleanup).
+//!
+//! # Errors
+//!
+//! Connection errors, timeouts, 5xx, 408 and 429 are [`WriteError::Retryable`]: the
+//! status manager keeps the newest status and writes it when the API is back. A
+//! 404 for an API pod (it is gone), a changed UID (409 from the precondition), and
+//! other 4xx are [`WriteError::Permanent`].
+//!
+//! The client should be built with `kube::Config::default_retry = false`: kube 5
+//! otherwise retries 429/503/504 up to 15 times inside the client (minutes), and
+//! the status manager's own backoff never sees the outage.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodSpec, PodStatus as ApiPodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::{Map, Value, json};
+use tracing::{debug, info, warn};
+
+use super::{StatusWriter, WriteError};
+use crate::source::{SourceName, annotations};
+
+/// The field manager named in patches and creates.
+pub const FIELD_MANAGER: &str = "evpleg";
+/// Bound of one write (all its requests), after which it is retryable.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pod conditions the kubelet owns (`kubetypes.PodConditionsByKubelet`): the new
+/// status's replace the API's.
+const KUBELET_CONDITIONS: &[&str] = &[
+    "PodScheduled",
+    "Ready",
+    "Initialized",
+    "ContainersReady",
+    "PodReadyToStartContainers",
+    "PodResizePending",
+    "PodResizeInProgress",
+];
+/// Conditions the kubelet shares with others (`PodConditionSharedByKubelet`): the
+/// new status's replace one of the same type, others stay.
+const SHARED_CONDITIONS: &[&str] = &["DisruptionTarget"];
+
+/// Writes pod statuses to the API server.
+pub struct ApiStatusWriter {
+    client: kube::Client,
+    node_name: String,
+    timeout: Duration,
+    /// This node's UID once known (for the mirror pods' owner reference).
+    node_uid: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for ApiStatusWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiStatusWriter")
+            .field("node_name", &self.node_name)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiStatusWriter {
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            node_name: node_name.into(),
+            timeout: DEFAULT_REQUEST_TIMEOUT,
+            node_uid: Mutex::new(None),
+        }
+    }
+
+    /// Bounds each write; past it the write is retryable.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// GET, merge, PATCH for a pod that exists in the API server.
+    async fn write_api_pod(&self, pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
+        let who = full_name(pod);
+        let (namespace, name) = names(pod);
+        let api = self.pods(namespace);
+        let current = api.get(name).await.map_err(|e| match classify(&e) {
+            ErrorClass::NotFound => permanent(&who, "the pod is gone from the API server"),
+            _ => api_error(&who, "reading the pod", &e),
+        })?;
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let current_uid = current.metadata.uid.as_deref().unwrap_or_default();
+        if !uid.is_empty() && uid != current_uid {
+            return Err(permanent(
+                &who,
+                &format!(
+                    "the pod was deleted and recreated (uid {uid}, now {current_uid} in the API server)"
+                ),
+            ));
+        }
+        self.patch_status(&api, &current, status)
+            .await
+            .map_err(|e| match classify(&e) {
+                ErrorClass::NotFound => permanent(&who, "the pod is gone from the API server"),
+                ErrorClass::Conflict => permanent(
+                    &who,
+                    &format!("the pod was replaced in the API server: {}", describe(&e)),
+                ),
+                _ => api_error(&who, "patching the pod status", &e),
+            })
+    }
+
+    /// Patches `current`'s status to `status` (merged), with its UID as the
+    /// precondition. Nothing is sent when nothing changed.
+    async fn patch_status(
+        &self,
+        api: &Api<Pod>,
+        current: &Pod,
+        status: &ApiPodStatus,
+    ) -> Result<(), kube::Error> {
+        let merged = merge_status(current.status.as_ref(), status);
+        let uid = current.metadata.uid.as_deref().unwrap_or_default();
+        let Some(patch) = status_patch(uid, current.status.as_ref(), &merged) else {
+            debug!(pod = %full_name(current), "status unchanged in the API server; not patched");
+            return Ok(());
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let (_, name) = names(current);
+        api.patch_status(name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+
+    /// Ensures the mirror pod, then patches its status; once more if the mirror pod
+    /// was replaced in between.
+    async fn write_static_pod(&self, pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
+        let who = full_name(pod);
+        let hash = config_hash(pod).ok_or_else(|| {
+            permanent(
+                &who,
+                "the static pod has no kubernetes.io/config.hash annotation, so no mirror pod",
+            )
+        })?;
+        let (namespace, _) = names(pod);
+        let api = self.pods(namespace);
+        let mut again = true;
+        loop {
+            let mirror = self.ensure_mirror(&api, pod, hash).await?;
+            match self.patch_status(&api, &mirror, status).await {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if again
+                        && matches!(classify(&e), ErrorClass::NotFound | ErrorClass::Conflict) =>
+                {
+                    debug!(pod = %who, error = %describe(&e), "mirror pod replaced while patching its status; again");
+                    again = false;
+                }
+                Err(e) => return Err(api_error(&who, "patching the mirror pod status", &e)),
+            }
+        }
+    }
+
+    /// The mirror pod of `pod`, created or replaced as needed.
+    async fn ensure_mirror(
+        &self,
+        api: &Api<Pod>,
+        pod: &Pod,
+        hash: &str,
+    ) -> Result<Pod, WriteError> {
+        let who = full_name(pod);
+        let (_, name) = names(pod);
+        let existing = api
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error(&who, "reading the mirror pod", &e))?;
+        match existing {
+            Some(mirror)
+                if is_mirror_of(&mirror, hash) && mirror.metadata.deletion_timestamp.is_none() =>
+            {
+                return Ok(mirror);
+            }
+            Some(mirror) if is_mirror(&mirror) => {
+                info!(pod = %who, old_hash = mirror_hash(&mirror).unwrap_or_default(), hash, "replacing an outdated mirror pod");
+                self.delete_mirror(api, &mirror)
+                    .await
+                    .map_err(|e| api_error(&who, "deleting the outdated mirror pod", &e))?;
+            }
+            Some(_) => {
+                return Err(permanent(
+                    &who,
+                    "a pod of this name that is not a mirror pod exists in the API server",
+                ));
+            }
+            None => {}
+        }
+        let mirror = self.mirror_of(pod, hash).await?;
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        match api.create(&params, &mirror).await {
+            Ok(created) => {
+                info!(pod = %who, uid = created.metadata.uid.as_deref().unwrap_or_default(), "created the mirror pod");
+                Ok(created)
+            }
+            Err(e) if classify(&e) == ErrorClass::AlreadyExists => {
+                // Created in between (by an earlier write): fine if it is this one's.
+                match api
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| api_error(&who, "reading the mirror pod", &e))?
+                {
+                    Some(m) if is_mirror_of(&m, hash) => Ok(m),
+                    _ => Err(retryable(
+                        &who,
+                        "another pod took the mirror pod's name while it was being created",
+                    )),
+                }
+            }
+            Err(e) => Err(api_error(&who, "creating the mirror pod", &e)),
+        }
+    }
+
+    /// Deletes a mirror pod at once, only if it still has the same UID; a mirror
+    /// pod already gone or replaced is fine.
+    async fn delete_mirror(&self, api: &Api<Pod>, mirror: &Pod) -> Result<(), kube::Error> {
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: mirror.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let (_, name) = names(mirror);
+        match api.delete(name, &params).await {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(classify(&e), ErrorClass::NotFound | ErrorClass::Conflict) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The mirror pod to create for a static pod: no status, bound to this node.
+    async fn mirror_of(&self, pod: &Pod, hash: &str) -> Result<Pod, WriteError> {
+        let mut annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        annotations.insert(annotations::CONFIG_MIRROR.to_string(), hash.to_string());
+        let owner = self.node_owner(&full_name(pod)).await?;
+        let spec = PodSpec {
+            node_name: Some(self.node_name.clone()),
+            ..pod.spec.clone().unwrap_or_default()
+        };
+        Ok(Pod {
+            metadata: ObjectMeta {
+                name: pod.metadata.name.clone(),
+                namespace: pod.metadata.namespace.clone(),
+                labels: pod.metadata.labels.clone(),
+                annotations: Some(annotations),
+                owner_references: owner.map(|o| vec![o]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+            status: None,
+        })
+    }
+
+    /// The owner reference to this Node (the kubelet's mirror client sets one; the
+    /// NodeRestriction admission plugin requires it). Without a Node object there
+    /// is none: the mirror pod is created without it.
+    async fn node_owner(&self, who: &str) -> Result<Option<OwnerReference>, WriteError> {
+        let known = self
+            .node_uid
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let uid = match known {
+            Some(uid) => uid,
+            None => {
+                let nodes: Api<Node> = Api::all(self.client.clone());
+                match nodes.get_opt(&self.node_name).await {
+                    Ok(Some(node)) => {
+                        let uid = node.metadata.uid.unwrap_or_default();
+                        *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(uid.clone());
+                        uid
+                    }
+                    Ok(None) => {
+                        warn!(node = %self.node_name, pod = %who, "no Node object for this node: the mirror pod gets no owner reference");
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        return Err(api_error(
+                            who,
+                            "reading this node for the mirror pod's owner",
+                            &e,
+                        ));
+                    }
+                }
+            }
+        };
+        Ok(Some(OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: self.node_name.clone(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: None,
+        }))
+    }
+
+    /// Deletes the mirror pod of a static pod that left the node, if it is still
+    /// that pod's (same hash).
+    async fn delete_orphaned_mirror(&self, pod: &Pod) {
+        let Some(hash) = config_hash(pod) else { return };
+        let who = full_name(pod);
+        let (namespace, name) = names(pod);
+        let api = self.pods(namespace);
+        let result = async {
+            match api.get_opt(name).await? {
+                Some(mirror) if is_mirror_of(&mirror, hash) => {
+                    self.delete_mirror(&api, &mirror).await?;
+                    info!(pod = %who, "deleted the mirror pod of a removed static pod");
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        };
+        match tokio::time::timeout(self.timeout, result).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(pod = %who, error = %describe(&e), "deleting the mirror pod of a removed static pod failed")
+            }
+            Err(_) => {
+                warn!(pod = %who, timeout = ?self.timeout, "deleting the mirror pod of a removed static pod timed out")
+            }
+        }
+    }
+}
+
+impl StatusWriter for ApiStatusWriter {
+    async fn write(&self, pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
+        let write = async {
+            if is_static(pod) {
+                self.write_static_pod(pod, status).await
+            } else {
+                self.write_api_pod(pod, status).await
+            }
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(result) => result,
+            Err(_) => Err(retryable(
+                &full_name(pod),
+                &format!("the API server did not answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    async fn forget(&self, pod: &Pod) {
+        if is_static(pod) {
+            self.delete_orphaned_mirror(pod).await;
+        }
+    }
+}
+
+// ----- status merge and patch --------------------------------------------------
+
+/// The status to store: `new`, with what the kubelet does not own kept from `old`
+/// (the kubelet's `mergePodStatus`): conditions of other owners, the nominated
+/// node, resource claim statuses.
+pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodStatus {
+    let old = old.cloned().unwrap_or_default();
+    let mut conditions: Vec<PodCondition> = old
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+        .cloned()
+        .collect();
+    for c in new.conditions.iter().flatten() {
+        if KUBELET_CONDITIONS.contains(&c.type_.as_str()) {
+            conditions.push(c.clone());
+        } else if SHARED_CONDITIONS.contains(&c.type_.as_str()) {
+            match conditions.iter_mut().find(|o| o.type_ == c.type_) {
+                Some(o) => *o = c.clone(),
+                None => conditions.push(c.clone()),
+            }
+        }
+    }
+    ApiPodStatus {
+        conditions: (!conditions.is_empty()).then_some(conditions),
+        nominated_node_name: old.nominated_node_name,
+        resource_claim_statuses: old.resource_claim_statuses,
+        extended_resource_claim_status: old.extended_resource_claim_status,
+        ..new.clone()
+    }
+}
+
+/// The patch from `old` to `new` with `uid` as precondition:
+/// `{"metadata":{"uid":...},"status":<merge patch>}`, or `None` when the statuses
+/// are the same.
+pub fn status_patch(uid: &str, old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> Option<Value> {
+    let old = serde_json::to_value(old.cloned().unwrap_or_default()).unwrap_or(Value::Null);
+    let new = serde_json::to_value(new).unwrap_or(Value::Null);
+    let diff = merge_patch(&old, &new)?;
+    Some(json!({ "metadata": { "uid": uid }, "status": diff }))
+}
+
+/// The RFC 7386 merge patch that turns `old` into `new` (`None`: nothing to do).
+/// Objects are diffed key by key, removed keys become `null`, anything else that
+/// differs (arrays included) is replaced whole.
+pub fn merge_patch(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(p) = merge_patch(ov, nv) {
+                            patch.insert(k.clone(), p);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        _ => (old != new).then(|| new.clone()),
+    }
+}
+
+// ----- pods ----------------------------------------------------------------------
+
+/// A static pod: its source annotation is present and not `api` (the kubelet's
+/// `IsStaticPod`; a pod without the annotation is an API pod).
+fn is_static(pod: &Pod) -> bool {
+    annotation(pod, annotations::CONFIG_SOURCE).is_some_and(|s| s != SourceName::Api.as_str())
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a: &BTreeMap<String, String>| a.get(key))
+        .map(String::as_str)
+}
+
+fn config_hash(pod: &Pod) -> Option<&str> {
+    annotation(pod, annotations::CONFIG_HASH).filter(|h| !h.is_empty())
+}
+
+fn mirror_hash(pod: &Pod) -> Option<&str> {
+    annotation(pod, annotations::CONFIG_MIRROR)
+}
+
+fn is_mirror(pod: &Pod) -> bool {
+    mirror_hash(pod).is_some()
+}
+
+/// The kubelet's `IsMirrorPodOf`: a mirror pod carrying the static pod's hash.
+fn is_mirror_of(mirror: &Pod, hash: &str) -> bool {
+    mirror_hash(mirror) == Some(hash)
+}
+
+fn names(pod: &Pod) -> (&str, &str) {
+    (
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn full_name(pod: &Pod) -> String {
+    let (namespace, name) = names(pod);
+    format!("{namespace}/{name}")
+}
+
+// ----- errors --------------------------------------------------------------------
+
+/// What an API error means for a status write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ErrorClass {
+    /// Unreachable, timed out, 5xx, 408, 429.
+    Retryable,
+    /// 404.
+    NotFound,
+    /// 409 AlreadyExists.
+    AlreadyExists,
+    /// 409 otherwise (a failed UID or resourceVersion precondition).
+    Conflict,
+    /// Any other failure.
+    Permanent,
+}
+
+pub(crate) fn classify(e: &kube::Error) -> ErrorClass {
+    match e {
+        kube::Error::Api(status) => match (status.code, status.reason.as_str()) {
+            (404, _) | (0, "NotFound") => ErrorClass::NotFound,
+            (409, "AlreadyExists") | (0, "AlreadyExists") => ErrorClass::AlreadyExists,
+            (409, _) | (0, "Conflict") => ErrorClass::Conflict,
+            (408 | 429, _) => ErrorClass::Retryable,
+            (500..=599, _) => ErrorClass::Retryable,
+            (
+                0,
+                "ServiceUnavailable" | "InternalError" | "Timeout" | "ServerTimeout"
+                | "TooManyRequests",
+            ) => ErrorClass::Retryable,
+            _ => ErrorClass::Permanent,
+        },
+        // Connecting, sending, reading: the API server or the network is away.
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            ErrorClass::Retryable
+        }
+        _ => ErrorClass::Permanent,
+    }
+}
+
+/// A short description: the API's own message and code, else the client error.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        other => other.to_string(),
+    }
+}
+
+fn api_error(pod: &str, what: &str, e: &kube::Error) -> WriteError {
+    let message = format!("{what}: {}", describe(e));
+    match classify(e) {
+        ErrorClass::Retryable => retryable(pod, &message),
+        _ => permanent(pod, &message),
+    }
+}
+
+fn retryable(pod: &str, message: &str) -> WriteError {
+    WriteError::Retryable {
+        pod: pod.to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn permanent(pod: &str, message: &str) -> WriteError {
+    WriteError::Permanent {
+        pod: pod.to_string(),
+        message: message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus};
+    use kube::core::Status;
+
+    use super::*;
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Status::failure("something", reason).with_code(code).boxed())
+    }
+
+    fn is_retryable(e: &WriteError) -> bool {
+        matches!(e, WriteError::Retryable { .. })
+    }
+
+    #[test]
+    fn api_error_mapping_5xx_408_429_are_retryable() {
+        for (code, reason) in [
+            (500, "InternalError"),
+            (502, ""),
+            (503, "ServiceUnavailable"),
+            (504, "Timeout"),
+            (408, "Timeout"),
+            (429, "TooManyRequests"),
+        ] {
+            assert_eq!(
+                classify(&api(code, reason)),
+                ErrorClass::Retryable,
+                "{code}"
+            );
+            assert!(
+                is_retryable(&api_error("ns/p", "patching", &api(code, reason))),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn api_error_mapping_connection_errors_are_retryable() {
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = kube::Error::Service(Box::new(refused));
+        assert_eq!(classify(&e), ErrorClass::Retryable);
+        let e = kube::Error::ReadEvents(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        ));
+        assert_eq!(classify(&e), ErrorClass::Retryable);
+    }
+
+    #[test]
+    fn api_error_mapping_4xx_are_permanent() {
+        assert_eq!(classify(&api(404, "NotFound")), ErrorClass::NotFound);
+        assert_eq!(
+            classify(&api(409, "AlreadyExists")),
+            ErrorClass::AlreadyExists
+        );
+        assert_eq!(classify(&api(409, "Conflict")), ErrorClass::Conflict);
+        for (code, reason) in [
+            (400, "BadRequest"),
+            (403, "Forbidden"),
+            (422, "Invalid"),
+            (410, "Expired"),
+        ] {
+            assert_eq!(
+                classify(&api(code, reason)),
+                ErrorClass::Permanent,
+                "{code}"
+            );
+        }
+        for code in [404, 409, 403, 422] {
+            assert!(
+                !is_retryable(&api_error("ns/p", "patching", &api(code, ""))),
+                "{code}"
+            );
+        }
+        let e = kube::Error::SerdeError(serde_json::from_str::<Value>("{").unwrap_err());
+        assert_eq!(classify(&e), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn api_error_mapping_uses_the_reason_without_a_code() {
+        assert_eq!(
+            classify(&api(0, "ServiceUnavailable")),
+            ErrorClass::Retryable
+        );
+        assert_eq!(classify(&api(0, "NotFound")), ErrorClass::NotFound);
+        assert_eq!(classify(&api(0, "Forbidden")), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn api_error_message_names_the_pod_and_the_api_message() {
+        let e = api_error(
+            "ns/p",
+            "patching the pod status",
+            &api(503, "ServiceUnavailable"),
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("ns/p")
+                && text.contains("patching the pod status")
+                && text.contains("503"),
+            "{text}"
+        );
+    }
+
+    fn condition(type_: &str, status: &str) -> PodCondition {
+        PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            ..PodCondition::default()
+        }
+    }
+
+    #[test]
+    fn api_merge_keeps_conditions_the_kubelet_does_not_own() {
+        let old = ApiPodStatus {
+            conditions: Some(vec![
+                condition("Ready", "False"),
+                condition("example.com/gate", "True"),
+                condition("DisruptionTarget", "False"),
+            ]),
+            nominated_node_name: Some("other".into()),
+            ..ApiPodStatus::default()
+        };
+        let new = ApiPodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                condition("Ready", "True"),
+                condition("DisruptionTarget", "True"),
+                condition("not-ours", "True"),
+            ]),
+            ..ApiPodStatus::default()
+        };
+        let merged = merge_status(Some(&old), &new);
+        let got: Vec<(String, String)> = merged
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| (c.type_, c.status))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("example.com/gate".to_string(), "True".to_string()),
+                ("DisruptionTarget".into(), "True".into()),
+                ("Ready".into(), "True".into()),
+            ]
+        );
+        assert_eq!(merged.nominated_node_name.as_deref(), Some("other"));
+        assert_eq!(merged.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn api_patch_carries_the_uid_and_nulls_for_removed_fields() {
+        let old = ApiPodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some("10.0.0.1".into()),
+            ..ApiPodStatus::default()
+        };
+        let new = ApiPodStatus {
+            phase: Some("Failed".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "main".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 3,
+                        reason: Some("Error".into()),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }]),
+            ..ApiPodStatus::default()
+        };
+        let patch = status_patch("u-1", Some(&old), &new).expect("a patch");
+        assert_eq!(patch["metadata"], json!({ "uid": "u-1" }));
+        assert_eq!(patch["status"]["phase"], "Failed");
+        assert_eq!(patch["status"]["podIP"], Value::Null);
+        assert!(patch["status"].as_object().unwrap().contains_key("podIP"));
+        assert_eq!(
+            patch["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            3
+        );
+
+        // Applying it (RFC 7386) to the old status gives the new one.
+        let mut doc = serde_json::to_value(&old).unwrap();
+        merge_into(&mut doc, &patch["status"]);
+        assert_eq!(doc, serde_json::to_value(&new).unwrap());
+    }
+
+    #[test]
+    fn api_patch_of_an_unchanged_status_is_none() {
+        let s = ApiPodStatus {
+            phase: Some("Running".into()),
+            ..ApiPodStatus::default()
+        };
+        assert!(status_patch("u", Some(&s), &s).is_none());
+        assert!(status_patch("u", None, &ApiPodStatus::default()).is_none());
+    }
+
+    #[test]
+    fn api_static_pods_are_told_by_their_source_annotation() {
+        let mut pod = Pod::default();
+        assert!(!is_static(&pod));
+        for (source, expected) in [("api", false), ("file", true), ("http", true)] {
+            pod.metadata.annotations = Some(BTreeMap::from([(
+                annotations::CONFIG_SOURCE.to_string(),
+                source.to_string(),
+            )]));
+            assert_eq!(is_static(&pod), expected, "{source}");
+        }
+    }
+
+    /// RFC 7386 application, to check [`merge_patch`] against.
+    fn merge_into(doc: &mut Value, patch: &Value) {
+        match patch {
+            Value::Object(p) => {
+                if !doc.is_object() {
+                    *doc = Value::Object(Map::new());
+                }
+                let d = doc.as_object_mut().unwrap();
+                for (k, v) in p {
+                    if v.is_null() {
+                        d.remove(k);
+                    } else {
+                        merge_into(d.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            other => *doc = other.clone(),
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The API status of a pod from what the runtime and the kernel observed: the
+//! kubelet's `generateAPIPodStatus`, `convertToAPIContainerStatuses` and
+//! `getPhase`.
+//!
+//! Phase: Pending while init containers run or a container waits to be created;
+//! Running while a container runs (or restarts, with restartPolicy Always);
+//! Succeeded / Failed when every container terminated and none will restart.
+//! Conditions: PodScheduled, Initialized, ContainersReady, Ready (no probes: a
+//! running container is ready). Container statuses carry the state, the last
+//! termination, the exit code and reason (Completed, Error, OOMKilled), the
+//! restart count and the times. An exit the kernel saw first is already in the
+//! runtime status given here (the PLEG merged it).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus as ApiContainerStatus, Pod, PodCondition, PodIP, PodStatus as ApiPodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::container::{ContainerState, ContainerStatus, PodStatus};
+use crate::runtime::actions::{RestartPolicy, Terminal, latest};
+
+/// Unix nanoseconds as an API time.
+pub fn time(unix_ns: i64) -> Option<Time> {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(unix_ns))
+        .ok()
+        .map(Time)
+}
+
+/// What generation needs besides the pod and its runtime status.
+#[derive(Clone, Debug, Default)]
+pub struct Context<'a> {
+    /// The pod is done (SyncPod found it terminal).
+    pub terminal: Option<Terminal>,
+    /// Containers waiting in CrashLoopBackOff.
+    pub backoff: &'a [(String, Duration)],
+    pub host_ip: &'a str,
+    /// When the agent first admitted the pod (Unix ns).
+    pub start_time: Option<i64>,
+    /// Admission refused the pod: (reason, message).
+    pub rejected: Option<(&'a str, &'a str)>,
+}
+
+fn terminated(s: &ContainerStatus) -> ContainerStateTerminated {
+    ContainerStateTerminated {
+        exit_code: s.exit_code.unwrap_or(0),
+        signal: s.signal,
+        reason: Some(if s.reason.is_empty() {
+            match s.exit_code {
+                Some(0) => "Completed".into(),
+                _ => "Error".into(),
+            }
+        } else {
+            s.reason.clone()
+        }),
+        message: (!s.message.is_empty()).then(|| s.message.clone()),
+        started_at: s.started_at.and_then(time),
+        finished_at: s.finished_at.and_then(time),
+        container_id: Some(container_id(s)),
+    }
+}
+
+fn container_id(s: &ContainerStatus) -> String {
+    format!("containerd://{}", s.id)
+}
+
+fn waiting(reason: &str, message: Option<String>) -> ApiState {
+    ApiState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message,
+        }),
+        ..ApiState::default()
+    }
+}
+
+/// The status of one container of the spec.
+fn container_status(
+    name: &str,
+    image: &str,
+    status: &PodStatus,
+    policy: RestartPolicy,
+    ctx: &Context<'_>,
+    pending_reason: &str,
+) -> ApiContainerStatus {
+    let newest = latest(status, name);
+    let previous = newest.and_then(|n| {
+        status
+            .containers
+            .iter()
+            .filter(|c| c.name == name && c.attempt < n.attempt && c.state == ContainerState::Exited)
+            .max_by_key(|c| c.attempt)
+    });
+    let mut out = ApiContainerStatus {
+        name: name.into(),
+        image: image.into(),
+        image_id: String::new(),
+        restart_count: newest.map(|c| c.attempt as i32).unwrap_or(0),
+        ready: false,
+        started: Some(false),
+        ..ApiContainerStatus::default()
+    };
+    if let Some(p) = previous {
+        out.last_state = Some(ApiState {
+            terminated: Some(terminated(p)),
+            ..ApiState::default()
+        });
+    }
+    let Some(s) = newest else {
+        out.state = Some(waiting(pending_reason, None));
+        return out;
+    };
+    out.container_id = Some(container_id(s));
+    out.image_id = s.image_ref.clone();
+    if !s.image.is_empty() {
+        out.image = s.image.clone();
+    }
+    out.state = Some(match s.state {
+        ContainerState::Running => {
+            out.ready = true;
+            out.started = Some(true);
+            ApiState {
+                running: Some(ContainerStateRunning {
+                    started_at: s.started_at.and_then(time),
+                }),
+                ..ApiState::default()
+            }
+        }
+        ContainerState::Created | ContainerState::Unknown => waiting("ContainerCreating", None),
+        ContainerState::Exited => {
+            let restarts = ctx.terminal.is_none()
+                && match policy {
+                    RestartPolicy::Always => true,
+                    RestartPolicy::OnFailure => s.exit_code != Some(0),
+                    RestartPolicy::Never => false,
+                };
+            if restarts {
+                // Waiting for the restart; the exit goes into the last state.
+                out.last_state = Some(ApiState {
+                    terminated: Some(terminated(s)),
+                    ..ApiState::default()
+                });
+                match ctx.backoff.iter().find(|(n, _)| n == name) {
+                    Some((_, left)) => waiting(
+                        "CrashLoopBackOff",
+                        Some(format!(
+                            "back-off {}s restarting failed container={name}",
+                            left.as_secs().max(1)
+                        )),
+                    ),
+                    None => waiting("ContainerCreating", None),
+                }
+            } else {
+                ApiState {
+                    terminated: Some(terminated(s)),
+                    ..ApiState::default()
+                }
+            }
+        }
+    });
+    out
+}
+
+fn condition(kind: &str, ok: bool, reason: Option<&str>) -> PodCondition {
+    PodCondition {
+        type_: kind.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.map(Into::into),
+        ..PodCondition::default()
+    }
+}
+
+/// The kubelet's `getPhase` from container statuses.
+fn phase(init: &[ApiContainerStatus], apps: &[ApiContainerStatus], policy: RestartPolicy, terminal: Option<Terminal>) -> &'static str {
+    if let Some(t) = terminal {
+        return match t {
+            Terminal::Succeeded => "Succeeded",
+            Terminal::Failed => "Failed",
+        };
+    }
+    let init_done = init.iter().all(|c| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    });
+    if !init_done {
+        return "Pending";
+    }
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for c in apps {
+        let state = c.state.clone().unwrap_or_default();
+        if state.running.is_some() {
+            running += 1;
+        } else if let Some(t) = state.terminated {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if c.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    match () {
+        _ if waiting > 0 => "Pending",
+        _ if running > 0 => "Running",
+        _ if stopped > 0 => match policy {
+            RestartPolicy::Always => "Running",
+            _ if stopped == succeeded => "Succeeded",
+            RestartPolicy::Never => "Failed",
+            RestartPolicy::OnFailure => "Running",
+        },
+        _ => "Pending",
+    }
+}
+
+/// Generates the API status of `pod`.
+pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStatus {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let policy = RestartPolicy::of(pod);
+    let host_ip = (!ctx.host_ip.is_empty()).then(|| ctx.host_ip.to_owned());
+    if let Some((reason, message)) = ctx.rejected {
+        return ApiPodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            host_ip,
+            start_time: ctx.start_time.and_then(time),
+            ..ApiPodStatus::default()
+        };
+    }
+    let init: Vec<ApiContainerStatus> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| container_status(&c.name, c.image.as_deref().unwrap_or_default(), runtime, policy_for_init(policy), ctx, "PodInitializing"))
+        .collect();
+    let init_done = init.iter().all(|c| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    });
+    let apps: Vec<ApiContainerStatus> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            let reason = if init_done { "ContainerCreating" } else { "PodInitializing" };
+            container_status(&c.name, c.image.as_deref().unwrap_or_default(), runtime, policy, ctx, reason)
+        })
+        .collect();
+    let phase = phase(&init, &apps, policy, ctx.terminal);
+    let all_ready = !apps.is_empty() && apps.iter().all(|c| c.ready);
+    let completed = matches!(phase, "Succeeded" | "Failed").then_some("PodCompleted");
+    let not_ready = if completed.is_some() { completed } else if all_ready { None } else { Some("ContainersNotReady") };
+    let host_network = spec.host_network.unwrap_or(false);
+    let pod_ips: Vec<String> = if host_network {
+        host_ip.iter().cloned().collect()
+    } else {
+        runtime.ips.clone()
+    };
+    ApiPodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(vec![
+            condition("PodScheduled", true, None),
+            condition("Initialized", init_done, (!init_done).then_some("ContainersNotInitialized")),
+            condition("ContainersReady", all_ready && completed.is_none(), not_ready),
+            condition("Ready", all_ready && completed.is_none(), not_ready),
+        ]),
+        host_ip: host_ip.clone(),
+        host_ips: host_ip.map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]),
+        pod_ip: pod_ips.first().cloned(),
+        pod_ips: (!pod_ips.is_empty()).then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        start_time: ctx.start_time.and_then(time),
+        init_container_statuses: (!init.is_empty()).then_some(init),
+        container_statuses: Some(apps),
+        qos_class: Some(crate::runtime::qos::qos_class(pod).as_api().into()),
+        ..ApiPodStatus::default()
+    }
+}
+
+/// Init containers restart unless the pod's policy is Never.
+fn policy_for_init(policy: RestartPolicy) -> RestartPolicy {
+    match policy {
+        RestartPolicy::Never => RestartPolicy::Never,
+        _ => RestartPolicy::OnFailure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::{SandboxState, SandboxStatus};
+    use crate::pleg::{ContainerId, EventSource};
+
+    fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
+        let c = |names: &[&str]| -> serde_json::Value {
+            names.iter().map(|n| serde_json::json!({"name": n, "image": "localhost/busybox:latest"})).collect()
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "a".repeat(32)},
+            "spec": {"restartPolicy": policy, "hostNetwork": true, "initContainers": c(init), "containers": c(apps)}
+        }))
+        .unwrap()
+    }
+
+    fn cs(n: u8, name: &str, state: ContainerState, exit: Option<i32>, attempt: u32) -> ContainerStatus {
+        let mut c = ContainerStatus::new(
+            ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap(),
+            name,
+            state,
+            EventSource::Relist,
+        );
+        c.exit_code = exit;
+        c.attempt = attempt;
+        c.started_at = Some(1_700_000_000_000_000_000);
+        if exit.is_some() {
+            c.finished_at = Some(1_700_000_001_000_000_000);
+        }
+        c
+    }
+
+    fn runtime(containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            sandboxes: vec![SandboxStatus {
+                id: ContainerId::parse(&"0".repeat(64)).unwrap(),
+                state: SandboxState::Ready,
+                attempt: 0,
+                created_at: None,
+                ip: None,
+            }],
+            containers,
+            ..PodStatus::default()
+        }
+    }
+
+    fn ctx() -> Context<'static> {
+        Context {
+            host_ip: "10.0.0.1",
+            ..Context::default()
+        }
+    }
+
+    fn cond(s: &ApiPodStatus, kind: &str) -> String {
+        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == kind).unwrap().status.clone()
+    }
+
+    #[test]
+    fn pending_then_running_with_conditions() {
+        let p = pod("Always", &["init"], &["app"]);
+        let s = generate(&p, &PodStatus::default(), &ctx());
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert_eq!(cond(&s, "Initialized"), "False");
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+
+        let rt = runtime(vec![cs(1, "init", ContainerState::Exited, Some(0), 0), cs(2, "app", ContainerState::Running, None, 0)]);
+        let s = generate(&p, &rt, &ctx());
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        for c in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+            assert_eq!(cond(&s, c), "True", "{c}");
+        }
+        assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.1"), "host network: the pod IP is the host's");
+        let init = &s.init_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(init.state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref(), Some("Completed"));
+    }
+
+    #[test]
+    fn exits_and_restarts() {
+        // OnFailure, exited 3, restarted once and running: restart count 1, last state exit 3.
+        let p = pod("OnFailure", &[], &["app"]);
+        let rt = runtime(vec![cs(1, "app", ContainerState::Exited, Some(3), 0), cs(2, "app", ContainerState::Running, None, 1)]);
+        let s = generate(&p, &rt, &ctx());
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(c.restart_count, 1);
+        assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 3);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+
+        // Never, exited 3: Failed with exit code 3 and reason Error.
+        let p = pod("Never", &[], &["app"]);
+        let rt = runtime(vec![cs(1, "app", ContainerState::Exited, Some(3), 0)]);
+        let s = generate(&p, &rt, &Context { terminal: Some(Terminal::Failed), ..ctx() });
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        let t = s.container_statuses.as_ref().unwrap()[0].state.clone().unwrap().terminated.unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+        assert_eq!(cond(&s, "Ready"), "False");
+
+        // Always, OOM-killed, in back-off: waiting CrashLoopBackOff, last state OOMKilled.
+        let p = pod("Always", &[], &["app"]);
+        let mut oom = cs(1, "app", ContainerState::Exited, Some(137), 0);
+        oom.reason = "OOMKilled".into();
+        let backoff = [("app".to_owned(), Duration::from_secs(10))];
+        let s = generate(&p, &runtime(vec![oom]), &Context { backoff: &backoff, ..ctx() });
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(c.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
+        assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref(), Some("OOMKilled"));
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn rejected_pods_fail_with_the_reason() {
+        let p = pod("Always", &[], &["app"]);
+        let s = generate(&p, &PodStatus::default(), &Context { rejected: Some(("OutOfmemory", "needs 1Ti")), ..ctx() });
+        assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("OutOfmemory")));
+    }
+
+    #[test]
+    fn times_convert() {
+        assert_eq!(time(1_700_000_000_000_000_000).unwrap().0.as_second(), 1_700_000_000);
+    }
+}

@@ -1,0 +1,30 @@
+//! Pod status: generation from what the runtime and the kernel observed, and the
+//! status manager, the only writer of pod status (the kubelet's
+//! `pkg/kubelet/status` and `generateAPIPodStatus`).
+
+pub mod api;
+pub mod generate;
+
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
+
+/// A failed status write.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// the destination is unreachable or answered 5xx/429: retry with backoff
+    #[error("writing the status of pod {pod}: {message} (retryable)")]
+    Retryable { pod: String, message: String },
+    /// the pod is gone or the write was rejected for good
+    #[error("writing the status of pod {pod}: {message}")]
+    Permanent { pod: String, message: String },
+}
+
+/// Where statuses go: the API server (a merge patch on the status subresource) or
+/// the local store served at `/pods`.
+pub trait StatusWriter: Send + Sync + 'static {
+    fn write(&self, pod: &Pod, status: &ApiPodStatus) -> impl Future<Output = Result<(), WriteError>> + Send;
+    /// The pod was removed from the node: forget it (the local store drops it; the
+    /// API writer has nothing to do).
+    fn forget(&self, pod: &Pod) -> impl Future<Output = ()> + Send;
+}
