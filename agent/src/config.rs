@@ -27,6 +27,41 @@ pub struct Args {
     #[arg(long, env = "EVPLEG_RELIST_PERIOD_SECONDS")]
     pub relist_period_seconds: Option<f64>,
 
+    /// This node's name (spec.nodeName of its pods; static pod names get it as a
+    /// suffix). Defaults to the host name.
+    #[arg(long, env = "EVPLEG_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This node's IP (status.hostIP; the pod IP of host-network pods). Defaults
+    /// to the first non-loopback IPv4 address, else 127.0.0.1.
+    #[arg(long, env = "EVPLEG_NODE_IP")]
+    pub node_ip: Option<String>,
+
+    /// Static pod manifests directory, watched with inotify.
+    #[arg(long, env = "EVPLEG_MANIFEST_DIR")]
+    pub manifest_dir: Option<PathBuf>,
+
+    /// Static pod manifest URL, polled (the kubelet's legacy HTTP source).
+    #[arg(long, env = "EVPLEG_MANIFEST_URL")]
+    pub manifest_url: Option<String>,
+
+    /// Watch the API server for this node's pods and write their status there:
+    /// with a kubeconfig path, or "in-cluster".
+    #[arg(long, env = "EVPLEG_KUBECONFIG")]
+    pub kubeconfig: Option<String>,
+
+    /// Directory for container logs.
+    #[arg(long, env = "EVPLEG_POD_LOG_DIR", default_value = "/var/log/evpleg/pods")]
+    pub pod_log_dir: PathBuf,
+
+    /// CrashLoopBackOff: first delay in seconds (the kubelet's 10).
+    #[arg(long, env = "EVPLEG_CRASHLOOP_INITIAL_SECONDS", default_value_t = 10.0)]
+    pub crashloop_initial_seconds: f64,
+
+    /// CrashLoopBackOff: longest delay in seconds (the kubelet's 300).
+    #[arg(long, env = "EVPLEG_CRASHLOOP_MAX_SECONDS", default_value_t = 300.0)]
+    pub crashloop_max_seconds: f64,
+
     /// Load this eBPF object instead of the one embedded at build time.
     #[arg(long, env = "EVPLEG_BPF_OBJECT")]
     pub bpf_object: Option<PathBuf>,
@@ -68,6 +103,37 @@ pub struct Args {
 }
 
 impl Args {
+    /// The node name: the flag, else the host name.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_lowercase())
+                .unwrap_or_else(|_| "localhost".into())
+        })
+    }
+
+    /// The node IP: the flag, else the first non-loopback IPv4 address of the
+    /// host (from /proc/net/fib_trie's local routes), else 127.0.0.1.
+    pub fn node_ip(&self) -> String {
+        if let Some(ip) = &self.node_ip {
+            return ip.clone();
+        }
+        let trie = std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default();
+        let mut last = None;
+        for line in trie.lines() {
+            let t = line.trim();
+            if let Some(addr) = t.strip_prefix("|-- ") {
+                last = Some(addr.to_owned());
+            } else if t.contains("/32 host LOCAL")
+                && let Some(a) = &last
+                && !a.starts_with("127.")
+            {
+                return a.clone();
+            }
+        }
+        "127.0.0.1".into()
+    }
+
     pub fn kernel_pleg(&self) -> KernelPlegConfig {
         KernelPlegConfig {
             object: self.bpf_object.clone(),

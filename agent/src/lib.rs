@@ -3,6 +3,8 @@
 //! The modules are named after the kubelet concepts they implement; see
 //! `docs/architecture.md` for the data flow.
 
+pub mod admission;
+pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod container;
@@ -14,4 +16,5 @@ pub mod runtime;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod sync_loop;
 pub mod telemetry;

@@ -1,9 +1,9 @@
 //! The `evpleg` binary.
 //!
-//! With `--cri-endpoint` it runs the PLEG of `--pleg` against that runtime (kernel
-//! events merged with a reconciling relist in `ebpf` mode, the kubelet's 1 s
-//! relist in `generic` mode) and logs every lifecycle event; without it, the kernel
-//! PLEG alone. Pod sources, workers and the status manager come next.
+//! With `--cri-endpoint` it runs the whole agent (`evpleg::agent`): pods from the
+//! configured sources run on that runtime, driven by the PLEG of `--pleg`, with
+//! statuses at `/pods`. Without it, the kernel PLEG alone, logging every lifecycle
+//! event of the containers on the host.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,11 +13,10 @@ use anyhow::Context;
 use clap::Parser;
 use evpleg::clock::MonotonicClock;
 use evpleg::config::Args;
-use evpleg::cri::{CriClient, CriClientConfig};
 use evpleg::pleg::kernel::{KernelPleg, monotonic_ns};
-use evpleg::pleg::{PodLifecycleEvent, Pleg, RelistSignal};
+use evpleg::agent::Agent;
 use evpleg::metrics::Metrics;
-use evpleg::runtime::CriRuntime;
+use evpleg::pleg::{PodLifecycleEvent, RelistSignal};
 use evpleg::server::{self, ServerState};
 use tokio_util::sync::CancellationToken;
 use tokio::sync::mpsc;
@@ -64,32 +63,11 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     match &args.cri_endpoint {
-        Some(endpoint) => {
-            let client = CriClient::connect(endpoint, CriClientConfig::default())
-                .await
-                .with_context(|| format!("connecting to the CRI runtime at {endpoint}"))?;
-            let pleg = Pleg::start(
-                args.pleg,
-                CriRuntime::new(client),
-                args.kernel_pleg(),
-                tx,
-                Arc::new(MonotonicClock),
-                args.relist_period_seconds.map(Duration::from_secs_f64),
-            )
-            .context("starting the pleg")?;
-            info!(mode = ?pleg.mode, endpoint, "pleg running");
-            let metrics = Arc::new(Metrics::new(Some(&pleg), None));
-            let period = args
-                .relist_period_seconds
-                .map(Duration::from_secs_f64)
-                .unwrap_or(pleg.relist_period());
-            let state = ServerState::new(metrics, Some(pleg.relist_stats.clone()), Arc::new(MonotonicClock), period);
-            let shutdown = CancellationToken::new();
-            let server = tokio::spawn(server::serve(args.listen, server::router(state), shutdown.clone()));
+        Some(_) => {
+            drop(tx);
+            let agent = Agent::start(&args).await.context("starting the agent")?;
             until_stopped(args.run_for_seconds).await;
-            shutdown.cancel();
-            server.await.context("http server")?.with_context(|| format!("serving on {}", args.listen))?;
-            pleg.stop().await;
+            agent.stop().await;
         }
         None => {
             let relist = Arc::new(RelistSignal::new());

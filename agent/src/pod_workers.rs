@@ -9,7 +9,7 @@
 //!   terminates by itself;
 //! * once terminated, its UID is never started again;
 //! * before each sync the worker waits (bounded) for a pod status cache entry
-//!   newer than the start of its previous sync (the kubelet's `GetNewerThan`);
+//!   newer than the end of its previous sync (the kubelet's `GetNewerThan`);
 //!   after a sync that did runtime work it asks the PLEG to relist the pod at
 //!   once (the kubelet's on-demand relist), so that wait ends in milliseconds;
 //! * errors back off (doubling, capped); a sync may ask to be requeued (a
@@ -296,7 +296,6 @@ impl<S: PodSyncer> WorkerLoop<S> {
             } else {
                 self.cached()
             };
-            let started = self.clock.now_ns();
             let outcome: Result<Option<Duration>, SyncError> = match state {
                 WorkerState::Sync => match self.syncer.sync_pod(pod, entry).await {
                     Ok(r) => {
@@ -334,7 +333,10 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 },
                 WorkerState::Done => return,
             };
-            last_sync_ns = started;
+            // The kubelet's lastSyncTime: the *end* of this sync. The next sync
+            // waits for an observation made after it (a relist whose listing began
+            // after our runtime calls), so it never acts on a status from before them.
+            last_sync_ns = self.clock.now_ns();
             let delay = match outcome {
                 Ok(after) => {
                     errors = 0;

@@ -1,5 +1,7 @@
 //! A private containerd 1.6 (CRI plugin, runc, cgroupfs driver) for tests, for
-//! `cargo xtask run` and for the benchmark.
+//! `cargo xtask run` and for the benchmark; or containerd 1.7 from Debian trixie
+//! ([`fetch_containerd_17`], [`Containerd::start_with`]), whose CRI plugin
+//! implements `GetContainerEvents`.
 //!
 //! [`Containerd::start`] builds two OCI images locally (busybox and a tiny pause
 //! program, cached under `target/evpleg-images/`), writes a configuration that
@@ -128,6 +130,15 @@ pub enum HarnessError {
         /// The last `ImageStatus` answer or error.
         detail: String,
     },
+    /// Something the harness fetches cannot be had (not in the archive, or the
+    /// archive cannot be reached).
+    #[error("{what} is not available: {detail}")]
+    Unavailable {
+        /// What was to be fetched.
+        what: String,
+        /// Why not.
+        detail: String,
+    },
 }
 
 type Result<T, E = HarnessError> = std::result::Result<T, E>;
@@ -156,6 +167,10 @@ static CREATED_ANCESTORS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 /// A private containerd with the CRI plugin. See the module documentation.
 #[derive(Debug)]
 pub struct Containerd {
+    /// The `containerd` binary this instance runs.
+    binary: PathBuf,
+    /// The `ctr` binary that imports the images.
+    ctr: PathBuf,
     base: PathBuf,
     socket: PathBuf,
     child: Option<Child>,
@@ -171,9 +186,24 @@ impl Containerd {
     /// Builds the images if needed, starts a private containerd, waits until it
     /// answers CRI `Version` and imports the images.
     pub fn start() -> Result<Containerd> {
+        Self::start_with(Path::new(CONTAINERD))
+    }
+
+    /// [`start`](Self::start) with another `containerd` binary, e.g. the 1.7 of
+    /// [`fetch_containerd_17`]. The shim (`containerd-shim-runc-v2`) and `ctr`
+    /// next to it are used when they are there: its directory comes first in
+    /// containerd's `PATH`, where containerd looks the shim up.
+    pub fn start_with(binary: &Path) -> Result<Containerd> {
+        let binary = binary.to_path_buf();
+        let bin_dir = binary.parent().unwrap_or(Path::new("/"));
+        let ctr = Some(bin_dir.join("ctr"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from(CTR));
+        let binary_name = binary.display().to_string();
+        let ctr_name = ctr.display().to_string();
         for (path, install) in [
-            (CONTAINERD, "apt-get install containerd"),
-            (CTR, "apt-get install containerd"),
+            (binary_name.as_str(), "apt-get install containerd"),
+            (ctr_name.as_str(), "apt-get install containerd"),
             (RUNC, "apt-get install runc"),
             (UMOCI, "apt-get install umoci"),
             (BUSYBOX, "apt-get install busybox-static"),
@@ -196,6 +226,8 @@ impl Containerd {
         LIVE.fetch_add(1, Ordering::SeqCst);
         // From here on, dropping `this` cleans up whatever was done.
         let mut this = Containerd {
+            binary,
+            ctr,
             socket: base.join("containerd.sock"),
             base,
             child: None,
@@ -242,6 +274,11 @@ impl Containerd {
     /// containerd's configuration file.
     pub fn config_path(&self) -> PathBuf {
         self.base.join("config.toml")
+    }
+
+    /// The `containerd` binary this instance runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
     }
 
     /// containerd's pid, while it runs.
@@ -400,7 +437,16 @@ impl Containerd {
             .map_err(io_err("open", &log_path))?;
         let log2 = log.try_clone().map_err(io_err("duplicate", &log_path))?;
         let started = Instant::now();
-        let child = Command::new(CONTAINERD)
+        let mut command = Command::new(&self.binary);
+        if let Some(dir) = self.binary.parent() {
+            // containerd finds its shim on PATH first: the one beside it.
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path));
+            if let Ok(joined) = std::env::join_paths(dirs) {
+                command.env("PATH", joined);
+            }
+        }
+        let child = command
             .arg("--config")
             .arg(&config)
             .stdin(Stdio::null())
@@ -408,7 +454,7 @@ impl Containerd {
             .stderr(log2)
             .spawn()
             .map_err(|e| HarnessError::Command {
-                command: format!("{CONTAINERD} --config {}", config.display()),
+                command: format!("{} --config {}", self.binary.display(), config.display()),
                 detail: e.to_string(),
             })?;
         let pid = child.id();
@@ -463,7 +509,7 @@ impl Containerd {
 
     /// `ctr images import` of one image archive.
     fn import(&self, image: &BuiltImage) -> Result<()> {
-        let mut cmd = Command::new(CTR);
+        let mut cmd = Command::new(&self.ctr);
         cmd.arg("-a")
             .arg(&self.socket)
             .args(["-n", CRI_NAMESPACE, "images", "import", "--base-name"])
@@ -1058,6 +1104,205 @@ fn run(cmd: &mut Command) -> Result<std::process::Output> {
         });
     }
     Ok(out)
+}
+
+// ---- containerd 1.7 from Debian trixie -----------------------------------------------
+
+/// The containerd 1.7 build fetched from Debian trixie when the archive still has
+/// it; otherwise the newest 1.7 build trixie has (Debian drops superseded
+/// builds). Checked with `apt-cache policy containerd` under the private apt
+/// configuration of [`fetch_containerd_17`].
+pub const CONTAINERD_17_VERSION: &str = "1.7.24~ds1-6+deb13u1";
+
+/// The private apt sources of [`fetch_containerd_17`]: trixie and its security
+/// updates (bookworm's Debian keyring carries the trixie keys).
+const TRIXIE_SOURCES: &str = "\
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security trixie-security main
+";
+
+/// Where containerd 1.7 is unpacked: `<workspace>/.cache/containerd-1.7/`
+/// (`.cache` is git-ignored). `root/` holds the package's files, `version` the
+/// build, `apt/` the private apt configuration.
+pub fn containerd_17_dir() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .unwrap_or(manifest)
+        .join(".cache")
+        .join("containerd-1.7")
+}
+
+/// Fetches containerd 1.7 from Debian trixie once and returns the path of its
+/// `containerd` binary (with `ctr` and `containerd-shim-runc-v2` beside it).
+///
+/// Idempotent and serialised between threads and processes by a lock file: once
+/// unpacked, no network. Otherwise `apt-get update` / `apt-cache madison` /
+/// `apt-get download` run with a private configuration under
+/// `.cache/containerd-1.7/apt/` (its own sources list, sources.list.d, lists
+/// and cache directories, passed with `-o Dir::…`), so that the system's apt is
+/// untouched, and the package is unpacked with `dpkg -x` (not installed). It
+/// needs libc6 >= 2.34, which bookworm has. Callable from tests and from
+/// `cargo xtask`.
+pub fn fetch_containerd_17() -> Result<PathBuf> {
+    let dir = containerd_17_dir();
+    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    let lock_path = dir.join(".lock");
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err("open", &lock_path))?;
+    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
+    }
+    let binary = dir.join("root/usr/bin/containerd");
+    let stamp = dir.join("version");
+    if binary.is_file()
+        && fs::read_to_string(&stamp).is_ok_and(|v| v.trim().starts_with("1.7."))
+    {
+        return Ok(binary);
+    }
+    let started = Instant::now();
+    let apt = PrivateApt::trixie(&dir.join("apt"))?;
+    let mut version = apt.containerd_17_version();
+    if version.is_none() {
+        apt.update()?;
+        version = apt.containerd_17_version();
+    }
+    let version = version.ok_or_else(|| HarnessError::Unavailable {
+        what: "containerd 1.7 in Debian trixie".to_owned(),
+        detail: "`apt-cache madison containerd` lists no 1.7 build".to_owned(),
+    })?;
+    if version != CONTAINERD_17_VERSION {
+        tracing::warn!(
+            wanted = CONTAINERD_17_VERSION,
+            found = version,
+            "containerd {CONTAINERD_17_VERSION} is gone from trixie; using {version}"
+        );
+    }
+    let download = dir.join("download");
+    let _ = fs::remove_dir_all(&download);
+    fs::create_dir_all(&download).map_err(io_err("create", &download))?;
+    let mut cmd = apt.command("apt-get");
+    cmd.current_dir(&download)
+        .args(["-q", "download"])
+        .arg(format!("containerd={version}"));
+    run(&mut cmd)?;
+    let deb = fs::read_dir(&download)
+        .map_err(io_err("list", &download))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| HarnessError::Unavailable {
+            what: format!("containerd={version}"),
+            detail: format!("apt-get download left no .deb in {}", download.display()),
+        })?;
+    let partial = dir.join("root.partial");
+    let _ = fs::remove_dir_all(&partial);
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&partial))?;
+    let unpacked = partial.join("usr/bin/containerd");
+    let out = run(Command::new(&unpacked).arg("--version"))?;
+    let reported = String::from_utf8_lossy(&out.stdout);
+    if !reported.contains(" 1.7.") {
+        return Err(HarnessError::Unavailable {
+            what: format!("containerd={version}"),
+            detail: format!("{} --version says {reported:?}", unpacked.display()),
+        });
+    }
+    let root = dir.join("root");
+    let _ = fs::remove_dir_all(&root);
+    fs::rename(&partial, &root).map_err(io_err("rename into place", &root))?;
+    fs::write(&stamp, format!("{version}\n")).map_err(io_err("write", &stamp))?;
+    let _ = fs::remove_dir_all(&download);
+    tracing::info!(version, binary = %binary.display(), elapsed = ?started.elapsed(), "containerd 1.7 fetched");
+    drop(lock);
+    Ok(binary)
+}
+
+/// containerd 1.7 for a test that needs it ([`fetch_containerd_17`]). `None`
+/// when it cannot be had, after printing why, so that the test can return; under
+/// `CI=true` that is a failure instead.
+pub fn containerd_17_for(test: &str) -> Option<PathBuf> {
+    match fetch_containerd_17() {
+        Ok(binary) => Some(binary),
+        Err(e) => {
+            let reason = format!("{test}: needs containerd 1.7 from Debian trixie: {e}");
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{reason}; CI=true, so this is a failure, not a skip");
+            }
+            eprintln!("SKIPPED {reason}");
+            None
+        }
+    }
+}
+
+/// apt with a private configuration: its own sources list, sources.list.d,
+/// lists and cache directories.
+#[derive(Debug)]
+struct PrivateApt {
+    options: Vec<String>,
+}
+
+impl PrivateApt {
+    fn trixie(dir: &Path) -> Result<Self> {
+        for sub in ["sources.list.d", "lists/partial", "cache/archives/partial"] {
+            let d = dir.join(sub);
+            fs::create_dir_all(&d).map_err(io_err("create", &d))?;
+        }
+        let sources = dir.join("sources.list");
+        if fs::read_to_string(&sources).ok().as_deref() != Some(TRIXIE_SOURCES) {
+            fs::write(&sources, TRIXIE_SOURCES).map_err(io_err("write", &sources))?;
+        }
+        let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
+        Ok(Self {
+            options: vec![
+                opt("Dir::Etc::SourceList", &sources),
+                opt("Dir::Etc::SourceParts", &dir.join("sources.list.d")),
+                opt("Dir::State::Lists", &dir.join("lists")),
+                opt("Dir::Cache", &dir.join("cache")),
+                // The directories belong to root, not to apt's _apt user.
+                "APT::Sandbox::User=root".to_owned(),
+            ],
+        })
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        for o in &self.options {
+            cmd.args(["-o", o]);
+        }
+        cmd
+    }
+
+    fn update(&self) -> Result<()> {
+        let mut cmd = self.command("apt-get");
+        cmd.args(["update", "-q"]);
+        run(&mut cmd)
+            .map(drop)
+            .map_err(|e| HarnessError::Unavailable {
+                what: "Debian trixie's package lists".to_owned(),
+                detail: e.to_string(),
+            })
+    }
+
+    /// [`CONTAINERD_17_VERSION`] when the lists have it, else the newest 1.7
+    /// build they list.
+    fn containerd_17_version(&self) -> Option<String> {
+        let mut cmd = self.command("apt-cache");
+        cmd.args(["madison", "containerd"]);
+        let out = run(&mut cmd).ok()?;
+        let versions: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split('|').nth(1).map(|v| v.trim().to_owned()))
+            .filter(|v| v.starts_with("1.7."))
+            .collect();
+        if versions.iter().any(|v| v == CONTAINERD_17_VERSION) {
+            return Some(CONTAINERD_17_VERSION.to_owned());
+        }
+        versions.into_iter().next()
+    }
 }
 
 // ---- images ------------------------------------------------------------------------

@@ -197,6 +197,12 @@ async fn api_source_sets_the_nodes_pods_then_follows_their_changes() {
     );
     assert!(watch.query("timeoutSeconds").is_some(), "{watch:?}");
     assert_eq!(list_requests(&fake), 1);
+    // No discovery: `Api<Pod>` knows its path.
+    let others: Vec<_> = requests
+        .iter()
+        .filter(|r| !r.path().starts_with("/api/v1/"))
+        .collect();
+    assert!(others.is_empty(), "unexpected requests: {others:?}");
 }
 
 #[tokio::test]
@@ -274,9 +280,11 @@ async fn api_source_relists_when_its_resource_version_was_compacted() {
     );
     fake.wait_for_watches(1, WAIT).await;
 
-    fake.compact();
+    // (No await in between: on this current-thread runtime the source cannot
+    // watch again before the history is compacted.)
     fake.close_watches();
     fake.delete_pod("default", "a");
+    fake.compact();
     // The DELETED event is out of the source's reach (410 Expired): only the relist
     // can tell it, by leaving `a` out.
     assert_update(

@@ -150,10 +150,51 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
     if demo {
         return util::demo(&agent, args);
     }
-    util::step("running the agent (Ctrl-C stops it)");
-    let mut cmd = std::process::Command::new(&agent);
-    cmd.args(args);
-    util::run(&mut cmd)
+    if args.iter().any(|a| a.starts_with("--cri-endpoint")) || std::env::var_os("EVPLEG_CRI_ENDPOINT").is_some() {
+        util::step("running the agent against the given runtime (Ctrl-C stops it)");
+        return util::run(std::process::Command::new(&agent).args(args));
+    }
+    // No runtime given: a private containerd, and the example pods.
+    util::step("building the containerd harness");
+    util::run(util::cargo(root).args(["build", "--release", "--package", "evpleg-tests", "--bin", "containerd-harness"]))?;
+    let mut harness = std::process::Command::new(root.join("target/release/containerd-harness"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let endpoint = {
+        use std::io::BufRead;
+        let out = harness.stdout.take().expect("piped");
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("endpoint=").map(str::to_owned))
+    };
+    let Some(endpoint) = endpoint else {
+        let _ = harness.wait();
+        anyhow::bail!("the containerd harness did not start (see its log above)");
+    };
+    let logs = std::env::temp_dir().join("evpleg-xtask-run-logs");
+    util::step(&format!(
+        "running the agent with a private containerd ({endpoint}) and the pods of examples/; \
+         statuses at http://127.0.0.1:10255/pods (Ctrl-C stops it)"
+    ));
+    let status = std::process::Command::new(&agent)
+        .arg("--cri-endpoint")
+        .arg(&endpoint)
+        .arg("--manifest-dir")
+        .arg(root.join("examples"))
+        .arg("--pod-log-dir")
+        .arg(&logs)
+        .args(args)
+        .status();
+    // Closing its stdin tears the harness down: pods, containerd, cgroups.
+    drop(harness.stdin.take());
+    let _ = harness.wait();
+    let status = status?;
+    if !status.success() && status.code() != Some(130) {
+        anyhow::bail!("the agent failed: {status}");
+    }
+    Ok(())
 }
 
 fn test(root: &std::path::Path, args: &[String], kernels: matrix::Selection) -> Result<()> {

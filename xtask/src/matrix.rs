@@ -8,12 +8,14 @@
 //!    only its image is kept: `.cache/kernels/<series>/vmlinuz`. Once there, no
 //!    network is needed.
 //! 2. The probe (`tests/kernel-probe`, the agent's loader, reader and container
-//!    index with the eBPF object embedded) is built statically (glibc,
-//!    `+crt-static`) in its own target dir, `target/kernel-probe`, so that its
-//!    flags do not invalidate the main build.
-//! 3. An initramfs holds busybox-static, the probe and an `/init` that mounts what
-//!    the probe needs, runs it with its output on the second serial port and powers
-//!    off. It is cached by the hash of its inputs under `target/kernel-matrix`.
+//!    index with the eBPF object embedded) is built as `cargo test --workspace`
+//!    builds it ([`build_probe`]): same target dir, profile, flags and features,
+//!    dynamically linked, so it reuses the test build's dependencies.
+//! 3. An initramfs holds busybox-static, the probe (debug info stripped), the
+//!    shared libraries and the dynamic loader it needs at their host paths, and an
+//!    `/init` that mounts what the probe needs, runs it with its output on the
+//!    second serial port and powers off. It is cached by the hash of its inputs
+//!    (the files and their paths) under `target/kernel-matrix`.
 //! 4. The guests boot under software emulation (KVM does not run these kernels
 //!    here), at most [`PARALLEL_GUESTS`] at a time, each killed after the timeout.
 //!    The probe prints `RESULT <check> PASS|FAIL|ABSENT <detail>` lines and a final
@@ -21,11 +23,11 @@
 //!    kernel and the check named, the check's full message (the verifier's log for
 //!    a rejected program) and the end of the guest's console.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -122,7 +124,13 @@ const APPLETS: [&str; 14] = [
     "rmdir", "ls", "swapoff",
 ];
 const PROBE_PACKAGE: &str = "evpleg-kernel-probe";
-const PROBE_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The probe package's integration test (`tests/kernel-probe/tests/probe_cli.rs`):
+/// building it makes cargo build the probe's binary.
+const PROBE_TEST: &str = "probe_cli";
+/// Where the probe is in the initramfs (the init runs it from there).
+const PROBE_IN_INITRAMFS: &str = "evpleg-kernel-probe";
+/// Symbolic links followed from one library path before giving up.
+const MAX_SYMLINKS: usize = 40;
 /// Lines of the console shown when a guest fails (a quarter of them when the
 /// probe finished).
 const CONSOLE_TAIL: usize = 40;
@@ -251,6 +259,9 @@ fn check_tools() -> Result<()> {
         ("dpkg-deb", "dpkg"),
         ("tar", "tar"),
         ("apt-get", "apt"),
+        ("ldd", "libc-bin"),
+        ("strip", "binutils"),
+        ("chroot", "coreutils"),
     ] {
         if output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_none() {
             missing.push(format!("{tool} (package {package})"));
@@ -261,7 +272,8 @@ fn check_tools() -> Result<()> {
     }
     if !missing.is_empty() {
         bail!(
-            "the kernel matrix needs {}: `cargo xtask setup` installs them",
+            "the kernel matrix needs {}: install them (`cargo xtask setup` installs \
+             QEMU, cpio and busybox-static)",
             missing.join(", ")
         );
     }
@@ -432,39 +444,68 @@ fn ensure_image(root: &Path, kernel: &Kernel) -> Result<PathBuf> {
 // ---------------------------------------------------------------------------
 // Probe and initramfs
 
-/// Builds the probe statically in `target/kernel-probe`. It embeds the eBPF object
-/// at `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller has built.
+/// Builds the probe as `cargo test --workspace` builds it, so that it reuses that
+/// build: `cargo test --workspace --no-run --test probe_cli`. Cargo builds a
+/// package's binaries for its integration tests, here in the test build's target
+/// dir and profile (`test`, i.e. `dev` with its per-package overrides), and the
+/// same feature resolution: the whole workspace with test targets, dev-dependencies
+/// included (tokio's `test-util`). `cargo build -p evpleg-kernel-probe` resolves
+/// features for the probe alone and would rebuild tokio and the 20-odd crates
+/// above it. After `cargo test --workspace` this is a no-op. The binary embeds the
+/// eBPF object at `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller
+/// has built.
 fn build_probe(root: &Path) -> Result<PathBuf> {
-    step("kernel matrix: building the probe (static, target/kernel-probe)");
-    let target_dir = root.join("target/kernel-probe");
+    step(&format!(
+        "kernel matrix: building the probe with the test build \
+         (cargo test --workspace --no-run --test {PROBE_TEST})"
+    ));
     let mut cmd = util::cargo(root);
-    cmd.env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_TARGET_DIR")
-        // Small: the guest holds it in RAM.
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "true")
-        .args(["build", "--release", "--package", PROBE_PACKAGE])
-        .args(["--target", PROBE_TARGET, "--target-dir"])
-        .arg(&target_dir);
-    util::run(&mut cmd)?;
-    let probe = target_dir
-        .join(PROBE_TARGET)
-        .join("release")
-        .join(PROBE_PACKAGE);
-    let bytes = fs::read(&probe).with_context(|| format!("cannot read {}", probe.display()))?;
-    if elf_interpreter(&bytes) != Some(false) {
-        bail!(
-            "{} is not a statically linked x86-64 ELF binary",
-            probe.display()
-        );
+    cmd.args(["test", "--workspace", "--no-run", "--test", PROBE_TEST])
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
     }
+    let probe = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(probe_executable)
+        .with_context(|| format!("{cmd:?} reported no {PROBE_PACKAGE} binary"))?;
+    let size = fs::metadata(&probe)
+        .with_context(|| format!("cannot read {}", probe.display()))?
+        .len();
+    info(&format!("probe: {} ({} MiB)", probe.display(), size >> 20));
     Ok(probe)
 }
 
-/// Whether a 64-bit little-endian ELF file asks for a dynamic loader (has a
-/// PT_INTERP program header); `None` when it is not such a file.
-fn elf_interpreter(elf: &[u8]) -> Option<bool> {
+/// The probe's binary in one line of cargo's JSON messages: the artifact whose
+/// `executable` is named after the package (test harnesses are
+/// `deps/<name>-<hash>`).
+fn probe_executable(line: &str) -> Option<PathBuf> {
+    if !line.contains(r#""reason":"compiler-artifact""#) {
+        return None;
+    }
+    let start = line.find(r#""executable":""#)? + r#""executable":""#.len();
+    let mut path = String::new();
+    let mut chars = line[start..].chars();
+    loop {
+        match chars.next()? {
+            '"' => break,
+            '\\' => path.push(chars.next()?),
+            c => path.push(c),
+        }
+    }
+    let path = PathBuf::from(path);
+    (path.file_name()? == PROBE_PACKAGE).then_some(path)
+}
+
+/// The dynamic loader a 64-bit little-endian x86-64 ELF file asks for (its
+/// PT_INTERP program header): `Some(None)` for a static binary, `None` when it is
+/// not such a file.
+fn elf_interpreter(elf: &[u8]) -> Option<Option<String>> {
     fn u16_at(b: &[u8], at: usize) -> Option<usize> {
         Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize)
     }
@@ -479,11 +520,157 @@ fn elf_interpreter(elf: &[u8]) -> Option<bool> {
     }
     let (phoff, phentsize, phnum) = (u64_at(elf, 32)?, u16_at(elf, 54)?, u16_at(elf, 56)?);
     for i in 0..phnum {
-        if u32_at(elf, phoff.checked_add(i * phentsize)?)? == 3 {
-            return Some(true);
+        let header = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(elf, header)? == 3 {
+            // p_offset and p_filesz; the path ends with a NUL.
+            let (offset, size) = (u64_at(elf, header + 8)?, u64_at(elf, header + 32)?);
+            let raw = elf.get(offset..offset.checked_add(size)?)?;
+            let path = raw.split(|b| *b == 0).next()?;
+            return Some(Some(String::from_utf8(path.to_vec()).ok()?));
         }
     }
-    Some(false)
+    Some(None)
+}
+
+/// The shared libraries the host's loader resolves for `binary` (`ldd`), and the
+/// loader itself (`interpreter`, the binary's PT_INTERP): absolute host paths. A
+/// library ldd cannot find is an error.
+fn shared_libraries(binary: &Path, interpreter: &str) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("cannot start ldd")?;
+    if !out.status.success() {
+        bail!(
+            "ldd {} failed ({}): {}",
+            binary.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut libraries = parse_ldd(&String::from_utf8_lossy(&out.stdout)).map_err(|missing| {
+        anyhow::anyhow!(
+            "{}: the host's loader cannot find {}",
+            binary.display(),
+            missing.join(", ")
+        )
+    })?;
+    let interpreter = PathBuf::from(interpreter);
+    if !libraries.contains(&interpreter) {
+        libraries.insert(0, interpreter);
+    }
+    Ok(libraries)
+}
+
+/// The paths in ldd's output (`libc.so.6 => /lib/.../libc.so.6 (0x...)`, and the
+/// loader's own `/lib64/ld-linux-x86-64.so.2 (0x...)`; the vDSO has none), or the
+/// names of the libraries it did not find.
+fn parse_ldd(text: &str) -> Result<Vec<PathBuf>, Vec<String>> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    let mut missing = Vec::new();
+    for line in text.lines().map(str::trim) {
+        let (name, path) = match line.split_once("=>") {
+            Some((name, path)) => (name.trim(), path.trim()),
+            None => (line, line),
+        };
+        if path.starts_with("not found") {
+            missing.push(name.to_owned());
+        } else if let Some(path) = path
+            .split_whitespace()
+            .next()
+            .filter(|p| p.starts_with('/'))
+        {
+            let path = PathBuf::from(path);
+            if !found.contains(&path) {
+                found.push(path);
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(found)
+    } else {
+        Err(missing)
+    }
+}
+
+/// One entry of the initramfs, by its absolute path there.
+#[derive(Debug, PartialEq, Eq)]
+enum Node {
+    Dir,
+    File { bytes: Vec<u8>, mode: u32 },
+    Symlink(PathBuf),
+}
+
+/// Adds the host file `path` at the same path in the initramfs, with its
+/// directories. A symbolic link stays one, with the same target, and what it
+/// points to is added the same way: the loader's `/lib64/ld-linux-x86-64.so.2`,
+/// the binaries' PT_INTERP, is a link to `/lib/x86_64-linux-gnu/...` on Debian.
+/// Linked directories on the way (`/lib` -> `usr/lib`) become plain ones.
+fn add_host_file(nodes: &mut BTreeMap<PathBuf, Node>, path: &Path) -> Result<()> {
+    let mut path = lexical(path);
+    for _ in 0..MAX_SYMLINKS {
+        if !path.is_absolute() {
+            bail!("{}: not an absolute path", path.display());
+        }
+        if nodes.contains_key(&path) {
+            return Ok(());
+        }
+        let meta = fs::symlink_metadata(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let next = if meta.file_type().is_symlink() {
+            let target = fs::read_link(&path)?;
+            let next = lexical(&path.parent().unwrap_or(Path::new("/")).join(&target));
+            add_node(nodes, &path, Node::Symlink(target));
+            next
+        } else if meta.is_file() {
+            let bytes =
+                fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let mode = meta.permissions().mode() & 0o7777;
+            add_node(nodes, &path, Node::File { bytes, mode });
+            return Ok(());
+        } else {
+            bail!("{} is not a file", path.display());
+        };
+        path = next;
+    }
+    bail!(
+        "{}: more than {MAX_SYMLINKS} symbolic links",
+        path.display()
+    )
+}
+
+/// Puts `node` at `path`, with the directories above it.
+fn add_node(nodes: &mut BTreeMap<PathBuf, Node>, path: &Path, node: Node) {
+    for dir in path.ancestors().skip(1) {
+        if dir != Path::new("/") {
+            nodes.entry(dir.to_path_buf()).or_insert(Node::Dir);
+        }
+    }
+    nodes.insert(path.to_path_buf(), node);
+}
+
+/// `path` with `.` and `..` resolved as names, without asking the file system.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            == Some("0")
+    })
 }
 
 /// The guest's `/init`: mounts, the probe with its results on the second serial
@@ -506,7 +693,7 @@ mount -t bpf bpf /sys/fs/bpf
 if [ -d /sys/kernel/tracing ]; then mount -t tracefs tracefs /sys/kernel/tracing; fi
 swapoff -a 2>/dev/null
 echo "init: $(cat /proc/sys/kernel/osrelease): running the probe"
-/evpleg-kernel-probe{args} >/dev/ttyS1
+/{PROBE_IN_INITRAMFS}{args} >/dev/ttyS1
 status=$?
 echo "EXIT $status" >/dev/ttyS1
 echo "init: probe exited with $status; powering off"
@@ -531,24 +718,85 @@ impl Fnv {
     }
 }
 
-/// The initramfs (newc cpio, gzip), rebuilt only when an input changed.
+/// The initramfs (newc cpio, gzip), rebuilt only when an input changed: busybox,
+/// the init, the probe without its debug info, the libraries and loader it needs
+/// at their host paths, the optional object.
 fn build_initramfs(root: &Path, probe: &Path, object: Option<&Path>) -> Result<PathBuf> {
     let read = |p: &Path| fs::read(p).with_context(|| format!("cannot read {}", p.display()));
     let busybox = read(Path::new(BUSYBOX))?;
-    if elf_interpreter(&busybox) != Some(false) {
+    if elf_interpreter(&busybox) != Some(None) {
         bail!("{BUSYBOX} is not statically linked: install busybox-static");
     }
-    let probe = read(probe)?;
-    let object = object.map(read).transpose()?;
-    let init = init_script(object.is_some());
-    let mut hash = Fnv::new();
-    hash.add(init.as_bytes());
-    hash.add(APPLETS.join(",").as_bytes());
-    hash.add(&busybox);
-    hash.add(&probe);
-    hash.add(object.as_deref().unwrap_or_default());
     let dir = out_dir(root);
     fs::create_dir_all(&dir)?;
+    // The test build's binary carries its debug info (about 125 MB); the guest
+    // unpacks the initramfs into its 256 MiB. The symbols stay.
+    let stripped = dir.join(PROBE_IN_INITRAMFS);
+    util::run(
+        Command::new("strip")
+            .args(["--strip-debug", "-o"])
+            .arg(&stripped)
+            .arg(probe),
+    )?;
+    let probe = read(&stripped)?;
+    let libraries = match elf_interpreter(&probe) {
+        Some(Some(loader)) => shared_libraries(&stripped, &loader)?,
+        Some(None) => Vec::new(),
+        None => bail!("{} is not an x86-64 ELF binary", stripped.display()),
+    };
+    let mut nodes: BTreeMap<PathBuf, Node> = BTreeMap::new();
+    for library in &libraries {
+        add_host_file(&mut nodes, library)?;
+    }
+    for d in ["bin", "dev", "proc", "sys", "tmp", "root"] {
+        add_node(&mut nodes, &Path::new("/").join(d), Node::Dir);
+    }
+    let init = init_script(object.is_some());
+    let file = |bytes: Vec<u8>, mode: u32| Node::File { bytes, mode };
+    add_node(
+        &mut nodes,
+        Path::new("/init"),
+        file(init.into_bytes(), 0o755),
+    );
+    add_node(&mut nodes, Path::new("/bin/busybox"), file(busybox, 0o755));
+    let probe_path = Path::new("/").join(PROBE_IN_INITRAMFS);
+    add_node(&mut nodes, &probe_path, file(probe, 0o755));
+    if let Some(object) = object {
+        add_node(
+            &mut nodes,
+            Path::new("/evpleg.bpf.o"),
+            file(read(object)?, 0o644),
+        );
+    }
+    for applet in APPLETS {
+        let link = Path::new("/bin").join(applet);
+        add_node(&mut nodes, &link, Node::Symlink("busybox".into()));
+    }
+    info(&format!(
+        "initramfs: the probe's loader and libraries: {}",
+        libraries
+            .iter()
+            .map(|l| l.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+
+    // The key: every entry's path, kind, and content or target.
+    let mut hash = Fnv::new();
+    for (path, node) in &nodes {
+        hash.add(path.as_os_str().as_encoded_bytes());
+        match node {
+            Node::Dir => hash.add(b"d"),
+            Node::File { bytes, mode } => {
+                hash.add(format!("f{mode:o}").as_bytes());
+                hash.add(bytes);
+            }
+            Node::Symlink(target) => {
+                hash.add(b"l");
+                hash.add(target.as_os_str().as_encoded_bytes());
+            }
+        }
+    }
     let name = format!("initramfs-{:016x}.cpio.gz", hash.0);
     let out = dir.join(&name);
     if out.is_file() {
@@ -563,28 +811,24 @@ fn build_initramfs(root: &Path, probe: &Path, object: Option<&Path>) -> Result<P
     }
     let stage = dir.join("initramfs-root");
     let _ = fs::remove_dir_all(&stage);
+    fs::create_dir_all(&stage)?;
     let mut entries: Vec<String> = vec![".".into()];
-    for d in ["bin", "dev", "proc", "sys", "tmp", "root"] {
-        fs::create_dir_all(stage.join(d))?;
-        entries.push(d.into());
+    for (path, node) in &nodes {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let p = stage.join(relative);
+        match node {
+            Node::Dir => fs::create_dir_all(&p)?,
+            Node::File { bytes, mode } => {
+                fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(*mode))?;
+            }
+            Node::Symlink(target) => {
+                symlink(target, &p).with_context(|| format!("cannot create {}", p.display()))?
+            }
+        }
+        entries.push(relative.to_string_lossy().into_owned());
     }
-    let mut file = |path: &str, bytes: &[u8], mode: u32| -> Result<()> {
-        let p = stage.join(path);
-        fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
-        entries.push(path.into());
-        Ok(())
-    };
-    file("bin/busybox", &busybox, 0o755)?;
-    file("init", init.as_bytes(), 0o755)?;
-    file("evpleg-kernel-probe", &probe, 0o755)?;
-    if let Some(object) = &object {
-        file("evpleg.bpf.o", object, 0o644)?;
-    }
-    for applet in APPLETS {
-        symlink("busybox", stage.join("bin").join(applet))?;
-        entries.push(format!("bin/{applet}"));
-    }
+    check_staged_probe(&stage)?;
     entries.sort();
     let cpio_path = dir.join("initramfs.cpio");
     let mut cpio = Command::new("cpio")
@@ -625,6 +869,32 @@ fn build_initramfs(root: &Path, probe: &Path, object: Option<&Path>) -> Result<P
         fs::metadata(&out)?.len() / 1024
     ));
     Ok(out)
+}
+
+/// Starts the staged probe (`--help`) chrooted in the staged tree, when root: the
+/// initramfs's loader and libraries and nothing of the host's, so that a library
+/// missing from the initramfs fails here at once rather than in every guest.
+fn check_staged_probe(stage: &Path) -> Result<()> {
+    if !is_root() {
+        info("initramfs: not root, so the probe's libraries are not tried in a chroot");
+        return Ok(());
+    }
+    let out = Command::new("chroot")
+        .arg(stage)
+        .arg(format!("/{PROBE_IN_INITRAMFS}"))
+        .arg("--help")
+        .output()
+        .context("cannot start chroot")?;
+    if !out.status.success() {
+        bail!(
+            "the probe does not start with the initramfs's libraries (chroot {} /{PROBE_IN_INITRAMFS} \
+             --help: {}): {}",
+            stage.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -1035,10 +1305,98 @@ mod tests {
     fn static_binaries_are_told_apart() {
         let busybox = fs::read(BUSYBOX);
         if let Ok(b) = busybox {
-            assert_eq!(elf_interpreter(&b), Some(false), "busybox-static");
+            assert_eq!(elf_interpreter(&b), Some(None), "busybox-static");
         }
         let dynamic = fs::read("/bin/ls").expect("/bin/ls");
-        assert_eq!(elf_interpreter(&dynamic), Some(true));
+        let loader = elf_interpreter(&dynamic).flatten().expect("a PT_INTERP");
+        assert!(
+            loader.starts_with('/') && loader.contains("ld-linux"),
+            "{loader}"
+        );
         assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
+    }
+
+    #[test]
+    fn ldd_output_is_parsed() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+            \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f91)\n\
+            \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f92)\n\
+            \t/lib64/ld-linux-x86-64.so.2 (0x00007f93)\n";
+        let found = parse_ldd(text).unwrap();
+        let found: Vec<_> = found.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(
+            found,
+            [
+                "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+        );
+        let missing =
+            parse_ldd("\tlibfoo.so.1 => not found\n\tlibc.so.6 => /lib/libc.so.6 (0x1)\n");
+        assert_eq!(missing.unwrap_err(), ["libfoo.so.1"]);
+    }
+
+    #[test]
+    fn the_probe_is_found_in_cargo_messages() {
+        let probe = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests/kernel-probe#evpleg-kernel-probe@0.1.0","target":{"kind":["bin"],"name":"evpleg-kernel-probe"},"profile":{"test":false},"executable":"/w/target/debug/evpleg-kernel-probe","fresh":true}"#;
+        let test = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"probe_cli"},"executable":"/w/target/debug/deps/probe_cli-0123abcd","fresh":true}"#;
+        let lib = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"evpleg"},"executable":null,"fresh":true}"#;
+        assert_eq!(
+            probe_executable(probe),
+            Some(PathBuf::from("/w/target/debug/evpleg-kernel-probe"))
+        );
+        assert_eq!(probe_executable(test), None);
+        assert_eq!(probe_executable(lib), None);
+        assert_eq!(
+            probe_executable(r#"{"reason":"build-finished","success":true}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn libraries_keep_their_paths_and_links() {
+        let dir = std::env::temp_dir().join(format!("evpleg-matrix-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("lib/x86_64-linux-gnu")).unwrap();
+        fs::create_dir_all(dir.join("lib64")).unwrap();
+        let real = dir.join("lib/x86_64-linux-gnu/ld-2.36.so");
+        fs::write(&real, b"loader").unwrap();
+        // An absolute link to a relative one to the file.
+        symlink(
+            "ld-2.36.so",
+            dir.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        let loader = dir.join("lib64/ld-linux-x86-64.so.2");
+        symlink(
+            dir.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+            &loader,
+        )
+        .unwrap();
+        let mut nodes = BTreeMap::new();
+        add_host_file(&mut nodes, &loader).unwrap();
+        add_host_file(
+            &mut nodes,
+            &dir.join("lib64/../lib/x86_64-linux-gnu/ld-2.36.so"),
+        )
+        .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(
+            nodes[&loader],
+            Node::Symlink(dir.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"))
+        );
+        assert_eq!(
+            nodes[&dir.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")],
+            Node::Symlink("ld-2.36.so".into())
+        );
+        let Node::File { bytes, .. } = &nodes[&real] else {
+            panic!("{:?}", nodes[&real]);
+        };
+        assert_eq!(bytes, b"loader");
+        assert_eq!(nodes[&dir.join("lib64")], Node::Dir);
+        assert_eq!(nodes[&dir.join("lib")], Node::Dir);
+        // Files, links and the directories above them, nothing else.
+        assert_eq!(nodes.len(), 3 + dir.ancestors().count() + 2);
     }
 }

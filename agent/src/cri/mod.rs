@@ -44,7 +44,10 @@
 //!   none.
 //! - One socket serves both services (the kubelet allows a separate image
 //!   endpoint). No streaming calls (`Exec`, `Attach`, `PortForward`), no
-//!   `GetContainerEvents`, no stats; no log reduction of repeated errors.
+//!   stats; no log reduction of repeated errors.
+//! - `GetContainerEvents` ([`CriClient::get_container_events`]) has no deadline
+//!   and no retry: the stream lasts as long as the connection, and its caller
+//!   (`pleg::evented_cri`) reconnects with its own backoff.
 //!
 //! The connection is made lazily by tonic and made again after the runtime
 //! restarts; a [`CriClient`] is cheap to clone and all clones share it.
@@ -65,7 +68,8 @@ use tonic::transport::{Channel, Endpoint};
 pub use config::{BackoffConfig, CriClientConfig};
 pub use error::{CriError, Result, Target};
 
-use config::{Backoff, CallKind};
+pub(crate) use config::Backoff;
+use config::CallKind;
 
 /// The CRI API version evpleg speaks.
 pub const CRI_API_VERSION: &str = "v1";
@@ -479,6 +483,34 @@ impl CriClient {
             )
             .await;
         not_found_is_success(result)
+    }
+
+    // ---- RuntimeService: events -----------------------------------------------
+
+    /// `GetContainerEvents`: the runtime's stream of container events (CREATED,
+    /// STARTED, STOPPED, DELETED, each with the pod sandbox's and containers'
+    /// statuses).
+    ///
+    /// No deadline, no retry: the stream lasts as long as the connection; a
+    /// runtime without it answers `Unimplemented` (containerd 1.6). The future
+    /// resolves when the runtime sends the response headers, which containerd
+    /// 1.7 does only with the first event: await it in a task of its own, never
+    /// inline.
+    pub async fn get_container_events(
+        &self,
+    ) -> Result<tonic::Streaming<v1::ContainerEventResponse>> {
+        let mut rt = self.runtime.clone();
+        match rt
+            .get_container_events(tonic::Request::new(v1::GetEventsRequest {}))
+            .await
+        {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(CriError::from_status(
+                "GetContainerEvents",
+                self.runtime_target(),
+                &status,
+            )),
+        }
     }
 
     // ---- ImageService ---------------------------------------------------------

@@ -9,8 +9,10 @@
 
 pub mod actions;
 pub mod backoff;
+pub mod kuberuntime;
 pub mod labels;
 pub mod qos;
+pub mod quantity;
 
 use std::collections::BTreeMap;
 

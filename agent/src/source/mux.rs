@@ -8,7 +8,7 @@
 //! |----------------------------------------------------------------|--------------|
 //! | not known to that source before                                | `Add`        |
 //! | spec, labels or non-local annotations changed, not deleting    | `Update`     |
-//! | a `deletionTimestamp` (or grace period) appeared or changed    | `Delete`     |
+//! | any of those changed and a `deletionTimestamp` is set          | `Delete`     |
 //! | only the status changed                                        | `Reconcile`  |
 //! | nothing changed                                                | nothing      |
 //! | `Remove` of a known pod, or missing from the source's `Set`    | `Remove`     |

@@ -4,6 +4,8 @@
 
 pub mod api;
 pub mod generate;
+pub mod local;
+pub mod manager;
 
 use std::future::Future;
 

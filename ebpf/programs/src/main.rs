@@ -229,12 +229,17 @@ fn path_selected(path: &[u8; CGROUP_PATH_LEN]) -> bool {
         if len == 0 || len >= PREFIX_LEN {
             break;
         }
-        let same = path
-            .iter()
-            .zip(prefix.bytes.iter())
-            .take(len)
-            .all(|(a, b)| a == b);
-        if same && (path[len] == 0 || path[len] == b'/') {
+        // A fixed trip count: every index is a constant the verifier can check.
+        // (`zip(..).take(len)` lets LLVM drop the array bound, since len < 64 is
+        // known, and the 6.1 verifier then loses the bound of the count-down.)
+        let mut differ = 0u8;
+        for (j, (a, b)) in path.iter().zip(prefix.bytes.iter()).enumerate() {
+            if j < len {
+                differ |= a ^ b;
+            }
+        }
+        let next = path[len & (PREFIX_LEN - 1)];
+        if differ == 0 && (next == 0 || next == b'/') {
             return true;
         }
     }

@@ -1,5 +1,5 @@
-//! `evpleg-kernel-probe`: the kernel PLEG's privileged checks as one static binary,
-//! for the kernel matrix (`cargo xtask test`, docs/kernels.md). A QEMU guest's
+//! `evpleg-kernel-probe`: the kernel PLEG's privileged checks as one binary, for the
+//! kernel matrix (`cargo xtask test`, docs/kernels.md). A QEMU guest's
 //! `/init` runs it as root on a freshly booted kernel, with cgroup2 mounted on
 //! `/sys/fs/cgroup`; it prints one line per fact or check on stdout, which the init
 //! sends to the results serial port:
@@ -21,7 +21,11 @@
 //!
 //! Usage: `evpleg-kernel-probe [--object PATH]`: PATH is loaded instead of the
 //! embedded eBPF object (e.g. a deliberately broken build, to see the verifier's
-//! message on an old kernel).
+//! message on an old kernel). `--help` prints the usage and touches nothing.
+//!
+//! It is built as `cargo test --workspace` builds it (debug profile, dynamically
+//! linked; `tests/probe_cli.rs` makes cargo build the binary), so it shares that build;
+//! the initramfs carries the shared libraries it needs (docs/kernels.md).
 
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -148,16 +152,20 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+const USAGE: &str = "usage: evpleg-kernel-probe [--object PATH]";
+
 fn main() {
     let mut object = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--object" => object = args.next().map(PathBuf::from),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return;
+            }
             other => {
-                eprintln!(
-                    "usage: evpleg-kernel-probe [--object PATH] (unknown argument {other:?})"
-                );
+                eprintln!("{USAGE} (unknown argument {other:?})");
                 std::process::exit(2);
             }
         }
@@ -234,7 +242,7 @@ fn features() -> bool {
                     if task {
                         "argument 0 is a struct task_struct *; the victim's pid is read from it"
                     } else {
-                        "argument 0 is the victim's pid (before 6.6); used as is"
+                        "argument 0 is the victim's pid (the older form); used as is"
                     },
                 ),
                 Err(e) => feature("mark_victim.task_arg", false, &e.to_string()),
@@ -577,7 +585,7 @@ fn short_process(pleg: &mut PlegUnderTest) -> Outcome {
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     assert_eq!(died.exit.map(|e| e.code), Some(0));
     Outcome::Pass(format!(
-        "Started and Died(0) reported; exec to exit {} us in the guest (emulated: not asserted)",
+        "Started and Died(0) reported; exec to exit {} us (not asserted: guests are emulated)",
         died.at_ns.saturating_sub(started.at_ns) / 1000
     ))
 }

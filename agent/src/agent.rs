@@ -1,0 +1,269 @@
+//! The whole agent wired together, as the kubelet's `RunKubelet` does: sources ->
+//! mux -> sync loop -> pod workers -> CRI; the PLEG (kernel events merged with a
+//! reconciling relist, or the kubelet's generic relist) -> cache + events -> the
+//! same workers; workers -> the status manager -> the local `/pods` store and,
+//! with a kubeconfig, the API server. Also `/metrics` and `/healthz`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::admission::{Admission, Allocatable};
+use crate::clock::{MonotonicClock, SharedClock};
+use crate::config::Args;
+use crate::cri::{CriClient, CriClientConfig, CriError};
+use crate::metrics::Metrics;
+use crate::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
+use crate::pleg::{Pleg, PlegError};
+use crate::pod_workers::{PodWorkers, WorkerConfig};
+use crate::runtime::CriRuntime;
+use crate::runtime::backoff::CrashBackoff;
+use crate::runtime::kuberuntime::{KubeRuntime, NodeInfo};
+use crate::server::{self, ServerState};
+use crate::source::SourceName;
+use crate::source::mux::PodConfig;
+use crate::status::local::LocalStore;
+use crate::status::manager::StatusManager;
+use crate::status::{StatusWriter, WriteError};
+use crate::sync_loop::SyncLoop;
+
+/// Errors of starting the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("the full agent needs a CRI endpoint (--cri-endpoint)")]
+    NoRuntime,
+    #[error("container runtime: {0}")]
+    Cri(#[from] CriError),
+    #[error(transparent)]
+    Pleg(#[from] PlegError),
+    #[error("manifest url {url}: {message}")]
+    Url { url: String, message: String },
+    #[error("kubeconfig {path}: {message}")]
+    Kube { path: String, message: String },
+    #[error("cannot serve on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// Writes every status to the local store and, when configured, the API server.
+#[derive(Debug)]
+struct Writers {
+    local: Arc<LocalStore>,
+    api: Option<crate::status::api::ApiStatusWriter>,
+}
+
+impl StatusWriter for Writers {
+    async fn write(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        status: &k8s_openapi::api::core::v1::PodStatus,
+    ) -> Result<(), WriteError> {
+        self.local.write(pod, status).await?;
+        match &self.api {
+            Some(api) => api.write(pod, status).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn forget(&self, pod: &k8s_openapi::api::core::v1::Pod) {
+        self.local.forget(pod).await;
+        if let Some(api) = &self.api {
+            api.forget(pod).await;
+        }
+    }
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    pub local: Arc<LocalStore>,
+    pub status: Arc<StatusManager>,
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    pleg: Option<Pleg>,
+}
+
+async fn kube_client(path: &str) -> Result<kube::Client, AgentError> {
+    let err = |e: &dyn std::fmt::Display| AgentError::Kube {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    let config = if path == "in-cluster" {
+        kube::Config::incluster().map_err(|e| err(&e))?
+    } else {
+        let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| err(&e))?;
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| err(&e))?
+    };
+    // The status manager and the watcher back off themselves; kube's own retries
+    // would hide an outage for minutes.
+    let mut config = config;
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| err(&e))
+}
+
+impl Agent {
+    /// Starts every part of the agent.
+    pub async fn start(args: &Args) -> Result<Self, AgentError> {
+        let endpoint = args.cri_endpoint.clone().ok_or(AgentError::NoRuntime)?;
+        let clock: SharedClock = Arc::new(MonotonicClock);
+        let node_name = args.node_name();
+        let host_ip = args.node_ip();
+        let cri = CriClient::connect(&endpoint, CriClientConfig::default()).await?;
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+
+        let (pleg_tx, pleg_rx) = mpsc::channel(args.event_channel);
+        let pleg = Pleg::start(
+            args.pleg,
+            CriRuntime::new(cri.clone()),
+            args.kernel_pleg(),
+            pleg_tx,
+            clock.clone(),
+            args.relist_period_seconds.map(Duration::from_secs_f64),
+        )?;
+
+        // Status: the manager writes to the local store and maybe the API.
+        let local = Arc::new(LocalStore::new());
+        let kube = match &args.kubeconfig {
+            Some(path) => Some(kube_client(path).await?),
+            None => None,
+        };
+        let writers = Writers {
+            local: local.clone(),
+            api: kube
+                .clone()
+                .map(|c| crate::status::api::ApiStatusWriter::new(c, node_name.clone())),
+        };
+        let status = Arc::new(StatusManager::new());
+        tasks.push(tokio::spawn(status.clone().run(writers, shutdown.clone())));
+
+        let mut cgroup_mounts: Vec<PathBuf> = cgroup2_mount().ok().flatten().into_iter().collect();
+        cgroup_mounts.extend(v1_hierarchies().unwrap_or_default().into_iter().map(|(_, _, m)| m));
+        let node = NodeInfo {
+            name: node_name.clone(),
+            host_ip: host_ip.clone(),
+            log_dir: args.pod_log_dir.clone(),
+            cgroup_mounts: cgroup_mounts.clone(),
+        };
+        let backoff = CrashBackoff::new(
+            Duration::from_secs_f64(args.crashloop_initial_seconds),
+            Duration::from_secs_f64(args.crashloop_max_seconds),
+        );
+        let syncer = Arc::new(KubeRuntime::new(cri.clone(), status.clone(), node, backoff));
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let workers = Arc::new(PodWorkers::new(
+            syncer,
+            pleg.cache.clone(),
+            clock.clone(),
+            Some(pleg.pod_relist.clone()),
+            WorkerConfig::default(),
+            done_tx,
+        ));
+
+        // Sources -> mux -> sync loop.
+        let (source_tx, source_rx) = mpsc::channel(64);
+        let (update_tx, update_rx) = mpsc::channel(64);
+        let mux = PodConfig::new();
+        let seen = mux.seen_sources();
+        tasks.push(tokio::spawn(async move {
+            mux.run(source_rx, update_tx).await;
+        }));
+        let mut sources = Vec::new();
+        if let Some(dir) = &args.manifest_dir {
+            sources.push(SourceName::File);
+            let file = crate::source::file::FileSource::new(dir.clone(), node_name.clone());
+            tasks.push(tokio::spawn(file.run(source_tx.clone())));
+            info!(dir = %dir.display(), "static pod manifests watched");
+        }
+        if let Some(url) = &args.manifest_url {
+            sources.push(SourceName::Http);
+            let config = crate::source::url::UrlSourceConfig::new(url.clone(), node_name.clone());
+            let src = crate::source::url::UrlSource::new(config).map_err(|e| AgentError::Url {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+            tasks.push(tokio::spawn(src.run(source_tx.clone())));
+        }
+        if let Some(client) = kube {
+            sources.push(SourceName::Api);
+            let api = crate::source::api::ApiSource::new(client, node_name.clone());
+            tasks.push(tokio::spawn(api.run(source_tx.clone())));
+        }
+        if sources.is_empty() {
+            warn!("no pod source configured (--manifest-dir, --manifest-url, --kubeconfig): no pods will run");
+        }
+        drop(source_tx);
+        let sync_loop = SyncLoop::new(
+            workers,
+            status.clone(),
+            pleg.cache.clone(),
+            cri,
+            Admission::new(Allocatable::of_host()),
+            seen,
+            sources,
+            host_ip,
+            cgroup_mounts,
+        );
+        tasks.push(tokio::spawn(sync_loop.run(update_rx, pleg_rx, done_rx, shutdown.clone())));
+
+        // HTTP: /metrics, /healthz, /pods.
+        let metrics = Arc::new(Metrics::new(Some(&pleg), None));
+        let state = ServerState::new(metrics, Some(pleg.relist_stats.clone()), clock, pleg.relist_period());
+        let pods_store = local.clone();
+        let router = server::router(state).route(
+            "/pods",
+            get(move || {
+                let store = pods_store.clone();
+                async move { axum::Json(store.pod_list()) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| AgentError::Listen { addr: args.listen, source })?;
+        let addr = listener.local_addr().map_err(|source| AgentError::Listen { addr: args.listen, source })?;
+        let stop = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+            {
+                warn!(error = %e, "http server failed");
+            }
+        }));
+        info!(%addr, node = %node_name, mode = ?pleg.mode, endpoint, "agent running: /pods, /metrics, /healthz");
+        Ok(Self {
+            local,
+            status,
+            addr,
+            shutdown,
+            tasks,
+            pleg: Some(pleg),
+        })
+    }
+
+    /// The PLEG (for its stats and cache).
+    pub fn pleg(&self) -> Option<&Pleg> {
+        self.pleg.as_ref()
+    }
+
+    /// Stops everything.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+        if let Some(p) = self.pleg.take() {
+            p.stop().await;
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The sync loop: the kubelet's `syncLoop` / `syncLoopIteration` and
+//! `HandlePod{Additions,Updates,Removes,Reconcile}`, plus housekeeping
+//! (`HandlePodCleanups`).
+//!
+//! It selects on pod updates from the sources' mux, lifecycle events from the
+//! PLEG, workers that finished, and a housekeeping tick. New pods are admitted
+//! (resources against allocatable) or rejected with a Failed status; admitted
+//! ones go to their worker. A PLEG event wakes the pod's worker at once (the
+//! kubelet also waits for the next sync tick for some events; with kernel events
+//! the point is not to wait). Housekeeping, once every source has sent its first
+//! set, stops and removes sandboxes of pods that no longer exist and removes their
+//! empty pod cgroups.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::admission::Admission;
+use crate::cri::CriClient;
+use crate::pleg::cache::PodStatusCache;
+use crate::pleg::{EventKind, PodLifecycleEvent, PodUid};
+use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType};
+use crate::runtime::kuberuntime::pod_uid;
+use crate::runtime::labels;
+use crate::source::mux::SeenSources;
+use crate::source::{Op, PodUpdate, SourceName};
+use crate::status::generate::{Context, generate};
+use crate::status::manager::StatusManager;
+
+/// The kubelet's housekeeping period.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// The sync loop and what it drives.
+pub struct SyncLoop<S> {
+    pub workers: Arc<PodWorkers<S>>,
+    pub status: Arc<StatusManager>,
+    pub cache: Arc<PodStatusCache>,
+    pub cri: CriClient,
+    pub admission: Admission,
+    pub seen: SeenSources,
+    /// The sources configured (housekeeping waits for all of them).
+    pub sources: Vec<SourceName>,
+    pub host_ip: String,
+    /// Cgroup mounts whose orphaned pod cgroups housekeeping removes.
+    pub cgroup_mounts: Vec<std::path::PathBuf>,
+    pods: HashMap<PodUid, Arc<Pod>>,
+    rejected: HashMap<PodUid, Arc<Pod>>,
+}
+
+impl<S> std::fmt::Debug for SyncLoop<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncLoop").field("pods", &self.pods.len()).finish_non_exhaustive()
+    }
+}
+
+fn grace_override(pod: &Pod) -> Option<i64> {
+    pod.metadata.deletion_grace_period_seconds
+}
+
+impl<S: PodSyncer> SyncLoop<S> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        workers: Arc<PodWorkers<S>>,
+        status: Arc<StatusManager>,
+        cache: Arc<PodStatusCache>,
+        cri: CriClient,
+        admission: Admission,
+        seen: SeenSources,
+        sources: Vec<SourceName>,
+        host_ip: String,
+        cgroup_mounts: Vec<std::path::PathBuf>,
+    ) -> Self {
+        Self {
+            workers,
+            status,
+            cache,
+            cri,
+            admission,
+            seen,
+            sources,
+            host_ip,
+            cgroup_mounts,
+            pods: HashMap::new(),
+            rejected: HashMap::new(),
+        }
+    }
+
+    fn handle_update(&mut self, update: PodUpdate) {
+        for pod in update.pods {
+            let uid = match pod_uid(&pod) {
+                Ok(u) => u,
+                Err(e) => {
+                    warn!(error = %e, source = update.source.as_str(), "pod update without a valid uid ignored");
+                    continue;
+                }
+            };
+            match update.op {
+                Op::Add | Op::Set => self.add(uid, pod),
+                Op::Update => {
+                    if self.rejected.contains_key(&uid) {
+                        continue;
+                    }
+                    self.pods.insert(uid.clone(), pod.clone());
+                    self.workers.update_pod(&uid, pod, UpdateType::Update);
+                }
+                Op::Delete => {
+                    self.pods.insert(uid.clone(), pod.clone());
+                    let grace = grace_override(&pod);
+                    self.workers.update_pod(&uid, pod, UpdateType::Kill { grace_seconds: grace });
+                }
+                Op::Remove => {
+                    info!(pod = %uid, name = ?pod.metadata.name, "pod removed from its source: terminating");
+                    self.pods.remove(&uid);
+                    if self.rejected.remove(&uid).is_some() {
+                        self.status.remove(&uid);
+                        continue;
+                    }
+                    self.workers.update_pod(&uid, pod, UpdateType::Kill { grace_seconds: None });
+                }
+                Op::Reconcile => {}
+            }
+        }
+    }
+
+    fn add(&mut self, uid: PodUid, pod: Arc<Pod>) {
+        if self.pods.contains_key(&uid) || self.rejected.contains_key(&uid) {
+            return;
+        }
+        if let Err(r) = self.admission.admit(&uid, &pod) {
+            warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
+            let ctx = Context {
+                host_ip: &self.host_ip,
+                rejected: Some((&r.reason, &r.message)),
+                ..Context::default()
+            };
+            self.status.set_pod_status(&uid, pod.clone(), generate(&pod, &Default::default(), &ctx));
+            self.rejected.insert(uid, pod);
+            return;
+        }
+        info!(pod = %uid, name = ?pod.metadata.name, "pod added");
+        self.pods.insert(uid.clone(), pod.clone());
+        self.workers.update_pod(&uid, pod, UpdateType::Create);
+    }
+
+    fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        let Some(uid) = &event.pod_uid else { return };
+        if event.kind == EventKind::ContainerDied
+            && let Some(exit) = event.exit
+        {
+            debug!(pod = %uid, container = ?event.container_id, code = exit.code, oom = exit.oom_killed, "container died");
+        }
+        if let Some(pod) = self.pods.get(uid) {
+            self.workers.update_pod(uid, pod.clone(), UpdateType::Sync);
+        }
+    }
+
+    fn finished(&mut self, uid: PodUid) {
+        self.admission.release(&uid);
+        self.workers.reap(&uid);
+        if !self.pods.contains_key(&uid) {
+            // Removed from its source and terminated: forget it everywhere.
+            self.status.remove(&uid);
+            self.cache.delete(&uid);
+        }
+    }
+
+    /// Stops and removes sandboxes whose pod is unknown, and removes empty pod
+    /// cgroups of unknown pods.
+    async fn housekeeping(&mut self) {
+        if !self.seen.seen_all(&self.sources) {
+            return;
+        }
+        let known = |uid: &PodUid| self.pods.contains_key(uid) || self.workers.state(uid).is_some();
+        match self.cri.list_pod_sandboxes(None).await {
+            Ok(sandboxes) => {
+                for s in sandboxes {
+                    let Some(uid) = s.labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u)) else {
+                        continue;
+                    };
+                    if known(&uid) {
+                        continue;
+                    }
+                    info!(pod = %uid, sandbox = %s.id, "housekeeping: removing the sandbox of a pod that no longer exists");
+                    if s.state == v1::PodSandboxState::SandboxReady as i32
+                        && let Err(e) = self.cri.stop_pod_sandbox(&s.id).await
+                    {
+                        warn!(sandbox = %s.id, error = %e, "housekeeping: stop failed");
+                        continue;
+                    }
+                    if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
+                        warn!(sandbox = %s.id, error = %e, "housekeeping: remove failed");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "housekeeping: listing sandboxes failed"),
+        }
+        for mount in &self.cgroup_mounts {
+            for parent in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+                let Ok(entries) = std::fs::read_dir(mount.join(parent)) else { continue };
+                for e in entries.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let Some(uid) = name.strip_prefix("pod").and_then(PodUid::parse) else { continue };
+                    if !known(&uid) {
+                        // Fails while processes remain: then it is not empty yet.
+                        if std::fs::remove_dir(e.path()).is_ok() {
+                            info!(path = %e.path().display(), "housekeeping: removed an orphaned pod cgroup");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(
+        mut self,
+        mut updates: mpsc::Receiver<PodUpdate>,
+        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
+        mut done: mpsc::UnboundedReceiver<PodUid>,
+        shutdown: CancellationToken,
+    ) {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(u) = updates.recv() => self.handle_update(u),
+                Some(ev) = pleg.recv() => self.handle_pleg(ev),
+                Some(uid) = done.recv() => self.finished(uid),
+                _ = housekeeping.tick() => self.housekeeping().await,
+            }
+        }
+        self.workers.shutdown();
+    }
+}

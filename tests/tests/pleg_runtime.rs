@@ -1,0 +1,778 @@
+//! The PLEGs against a real containerd started by the harness
+//! (`evpleg_tests::containerd`): the kernel PLEG alone, the relist PLEG
+//! (`generic`), the kernel merged with the relist (`ebpf`) and the CRI event
+//! stream (`evented-cri`, containerd 1.7 from Debian trixie). They skip with a
+//! reason without root, BTF or the eBPF object (or, for the 1.7 tests, when 1.7
+//! cannot be fetched), and fail instead under `CI=true`. Everything they create
+//! is removed by the harness's Drop, also on failure.
+//!
+//! Sandboxes carry the labels the kubelet puts on them (`io.kubernetes.pod.*`)
+//! and containers `io.kubernetes.pod.uid` and `io.kubernetes.container.name`, so
+//! that `CriRuntime` attributes them to their pod; the pod's cgroup parent is
+//! `/kubepods/besteffort/pod<uid>`, so that the kernel PLEG does too.
+//!
+//! Containers that must exit at a chosen moment wait for a file in a directory
+//! mounted from the host, then `exit 7`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use evpleg::clock::MonotonicClock;
+use evpleg::container::{ContainerState, monotonic_to_unix_ns};
+use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig, monotonic_ns};
+use evpleg::pleg::relist::{GENERIC_PERIOD, RELIST_THRESHOLD};
+use evpleg::pleg::{ContainerId, EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent, PodUid, RelistSignal};
+use evpleg::runtime::{CriRuntime, labels};
+use evpleg_cri_api::v1;
+use evpleg_tests::containerd::{Containerd, container_config, containerd_17_for, init_test_logging, pod_cgroup_parent};
+use evpleg_tests::pleg::PlegUnderTest;
+use evpleg_tests::privileged;
+use tokio::sync::mpsc;
+
+/// Bound of every wait for an event or a state.
+const WAIT: Duration = Duration::from_secs(20);
+/// Poll interval of CRI statuses where no event exists.
+const POLL: Duration = Duration::from_millis(20);
+/// Exits measured by the evented-cri test.
+const SAMPLES: usize = 5;
+/// Where a waiting container looks for its exit signal.
+const SIGNAL_DIR: &str = "/evpleg-signal";
+
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+}
+
+fn start_containerd() -> Containerd {
+    init_test_logging();
+    Containerd::start().unwrap_or_else(|e| panic!("containerd harness: {e}"))
+}
+
+/// containerd 1.7, or `None` (skipped with the reason printed) when it cannot
+/// be fetched outside CI.
+fn start_containerd_17(test: &str) -> Option<Containerd> {
+    init_test_logging();
+    let binary = containerd_17_for(test)?;
+    Some(Containerd::start_with(&binary).unwrap_or_else(|e| panic!("containerd 1.7 harness: {e}")))
+}
+
+async fn connect(containerd: &Containerd) -> CriClient {
+    CriClient::connect(&containerd.endpoint(), CriClientConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+fn runtime_of(client: &CriClient) -> CriRuntime {
+    CriRuntime::new(client.clone())
+}
+
+/// A pod of the test: its UID, sandbox config (with the kubelet's labels) and
+/// a host directory its waiting containers watch.
+struct TestPod {
+    name: String,
+    uid: String,
+    config: v1::PodSandboxConfig,
+    signal_dir: PathBuf,
+}
+
+impl TestPod {
+    fn new(containerd: &Containerd, name: &str) -> Self {
+        let uid = evpleg_tests::pod_uid();
+        let mut config = containerd.sandbox_config(name, &uid, &pod_cgroup_parent(&uid));
+        let meta = config.metadata.clone().expect("the harness sets metadata");
+        config.labels.insert(labels::POD_UID.into(), uid.clone());
+        config.labels.insert(labels::POD_NAME.into(), meta.name);
+        config.labels.insert(labels::POD_NAMESPACE.into(), meta.namespace);
+        let signal_dir = containerd.base().join("signals").join(&uid);
+        std::fs::create_dir_all(&signal_dir).expect("signal dir");
+        Self {
+            name: name.to_owned(),
+            uid,
+            config,
+            signal_dir,
+        }
+    }
+
+    fn pod_uid(&self) -> PodUid {
+        PodUid::parse(&self.uid).expect("a valid uid")
+    }
+
+    /// A busybox container of this pod running `command`, labelled for CriRuntime.
+    fn container(&self, name: &str, command: &[&str]) -> v1::ContainerConfig {
+        let mut config = container_config(name, command);
+        config.labels.insert(labels::POD_UID.into(), self.uid.clone());
+        config.labels.insert(labels::POD_NAME.into(), self.name.clone());
+        config.labels.insert(labels::CONTAINER_NAME.into(), name.to_owned());
+        config
+    }
+
+    /// A container that runs until [`Self::release`]`(name)`, then exits with 7.
+    fn waiting_container(&self, name: &str) -> v1::ContainerConfig {
+        let script = format!("while [ ! -e {SIGNAL_DIR}/{name} ]; do sleep 0.01; done; exit 7");
+        let mut config = self.container(name, &["sh", "-c", &script]);
+        config.mounts.push(v1::Mount {
+            container_path: SIGNAL_DIR.to_owned(),
+            host_path: self.signal_dir.display().to_string(),
+            readonly: true,
+            ..Default::default()
+        });
+        config
+    }
+
+    /// Lets the waiting container `name` exit.
+    fn release(&self, name: &str) {
+        std::fs::write(self.signal_dir.join(name), b"").expect("signal file");
+    }
+}
+
+/// Runs the pod's sandbox; returns its id.
+async fn run_sandbox(client: &CriClient, pod: &TestPod) -> String {
+    client
+        .run_pod_sandbox(&pod.config, "")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Creates and starts a container; returns its id.
+async fn run_container(client: &CriClient, pod: &TestPod, sandbox: &str, config: &v1::ContainerConfig) -> String {
+    let id = client
+        .create_container(sandbox, config, &pod.config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    client.start_container(&id).await.unwrap_or_else(|e| panic!("{e}"));
+    id
+}
+
+/// Polls ContainerStatus until `done` holds, for at most [`WAIT`].
+async fn wait_status(client: &CriClient, id: &str, what: &str, done: impl Fn(&v1::ContainerStatus) -> bool) -> v1::ContainerStatus {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = client
+            .container_status(id, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .status
+            .expect("checked by the client");
+        if done(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "container {id} not {what} within {WAIT:?}: {status:?}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn exited(s: &v1::ContainerStatus) -> bool {
+    s.state() == v1::ContainerState::ContainerExited
+}
+
+/// The `pid` of a verbose CRI status's `info` (containerd's JSON).
+fn verbose_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let json: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    json.get("pid")?.as_u64().and_then(|p| u32::try_from(p).ok())
+}
+
+fn cid(id: &str) -> ContainerId {
+    ContainerId::parse(id).unwrap_or_else(|| panic!("{id} is not a 64-hex id"))
+}
+
+/// The PLEG's event channel, with every event kept for later counting.
+struct Events {
+    rx: mpsc::Receiver<PodLifecycleEvent>,
+    all: Vec<PodLifecycleEvent>,
+    taken: Vec<bool>,
+}
+
+impl Events {
+    fn new(rx: mpsc::Receiver<PodLifecycleEvent>) -> Self {
+        Self {
+            rx,
+            all: Vec::new(),
+            taken: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, e: PodLifecycleEvent) {
+        self.all.push(e);
+        self.taken.push(false);
+    }
+
+    /// The first event not returned before with `kind` for container `id`,
+    /// waiting at most `timeout`.
+    async fn wait_for(&mut self, id: &str, kind: EventKind, timeout: Duration) -> PodLifecycleEvent {
+        let matches = |e: &PodLifecycleEvent| e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut i = 0;
+        loop {
+            while i < self.all.len() {
+                if !self.taken[i] && matches(&self.all[i]) {
+                    self.taken[i] = true;
+                    return self.all[i].clone();
+                }
+                i += 1;
+            }
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(e)) => self.push(e),
+                Ok(None) => panic!("the pleg's event channel closed"),
+                Err(_) => panic!("no {kind:?} for {id} within {timeout:?}; events so far: {:#?}", self.all),
+            }
+        }
+    }
+
+    async fn wait(&mut self, id: &str, kind: EventKind) -> PodLifecycleEvent {
+        self.wait_for(id, kind, WAIT).await
+    }
+
+    /// Collects what arrives during `period`.
+    async fn collect(&mut self, period: Duration) {
+        let deadline = tokio::time::Instant::now() + period;
+        while let Ok(Some(e)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            self.push(e);
+        }
+    }
+
+    fn count(&self, id: &str, kind: EventKind) -> usize {
+        self.all
+            .iter()
+            .filter(|e| e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id))
+            .count()
+    }
+}
+
+fn start_pleg(mode: PlegMode, client: &CriClient, period: Option<Duration>) -> (Pleg, Events) {
+    let (tx, rx) = mpsc::channel(1000);
+    let pleg = Pleg::start(mode, runtime_of(client), KernelPlegConfig::default(), tx, Arc::new(MonotonicClock), period)
+        .unwrap_or_else(|e| panic!("starting the {mode:?} pleg: {e}"));
+    (pleg, Events::new(rx))
+}
+
+/// The cached status of container `id` of `pod`, if any.
+fn cached(pleg: &Pleg, pod: &PodUid, id: &str) -> Option<evpleg::container::ContainerStatus> {
+    pleg.cache.get(pod)?.status.container(&cid(id)).cloned()
+}
+
+/// Waits until the cache holds container `id` satisfying `done`.
+async fn wait_cached(pleg: &Pleg, pod: &PodUid, id: &str, what: &str, done: impl Fn(&evpleg::container::ContainerStatus) -> bool) -> evpleg::container::ContainerStatus {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(c) = cached(pleg, pod, id)
+            && done(&c)
+        {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "cache never had {id} {what}: {:?}", cached(pleg, pod, id));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn assert_exited_7(c: &evpleg::container::ContainerStatus) {
+    assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(7)), "{c:?}");
+}
+
+fn healthy(pleg: &Pleg) {
+    if let Err(e) = pleg.relist_stats.healthy(monotonic_ns(), RELIST_THRESHOLD) {
+        panic!("relist pleg unhealthy: {e}");
+    }
+}
+
+/// A kernel PLEG used only as a stopwatch: the moment (CLOCK_MONOTONIC ns) the
+/// kernel saw a container's main process exit, to measure the other PLEGs'
+/// latencies from.
+struct ExitClock {
+    kernel: Option<KernelPleg>,
+    rx: mpsc::Receiver<PodLifecycleEvent>,
+    seen: Vec<PodLifecycleEvent>,
+}
+
+impl ExitClock {
+    fn start() -> Self {
+        let (tx, rx) = mpsc::channel(1000);
+        let kernel = KernelPleg::start(KernelPlegConfig::default(), tx, Arc::new(RelistSignal::new()), None)
+            .unwrap_or_else(|e| panic!("kernel pleg: {e}"));
+        Self {
+            kernel: Some(kernel),
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// When the kernel saw container `id` die.
+    async fn exit_ns(&mut self, id: &str) -> u64 {
+        let matches = |e: &PodLifecycleEvent| {
+            e.kind == EventKind::ContainerDied && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
+        };
+        if let Some(e) = self.seen.iter().find(|e| matches(e)) {
+            return e.at_ns;
+        }
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(e)) if matches(&e) => return e.at_ns,
+                Ok(Some(e)) => self.seen.push(e),
+                _ => panic!("the kernel did not see {id} exit within {WAIT:?}"),
+            }
+        }
+    }
+}
+
+impl Drop for ExitClock {
+    fn drop(&mut self) {
+        if let Some(k) = self.kernel.take() {
+            k.stop();
+        }
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+// ---- (a) the kernel PLEG alone -------------------------------------------------------
+
+/// Issue 3: a container created and started over CRI is reported by the kernel
+/// PLEG with the CRI's pod UID and container id, its pid and exit code 7; its
+/// sandbox's pause process is reported too.
+#[test]
+fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
+    if !privileged("kernel_pleg_reports_a_cri_container_and_its_sandbox") {
+        return;
+    }
+    let containerd = start_containerd();
+    let mut pleg = PlegUnderTest::start(|_| {});
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "kexit7");
+    let client = rt.block_on(connect(&containerd));
+
+    let sandbox = rt.block_on(run_sandbox(&client, &pod));
+    let sandbox_pid = rt
+        .block_on(client.pod_sandbox_status(&sandbox, true))
+        .ok()
+        .and_then(|r| verbose_pid(&r.info));
+    // The pause process execs during RunPodSandbox, before its id is known:
+    // its start is a ContainerStarted; from now on it is a sandbox.
+    pleg.pleg.add_sandbox(cid(&sandbox));
+    let started = pleg.event(&sandbox);
+    assert!(matches!(started.kind, EventKind::ContainerStarted | EventKind::SandboxStarted), "{started:?}");
+    assert_eq!(started.pod_uid, Some(pod.pod_uid()));
+    assert_eq!(started.source, EventSource::Kernel);
+    assert!(started.pid.is_some());
+    if let Some(pid) = sandbox_pid.filter(|p| *p != 0) {
+        assert_eq!(started.pid, Some(pid), "the pause process's pid, as containerd reports it");
+    }
+
+    let config = pod.container("exit7", &["sh", "-c", "exit 7"]);
+    let id = rt.block_on(run_container(&client, &pod, &sandbox, &config));
+    let started = pleg.expect(&id, EventKind::ContainerStarted);
+    let died = pleg.expect(&id, EventKind::ContainerDied);
+    let status = rt.block_on(async {
+        let s = wait_status(&client, &id, "exited", exited).await;
+        let verbose = client.container_status(&id, true).await.ok();
+        (s, verbose.and_then(|v| verbose_pid(&v.info)))
+    });
+    for e in [&started, &died] {
+        assert_eq!(e.pod_uid, Some(pod.pod_uid()), "{e:?}");
+        assert_eq!(e.container_id, Some(cid(&id)), "{e:?}");
+        assert_eq!(e.source, EventSource::Kernel);
+    }
+    let exit = died.exit.expect("an exit status");
+    assert_eq!((exit.code, exit.signal, exit.oom_killed), (7, None, false));
+    assert_eq!(status.0.exit_code, 7, "the runtime agrees");
+    assert!(started.pid.is_some());
+    assert_eq!(died.pid, started.pid, "the main process");
+    // containerd reports the pid of a container that exited as 0.
+    if let Some(pid) = status.1.filter(|p| *p != 0) {
+        assert_eq!(died.pid, Some(pid), "containerd's pid of the container");
+    }
+    let kernel_exit_unix = monotonic_to_unix_ns(died.at_ns);
+    eprintln!(
+        "kernel exit of {id}: pid {:?}; containerd's finished_at is {:.3} ms later",
+        died.pid,
+        (status.0.finished_at - kernel_exit_unix) as f64 / 1e6
+    );
+
+    // The sandbox's death is a SandboxDied now.
+    rt.block_on(client.stop_pod_sandbox(&sandbox)).unwrap_or_else(|e| panic!("{e}"));
+    let died = pleg.expect(&sandbox, EventKind::SandboxDied);
+    assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+    assert_eq!(pleg.relist.count(), 0, "nothing was lost");
+}
+
+// ---- (b) the relist PLEG ---------------------------------------------------------------
+
+/// Issue 4: a sandbox and a container appear in a relist; their exit (code 7)
+/// reaches the cache and the event stream; RemoveContainer gives
+/// ContainerRemoved.
+#[test]
+fn generic_relist_reports_start_exit_and_removal() {
+    if !privileged("generic_relist_reports_start_exit_and_removal") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "relist7");
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+        let mut clock = ExitClock::start();
+        let (pleg, mut events) = start_pleg(PlegMode::Generic, &client, None);
+        assert_eq!(pleg.relist_period(), GENERIC_PERIOD);
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+
+        let sb = events.wait(&sandbox, EventKind::SandboxStarted).await;
+        assert_eq!((sb.pod_uid.clone(), sb.source), (Some(pod.pod_uid()), EventSource::Relist));
+        let started = events.wait(&id, EventKind::ContainerStarted).await;
+        assert_eq!(started.pod_uid, Some(pod.pod_uid()));
+        let c = cached(&pleg, &pod.pod_uid(), &id).expect("inspected with the relist");
+        assert_eq!((c.state, c.name.as_str()), (ContainerState::Running, "app"));
+
+        pod.release("app");
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        assert_eq!((died.pod_uid.clone(), died.source), (Some(pod.pod_uid()), EventSource::Relist));
+        let received = monotonic_ns();
+        let c = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
+        assert_exited_7(&c);
+        assert_eq!(c.reason, "Error");
+        let exit_ns = clock.exit_ns(&id).await;
+        eprintln!(
+            "generic (1 s relist): exit -> cache and ContainerDied in {:.1} ms (from the kernel's exit)",
+            ms(received - exit_ns)
+        );
+        assert!(received - exit_ns < 2 * GENERIC_PERIOD.as_nanos() as u64);
+        let runtime = wait_status(&client, &id, "exited", exited).await;
+        assert_eq!(runtime.exit_code, 7);
+
+        client.remove_container(&id).await.unwrap_or_else(|e| panic!("{e}"));
+        events.wait(&id, EventKind::ContainerRemoved).await;
+        assert!(cached(&pleg, &pod.pod_uid(), &id).is_none(), "the cache forgets the removed container");
+
+        assert_eq!(events.count(&id, EventKind::ContainerStarted), 1);
+        assert_eq!(events.count(&id, EventKind::ContainerDied), 1);
+        assert_eq!(pleg.relist_stats.discarded.load(Ordering::Relaxed), 0);
+        healthy(&pleg);
+        pleg.stop().await;
+    });
+}
+
+// ---- (c) containerd restarted -----------------------------------------------------------
+
+/// containerd is stopped, a container exits while it is down, containerd comes
+/// back: the relist resumes and reports the exit with its code.
+#[test]
+fn relist_survives_a_containerd_restart_without_losing_an_exit() {
+    if !privileged("relist_survives_a_containerd_restart_without_losing_an_exit") {
+        return;
+    }
+    let mut containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "restart7");
+    let client = rt.block_on(connect(&containerd));
+    let (pleg, mut events) = rt.block_on(async { start_pleg(PlegMode::Generic, &client, None) });
+    let id = rt.block_on(async {
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        id
+    });
+    let cgroup = evpleg_tests::cgroups::cgroup2()
+        .join(pod_cgroup_parent(&pod.uid).trim_start_matches('/'))
+        .join(&id);
+    assert!(cgroup.is_dir(), "{}", cgroup.display());
+
+    containerd.stop();
+    let down = Instant::now();
+    pod.release("app");
+    // The container's processes are gone while containerd is down.
+    let deadline = Instant::now() + WAIT;
+    while std::fs::read_to_string(cgroup.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty()) {
+        assert!(Instant::now() < deadline, "the container did not exit");
+        std::thread::sleep(POLL);
+    }
+    // Let the relist run (and wait) against the missing runtime for a while.
+    std::thread::sleep(Duration::from_millis(1500));
+    let failed_while_down = pleg.relist_stats.failed_relists.load(Ordering::Relaxed);
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("containerd was down for {:?}", down.elapsed());
+
+    rt.block_on(async {
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+        let c = wait_cached(&pleg, &pod.pod_uid(), &id, "exited", |c| c.state == ContainerState::Exited).await;
+        assert_exited_7(&c);
+        eprintln!(
+            "after the restart: ContainerDied {:?} after containerd went down; {} relists failed while it was down",
+            down.elapsed(),
+            failed_while_down
+        );
+        // The relist goes on at its period.
+        let before = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        tokio::time::sleep(GENERIC_PERIOD * 3).await;
+        let after = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        assert!(after >= before + 2, "relists {before} -> {after}");
+        healthy(&pleg);
+        assert_eq!(events.count(&id, EventKind::ContainerDied), 1);
+        pleg.stop().await;
+    });
+}
+
+// ---- (d) the agent restarted -------------------------------------------------------------
+
+/// The PLEG is stopped, a container dies while no agent runs, a new PLEG
+/// starts: its first relist reports the death with the exit code.
+#[test]
+fn a_new_pleg_reports_deaths_that_happened_while_no_agent_ran() {
+    if !privileged("a_new_pleg_reports_deaths_that_happened_while_no_agent_ran") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "agent7");
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+        let (first, mut events) = start_pleg(PlegMode::Generic, &client, None);
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        first.stop().await;
+
+        pod.release("app");
+        wait_status(&client, &id, "exited", exited).await;
+
+        let started_at = monotonic_ns();
+        let (second, mut events) = start_pleg(PlegMode::Generic, &client, None);
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+        // From the first relist, which starts at once (the next is a period later).
+        assert!(died.at_ns >= started_at);
+        assert!(died.at_ns - started_at < GENERIC_PERIOD.as_nanos() as u64 / 2, "not from the first relist");
+        let sb = events.wait(&sandbox, EventKind::SandboxStarted).await;
+        assert_eq!(sb.pod_uid, Some(pod.pod_uid()));
+        let c = cached(&second, &pod.pod_uid(), &id).expect("cached by the first relist");
+        assert_exited_7(&c);
+        events.collect(Duration::from_millis(300)).await;
+        assert_eq!(events.count(&id, EventKind::ContainerStarted), 0, "it never ran for this pleg");
+        second.stop().await;
+    });
+}
+
+// ---- (e) ebpf: the kernel first, the runtime confirms ------------------------------------
+
+/// In `ebpf` mode (only on-demand relists), the container's exit is in the
+/// cache, from the kernel, before the runtime reports it; the confirmation
+/// relist then agrees and sends no second ContainerDied.
+#[test]
+fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
+    if !privileged("ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "ebpf7");
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+        let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, Some(Duration::from_secs(3600)));
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        let started = events.wait(&id, EventKind::ContainerStarted).await;
+        assert_eq!((started.source, started.pod_uid.clone()), (EventSource::Kernel, Some(pod.pod_uid())));
+        // The on-demand relist after the kernel's start inspects the pod. It may
+        // run before containerd marks the container running (the exec comes
+        // first), so any state will do.
+        let before = wait_cached(&pleg, &pod.pod_uid(), &id, "inspected", |_| true).await;
+        eprintln!("ebpf: after the kernel's ContainerStarted the cache says {:?}", before.state);
+
+        pod.release("app");
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        let received = monotonic_ns();
+        let at_event = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
+        let runtime_at_event = client.container_status(&id, false).await.unwrap_or_else(|e| panic!("{e}"));
+        let runtime_at_event = runtime_at_event.status.expect("status").state();
+        // When the runtime reports the exit: polled until it does.
+        let mut runtime_exited_ns = received;
+        let runtime_status = loop {
+            let s = client.container_status(&id, false).await.unwrap_or_else(|e| panic!("{e}")).status.expect("status");
+            if exited(&s) {
+                break s;
+            }
+            runtime_exited_ns = monotonic_ns();
+            assert!(runtime_exited_ns - received < WAIT.as_nanos() as u64, "the runtime never reported the exit");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+
+        assert_eq!((died.source, died.pod_uid.clone()), (EventSource::Kernel, Some(pod.pod_uid())));
+        assert_eq!(died.exit.map(|e| e.code), Some(7));
+        assert_exited_7(&at_event);
+        let said_running = runtime_at_event == v1::ContainerState::ContainerRunning;
+        eprintln!(
+            "ebpf: exit in the cache {:.3} ms after the kernel saw it (event received); the runtime said {:?} then, \
+             reported EXITED {:.1} ms after the exit (polled every 2 ms); containerd's finished_at is {:.1} ms after the kernel's exit",
+            (received - died.at_ns) as f64 / 1e6,
+            runtime_at_event,
+            (runtime_exited_ns.max(received) - died.at_ns) as f64 / 1e6,
+            (runtime_status.finished_at - monotonic_to_unix_ns(died.at_ns)) as f64 / 1e6,
+        );
+        if said_running {
+            assert_eq!(at_event.source, EventSource::Kernel, "{at_event:?}");
+        } else {
+            eprintln!("note: the runtime had already reported the exit when the test asked (a slow test task)");
+        }
+        assert!(
+            runtime_status.finished_at >= monotonic_to_unix_ns(died.at_ns) - 5_000_000,
+            "the kernel saw the exit no later than containerd (5 ms conversion tolerance)"
+        );
+
+        // The confirmation relist agrees with the runtime.
+        let deadline = Instant::now() + WAIT;
+        while pleg.relist_stats.confirmed.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "never confirmed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let confirmed = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
+        assert_exited_7(&confirmed);
+        assert_eq!(confirmed.exit_code, Some(runtime_status.exit_code));
+        assert_eq!(pleg.relist_stats.disagreements.load(Ordering::Relaxed), 0);
+        // A full relist now must not send the death again either.
+        let relists = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        pleg.relist_signal.request("test: a full relist after the confirmation");
+        let deadline = Instant::now() + WAIT;
+        while pleg.relist_stats.relists.load(Ordering::Relaxed) == relists {
+            assert!(Instant::now() < deadline, "the requested relist did not run");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        events.collect(Duration::from_millis(500)).await;
+        assert_eq!(events.count(&id, EventKind::ContainerDied), 1, "no second ContainerDied from the relist: {:#?}", events.all);
+        assert_eq!(events.count(&id, EventKind::ContainerStarted), 1);
+        pleg.stop().await;
+    });
+}
+
+// ---- evented-cri ----------------------------------------------------------------------------
+
+/// containerd 1.7: the exit reaches the cache through the event-triggered
+/// relist of its pod, long before the next periodic relist (300 s here); after
+/// a containerd restart the stream is opened again and works.
+#[test]
+fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
+    if !privileged("evented_cri_exit_reaches_the_cache_through_the_event_stream") {
+        return;
+    }
+    let Some(mut containerd) = start_containerd_17("evented_cri_exit_reaches_the_cache_through_the_event_stream") else {
+        return;
+    };
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "evented7");
+    let client = rt.block_on(connect(&containerd));
+    let version = rt.block_on(client.version()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(version.runtime_version.starts_with("1.7"), "{version:?}");
+    let (pleg, mut events) = rt.block_on(async { start_pleg(PlegMode::EventedCri, &client, Some(Duration::from_secs(300))) });
+    let stats = pleg.evented_stats.clone().expect("evented-cri stats");
+
+    let mut clock = rt.block_on(async { ExitClock::start() });
+    let (sandbox, first) = rt.block_on(async {
+        let sandbox = run_sandbox(&client, &pod).await;
+        let mut latencies = Vec::new();
+        let mut ids = Vec::new();
+        for n in 0..SAMPLES {
+            let name = format!("app{n}");
+            let id = run_container(&client, &pod, &sandbox, &pod.waiting_container(&name)).await;
+            // Only the stream can tell: the first full relist ran before the
+            // pod existed, the next one is 300 s away.
+            events.wait(&id, EventKind::ContainerStarted).await;
+            let relists = pleg.relist_stats.relists.load(Ordering::Relaxed);
+            pod.release(&name);
+            let died = events.wait_for(&id, EventKind::ContainerDied, Duration::from_secs(5)).await;
+            let received = monotonic_ns();
+            assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+            assert_exited_7(&cached(&pleg, &pod.pod_uid(), &id).expect("cached"));
+            assert_eq!(pleg.relist_stats.relists.load(Ordering::Relaxed), relists, "no full relist in between");
+            let exit_ns = clock.exit_ns(&id).await;
+            latencies.push(ms(received - exit_ns));
+            assert!(received - exit_ns < GENERIC_PERIOD.as_nanos() as u64, "{} ms", ms(received - exit_ns));
+            ids.push(id);
+        }
+        eprintln!(
+            "evented-cri: exit -> cache and ContainerDied in {latencies:.1?} ms (median {:.1} ms, from the kernel's exit); \
+             the generic relist's period is {GENERIC_PERIOD:?}; stream: {stats:?}",
+            median(latencies.clone())
+        );
+        assert!(stats.events.load(Ordering::Relaxed) >= 2 * SAMPLES as u64);
+        assert!(stats.connected.load(Ordering::Relaxed));
+        (sandbox, ids.swap_remove(0))
+    });
+
+    // containerd restarts: the stream breaks and is opened again.
+    let failures = stats.failures.load(Ordering::Relaxed);
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let deadline = Instant::now() + WAIT;
+        // A new attempt is pending (waiting for its first event's headers).
+        loop {
+            let connects = stats.connects.load(Ordering::Relaxed);
+            let done = stats.failures.load(Ordering::Relaxed) + stats.unimplemented.load(Ordering::Relaxed);
+            if stats.failures.load(Ordering::Relaxed) > failures && connects > done {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the stream was not opened again: {stats:?}");
+            tokio::time::sleep(POLL).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("second")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        pod.release("second");
+        let died = events.wait_for(&id, EventKind::ContainerDied, Duration::from_secs(5)).await;
+        let received = monotonic_ns();
+        assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+        let c = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
+        assert_exited_7(&c);
+        let exit_ns = clock.exit_ns(&id).await;
+        assert!(received - exit_ns < GENERIC_PERIOD.as_nanos() as u64, "{} ms", ms(received - exit_ns));
+        assert!(stats.streams.load(Ordering::Relaxed) >= 2, "{stats:?}");
+        assert!(stats.resync_relists.load(Ordering::Relaxed) >= 1, "a full relist after the loss: {stats:?}");
+        eprintln!("evented-cri after a containerd restart: {stats:?}");
+        assert_eq!(events.count(&first, EventKind::ContainerDied), 1);
+        healthy(&pleg);
+        pleg.stop().await;
+    });
+}
+
+/// containerd 1.6 answers GetContainerEvents with Unimplemented: the mode
+/// degrades to the 1 s relist, without retrying the stream in a loop.
+#[test]
+fn evented_cri_with_containerd_16_degrades_to_relisting() {
+    if !privileged("evented_cri_with_containerd_16_degrades_to_relisting") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "evented16");
+    rt.block_on(async {
+        let client = connect(&containerd).await;
+        let (pleg, mut events) = start_pleg(PlegMode::EventedCri, &client, None);
+        assert_eq!(pleg.relist_period(), GENERIC_PERIOD);
+        let stats = pleg.evented_stats.clone().expect("evented-cri stats");
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        pod.release("app");
+        events.wait(&id, EventKind::ContainerDied).await;
+        assert_exited_7(&cached(&pleg, &pod.pod_uid(), &id).expect("cached"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        eprintln!("evented-cri on containerd 1.6: {stats:?}");
+        assert_eq!(get(&stats.unimplemented), 1, "answered Unimplemented once: {stats:?}");
+        assert_eq!(get(&stats.connects), 1, "not retried in a loop: {stats:?}");
+        assert_eq!((get(&stats.streams), get(&stats.events)), (0, 0));
+        assert!(get(&pleg.relist_stats.relists) >= 3, "the relist carries the mode");
+        healthy(&pleg);
+        pleg.stop().await;
+    });
+}
