@@ -385,6 +385,14 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
         assert_eq!(e.source, EventSource::Kernel);
     }
     let exit = died.exit.expect("an exit status");
+    if exit.code != 7 {
+        let mut recs = Vec::new();
+        pleg.records_until(Duration::from_millis(300), |r| {
+            recs.push(format!("{r:?}"));
+            false
+        });
+        eprintln!("DIAG started={started:?}\ndied={died:?}\nrecords:\n{}", recs.join("\n"));
+    }
     assert_eq!((exit.code, exit.signal, exit.oom_killed), (7, None, false));
     assert_eq!(status.0.exit_code, 7, "the runtime agrees");
     assert!(started.pid.is_some());
