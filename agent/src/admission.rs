@@ -21,7 +21,9 @@ pub struct Allocatable {
 impl Allocatable {
     /// This host's CPUs and memory (`available_parallelism`, `/proc/meminfo`).
     pub fn of_host() -> Self {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as i64;
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1) as i64;
         let memory = std::fs::read_to_string("/proc/meminfo")
             .ok()
             .and_then(|m| {
@@ -93,7 +95,10 @@ impl Admission {
             return Ok(());
         }
         let (cpu, mem) = requests(pod);
-        let (used_cpu, used_mem) = self.admitted.values().fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        let (used_cpu, used_mem) = self
+            .admitted
+            .values()
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
         let check = |name: &str, requested: i64, used: i64, capacity: i64| {
             (used + requested > capacity).then(|| Rejection {
                 reason: format!("OutOf{name}"),
@@ -136,7 +141,11 @@ mod tests {
 
     #[test]
     fn requests_fit_or_are_rejected_with_the_kubelet_reason() {
-        assert_eq!(requests(&pod("500m", "1Mi")), (1500, 1 << 20), "the init container's cpu is larger");
+        assert_eq!(
+            requests(&pod("500m", "1Mi")),
+            (1500, 1 << 20),
+            "the init container's cpu is larger"
+        );
         let mut a = Admission::new(Allocatable {
             cpu_milli: 4000,
             memory_bytes: 100 << 20,
@@ -144,7 +153,11 @@ mod tests {
         assert!(a.admit(&uid(1), &pod("100m", "60Mi")).is_ok());
         let r = a.admit(&uid(2), &pod("100m", "60Mi")).unwrap_err();
         assert_eq!(r.reason, "OutOfmemory");
-        assert!(r.message.contains("requested: 62914560, used: 62914560"), "{}", r.message);
+        assert!(
+            r.message.contains("requested: 62914560, used: 62914560"),
+            "{}",
+            r.message
+        );
         let r = a.admit(&uid(3), &pod("3", "1Mi")).unwrap_err();
         assert_eq!(r.reason, "OutOfcpu");
         a.release(&uid(1));

@@ -48,7 +48,10 @@ pub enum AgentError {
     #[error("kubeconfig {path}: {message}")]
     Kube { path: String, message: String },
     #[error("cannot serve on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Writes every status to the local store and, when configured, the API server.
@@ -147,7 +150,12 @@ impl Agent {
         tasks.push(tokio::spawn(status.clone().run(writers, shutdown.clone())));
 
         let mut cgroup_mounts: Vec<PathBuf> = cgroup2_mount().ok().flatten().into_iter().collect();
-        cgroup_mounts.extend(v1_hierarchies().unwrap_or_default().into_iter().map(|(_, _, m)| m));
+        cgroup_mounts.extend(
+            v1_hierarchies()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(_, _, m)| m),
+        );
         let node = NodeInfo {
             name: node_name.clone(),
             host_ip: host_ip.clone(),
@@ -199,7 +207,9 @@ impl Agent {
             tasks.push(tokio::spawn(api.run(source_tx.clone())));
         }
         if sources.is_empty() {
-            warn!("no pod source configured (--manifest-dir, --manifest-url, --kubeconfig): no pods will run");
+            warn!(
+                "no pod source configured (--manifest-dir, --manifest-url, --kubeconfig): no pods will run"
+            );
         }
         drop(source_tx);
         let sync_loop = SyncLoop::new(
@@ -213,11 +223,21 @@ impl Agent {
             host_ip,
             cgroup_mounts,
         );
-        tasks.push(tokio::spawn(sync_loop.run(update_rx, pleg_rx, done_rx, shutdown.clone())));
+        tasks.push(tokio::spawn(sync_loop.run(
+            update_rx,
+            pleg_rx,
+            done_rx,
+            shutdown.clone(),
+        )));
 
         // HTTP: /metrics, /healthz, /pods.
         let metrics = Arc::new(Metrics::new(Some(&pleg), None));
-        let state = ServerState::new(metrics, Some(pleg.relist_stats.clone()), clock, pleg.relist_period());
+        let state = ServerState::new(
+            metrics,
+            Some(pleg.relist_stats.clone()),
+            clock,
+            pleg.relist_period(),
+        );
         let pods_store = local.clone();
         let router = server::router(state).route(
             "/pods",
@@ -228,8 +248,14 @@ impl Agent {
         );
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
-            .map_err(|source| AgentError::Listen { addr: args.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| AgentError::Listen { addr: args.listen, source })?;
+            .map_err(|source| AgentError::Listen {
+                addr: args.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: args.listen,
+            source,
+        })?;
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router)

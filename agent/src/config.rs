@@ -51,7 +51,11 @@ pub struct Args {
     pub kubeconfig: Option<String>,
 
     /// Directory for container logs.
-    #[arg(long, env = "EVPLEG_POD_LOG_DIR", default_value = "/var/log/evpleg/pods")]
+    #[arg(
+        long,
+        env = "EVPLEG_POD_LOG_DIR",
+        default_value = "/var/log/evpleg/pods"
+    )]
     pub pod_log_dir: PathBuf,
 
     /// CrashLoopBackOff: first delay in seconds (the kubelet's 10).

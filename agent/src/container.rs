@@ -162,10 +162,17 @@ mod tests {
         let oom = ExitStatus::from_wait_status(9, true);
         let ok = ExitStatus::from_wait_status(0, false);
         let err = ExitStatus::from_wait_status(0x300, false);
-        assert_eq!([exit_reason(&oom), exit_reason(&ok), exit_reason(&err)], ["OOMKilled", "Completed", "Error"]);
-        let mut c = ContainerStatus::new(id('a'), "app", ContainerState::Running, EventSource::Relist);
+        assert_eq!(
+            [exit_reason(&oom), exit_reason(&ok), exit_reason(&err)],
+            ["OOMKilled", "Completed", "Error"]
+        );
+        let mut c =
+            ContainerStatus::new(id('a'), "app", ContainerState::Running, EventSource::Relist);
         c.apply_exit(&err, 42);
-        assert_eq!((c.state, c.exit_code, c.finished_at, c.reason.as_str()), (ContainerState::Exited, Some(3), Some(42), "Error"));
+        assert_eq!(
+            (c.state, c.exit_code, c.finished_at, c.reason.as_str()),
+            (ContainerState::Exited, Some(3), Some(42), "Error")
+        );
         assert_eq!(c.source, EventSource::Kernel);
     }
 

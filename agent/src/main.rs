@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use evpleg::agent::Agent;
 use evpleg::clock::MonotonicClock;
 use evpleg::config::Args;
-use evpleg::pleg::kernel::{KernelPleg, monotonic_ns};
-use evpleg::agent::Agent;
 use evpleg::metrics::Metrics;
+use evpleg::pleg::kernel::{KernelPleg, monotonic_ns};
 use evpleg::pleg::{PodLifecycleEvent, RelistSignal};
 use evpleg::server::{self, ServerState};
-use tokio_util::sync::CancellationToken;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 fn log_event(ev: &PodLifecycleEvent) {
@@ -77,10 +77,17 @@ async fn main() -> anyhow::Result<()> {
             let metrics = Arc::new(Metrics::new(None, Some(pleg.stats().clone())));
             let state = ServerState::new(metrics, None, Arc::new(MonotonicClock), Duration::ZERO);
             let shutdown = CancellationToken::new();
-            let server = tokio::spawn(server::serve(args.listen, server::router(state), shutdown.clone()));
+            let server = tokio::spawn(server::serve(
+                args.listen,
+                server::router(state),
+                shutdown.clone(),
+            ));
             until_stopped(args.run_for_seconds).await;
             shutdown.cancel();
-            server.await.context("http server")?.with_context(|| format!("serving on {}", args.listen))?;
+            server
+                .await
+                .context("http server")?
+                .with_context(|| format!("serving on {}", args.listen))?;
             let stats = pleg.stats().clone();
             pleg.stop();
             info!(

@@ -66,9 +66,24 @@ impl Collector for PlegCollector {
                     g.metric_type(),
                 )?)?;
             }
-            counter(&mut encoder, "pleg_relists", "Full relists done", load(&r.relists))?;
-            counter(&mut encoder, "pleg_pod_relists", "On-demand relists of one pod", load(&r.pod_relists))?;
-            counter(&mut encoder, "pleg_failed_relists", "Relists whose listing failed", load(&r.failed_relists))?;
+            counter(
+                &mut encoder,
+                "pleg_relists",
+                "Full relists done",
+                load(&r.relists),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_pod_relists",
+                "On-demand relists of one pod",
+                load(&r.pod_relists),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_failed_relists",
+                "Relists whose listing failed",
+                load(&r.failed_relists),
+            )?;
             counter(
                 &mut encoder,
                 "pleg_kernel_exits_confirmed",
@@ -94,14 +109,46 @@ impl Collector for PlegCollector {
         if let Some(k) = &self.kernel {
             discarded += load(&k.discarded);
             for (name, help, value) in [
-                ("pleg_kernel_records_reported", "Records the kernel programs submitted", load(&k.kernel_reported)),
-                ("pleg_kernel_records_filtered", "Events the kernel filter left out", load(&k.kernel_filtered)),
-                ("pleg_kernel_records_dropped", "Records lost to a full ring buffer (each raises a relist)", load(&k.kernel_dropped)),
-                ("pleg_kernel_read_errors", "Kernel memory reads that failed", load(&k.kernel_read_errors)),
-                ("pleg_kernel_records_read", "Records read from the ring buffer", load(&k.records)),
-                ("pleg_kernel_records_malformed", "Records rejected by the decoder", load(&k.malformed)),
-                ("pleg_kernel_unattributed", "Task records in cgroups unknown after a rescan", load(&k.unattributed)),
-                ("pleg_kernel_rescans", "Rescans of the cgroup tree", load(&k.rescans)),
+                (
+                    "pleg_kernel_records_reported",
+                    "Records the kernel programs submitted",
+                    load(&k.kernel_reported),
+                ),
+                (
+                    "pleg_kernel_records_filtered",
+                    "Events the kernel filter left out",
+                    load(&k.kernel_filtered),
+                ),
+                (
+                    "pleg_kernel_records_dropped",
+                    "Records lost to a full ring buffer (each raises a relist)",
+                    load(&k.kernel_dropped),
+                ),
+                (
+                    "pleg_kernel_read_errors",
+                    "Kernel memory reads that failed",
+                    load(&k.kernel_read_errors),
+                ),
+                (
+                    "pleg_kernel_records_read",
+                    "Records read from the ring buffer",
+                    load(&k.records),
+                ),
+                (
+                    "pleg_kernel_records_malformed",
+                    "Records rejected by the decoder",
+                    load(&k.malformed),
+                ),
+                (
+                    "pleg_kernel_unattributed",
+                    "Task records in cgroups unknown after a rescan",
+                    load(&k.unattributed),
+                ),
+                (
+                    "pleg_kernel_rescans",
+                    "Rescans of the cgroup tree",
+                    load(&k.rescans),
+                ),
             ] {
                 counter(&mut encoder, name, help, value)?;
             }
@@ -119,7 +166,10 @@ impl Metrics {
     /// A registry with the PLEG's metrics.
     pub fn new(pleg: Option<&Pleg>, kernel: Option<Arc<KernelStats>>) -> Self {
         let mut registry = Registry::with_prefix("evpleg");
-        let kernel = kernel.or_else(|| pleg.and_then(|p| p.kernel.as_ref()).map(|k| k.stats().clone()));
+        let kernel = kernel.or_else(|| {
+            pleg.and_then(|p| p.kernel.as_ref())
+                .map(|k| k.stats().clone())
+        });
         if let Some(p) = pleg {
             registry.register(
                 "pleg_relist_duration_seconds",
@@ -167,8 +217,17 @@ mod tests {
         stats.discarded.store(3, Ordering::Relaxed);
         stats.kernel_dropped.store(2, Ordering::Relaxed);
         let text = Metrics::new(None, Some(stats)).render();
-        assert!(text.contains("evpleg_pleg_kernel_event_latency_seconds_count 1"), "{text}");
-        assert!(text.contains("evpleg_pleg_discard_events_total 3"), "{text}");
-        assert!(text.contains("evpleg_pleg_kernel_records_dropped_total 2"), "{text}");
+        assert!(
+            text.contains("evpleg_pleg_kernel_event_latency_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evpleg_pleg_discard_events_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evpleg_pleg_kernel_records_dropped_total 2"),
+            "{text}"
+        );
     }
 }

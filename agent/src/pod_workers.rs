@@ -50,14 +50,22 @@ pub struct SyncError(pub String);
 
 /// The kubelet's `SyncPod`, `SyncTerminatingPod` and `SyncTerminatedPod`.
 pub trait PodSyncer: Send + Sync + 'static {
-    fn sync_pod(&self, pod: Arc<Pod>, status: CacheEntry) -> impl Future<Output = Result<SyncResult, SyncError>> + Send;
+    fn sync_pod(
+        &self,
+        pod: Arc<Pod>,
+        status: CacheEntry,
+    ) -> impl Future<Output = Result<SyncResult, SyncError>> + Send;
     fn sync_terminating_pod(
         &self,
         pod: Arc<Pod>,
         status: CacheEntry,
         grace_seconds: i64,
     ) -> impl Future<Output = Result<(), SyncError>> + Send;
-    fn sync_terminated_pod(&self, pod: Arc<Pod>, status: CacheEntry) -> impl Future<Output = Result<(), SyncError>> + Send;
+    fn sync_terminated_pod(
+        &self,
+        pod: Arc<Pod>,
+        status: CacheEntry,
+    ) -> impl Future<Output = Result<(), SyncError>> + Send;
 }
 
 /// What the sync loop asks of a worker.
@@ -68,7 +76,9 @@ pub enum UpdateType {
     /// A PLEG event or a resync.
     Sync,
     /// Terminate, with an optional grace period override (seconds).
-    Kill { grace_seconds: Option<i64> },
+    Kill {
+        grace_seconds: Option<i64>,
+    },
 }
 
 /// A worker's state.
@@ -132,7 +142,9 @@ pub struct PodWorkers<S> {
 
 impl<S> std::fmt::Debug for PodWorkers<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PodWorkers").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("PodWorkers")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -225,7 +237,14 @@ impl<S: PodSyncer> PodWorkers<S> {
             .run(),
         );
         notify.notify_one();
-        workers.insert(uid.clone(), Worker { shared, notify, task });
+        workers.insert(
+            uid.clone(),
+            Worker {
+                shared,
+                notify,
+                task,
+            },
+        );
     }
 
     /// The state of a pod's worker.
@@ -286,7 +305,12 @@ impl<S: PodSyncer> WorkerLoop<S> {
             };
             // A status newer than our last sync, unless only the timer woke us.
             let entry = if woken_by_update && last_sync_ns > 0 {
-                match tokio::time::timeout(self.config.cache_wait, self.cache.get_newer_than(&self.uid, last_sync_ns)).await {
+                match tokio::time::timeout(
+                    self.config.cache_wait,
+                    self.cache.get_newer_than(&self.uid, last_sync_ns),
+                )
+                .await
+                {
                     Ok(e) => e,
                     Err(_) => {
                         debug!(pod = %self.uid, "no newer pod status within the cache wait; syncing with the cached one");
@@ -314,23 +338,27 @@ impl<S: PodSyncer> WorkerLoop<S> {
                     }
                     Err(e) => Err(e),
                 },
-                WorkerState::Terminating => match self.syncer.sync_terminating_pod(pod, entry, grace).await {
-                    Ok(()) => {
-                        self.relist_now();
-                        lock(&self.shared).state = WorkerState::Terminated;
-                        Ok(Some(Duration::ZERO))
+                WorkerState::Terminating => {
+                    match self.syncer.sync_terminating_pod(pod, entry, grace).await {
+                        Ok(()) => {
+                            self.relist_now();
+                            lock(&self.shared).state = WorkerState::Terminated;
+                            Ok(Some(Duration::ZERO))
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                },
-                WorkerState::Terminated => match self.syncer.sync_terminated_pod(pod, entry).await {
-                    Ok(()) => {
-                        lock(&self.shared).state = WorkerState::Done;
-                        lock(&self.finished).insert(self.uid.clone());
-                        let _ = self.done.send(self.uid.clone());
-                        return;
+                }
+                WorkerState::Terminated => {
+                    match self.syncer.sync_terminated_pod(pod, entry).await {
+                        Ok(()) => {
+                            lock(&self.shared).state = WorkerState::Done;
+                            lock(&self.finished).insert(self.uid.clone());
+                            let _ = self.done.send(self.uid.clone());
+                            return;
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                },
+                }
                 WorkerState::Done => return,
             };
             // The kubelet's lastSyncTime: the *end* of this sync. The next sync
@@ -403,7 +431,11 @@ mod tests {
     }
 
     impl PodSyncer for Recorder {
-        async fn sync_pod(&self, pod: Arc<Pod>, _status: CacheEntry) -> Result<SyncResult, SyncError> {
+        async fn sync_pod(
+            &self,
+            pod: Arc<Pod>,
+            _status: CacheEntry,
+        ) -> Result<SyncResult, SyncError> {
             self.record("sync", &pod);
             if self.fail_next.load(Ordering::SeqCst) > 0 {
                 self.fail_next.fetch_sub(1, Ordering::SeqCst);
@@ -420,12 +452,21 @@ mod tests {
             })
         }
 
-        async fn sync_terminating_pod(&self, pod: Arc<Pod>, _s: CacheEntry, grace: i64) -> Result<(), SyncError> {
+        async fn sync_terminating_pod(
+            &self,
+            pod: Arc<Pod>,
+            _s: CacheEntry,
+            grace: i64,
+        ) -> Result<(), SyncError> {
             self.record(&format!("terminating({grace})"), &pod);
             Ok(())
         }
 
-        async fn sync_terminated_pod(&self, pod: Arc<Pod>, _s: CacheEntry) -> Result<(), SyncError> {
+        async fn sync_terminated_pod(
+            &self,
+            pod: Arc<Pod>,
+            _s: CacheEntry,
+        ) -> Result<(), SyncError> {
             self.record("terminated", &pod);
             Ok(())
         }
@@ -479,7 +520,10 @@ mod tests {
         let calls = rec.calls();
         assert!(!calls.is_empty());
         assert_eq!(calls.last().unwrap(), &("sync".to_owned(), "v3".to_owned()));
-        assert!(calls.len() <= 2, "three updates coalesced into at most two syncs: {calls:?}");
+        assert!(
+            calls.len() <= 2,
+            "three updates coalesced into at most two syncs: {calls:?}"
+        );
         w.shutdown();
     }
 
@@ -489,12 +533,24 @@ mod tests {
         let (w, mut done) = workers(rec.clone());
         w.update_pod(&uid(), pod("v1", Some(30)), UpdateType::Create);
         settle().await;
-        w.update_pod(&uid(), pod("v1", Some(30)), UpdateType::Kill { grace_seconds: Some(5) });
+        w.update_pod(
+            &uid(),
+            pod("v1", Some(30)),
+            UpdateType::Kill {
+                grace_seconds: Some(5),
+            },
+        );
         w.update_pod(&uid(), pod("v2", Some(30)), UpdateType::Update);
-        let finished = tokio::time::timeout(Duration::from_secs(5), done.recv()).await.unwrap().unwrap();
+        let finished = tokio::time::timeout(Duration::from_secs(5), done.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(finished, uid());
         let calls: Vec<String> = rec.calls().into_iter().map(|(c, _)| c).collect();
-        let first_term = calls.iter().position(|c| c.starts_with("terminating")).unwrap();
+        let first_term = calls
+            .iter()
+            .position(|c| c.starts_with("terminating"))
+            .unwrap();
         assert_eq!(calls[first_term], "terminating(5)");
         assert!(calls[first_term..].iter().all(|c| c != "sync"), "{calls:?}");
         assert_eq!(calls.last().unwrap(), "terminated");
@@ -511,7 +567,10 @@ mod tests {
         rec.terminal_after.store(1, Ordering::SeqCst);
         let (w, mut done) = workers(rec.clone());
         w.update_pod(&uid(), pod("job", Some(7)), UpdateType::Create);
-        tokio::time::timeout(Duration::from_secs(5), done.recv()).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), done.recv())
+            .await
+            .unwrap()
+            .unwrap();
         let calls: Vec<String> = rec.calls().into_iter().map(|(c, _)| c).collect();
         assert_eq!(calls, ["sync", "terminating(7)", "terminated"]);
     }
@@ -525,13 +584,20 @@ mod tests {
         w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
         // Three syncs: two failures with 0.5 s and 1 s back-off, then success.
         while rec.calls().len() < 3 {
-            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified()).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+                .await
+                .unwrap();
         }
         let elapsed = start.elapsed();
-        assert!(elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(3), "{elapsed:?}");
+        assert!(
+            elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(3),
+            "{elapsed:?}"
+        );
         // Then the periodic resync (10 s).
         let before = rec.calls().len();
-        tokio::time::timeout(Duration::from_secs(11), rec.notify.notified()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(11), rec.notify.notified())
+            .await
+            .unwrap();
         assert_eq!(rec.calls().len(), before + 1);
         w.shutdown();
     }

@@ -25,7 +25,12 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    pub fn new(metrics: Arc<Metrics>, relist: Option<Arc<RelistStats>>, clock: SharedClock, period: std::time::Duration) -> Self {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        relist: Option<Arc<RelistStats>>,
+        clock: SharedClock,
+        period: std::time::Duration,
+    ) -> Self {
         Self {
             metrics,
             relist,

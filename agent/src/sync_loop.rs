@@ -55,7 +55,9 @@ pub struct SyncLoop<S> {
 
 impl<S> std::fmt::Debug for SyncLoop<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SyncLoop").field("pods", &self.pods.len()).finish_non_exhaustive()
+        f.debug_struct("SyncLoop")
+            .field("pods", &self.pods.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -112,7 +114,13 @@ impl<S: PodSyncer> SyncLoop<S> {
                 Op::Delete => {
                     self.pods.insert(uid.clone(), pod.clone());
                     let grace = grace_override(&pod);
-                    self.workers.update_pod(&uid, pod, UpdateType::Kill { grace_seconds: grace });
+                    self.workers.update_pod(
+                        &uid,
+                        pod,
+                        UpdateType::Kill {
+                            grace_seconds: grace,
+                        },
+                    );
                 }
                 Op::Remove => {
                     info!(pod = %uid, name = ?pod.metadata.name, "pod removed from its source: terminating");
@@ -121,7 +129,13 @@ impl<S: PodSyncer> SyncLoop<S> {
                         self.status.remove(&uid);
                         continue;
                     }
-                    self.workers.update_pod(&uid, pod, UpdateType::Kill { grace_seconds: None });
+                    self.workers.update_pod(
+                        &uid,
+                        pod,
+                        UpdateType::Kill {
+                            grace_seconds: None,
+                        },
+                    );
                 }
                 Op::Reconcile => {}
             }
@@ -139,7 +153,11 @@ impl<S: PodSyncer> SyncLoop<S> {
                 rejected: Some((&r.reason, &r.message)),
                 ..Context::default()
             };
-            self.status.set_pod_status(&uid, pod.clone(), generate(&pod, &Default::default(), &ctx));
+            self.status.set_pod_status(
+                &uid,
+                pod.clone(),
+                generate(&pod, &Default::default(), &ctx),
+            );
             self.rejected.insert(uid, pod);
             return;
         }
@@ -180,7 +198,8 @@ impl<S: PodSyncer> SyncLoop<S> {
         match self.cri.list_pod_sandboxes(None).await {
             Ok(sandboxes) => {
                 for s in sandboxes {
-                    let Some(uid) = s.labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u)) else {
+                    let Some(uid) = s.labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u))
+                    else {
                         continue;
                     };
                     if known(&uid) {
@@ -202,10 +221,14 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         for mount in &self.cgroup_mounts {
             for parent in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
-                let Ok(entries) = std::fs::read_dir(mount.join(parent)) else { continue };
+                let Ok(entries) = std::fs::read_dir(mount.join(parent)) else {
+                    continue;
+                };
                 for e in entries.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    let Some(uid) = name.strip_prefix("pod").and_then(PodUid::parse) else { continue };
+                    let Some(uid) = name.strip_prefix("pod").and_then(PodUid::parse) else {
+                        continue;
+                    };
                     if !known(&uid) {
                         // Fails while processes remain: then it is not empty yet.
                         if std::fs::remove_dir(e.path()).is_ok() {

@@ -53,7 +53,9 @@ impl E2e {
             "1",
         ])
         .expect("args");
-        let agent = Agent::start(&args).await.unwrap_or_else(|e| panic!("agent: {e}"));
+        let agent = Agent::start(&args)
+            .await
+            .unwrap_or_else(|e| panic!("agent: {e}"));
         Self {
             agent: Some(agent),
             containerd: Some(containerd),
@@ -81,7 +83,10 @@ impl E2e {
             .find(|p| p["metadata"]["name"] == format!("{name}-{NODE}"))
             .cloned()?;
         if let Some(uid) = pod["metadata"]["uid"].as_str() {
-            self.uids.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_owned());
+            self.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.to_owned());
         }
         Some(pod)
     }
@@ -107,7 +112,10 @@ impl E2e {
     async fn wait_gone(&self, name: &str) {
         let deadline = Instant::now() + DEADLINE;
         while self.pod(name).is_some() {
-            assert!(Instant::now() < deadline, "pod {name} still in /pods after {DEADLINE:?}");
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} still in /pods after {DEADLINE:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -141,6 +149,12 @@ impl Drop for E2e {
                 }
             }
         }
+        // The QoS levels runc created for them, when nothing else uses them now.
+        for root in &roots {
+            for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+                let _ = std::fs::remove_dir(root.join(qos));
+            }
+        }
     }
 }
 
@@ -171,101 +185,181 @@ macro_rules! e2e_test {
             }
             let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
             let e = E2e::start(stringify!($name)).await;
-            let f: fn(&E2e) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> = $body;
+            let f: fn(&E2e) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> =
+                $body;
             f(&e).await;
             e.finish().await;
         }
     };
 }
 
-e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(async move {
-    let extra = "  initContainers:\n    - name: init\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"sleep 0.3\"]\n";
-    e.write("web.yaml", &manifest("web", "Always", "sleep 600", extra));
-    let pod = e
-        .wait_for("web", "phase Running", |p| p["status"]["phase"] == "Running")
-        .await;
-    let init = container(&pod, "init");
-    assert_eq!(init["state"]["terminated"]["reason"], "Completed", "{init:#}");
-    let init_done = init["state"]["terminated"]["finishedAt"].as_str().expect("finishedAt").to_owned();
-    let app = container(&pod, "app");
-    let app_started = app["state"]["running"]["startedAt"].as_str().expect("startedAt").to_owned();
-    assert!(init_done <= app_started, "init finished {init_done}, app started {app_started}");
-    for cond in ["Initialized", "ContainersReady", "Ready"] {
-        let c = pod["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == cond).unwrap();
-        assert_eq!(c["status"], "True", "{cond}");
+e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(
+    async move {
+        let extra = "  initContainers:\n    - name: init\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"sleep 0.3\"]\n";
+        e.write("web.yaml", &manifest("web", "Always", "sleep 600", extra));
+        let pod = e
+            .wait_for("web", "phase Running", |p| {
+                p["status"]["phase"] == "Running"
+            })
+            .await;
+        let init = container(&pod, "init");
+        assert_eq!(
+            init["state"]["terminated"]["reason"], "Completed",
+            "{init:#}"
+        );
+        let init_done = init["state"]["terminated"]["finishedAt"]
+            .as_str()
+            .expect("finishedAt")
+            .to_owned();
+        let app = container(&pod, "app");
+        let app_started = app["state"]["running"]["startedAt"]
+            .as_str()
+            .expect("startedAt")
+            .to_owned();
+        assert!(
+            init_done <= app_started,
+            "init finished {init_done}, app started {app_started}"
+        );
+        for cond in ["Initialized", "ContainersReady", "Ready"] {
+            let c = pod["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == cond)
+                .unwrap();
+            assert_eq!(c["status"], "True", "{cond}");
+        }
+        // The same over HTTP, as a user reads it.
+        let body = http_get(e.agent().addr, "/pods").await;
+        assert!(
+            body.contains("\"kind\":\"PodList\"") && body.contains("web-e2e"),
+            "{body}"
+        );
     }
-    // The same over HTTP, as a user reads it.
-    let body = http_get(e.agent().addr, "/pods").await;
-    assert!(body.contains("\"kind\":\"PodList\"") && body.contains("web-e2e"), "{body}");
-}));
+));
 
 e2e_test!(on_failure_restarts_and_counts, |e| Box::pin(async move {
-    e.write("flaky.yaml", &manifest("flaky", "OnFailure", "sleep 0.2; exit 3", ""));
+    e.write(
+        "flaky.yaml",
+        &manifest("flaky", "OnFailure", "sleep 0.2; exit 3", ""),
+    );
     let pod = e
-        .wait_for("flaky", "restartCount >= 2", |p| container(p, "app")["restartCount"].as_i64().unwrap_or(0) >= 2)
+        .wait_for("flaky", "restartCount >= 2", |p| {
+            container(p, "app")["restartCount"].as_i64().unwrap_or(0) >= 2
+        })
         .await;
     let last = &container(&pod, "app")["lastState"]["terminated"];
-    assert_eq!((last["exitCode"].as_i64(), last["reason"].as_str()), (Some(3), Some("Error")), "{pod:#}");
+    assert_eq!(
+        (last["exitCode"].as_i64(), last["reason"].as_str()),
+        (Some(3), Some("Error")),
+        "{pod:#}"
+    );
 }));
 
 e2e_test!(never_fails_with_the_exit_code, |e| Box::pin(async move {
     e.write("once.yaml", &manifest("once", "Never", "exit 3", ""));
-    let pod = e.wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed").await;
+    let pod = e
+        .wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed")
+        .await;
     let t = &container(&pod, "app")["state"]["terminated"];
     assert_eq!(t["exitCode"], 3, "{pod:#}");
     assert_eq!(container(&pod, "app")["restartCount"], 0);
 }));
 
-e2e_test!(a_container_killed_from_outside_is_restarted, |e| Box::pin(async move {
-    e.write("victim.yaml", &manifest("victim", "Always", "sleep 600", ""));
-    let pod = e.wait_for("victim", "running", |p| container(p, "app")["state"]["running"].is_object()).await;
-    let id = container(&pod, "app")["containerID"].as_str().expect("containerID").trim_start_matches("containerd://").to_owned();
-    // The container's main process, found by its cgroup (the container id).
-    let pid = find_container_pid(&id).expect("the container's process");
-    // SAFETY: a plain signal to a process of our own test container.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let pod = e
-        .wait_for("victim", "restarted and running", |p| {
-            let c = container(p, "app");
-            c["restartCount"].as_i64().unwrap_or(0) >= 1 && c["state"]["running"].is_object()
-        })
-        .await;
-    let last = &container(&pod, "app")["lastState"]["terminated"];
-    assert_eq!(last["exitCode"], 137, "{pod:#}");
-}));
+e2e_test!(a_container_killed_from_outside_is_restarted, |e| Box::pin(
+    async move {
+        e.write(
+            "victim.yaml",
+            &manifest("victim", "Always", "sleep 600", ""),
+        );
+        let pod = e
+            .wait_for("victim", "running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        let id = container(&pod, "app")["containerID"]
+            .as_str()
+            .expect("containerID")
+            .trim_start_matches("containerd://")
+            .to_owned();
+        // The container's main process, found by its cgroup (the container id).
+        let pid = find_container_pid(&id).expect("the container's process");
+        // SAFETY: a plain signal to a process of our own test container.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        let pod = e
+            .wait_for("victim", "restarted and running", |p| {
+                let c = container(p, "app");
+                c["restartCount"].as_i64().unwrap_or(0) >= 1 && c["state"]["running"].is_object()
+            })
+            .await;
+        let last = &container(&pod, "app")["lastState"]["terminated"];
+        assert_eq!(last["exitCode"], 137, "{pod:#}");
+    }
+));
 
-e2e_test!(a_container_over_its_memory_limit_is_oom_killed, |e| Box::pin(async move {
-    let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"dd\", \"if=/dev/zero\", \"of=/dev/null\", \"bs=256M\", \"count=1\"]\n      resources:\n        limits: {memory: 32Mi}\n";
-    e.write("hog.yaml", yaml);
-    let pod = e.wait_for("hog", "phase Failed", |p| p["status"]["phase"] == "Failed").await;
-    let t = &container(&pod, "app")["state"]["terminated"];
-    assert_eq!(t["reason"], "OOMKilled", "{pod:#}");
-    assert_eq!(t["exitCode"], 137);
-}));
+e2e_test!(a_container_over_its_memory_limit_is_oom_killed, |e| {
+    Box::pin(async move {
+        let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"dd\", \"if=/dev/zero\", \"of=/dev/null\", \"bs=256M\", \"count=1\"]\n      resources:\n        limits: {memory: 32Mi}\n";
+        e.write("hog.yaml", yaml);
+        let pod = e
+            .wait_for("hog", "phase Failed", |p| p["status"]["phase"] == "Failed")
+            .await;
+        let t = &container(&pod, "app")["state"]["terminated"];
+        assert_eq!(t["reason"], "OOMKilled", "{pod:#}");
+        assert_eq!(t["exitCode"], 137);
+    })
+});
 
-e2e_test!(removing_the_manifest_stops_and_removes_the_pod, |e| Box::pin(async move {
-    e.write("gone.yaml", &manifest("gone", "Always", "trap 'exit 0' TERM; while true; do sleep 0.1; done", ""));
-    let pod = e.wait_for("gone", "running", |p| container(p, "app")["state"]["running"].is_object()).await;
-    let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    let removed = Instant::now();
-    std::fs::remove_file(e.manifests.join("gone.yaml")).expect("remove manifest");
-    e.wait_gone("gone").await;
-    let took = removed.elapsed();
-    assert!(took < Duration::from_secs(3 + 10), "termination took {took:?} with a 3 s grace period");
-    // The sandbox is gone from the runtime, and the pod cgroup from the host.
-    let sandboxes = list_sandboxes(e.cri()).await;
-    assert!(!sandboxes.iter().any(|s| s.contains(&uid)), "sandbox of {uid} left: {sandboxes:?}");
-    let cgroup = Path::new("/sys/fs/cgroup/unified/kubepods/besteffort").join(format!("pod{uid}"));
-    let cgroup2 = Path::new("/sys/fs/cgroup/kubepods/besteffort").join(format!("pod{uid}"));
-    assert!(!cgroup.exists() && !cgroup2.exists(), "pod cgroup left");
-}));
+e2e_test!(removing_the_manifest_stops_and_removes_the_pod, |e| {
+    Box::pin(async move {
+        e.write(
+            "gone.yaml",
+            &manifest(
+                "gone",
+                "Always",
+                "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+                "",
+            ),
+        );
+        let pod = e
+            .wait_for("gone", "running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+        let removed = Instant::now();
+        std::fs::remove_file(e.manifests.join("gone.yaml")).expect("remove manifest");
+        e.wait_gone("gone").await;
+        let took = removed.elapsed();
+        assert!(
+            took < Duration::from_secs(3 + 10),
+            "termination took {took:?} with a 3 s grace period"
+        );
+        // The sandbox is gone from the runtime, and the pod cgroup from the host.
+        let sandboxes = list_sandboxes(e.cri()).await;
+        assert!(
+            !sandboxes.iter().any(|s| s.contains(&uid)),
+            "sandbox of {uid} left: {sandboxes:?}"
+        );
+        let cgroup =
+            Path::new("/sys/fs/cgroup/unified/kubepods/besteffort").join(format!("pod{uid}"));
+        let cgroup2 = Path::new("/sys/fs/cgroup/kubepods/besteffort").join(format!("pod{uid}"));
+        assert!(!cgroup.exists() && !cgroup2.exists(), "pod cgroup left");
+    })
+});
 
-e2e_test!(an_invalid_manifest_does_not_stop_a_valid_one, |e| Box::pin(async move {
-    e.write("broken.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: broken\nspec: [");
-    e.write("good.yaml", &manifest("good", "Always", "sleep 600", ""));
-    e.wait_for("good", "running", |p| p["status"]["phase"] == "Running").await;
-    assert!(e.pod("broken").is_none());
-}));
+e2e_test!(an_invalid_manifest_does_not_stop_a_valid_one, |e| Box::pin(
+    async move {
+        e.write(
+            "broken.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: broken\nspec: [",
+        );
+        e.write("good.yaml", &manifest("good", "Always", "sleep 600", ""));
+        e.wait_for("good", "running", |p| p["status"]["phase"] == "Running")
+            .await;
+        assert!(e.pod("broken").is_none());
+    }
+));
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -287,15 +381,24 @@ fn find_container_pid(id: &str) -> Option<i32> {
     let procs = std::fs::read_dir("/proc").ok()?;
     let mut in_cgroup = Vec::new();
     for p in procs.flatten() {
-        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { continue };
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
         if cg.lines().any(|l| l.starts_with("0::") && l.ends_with(id)) {
             in_cgroup.push(pid);
         }
     }
     in_cgroup.iter().copied().find(|pid| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid: i32 = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let ppid: i32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
         !in_cgroup.contains(&ppid)
     })
 }

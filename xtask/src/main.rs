@@ -150,13 +150,22 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
     if demo {
         return util::demo(&agent, args);
     }
-    if args.iter().any(|a| a.starts_with("--cri-endpoint")) || std::env::var_os("EVPLEG_CRI_ENDPOINT").is_some() {
+    if args.iter().any(|a| a.starts_with("--cri-endpoint"))
+        || std::env::var_os("EVPLEG_CRI_ENDPOINT").is_some()
+    {
         util::step("running the agent against the given runtime (Ctrl-C stops it)");
         return util::run(std::process::Command::new(&agent).args(args));
     }
     // No runtime given: a private containerd, and the example pods.
     util::step("building the containerd harness");
-    util::run(util::cargo(root).args(["build", "--release", "--package", "evpleg-tests", "--bin", "containerd-harness"]))?;
+    util::run(util::cargo(root).args([
+        "build",
+        "--release",
+        "--package",
+        "evpleg-tests",
+        "--bin",
+        "containerd-harness",
+    ]))?;
     let mut harness = std::process::Command::new(root.join("target/release/containerd-harness"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -124,9 +124,6 @@ const APPLETS: [&str; 14] = [
     "rmdir", "ls", "swapoff",
 ];
 const PROBE_PACKAGE: &str = "evpleg-kernel-probe";
-/// The probe package's integration test (`tests/kernel-probe/tests/probe_cli.rs`):
-/// building it makes cargo build the probe's binary.
-const PROBE_TEST: &str = "probe_cli";
 /// Where the probe is in the initramfs (the init runs it from there).
 const PROBE_IN_INITRAMFS: &str = "evpleg-kernel-probe";
 /// Symbolic links followed from one library path before giving up.
@@ -444,23 +441,24 @@ fn ensure_image(root: &Path, kernel: &Kernel) -> Result<PathBuf> {
 // ---------------------------------------------------------------------------
 // Probe and initramfs
 
-/// Builds the probe as `cargo test --workspace` builds it, so that it reuses that
-/// build: `cargo test --workspace --no-run --test probe_cli`. Cargo builds a
-/// package's binaries for its integration tests, here in the test build's target
-/// dir and profile (`test`, i.e. `dev` with its per-package overrides), and the
-/// same feature resolution: the whole workspace with test targets, dev-dependencies
-/// included (tokio's `test-util`). `cargo build -p evpleg-kernel-probe` resolves
-/// features for the probe alone and would rebuild tokio and the 20-odd crates
-/// above it. After `cargo test --workspace` this is a no-op. The binary embeds the
-/// eBPF object at `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller
-/// has built.
+/// Builds the probe with the test build: `cargo test --workspace --no-run`, the
+/// command `cargo xtask test` runs its tests with, minus the run. The probe
+/// package's integration test (`tests/kernel-probe/tests/probe_cli.rs`) makes
+/// cargo build its binary there (the `test` profile, i.e. `dev` with its
+/// per-package overrides; dynamically linked), so after `cargo xtask test`'s tests
+/// this is a no-op, and on a fresh machine the probe is one more binary of that
+/// build. A narrower command builds other variants of the same crates: `cargo
+/// build -p evpleg-kernel-probe` resolves features for the probe alone (tokio
+/// without the dev-dependencies' `test-util`: tokio and the 20-odd crates above
+/// it again), and even `--workspace --test probe_cli` leaves out the test targets
+/// that make cargo share the build scripts' dependencies (tempfile, rustix...) with
+/// the target's, so prost-build, the CRI API crate, the agent and the test support
+/// crate are built again. The binary embeds the eBPF object at
+/// `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller has built.
 fn build_probe(root: &Path) -> Result<PathBuf> {
-    step(&format!(
-        "kernel matrix: building the probe with the test build \
-         (cargo test --workspace --no-run --test {PROBE_TEST})"
-    ));
+    step("kernel matrix: building the probe with the test build (cargo test --workspace --no-run)");
     let mut cmd = util::cargo(root);
-    cmd.args(["test", "--workspace", "--no-run", "--test", PROBE_TEST])
+    cmd.args(["test", "--workspace", "--no-run"])
         .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -473,7 +471,12 @@ fn build_probe(root: &Path) -> Result<PathBuf> {
     let probe = String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(probe_executable)
-        .with_context(|| format!("{cmd:?} reported no {PROBE_PACKAGE} binary"))?;
+        .with_context(|| {
+            format!(
+                "{cmd:?} built no {PROBE_PACKAGE} binary (its integration test, \
+                 tests/kernel-probe/tests/probe_cli.rs, is what makes cargo build it)"
+            )
+        })?;
     let size = fs::metadata(&probe)
         .with_context(|| format!("cannot read {}", probe.display()))?
         .len();

@@ -94,9 +94,19 @@ impl PodStatusCache {
         self.store(uid, status, observed_ns, Some(error))
     }
 
-    fn store(&self, uid: &PodUid, status: Arc<PodStatus>, observed_ns: u64, error: Option<String>) -> bool {
+    fn store(
+        &self,
+        uid: &PodUid,
+        status: Arc<PodStatus>,
+        observed_ns: u64,
+        error: Option<String>,
+    ) -> bool {
         let mut inner = self.lock();
-        if inner.pods.get(uid).is_some_and(|e| e.observed_ns > observed_ns) {
+        if inner
+            .pods
+            .get(uid)
+            .is_some_and(|e| e.observed_ns > observed_ns)
+        {
             return false;
         }
         inner.pods.insert(
@@ -179,11 +189,13 @@ impl PodStatusCache {
         let inner = self.lock();
         match inner.pods.get(uid) {
             Some(e) if e.observed_ns > min_ns => Some(e.clone()),
-            other if inner.global_ns > min_ns => Some(other.cloned().unwrap_or_else(|| CacheEntry {
-                status: Arc::new(PodStatus::default()),
-                observed_ns: inner.global_ns,
-                error: None,
-            })),
+            other if inner.global_ns > min_ns => {
+                Some(other.cloned().unwrap_or_else(|| CacheEntry {
+                    status: Arc::new(PodStatus::default()),
+                    observed_ns: inner.global_ns,
+                    error: None,
+                }))
+            }
             _ => None,
         }
     }
@@ -238,18 +250,35 @@ mod tests {
         assert!(!cache.set_error(&uid(1), "boom".into(), 5));
         assert!(cache.set_error(&uid(1), "boom".into(), 30));
         let e = cache.get(&uid(1)).unwrap();
-        assert_eq!((e.status.name.as_str(), e.error.as_deref()), ("same-time", Some("boom")));
+        assert_eq!(
+            (e.status.name.as_str(), e.error.as_deref()),
+            ("same-time", Some("boom"))
+        );
     }
 
     #[test]
     fn kernel_update_in_place_and_exit_memory() {
         let cache = PodStatusCache::new();
         let mut s = status("p");
-        s.containers.push(ContainerStatus::new(cid('a'), "app", ContainerState::Running, EventSource::Relist));
+        s.containers.push(ContainerStatus::new(
+            cid('a'),
+            "app",
+            ContainerState::Running,
+            EventSource::Relist,
+        ));
         cache.set(&uid(1), s, 10);
         let exit = ExitStatus::from_wait_status(0x700, false);
-        cache.update(&uid(1), 15, |s| s.container_mut(&cid('a')).unwrap().apply_exit(&exit, 99));
-        cache.record_exit(&uid(1), &cid('a'), KernelExit { status: exit, at_ns: 15 });
+        cache.update(&uid(1), 15, |s| {
+            s.container_mut(&cid('a')).unwrap().apply_exit(&exit, 99)
+        });
+        cache.record_exit(
+            &uid(1),
+            &cid('a'),
+            KernelExit {
+                status: exit,
+                at_ns: 15,
+            },
+        );
         let e = cache.get(&uid(1)).unwrap();
         assert_eq!(e.observed_ns, 15);
         assert_eq!(e.status.container(&cid('a')).unwrap().exit_code, Some(7));
@@ -279,7 +308,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(!waiter.is_finished());
         cache.set(&uid(1), status("v2"), 11);
-        let e = tokio::time::timeout(Duration::from_secs(1), waiter).await.unwrap().unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((e.status.name.as_str(), e.observed_ns), ("v2", 11));
     }
 
@@ -296,7 +328,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(!waiter.is_finished(), "global time must be strictly newer");
         cache.update_time(101);
-        let e = tokio::time::timeout(Duration::from_secs(1), waiter).await.unwrap().unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(e.observed_ns, 101);
         assert_eq!(*e.status, PodStatus::default());
         cache.update_time(50);

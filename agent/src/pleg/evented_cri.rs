@@ -144,11 +144,19 @@ pub fn pod_of_event(event: &v1::ContainerEventResponse) -> Result<Option<PodUid>
         && (!sandbox.id.is_empty() || sandbox.metadata.is_some())
     {
         return label(&sandbox.labels)
-            .or_else(|| event.containers_statuses.iter().find_map(|c| label(&c.labels)))
+            .or_else(|| {
+                event
+                    .containers_statuses
+                    .iter()
+                    .find_map(|c| label(&c.labels))
+            })
             .map(Some)
             .ok_or(());
     }
-    Ok(event.containers_statuses.iter().find_map(|c| label(&c.labels)))
+    Ok(event
+        .containers_statuses
+        .iter()
+        .find_map(|c| label(&c.labels)))
 }
 
 /// The task that consumes `GetContainerEvents`.
@@ -215,8 +223,7 @@ impl EventedCri {
             }
             Ok(None) => {
                 self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-                self.relist
-                    .request("cri event without a pod uid");
+                self.relist.request("cri event without a pod uid");
                 Hint::FullRelist
             }
             Err(()) => {
@@ -247,17 +254,31 @@ impl EventedCri {
                     }
                     jittered(self.config.unimplemented_retry, self.config.backoff.jitter)
                 }
-                Ended::Broken { opened, healthy, error } => {
+                Ended::Broken {
+                    opened,
+                    healthy,
+                    error,
+                } => {
                     if healthy {
                         backoff = crate::cri::Backoff::new(self.config.backoff);
                         outage_logged = false;
                     }
                     let delay = backoff.next_delay();
-                    let error = error.map(|e| e.to_string()).unwrap_or_else(|| "the stream ended".into());
+                    let error = error
+                        .map(|e| e.to_string())
+                        .unwrap_or_else(|| "the stream ended".into());
                     if outage_logged {
-                        debug!(error, ?delay, "GetContainerEvents: still failing; trying again");
+                        debug!(
+                            error,
+                            ?delay,
+                            "GetContainerEvents: still failing; trying again"
+                        );
                     } else {
-                        warn!(error, ?delay, "GetContainerEvents stream lost; reconnecting (relisting meanwhile)");
+                        warn!(
+                            error,
+                            ?delay,
+                            "GetContainerEvents stream lost; reconnecting (relisting meanwhile)"
+                        );
                         outage_logged = true;
                     }
                     if opened {
@@ -376,7 +397,10 @@ mod tests {
                 namespace: "default".into(),
                 attempt: 0,
             }),
-            labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             ..Default::default()
         }
     }
@@ -384,12 +408,18 @@ mod tests {
     fn container(labels: &[(&str, &str)]) -> v1::ContainerStatus {
         v1::ContainerStatus {
             id: "c".repeat(64),
-            labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<HashMap<_, _>>(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
             ..Default::default()
         }
     }
 
-    fn event(sandbox: Option<v1::PodSandboxStatus>, containers: Vec<v1::ContainerStatus>) -> v1::ContainerEventResponse {
+    fn event(
+        sandbox: Option<v1::PodSandboxStatus>,
+        containers: Vec<v1::ContainerStatus>,
+    ) -> v1::ContainerEventResponse {
         v1::ContainerEventResponse {
             container_id: "c".repeat(64),
             container_event_type: v1::ContainerEventType::ContainerStoppedEvent as i32,
@@ -403,24 +433,39 @@ mod tests {
     fn the_pod_comes_from_the_labels() {
         let uid = PodUid::parse(UID).unwrap();
         let labelled = sandbox(&[(labels::POD_UID, UID)]);
-        assert_eq!(pod_of_event(&event(Some(labelled), vec![])), Ok(Some(uid.clone())));
+        assert_eq!(
+            pod_of_event(&event(Some(labelled), vec![])),
+            Ok(Some(uid.clone()))
+        );
         // Sandbox status without labels, a container status with them.
         let bare = sandbox(&[]);
         let c = container(&[(labels::POD_UID, UID)]);
-        assert_eq!(pod_of_event(&event(Some(bare.clone()), vec![c.clone()])), Ok(Some(uid.clone())));
+        assert_eq!(
+            pod_of_event(&event(Some(bare.clone()), vec![c.clone()])),
+            Ok(Some(uid.clone()))
+        );
         // No sandbox status (it is gone): the containers' labels.
         assert_eq!(pod_of_event(&event(None, vec![c])), Ok(Some(uid)));
         // An object without the label is not ours, even with a metadata uid.
-        assert_eq!(pod_of_event(&event(Some(bare), vec![container(&[])])), Err(()));
+        assert_eq!(
+            pod_of_event(&event(Some(bare), vec![container(&[])])),
+            Err(())
+        );
         // Nothing names a pod.
         assert_eq!(pod_of_event(&event(None, vec![])), Ok(None));
-        assert_eq!(pod_of_event(&event(Some(v1::PodSandboxStatus::default()), vec![])), Ok(None));
+        assert_eq!(
+            pod_of_event(&event(Some(v1::PodSandboxStatus::default()), vec![])),
+            Ok(None)
+        );
     }
 
     async fn fixture() -> (EventedCri, mpsc::UnboundedReceiver<PodUid>) {
-        let client = CriClient::connect_unchecked("unix:///nonexistent/evpleg.sock", CriClientConfig::default())
-            .await
-            .unwrap();
+        let client = CriClient::connect_unchecked(
+            "unix:///nonexistent/evpleg.sock",
+            CriClientConfig::default(),
+        )
+        .await
+        .unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let evented = EventedCri::new(
             client,
@@ -442,13 +487,22 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap(), uid);
         assert_eq!(evented.handle(&event(None, vec![])), Hint::FullRelist);
         assert_eq!(evented.relist.count(), 1);
-        assert_eq!(evented.handle(&event(Some(sandbox(&[])), vec![])), Hint::Foreign);
+        assert_eq!(
+            evented.handle(&event(Some(sandbox(&[])), vec![])),
+            Hint::Foreign
+        );
         drop(rx);
         assert_eq!(evented.handle(&ours), Hint::Dropped);
         let s = &evented.stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         assert_eq!(
-            (get(&s.events), get(&s.pod_relists), get(&s.unattributed), get(&s.foreign), get(&s.dropped)),
+            (
+                get(&s.events),
+                get(&s.pod_relists),
+                get(&s.unattributed),
+                get(&s.foreign),
+                get(&s.dropped)
+            ),
             (4, 1, 1, 1, 1)
         );
         assert_eq!(get(&s.last_event_ns), 5);
@@ -469,16 +523,26 @@ mod tests {
         assert!((5..=12).contains(&connects), "{connects} attempts in 60 s");
         assert_eq!(stats.failures.load(Ordering::Relaxed), connects);
         assert!(!stats.connected.load(Ordering::Relaxed));
-        assert_eq!(stats.resync_relists.load(Ordering::Relaxed), 0, "no stream was ever up");
+        assert_eq!(
+            stats.resync_relists.load(Ordering::Relaxed),
+            0,
+            "no stream was ever up"
+        );
         shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(1), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[test]
     fn jitter_stays_within_bounds() {
         for _ in 0..100 {
             let d = jittered(Duration::from_secs(10), 0.2);
-            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
+                "{d:?}"
+            );
         }
     }
 }

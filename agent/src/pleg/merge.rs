@@ -48,7 +48,8 @@ impl KernelMerge {
     pub fn handle(&self, event: PodLifecycleEvent) {
         let (Some(uid), Some(id)) = (event.pod_uid.clone(), event.container_id.clone()) else {
             self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-            self.relist.request("kernel event for a container whose pod is unknown");
+            self.relist
+                .request("kernel event for a container whose pod is unknown");
             return;
         };
         match event.kind {
@@ -68,7 +69,12 @@ impl KernelMerge {
                         if let Some(c) = status.container_mut(&id) {
                             c.apply_exit(&exit, finished);
                         } else if event.kind == EventKind::ContainerDied {
-                            let mut c = ContainerStatus::new(id.clone(), "", ContainerState::Exited, EventSource::Kernel);
+                            let mut c = ContainerStatus::new(
+                                id.clone(),
+                                "",
+                                ContainerState::Exited,
+                                EventSource::Kernel,
+                            );
                             c.apply_exit(&exit, finished);
                             status.containers.push(c);
                         }
@@ -98,7 +104,11 @@ impl KernelMerge {
     }
 
     /// Runs until `kernel_events` closes or `shutdown`.
-    pub async fn run(self, mut kernel_events: mpsc::Receiver<PodLifecycleEvent>, shutdown: CancellationToken) {
+    pub async fn run(
+        self,
+        mut kernel_events: mpsc::Receiver<PodLifecycleEvent>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -116,7 +126,11 @@ mod tests {
     use super::*;
     use crate::pleg::{ContainerId, ExitStatus, PodUid};
 
-    fn fixture() -> (KernelMerge, mpsc::Receiver<PodLifecycleEvent>, mpsc::UnboundedReceiver<PodUid>) {
+    fn fixture() -> (
+        KernelMerge,
+        mpsc::Receiver<PodLifecycleEvent>,
+        mpsc::UnboundedReceiver<PodUid>,
+    ) {
         let (out, rx) = mpsc::channel(10);
         let (pod_relist, pod_rx) = mpsc::unbounded_channel();
         let merge = KernelMerge {
@@ -150,11 +164,18 @@ mod tests {
         merge.handle(died(Some(uid.clone()), 7));
         let entry = merge.cache.get(&uid).unwrap();
         let c = entry.status.container(&id).unwrap();
-        assert_eq!((c.state, c.exit_code, c.reason.as_str()), (ContainerState::Exited, Some(7), "Error"));
+        assert_eq!(
+            (c.state, c.exit_code, c.reason.as_str()),
+            (ContainerState::Exited, Some(7), "Error")
+        );
         assert_eq!(entry.observed_ns, 500);
         assert_eq!(merge.cache.kernel_exit(&id).unwrap().status.code, 7);
         assert_eq!(rx.try_recv().unwrap().kind, EventKind::ContainerDied);
-        assert_eq!(pods.try_recv().unwrap(), uid, "the pod is relisted to confirm");
+        assert_eq!(
+            pods.try_recv().unwrap(),
+            uid,
+            "the pod is relisted to confirm"
+        );
     }
 
     #[test]

@@ -300,7 +300,8 @@ impl Pleg {
         let (kernel, merge_stats) = match mode {
             PlegMode::Ebpf => {
                 let (ktx, krx) = tokio::sync::mpsc::channel(events.max_capacity());
-                let kernel = kernel::KernelPleg::start(kernel_config, ktx, relist_signal.clone(), None)?;
+                let kernel =
+                    kernel::KernelPleg::start(kernel_config, ktx, relist_signal.clone(), None)?;
                 let stats = Arc::new(merge::MergeStats::default());
                 let merge = merge::KernelMerge {
                     cache: cache.clone(),

@@ -116,9 +116,15 @@ pub struct RuntimeError(pub String);
 /// in-memory values.
 pub trait PodRuntime: Send + Sync {
     /// Every sandbox and container, or those of one pod.
-    fn list(&self, pod: Option<&PodUid>) -> impl Future<Output = Result<Vec<RuntimeEntry>, RuntimeError>> + Send;
+    fn list(
+        &self,
+        pod: Option<&PodUid>,
+    ) -> impl Future<Output = Result<Vec<RuntimeEntry>, RuntimeError>> + Send;
     /// A pod's full status.
-    fn pod_status(&self, pod: &PodUid) -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;
+    fn pod_status(
+        &self,
+        pod: &PodUid,
+    ) -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;
 }
 
 /// Transitions the kernel PLEG already reported, so the relist does not send
@@ -128,17 +134,24 @@ pub struct KernelReports(Mutex<HashMap<ContainerId, PlegState>>);
 
 impl KernelReports {
     pub fn record(&self, id: &ContainerId, state: PlegState) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), state);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), state);
     }
 
     /// Whether `kind` for `id` was already reported by the kernel.
     fn already_reported(&self, id: &ContainerId, kind: EventKind) -> bool {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(state) = map.get(id) else { return false };
+        let Some(state) = map.get(id) else {
+            return false;
+        };
         use EventKind::*;
         match kind {
             ContainerStarted | SandboxStarted => true,
-            ContainerDied | SandboxDied => matches!(state, PlegState::Exited | PlegState::NonExistent),
+            ContainerDied | SandboxDied => {
+                matches!(state, PlegState::Exited | PlegState::NonExistent)
+            }
             ContainerRemoved | SandboxRemoved => *state == PlegState::NonExistent,
             PodSync => false,
         }
@@ -308,7 +321,9 @@ impl<R: PodRuntime> RelistPleg<R> {
         let previous = self.stats.last_relist_ns.swap(timestamp, Ordering::Relaxed);
         if previous != 0 {
             let interval = timestamp.saturating_sub(previous);
-            self.stats.last_interval_ns.store(interval, Ordering::Relaxed);
+            self.stats
+                .last_interval_ns
+                .store(interval, Ordering::Relaxed);
             self.stats.interval_seconds.observe(interval as f64 / 1e9);
         }
         let mut by_pod: HashMap<PodUid, Vec<RuntimeEntry>> = HashMap::new();
@@ -316,7 +331,12 @@ impl<R: PodRuntime> RelistPleg<R> {
             by_pod.entry(e.pod.clone()).or_default().push(e);
         }
         let mut pods: Vec<PodUid> = self.records.keys().cloned().collect();
-        pods.extend(by_pod.keys().filter(|p| !self.records.contains_key(*p)).cloned());
+        pods.extend(
+            by_pod
+                .keys()
+                .filter(|p| !self.records.contains_key(*p))
+                .cloned(),
+        );
         for uid in &pods {
             self.records.entry(uid.clone()).or_default().current = by_pod.remove(uid);
         }
@@ -336,7 +356,9 @@ impl<R: PodRuntime> RelistPleg<R> {
             .retain(|_, r| r.old.is_some() || r.current.is_some());
         self.stats.relists.fetch_add(1, Ordering::Relaxed);
         let duration = self.clock.now_ns().saturating_sub(timestamp);
-        self.stats.last_duration_ns.store(duration, Ordering::Relaxed);
+        self.stats
+            .last_duration_ns
+            .store(duration, Ordering::Relaxed);
         self.stats.duration_seconds.observe(duration as f64 / 1e9);
         Ok(())
     }
@@ -354,7 +376,8 @@ impl<R: PodRuntime> RelistPleg<R> {
         // A pod relisted on demand is always inspected (that is why it was asked),
         // without a PodSync when nothing changed.
         self.reinspect.remove(uid);
-        self.process_pod(uid, timestamp, &mut needs, Inspect::Always).await;
+        self.process_pod(uid, timestamp, &mut needs, Inspect::Always)
+            .await;
         self.reinspect.extend(needs);
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
@@ -419,7 +442,12 @@ impl<R: PodRuntime> RelistPleg<R> {
                 continue;
             };
             let already = self.kernel.already_reported(&id, kind);
-            if new == PlegState::NonExistent && matches!(kind, EventKind::ContainerRemoved | EventKind::SandboxRemoved) {
+            if new == PlegState::NonExistent
+                && matches!(
+                    kind,
+                    EventKind::ContainerRemoved | EventKind::SandboxRemoved
+                )
+            {
                 self.kernel.forget(&id);
             }
             if already {
@@ -571,13 +599,18 @@ mod tests {
     impl PodRuntime for Arc<MemRuntime> {
         async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
             let all = self.entries.lock().unwrap().clone();
-            Ok(all.into_iter().filter(|e| pod.is_none_or(|p| *p == e.pod)).collect())
+            Ok(all
+                .into_iter()
+                .filter(|e| pod.is_none_or(|p| *p == e.pod))
+                .collect())
         }
 
         async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
             self.status_calls.fetch_add(1, Ordering::Relaxed);
             if *self.fail_status.lock().unwrap() {
-                return Err(RuntimeError(format!("PodSandboxStatus of pod {pod}: unavailable")));
+                return Err(RuntimeError(format!(
+                    "PodSandboxStatus of pod {pod}: unavailable"
+                )));
             }
             let entries = self.entries.lock().unwrap().clone();
             let containers = entries
@@ -589,7 +622,8 @@ mod tests {
                         PlegState::Exited => ContainerState::Exited,
                         _ => ContainerState::Unknown,
                     };
-                    let mut c = ContainerStatus::new(e.id.clone(), "app", state, EventSource::Relist);
+                    let mut c =
+                        ContainerStatus::new(e.id.clone(), "app", state, EventSource::Relist);
                     if state == ContainerState::Exited {
                         c.exit_code = Some(7);
                     }
@@ -636,7 +670,13 @@ mod tests {
         let clock = ManualClock::new(1_000);
         let kernel = Arc::new(KernelReports::default());
         let (tx, rx) = mpsc::channel(capacity);
-        let pleg = RelistPleg::new(runtime.clone(), cache.clone(), tx, Arc::new(clock.clone()), kernel.clone());
+        let pleg = RelistPleg::new(
+            runtime.clone(),
+            cache.clone(),
+            tx,
+            Arc::new(clock.clone()),
+            kernel.clone(),
+        );
         Fixture {
             runtime,
             cache,
@@ -684,41 +724,66 @@ mod tests {
         for (old, new, expected) in table {
             assert_eq!(events_for(old, new, false), expected, "{old:?} -> {new:?}");
         }
-        assert_eq!(events_for(Running, NonExistent, true), vec![SandboxDied, SandboxRemoved]);
+        assert_eq!(
+            events_for(Running, NonExistent, true),
+            vec![SandboxDied, SandboxRemoved]
+        );
     }
 
     #[tokio::test]
     async fn lifecycle_of_a_container_across_relists() {
         let mut f = fixture(100);
         f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        assert_eq!(f.relist().await, vec![(EventKind::ContainerStarted, Some(cid(1)))]);
+        assert_eq!(
+            f.relist().await,
+            vec![(EventKind::ContainerStarted, Some(cid(1)))]
+        );
         assert_eq!(f.relist().await, vec![], "nothing changed");
         f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        assert_eq!(f.relist().await, vec![(EventKind::ContainerDied, Some(cid(1)))]);
+        assert_eq!(
+            f.relist().await,
+            vec![(EventKind::ContainerDied, Some(cid(1)))]
+        );
         let cached = f.cache.get(&uid(1)).unwrap();
         assert_eq!(cached.status.container(&cid(1)).unwrap().exit_code, Some(7));
         f.runtime.set(vec![]);
-        assert_eq!(f.relist().await, vec![(EventKind::ContainerRemoved, Some(cid(1)))]);
+        assert_eq!(
+            f.relist().await,
+            vec![(EventKind::ContainerRemoved, Some(cid(1)))]
+        );
         // Gone while running: Died then Removed.
         f.runtime.set(vec![entry(2, 2, PlegState::Running)]);
         f.relist().await;
         f.runtime.set(vec![]);
         assert_eq!(
             f.relist().await,
-            vec![(EventKind::ContainerDied, Some(cid(2))), (EventKind::ContainerRemoved, Some(cid(2)))]
+            vec![
+                (EventKind::ContainerDied, Some(cid(2))),
+                (EventKind::ContainerRemoved, Some(cid(2)))
+            ]
         );
     }
 
     #[tokio::test]
     async fn only_changed_pods_are_inspected_and_the_timestamp_precedes_the_list() {
         let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running), entry(2, 2, PlegState::Running)]);
+        f.runtime.set(vec![
+            entry(1, 1, PlegState::Running),
+            entry(2, 2, PlegState::Running),
+        ]);
         f.relist().await;
         assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), 2);
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited), entry(2, 2, PlegState::Running)]);
+        f.runtime.set(vec![
+            entry(1, 1, PlegState::Exited),
+            entry(2, 2, PlegState::Running),
+        ]);
         let before = f.clock.now_ns() + 1_000_000;
         f.relist().await;
-        assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), 3, "only pod 1 inspected");
+        assert_eq!(
+            f.runtime.status_calls.load(Ordering::Relaxed),
+            3,
+            "only pod 1 inspected"
+        );
         assert_eq!(f.cache.get(&uid(1)).unwrap().observed_ns, before);
         assert_eq!(f.cache.global_ns(), before);
     }
@@ -730,10 +795,17 @@ mod tests {
         f.relist().await;
         f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
         *f.runtime.fail_status.lock().unwrap() = true;
-        assert_eq!(f.relist().await, vec![], "events wait for a successful inspection");
+        assert_eq!(
+            f.relist().await,
+            vec![],
+            "events wait for a successful inspection"
+        );
         assert!(f.pleg.pods_to_reinspect().contains(&uid(1)));
         *f.runtime.fail_status.lock().unwrap() = false;
-        assert_eq!(f.relist().await, vec![(EventKind::ContainerDied, Some(cid(1)))]);
+        assert_eq!(
+            f.relist().await,
+            vec![(EventKind::ContainerDied, Some(cid(1)))]
+        );
         assert!(f.pleg.pods_to_reinspect().is_empty());
     }
 
@@ -754,7 +826,10 @@ mod tests {
     #[tokio::test]
     async fn full_channel_drops_and_counts() {
         let mut f = fixture(1);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running), entry(1, 2, PlegState::Running)]);
+        f.runtime.set(vec![
+            entry(1, 1, PlegState::Running),
+            entry(1, 2, PlegState::Running),
+        ]);
         f.relist().await;
         assert_eq!(f.pleg.stats().discarded.load(Ordering::Relaxed), 1);
     }
@@ -767,12 +842,30 @@ mod tests {
         // The kernel saw the exit (code 3); the runtime still says running.
         let exit = ExitStatus::from_wait_status(0x300, false);
         let at = f.clock.now_ns();
-        f.cache.record_exit(&uid(1), &cid(1), KernelExit { status: exit, at_ns: at });
+        f.cache.record_exit(
+            &uid(1),
+            &cid(1),
+            KernelExit {
+                status: exit,
+                at_ns: at,
+            },
+        );
         f.kernel.record(&cid(1), PlegState::Exited);
         f.clock.advance(1_000_000);
         f.pleg.relist_pod(&uid(1)).await.unwrap();
-        let c = f.cache.get(&uid(1)).unwrap().status.container(&cid(1)).unwrap().clone();
-        assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(3)), "the kernel's view is kept");
+        let c = f
+            .cache
+            .get(&uid(1))
+            .unwrap()
+            .status
+            .container(&cid(1))
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (c.state, c.exit_code),
+            (ContainerState::Exited, Some(3)),
+            "the kernel's view is kept"
+        );
         assert!(f.pleg.has_unconfirmed());
         // The runtime catches up: confirmed, and its Died is not sent again.
         f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
@@ -783,7 +876,10 @@ mod tests {
         assert_eq!(f.drain(), vec![]);
         // Removed after the kernel reported only the death: sent.
         f.runtime.set(vec![]);
-        assert_eq!(f.relist().await, vec![(EventKind::ContainerRemoved, Some(cid(1)))]);
+        assert_eq!(
+            f.relist().await,
+            vec![(EventKind::ContainerRemoved, Some(cid(1)))]
+        );
         // The exit code is still known after the runtime forgot the container.
         assert_eq!(f.cache.kernel_exit(&cid(1)).unwrap().status.code, 3);
     }
@@ -794,10 +890,24 @@ mod tests {
         f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
         f.relist().await;
         let exit = ExitStatus::from_wait_status(9, false);
-        f.cache.record_exit(&uid(1), &cid(1), KernelExit { status: exit, at_ns: f.clock.now_ns() });
+        f.cache.record_exit(
+            &uid(1),
+            &cid(1),
+            KernelExit {
+                status: exit,
+                at_ns: f.clock.now_ns(),
+            },
+        );
         f.clock.advance(CONFIRM_BOUND.as_nanos() as u64 + 1);
         f.pleg.relist_pod(&uid(1)).await.unwrap();
-        let c = f.cache.get(&uid(1)).unwrap().status.container(&cid(1)).unwrap().clone();
+        let c = f
+            .cache
+            .get(&uid(1))
+            .unwrap()
+            .status
+            .container(&cid(1))
+            .unwrap()
+            .clone();
         assert_eq!(c.state, ContainerState::Running);
         assert_eq!(f.pleg.stats().disagreements.load(Ordering::Relaxed), 1);
         assert!(!f.pleg.has_unconfirmed());
@@ -806,11 +916,17 @@ mod tests {
     #[test]
     fn health_threshold() {
         let stats = RelistStats::default();
-        assert!(stats.healthy(10, RELIST_THRESHOLD).is_ok(), "healthy before the first relist");
+        assert!(
+            stats.healthy(10, RELIST_THRESHOLD).is_ok(),
+            "healthy before the first relist"
+        );
         stats.last_relist_ns.store(1, Ordering::Relaxed);
         let late = 1 + RELIST_THRESHOLD.as_nanos() as u64 + 1_000_000_000;
         let err = stats.healthy(late, RELIST_THRESHOLD).unwrap_err();
-        assert!(err.starts_with("pleg was last seen active 181.0s ago; threshold is 180.0s"), "{err}");
+        assert!(
+            err.starts_with("pleg was last seen active 181.0s ago; threshold is 180.0s"),
+            "{err}"
+        );
         assert!(stats.healthy(2, RELIST_THRESHOLD).is_ok());
     }
 
@@ -823,18 +939,36 @@ mod tests {
         let (pod_tx, pod_rx) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
         let mut rx = f.rx;
-        let task = tokio::spawn(f.pleg.run(Duration::from_secs(300), signal.clone(), pod_rx, shutdown.clone()));
-        let first = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await.unwrap().unwrap();
-        assert_eq!(first.kind, EventKind::ContainerStarted, "the first relist runs at once");
+        let task = tokio::spawn(f.pleg.run(
+            Duration::from_secs(300),
+            signal.clone(),
+            pod_rx,
+            shutdown.clone(),
+        ));
+        let first = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            first.kind,
+            EventKind::ContainerStarted,
+            "the first relist runs at once"
+        );
         f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
         signal.request("test");
-        let died = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await.unwrap().unwrap();
+        let died = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(died.kind, EventKind::ContainerDied);
         pod_tx.send(uid(1)).unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
         shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(1), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     fn arb_state() -> impl Strategy<Value = PlegState> {

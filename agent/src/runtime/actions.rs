@@ -86,7 +86,11 @@ pub struct PodActions {
 impl PodActions {
     /// Whether this sync changes anything in the runtime.
     pub fn does_runtime_work(&self) -> bool {
-        self.kill_pod || self.create_sandbox || self.start_init.is_some() || !self.start.is_empty() || !self.kill.is_empty()
+        self.kill_pod
+            || self.create_sandbox
+            || self.start_init.is_some()
+            || !self.start.is_empty()
+            || !self.kill.is_empty()
     }
 }
 
@@ -96,7 +100,9 @@ impl PodActions {
 pub fn container_hash(c: &Container) -> u64 {
     let json = serde_json::to_vec(c).unwrap_or_default();
     let digest = Sha256::digest(&json);
-    u64::from_be_bytes([digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7]])
+    u64::from_be_bytes([
+        digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
+    ])
 }
 
 /// The newest status of the container named `name`.
@@ -129,16 +135,24 @@ pub fn compute_pod_actions(
 
     // Terminal pods first: nothing more runs.
     let init_failed = init.iter().any(|c| {
-        latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited && s.exit_code != Some(0))
+        latest(status, &c.name)
+            .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code != Some(0))
     });
     let all_apps_exited = !apps.is_empty()
-        && apps.iter().all(|c| latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited));
-    let all_apps_ok = apps
-        .iter()
-        .all(|c| latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0)));
+        && apps
+            .iter()
+            .all(|c| latest(status, &c.name).is_some_and(|s| s.state == ContainerState::Exited));
+    let all_apps_ok = apps.iter().all(|c| {
+        latest(status, &c.name)
+            .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0))
+    });
     actions.terminal = match policy {
         RestartPolicy::Never if init_failed => Some(Terminal::Failed),
-        RestartPolicy::Never if all_apps_exited => Some(if all_apps_ok { Terminal::Succeeded } else { Terminal::Failed }),
+        RestartPolicy::Never if all_apps_exited => Some(if all_apps_ok {
+            Terminal::Succeeded
+        } else {
+            Terminal::Failed
+        }),
         RestartPolicy::OnFailure if all_apps_ok => Some(Terminal::Succeeded),
         _ => None,
     };
@@ -156,9 +170,17 @@ pub fn compute_pod_actions(
         Some(s) => actions.sandbox = Some(s.id.clone()),
         None => {
             actions.create_sandbox = true;
-            actions.sandbox_attempt = status.sandboxes.iter().map(|s| s.attempt + 1).max().unwrap_or(0);
+            actions.sandbox_attempt = status
+                .sandboxes
+                .iter()
+                .map(|s| s.attempt + 1)
+                .max()
+                .unwrap_or(0);
             actions.kill_pod = !status.sandboxes.is_empty()
-                || status.containers.iter().any(|c| c.state == ContainerState::Running);
+                || status
+                    .containers
+                    .iter()
+                    .any(|c| c.state == ContainerState::Running);
         }
     }
 
@@ -215,7 +237,9 @@ pub fn compute_pod_actions(
                 }
             }
             ContainerState::Exited => {
-                if policy.restarts(s.exit_code.unwrap_or(0)) && !wait_backoff(&mut actions, &c.name, s) {
+                if policy.restarts(s.exit_code.unwrap_or(0))
+                    && !wait_backoff(&mut actions, &c.name, s)
+                {
                     actions.start.push(j);
                 }
             }
@@ -270,7 +294,13 @@ mod tests {
         }
     }
 
-    fn cs(n: u8, name: &str, state: ContainerState, exit: Option<i32>, attempt: u32) -> ContainerStatus {
+    fn cs(
+        n: u8,
+        name: &str,
+        state: ContainerState,
+        exit: Option<i32>,
+        attempt: u32,
+    ) -> ContainerStatus {
         let mut c = ContainerStatus::new(id(n), name, state, EventSource::Relist);
         c.exit_code = exit;
         c.attempt = attempt;
@@ -291,11 +321,23 @@ mod tests {
     #[test]
     fn a_new_pod_gets_a_sandbox_then_its_first_init_container() {
         let p = pod("Always", &["init"], &["app"]);
-        let a = compute_pod_actions(&p, &uid(), &PodStatus::default(), &CrashBackoff::default(), NOW);
+        let a = compute_pod_actions(
+            &p,
+            &uid(),
+            &PodStatus::default(),
+            &CrashBackoff::default(),
+            NOW,
+        );
         assert!(a.create_sandbox && !a.kill_pod);
         assert_eq!((a.start_init, a.start.clone()), (Some(0), vec![]));
         let p = pod("Always", &[], &["a", "b"]);
-        let a = compute_pod_actions(&p, &uid(), &PodStatus::default(), &CrashBackoff::default(), NOW);
+        let a = compute_pod_actions(
+            &p,
+            &uid(),
+            &PodStatus::default(),
+            &CrashBackoff::default(),
+            NOW,
+        );
         assert_eq!(a.start, vec![0, 1]);
     }
 
@@ -307,7 +349,10 @@ mod tests {
         let a = compute_pod_actions(&p, &uid(), &running, &b, NOW);
         assert!(!a.does_runtime_work(), "wait for i1: {a:?}");
         let i1_done = status(vec![cs(1, "i1", ContainerState::Exited, Some(0), 0)]);
-        assert_eq!(compute_pod_actions(&p, &uid(), &i1_done, &b, NOW).start_init, Some(1));
+        assert_eq!(
+            compute_pod_actions(&p, &uid(), &i1_done, &b, NOW).start_init,
+            Some(1)
+        );
         let both = status(vec![
             cs(1, "i1", ContainerState::Exited, Some(0), 0),
             cs(2, "i2", ContainerState::Exited, Some(0), 0),
@@ -332,11 +377,18 @@ mod tests {
             let p = pod(policy, &[], &["app"]);
             let s = status(vec![cs(1, "app", ContainerState::Exited, exit, 0)]);
             let a = compute_pod_actions(&p, &uid(), &s, &b, NOW);
-            assert_eq!((a.start.clone(), a.terminal), (start, terminal), "{policy} exit {exit:?}");
+            assert_eq!(
+                (a.start.clone(), a.terminal),
+                (start, terminal),
+                "{policy} exit {exit:?}"
+            );
         }
         let p = pod("Never", &["init"], &["app"]);
         let s = status(vec![cs(1, "init", ContainerState::Exited, Some(1), 0)]);
-        assert_eq!(compute_pod_actions(&p, &uid(), &s, &b, NOW).terminal, Some(Terminal::Failed));
+        assert_eq!(
+            compute_pod_actions(&p, &uid(), &s, &b, NOW).terminal,
+            Some(Terminal::Failed)
+        );
     }
 
     #[test]
@@ -350,7 +402,10 @@ mod tests {
         assert!(a.start.is_empty());
         assert_eq!(a.backoff.len(), 1);
         let later = NOW + 11_000_000_000;
-        assert_eq!(compute_pod_actions(&p, &uid(), &status(vec![c]), &b, later).start, vec![0]);
+        assert_eq!(
+            compute_pod_actions(&p, &uid(), &status(vec![c]), &b, later).start,
+            vec![0]
+        );
     }
 
     #[test]
@@ -359,7 +414,9 @@ mod tests {
         let mut c = cs(1, "app", ContainerState::Running, None, 0);
         c.hash = Some(container_hash(&p.spec.as_ref().unwrap().containers[0]));
         let b = CrashBackoff::default();
-        assert!(!compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW).does_runtime_work());
+        assert!(
+            !compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW).does_runtime_work()
+        );
         c.hash = Some(1);
         let a = compute_pod_actions(&p, &uid(), &status(vec![c]), &b, NOW);
         assert_eq!((a.kill.len(), a.start.clone()), (1, vec![0]));

@@ -42,7 +42,13 @@ impl CrashBackoff {
     }
 
     /// If the container that finished at `finished_ns` must still wait, how long.
-    pub fn remaining(&self, pod: &PodUid, name: &str, finished_ns: i64, now_ns: i64) -> Option<Duration> {
+    pub fn remaining(
+        &self,
+        pod: &PodUid,
+        name: &str,
+        finished_ns: i64,
+        now_ns: i64,
+    ) -> Option<Duration> {
         let e = self.entries.get(&(pod.clone(), name.to_owned()))?;
         let until = finished_ns.saturating_add(e.backoff.as_nanos() as i64);
         (now_ns < until).then(|| Duration::from_nanos((until - now_ns) as u64))
@@ -51,7 +57,8 @@ impl CrashBackoff {
     /// Records a restart at `now_ns`: the next wait doubles, up to the cap.
     pub fn restarted(&mut self, pod: &PodUid, name: &str, now_ns: i64) {
         let key = (pod.clone(), name.to_owned());
-        let expired = |e: &Entry| now_ns.saturating_sub(e.last_update_ns) > 2 * self.max.as_nanos() as i64;
+        let expired =
+            |e: &Entry| now_ns.saturating_sub(e.last_update_ns) > 2 * self.max.as_nanos() as i64;
         let backoff = match self.entries.get(&key) {
             Some(e) if !expired(e) => (e.backoff * 2).min(self.max),
             _ => self.initial,
@@ -81,9 +88,16 @@ mod tests {
     fn doubles_to_the_cap_and_expires() {
         let pod = PodUid::parse(&"a".repeat(32)).unwrap();
         let mut b = CrashBackoff::default();
-        assert_eq!(b.remaining(&pod, "app", 0, 1), None, "the first restart is immediate");
+        assert_eq!(
+            b.remaining(&pod, "app", 0, 1),
+            None,
+            "the first restart is immediate"
+        );
         b.restarted(&pod, "app", 0);
-        assert_eq!(b.remaining(&pod, "app", 5 * S, 6 * S), Some(Duration::from_secs(9)));
+        assert_eq!(
+            b.remaining(&pod, "app", 5 * S, 6 * S),
+            Some(Duration::from_secs(9))
+        );
         assert_eq!(b.remaining(&pod, "app", 5 * S, 15 * S), None);
         let mut waits = Vec::new();
         let mut t = 0;

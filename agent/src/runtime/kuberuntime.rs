@@ -65,21 +65,38 @@ fn unix_now_ns() -> i64 {
 }
 
 fn host_network(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
 }
 
 fn name_ns(pod: &Pod) -> (String, String) {
     (
         pod.metadata.name.clone().unwrap_or_default(),
-        pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
     )
 }
 
 /// The CRI sandbox config of `pod`.
-pub fn sandbox_config(pod: &Pod, uid: &PodUid, attempt: u32, node: &NodeInfo) -> v1::PodSandboxConfig {
+pub fn sandbox_config(
+    pod: &Pod,
+    uid: &PodUid,
+    attempt: u32,
+    node: &NodeInfo,
+) -> v1::PodSandboxConfig {
     let (name, namespace) = name_ns(pod);
     let spec = pod.spec.clone().unwrap_or_default();
-    let mut sandbox_labels: HashMap<String, String> = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+    let mut sandbox_labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     sandbox_labels.insert(labels::POD_NAME.into(), name.clone());
     sandbox_labels.insert(labels::POD_NAMESPACE.into(), namespace.clone());
     sandbox_labels.insert(labels::POD_UID.into(), uid.to_string());
@@ -101,20 +118,33 @@ pub fn sandbox_config(pod: &Pod, uid: &PodUid, attempt: u32, node: &NodeInfo) ->
             attempt,
         }),
         // A host-network sandbox has no UTS namespace of its own to name.
-        hostname: if host_net { String::new() } else { name.clone() },
+        hostname: if host_net {
+            String::new()
+        } else {
+            name.clone()
+        },
         log_directory: node
             .log_dir
             .join(format!("{namespace}_{name}_{uid}"))
             .to_string_lossy()
             .into_owned(),
         labels: sandbox_labels,
-        annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
+        annotations: pod
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
         linux: Some(v1::LinuxPodSandboxConfig {
             cgroup_parent: pod_cgroup_path(CgroupDriver::Cgroupfs, qos_class(pod), uid),
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {
                     network: mode(host_net, true),
-                    pid: mode(spec.host_pid.unwrap_or(false), spec.share_process_namespace.unwrap_or(false)),
+                    pid: mode(
+                        spec.host_pid.unwrap_or(false),
+                        spec.share_process_namespace.unwrap_or(false),
+                    ),
                     ipc: mode(spec.host_ipc.unwrap_or(false), true),
                     ..Default::default()
                 }),
@@ -127,7 +157,12 @@ pub fn sandbox_config(pod: &Pod, uid: &PodUid, attempt: u32, node: &NodeInfo) ->
 }
 
 /// The CRI container config of `c` (its `attempt`-th instance).
-pub fn container_config(pod: &Pod, uid: &PodUid, c: &Container, attempt: u32) -> Result<v1::ContainerConfig, SyncError> {
+pub fn container_config(
+    pod: &Pod,
+    uid: &PodUid,
+    c: &Container,
+    attempt: u32,
+) -> Result<v1::ContainerConfig, SyncError> {
     let (name, namespace) = name_ns(pod);
     let mut envs = Vec::new();
     for e in c.env.iter().flatten() {
@@ -143,10 +178,21 @@ pub fn container_config(pod: &Pod, uid: &PodUid, c: &Container, attempt: u32) ->
         });
     }
     let mut resources = v1::LinuxContainerResources::default();
-    let requests = c.resources.as_ref().and_then(|r| r.requests.clone()).unwrap_or_default();
-    let limits = c.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
+    let requests = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.clone())
+        .unwrap_or_default();
+    let limits = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
     let bad = |what: &str, e: super::quantity::QuantityError| {
-        SyncError(format!("container {} of pod {namespace}/{name}: {what}: {e}", c.name))
+        SyncError(format!(
+            "container {} of pod {namespace}/{name}: {what}: {e}",
+            c.name
+        ))
     };
     let cpu_request = requests.get("cpu").or(limits.get("cpu"));
     if let Some(q) = cpu_request {
@@ -170,8 +216,14 @@ pub fn container_config(pod: &Pod, uid: &PodUid, c: &Container, attempt: u32) ->
         (labels::CONTAINER_NAME.to_owned(), c.name.clone()),
     ]);
     let annotations = HashMap::from([
-        (labels::CONTAINER_HASH.to_owned(), format!("{:x}", container_hash(c))),
-        (labels::CONTAINER_RESTART_COUNT.to_owned(), attempt.to_string()),
+        (
+            labels::CONTAINER_HASH.to_owned(),
+            format!("{:x}", container_hash(c)),
+        ),
+        (
+            labels::CONTAINER_RESTART_COUNT.to_owned(),
+            attempt.to_string(),
+        ),
         (
             labels::TERMINATION_GRACE_PERIOD.to_owned(),
             spec_grace_seconds(pod).to_string(),
@@ -216,7 +268,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl KubeRuntime {
-    pub fn new(cri: CriClient, status: Arc<StatusManager>, node: NodeInfo, backoff: CrashBackoff) -> Self {
+    pub fn new(
+        cri: CriClient,
+        status: Arc<StatusManager>,
+        node: NodeInfo,
+        backoff: CrashBackoff,
+    ) -> Self {
         Self {
             cri,
             status,
@@ -231,10 +288,19 @@ impl KubeRuntime {
     }
 
     fn start_time(&self, uid: &PodUid) -> i64 {
-        *lock(&self.start_times).entry(uid.clone()).or_insert_with(unix_now_ns)
+        *lock(&self.start_times)
+            .entry(uid.clone())
+            .or_insert_with(unix_now_ns)
     }
 
-    fn publish(&self, pod: &Arc<Pod>, uid: &PodUid, status: &PodStatus, actions: &PodActions, terminal: Option<Terminal>) {
+    fn publish(
+        &self,
+        pod: &Arc<Pod>,
+        uid: &PodUid,
+        status: &PodStatus,
+        actions: &PodActions,
+        terminal: Option<Terminal>,
+    ) {
         let ctx = Context {
             terminal,
             backoff: &actions.backoff,
@@ -242,7 +308,8 @@ impl KubeRuntime {
             start_time: Some(self.start_time(uid)),
             rejected: None,
         };
-        self.status.set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));
+        self.status
+            .set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));
     }
 
     async fn ensure_image(&self, image: &str) -> Result<(), SyncError> {
@@ -259,10 +326,11 @@ impl KubeRuntime {
             .is_some();
         if !present {
             info!(image, "pulling image");
-            self.cri
-                .pull_image(&spec, None, None)
-                .await
-                .map_err(|e| SyncError(format!("image {image} is not present and could not be pulled: {e}")))?;
+            self.cri.pull_image(&spec, None, None).await.map_err(|e| {
+                SyncError(format!(
+                    "image {image} is not present and could not be pulled: {e}"
+                ))
+            })?;
         }
         Ok(())
     }
@@ -278,14 +346,18 @@ impl KubeRuntime {
     ) -> Result<(), SyncError> {
         let previous = latest(status, &c.name);
         let attempt = previous.map(|p| p.attempt + 1).unwrap_or(0);
-        self.ensure_image(c.image.as_deref().unwrap_or_default()).await?;
+        self.ensure_image(c.image.as_deref().unwrap_or_default())
+            .await?;
         let config = container_config(pod, uid, c, attempt)?;
         let id = self
             .cri
             .create_container(sandbox_id, &config, sandbox)
             .await
             .map_err(|e| SyncError(e.to_string()))?;
-        self.cri.start_container(&id).await.map_err(|e| SyncError(e.to_string()))?;
+        self.cri
+            .start_container(&id)
+            .await
+            .map_err(|e| SyncError(e.to_string()))?;
         if previous.is_some() {
             lock(&self.backoff).restarted(uid, &c.name, unix_now_ns());
         }
@@ -295,7 +367,8 @@ impl KubeRuntime {
 
     /// Stops every container and sandbox of the pod, as the runtime lists them now.
     async fn kill_pod(&self, uid: &PodUid, grace: i64) -> Result<(), SyncError> {
-        let selector: HashMap<String, String> = HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]);
+        let selector: HashMap<String, String> =
+            HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]);
         let containers = self
             .cri
             .list_containers(Some(v1::ContainerFilter {
@@ -320,8 +393,14 @@ impl KubeRuntime {
             }))
             .await
             .map_err(|e| SyncError(e.to_string()))?;
-        for s in sandboxes.iter().filter(|s| s.state == v1::PodSandboxState::SandboxReady as i32) {
-            self.cri.stop_pod_sandbox(&s.id).await.map_err(|e| SyncError(e.to_string()))?;
+        for s in sandboxes
+            .iter()
+            .filter(|s| s.state == v1::PodSandboxState::SandboxReady as i32)
+        {
+            self.cri
+                .stop_pod_sandbox(&s.id)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
         }
         Ok(())
     }
@@ -348,7 +427,10 @@ impl PodSyncer for KubeRuntime {
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
-            self.cri.stop_container(k.id.as_str(), grace).await.map_err(|e| SyncError(e.to_string()))?;
+            self.cri
+                .stop_container(k.id.as_str(), grace)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
         let sandbox_config = sandbox_config(&pod, &uid, actions.sandbox_attempt, &self.node);
@@ -364,18 +446,34 @@ impl PodSyncer for KubeRuntime {
             info!(pod = %uid, sandbox = %id, "sandbox created");
             id
         } else {
-            actions.sandbox.as_ref().map(|s| s.to_string()).unwrap_or_default()
+            actions
+                .sandbox
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
         };
         // A fresh sandbox starts its containers from scratch.
         let empty = PodStatus::default();
-        let status = if actions.create_sandbox { &empty } else { &entry.status };
+        let status = if actions.create_sandbox {
+            &empty
+        } else {
+            &entry.status
+        };
         if let Some(i) = actions.start_init {
-            let c = &spec.init_containers.as_ref().map(|v| v[i].clone()).unwrap_or_default();
-            self.start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status).await?;
+            let c = &spec
+                .init_containers
+                .as_ref()
+                .map(|v| v[i].clone())
+                .unwrap_or_default();
+            self.start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status)
+                .await?;
         }
         for j in &actions.start {
             let c = &spec.containers[*j];
-            if let Err(e) = self.start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status).await {
+            if let Err(e) = self
+                .start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status)
+                .await
+            {
                 warn!(pod = %uid, container = %c.name, error = %e, "container start failed");
                 return Err(e);
             }
@@ -387,7 +485,12 @@ impl PodSyncer for KubeRuntime {
         })
     }
 
-    async fn sync_terminating_pod(&self, pod: Arc<Pod>, entry: CacheEntry, grace_seconds: i64) -> Result<(), SyncError> {
+    async fn sync_terminating_pod(
+        &self,
+        pod: Arc<Pod>,
+        entry: CacheEntry,
+        grace_seconds: i64,
+    ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         info!(pod = %uid, grace_seconds, "terminating pod");
         self.kill_pod(&uid, grace_seconds).await?;
@@ -398,7 +501,12 @@ impl PodSyncer for KubeRuntime {
                 c.state = ContainerState::Exited;
             }
         }
-        let terminal = if status.containers.iter().all(|c| c.exit_code.unwrap_or(1) == 0) && !status.containers.is_empty() {
+        let terminal = if status
+            .containers
+            .iter()
+            .all(|c| c.exit_code.unwrap_or(1) == 0)
+            && !status.containers.is_empty()
+        {
             Terminal::Succeeded
         } else {
             Terminal::Failed
@@ -408,7 +516,11 @@ impl PodSyncer for KubeRuntime {
         Ok(())
     }
 
-    async fn sync_terminated_pod(&self, pod: Arc<Pod>, _entry: CacheEntry) -> Result<(), SyncError> {
+    async fn sync_terminated_pod(
+        &self,
+        pod: Arc<Pod>,
+        _entry: CacheEntry,
+    ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         let sandboxes = self
             .cri
@@ -419,7 +531,10 @@ impl PodSyncer for KubeRuntime {
             .await
             .map_err(|e| SyncError(e.to_string()))?;
         for s in &sandboxes {
-            self.cri.remove_pod_sandbox(&s.id).await.map_err(|e| SyncError(e.to_string()))?;
+            self.cri
+                .remove_pod_sandbox(&s.id)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
         }
         remove_pod_cgroups(&self.node.cgroup_mounts, &pod, &uid);
         lock(&self.backoff).forget(&uid);
@@ -487,7 +602,10 @@ mod tests {
         let uid = pod_uid(&p).unwrap();
         let s = sandbox_config(&p, &uid, 1, &node());
         let m = s.metadata.as_ref().unwrap();
-        assert_eq!((m.name.as_str(), m.namespace.as_str(), m.attempt), ("web", "ns", 1));
+        assert_eq!(
+            (m.name.as_str(), m.namespace.as_str(), m.attempt),
+            ("web", "ns", 1)
+        );
         assert_eq!(s.hostname, "");
         assert_eq!(s.labels.get(labels::POD_UID).unwrap(), &uid.to_string());
         assert_eq!(s.labels.get("app").unwrap(), "web");
@@ -510,7 +628,15 @@ mod tests {
         assert_eq!(cfg.envs[0].key, "A");
         assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 2);
         let r = cfg.linux.unwrap().resources.unwrap();
-        assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period, r.memory_limit_in_bytes), (256, 50_000, 100_000, 64 << 20));
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.cpu_period,
+                r.memory_limit_in_bytes
+            ),
+            (256, 50_000, 100_000, 64 << 20)
+        );
         assert_eq!(
             cfg.annotations.get(labels::CONTAINER_HASH).unwrap(),
             &format!("{:x}", container_hash(c))

@@ -74,7 +74,11 @@ fn nonzero(ns: i64) -> Option<i64> {
 /// Converts a CRI `ContainerStatus` to the kubelet's view.
 pub fn convert_container_status(s: &v1::ContainerStatus) -> Option<ContainerStatus> {
     let id = ContainerId::parse(&s.id)?;
-    let name = s.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let name = s
+        .metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
     let mut c = ContainerStatus::new(id, &name, container_state(s.state), EventSource::Relist);
     c.attempt = s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
     c.created_at = nonzero(s.created_at);
@@ -83,14 +87,26 @@ pub fn convert_container_status(s: &v1::ContainerStatus) -> Option<ContainerStat
     c.exit_code = (c.state == ContainerState::Exited).then_some(s.exit_code);
     c.reason = s.reason.clone();
     c.message = s.message.clone();
-    c.image = s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    c.image = s
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
     c.image_ref = s.image_ref.clone();
     c.hash = s
         .annotations
         .get(labels::CONTAINER_HASH)
         .and_then(|h| u64::from_str_radix(h, 16).ok());
-    c.labels = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    c.annotations = s.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    c.labels = s
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    c.annotations = s
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     Some(c)
 }
 
@@ -129,7 +145,9 @@ impl PodRuntime for CriRuntime {
             });
         }
         for c in &containers {
-            let Some(uid) = pod_of(&c.labels) else { continue };
+            let Some(uid) = pod_of(&c.labels) else {
+                continue;
+            };
             let Some(id) = ContainerId::parse(&c.id) else {
                 warn!(container = %c.id, "container id is not 64 hex digits; ignored");
                 continue;
@@ -161,7 +179,9 @@ impl PodRuntime for CriRuntime {
         let mut sandboxes = sandboxes;
         sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         for s in &sandboxes {
-            let Some(id) = ContainerId::parse(&s.id) else { continue };
+            let Some(id) = ContainerId::parse(&s.id) else {
+                continue;
+            };
             let resp = match self.client.pod_sandbox_status(&s.id, false).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
@@ -239,15 +259,24 @@ mod tests {
             ..Default::default()
         };
         let c = convert_container_status(&s).unwrap();
-        assert_eq!((c.name.as_str(), c.attempt, c.state), ("app", 2, ContainerState::Exited));
-        assert_eq!((c.started_at, c.finished_at, c.exit_code), (Some(2), Some(3), Some(7)));
+        assert_eq!(
+            (c.name.as_str(), c.attempt, c.state),
+            ("app", 2, ContainerState::Exited)
+        );
+        assert_eq!(
+            (c.started_at, c.finished_at, c.exit_code),
+            (Some(2), Some(3), Some(7))
+        );
         assert_eq!((c.reason.as_str(), c.hash), ("Error", Some(255)));
         let running = v1::ContainerStatus {
             state: v1::ContainerState::ContainerRunning as i32,
             ..s.clone()
         };
         assert_eq!(convert_container_status(&running).unwrap().exit_code, None);
-        let bad = v1::ContainerStatus { id: "short".into(), ..s };
+        let bad = v1::ContainerStatus {
+            id: "short".into(),
+            ..s
+        };
         assert!(convert_container_status(&bad).is_none());
         assert_eq!(container_state(99), ContainerState::Unknown);
     }

@@ -22,7 +22,11 @@ const RESOURCES: [&str; 2] = ["cpu", "memory"];
 
 fn quantity(c: &Container, limits: bool, name: &str) -> Option<String> {
     let r = c.resources.as_ref()?;
-    let map = if limits { r.limits.as_ref() } else { r.requests.as_ref() };
+    let map = if limits {
+        r.limits.as_ref()
+    } else {
+        r.requests.as_ref()
+    };
     map?.get(name).map(|q| q.0.clone())
 }
 
@@ -31,7 +35,11 @@ pub fn qos_class(pod: &Pod) -> QosClass {
     let Some(spec) = &pod.spec else {
         return QosClass::BestEffort;
     };
-    let containers: Vec<&Container> = spec.containers.iter().chain(spec.init_containers.iter().flatten()).collect();
+    let containers: Vec<&Container> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
     let any = containers.iter().any(|c| {
         RESOURCES
             .iter()
@@ -41,14 +49,20 @@ pub fn qos_class(pod: &Pod) -> QosClass {
         return QosClass::BestEffort;
     }
     let guaranteed = containers.iter().all(|c| {
-        RESOURCES.iter().all(|r| match (quantity(c, false, r), quantity(c, true, r)) {
-            (Some(req), Some(lim)) => req == lim,
-            // Requests default to limits.
-            (None, Some(_)) => true,
-            _ => false,
-        })
+        RESOURCES
+            .iter()
+            .all(|r| match (quantity(c, false, r), quantity(c, true, r)) {
+                (Some(req), Some(lim)) => req == lim,
+                // Requests default to limits.
+                (None, Some(_)) => true,
+                _ => false,
+            })
     });
-    if guaranteed { QosClass::Guaranteed } else { QosClass::Burstable }
+    if guaranteed {
+        QosClass::Guaranteed
+    } else {
+        QosClass::Burstable
+    }
 }
 
 #[cfg(test)]
@@ -67,7 +81,8 @@ mod tests {
         assert_eq!(qos_class(&pod(serde_json::json!({}))), QosClass::BestEffort);
         let g = pod(serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}}));
         assert_eq!(qos_class(&g), QosClass::Guaranteed);
-        let b = pod(serde_json::json!({"requests": {"memory": "10Mi"}, "limits": {"memory": "20Mi"}}));
+        let b =
+            pod(serde_json::json!({"requests": {"memory": "10Mi"}, "limits": {"memory": "20Mi"}}));
         assert_eq!(qos_class(&b), QosClass::Burstable);
         assert_eq!(QosClass::Burstable.as_api(), "Burstable");
     }

@@ -14,7 +14,10 @@ fn split(q: &str) -> (&str, &str) {
     let (num, suffix) = q.split_at(end);
     if let Some(exp) = suffix.strip_prefix(['e', 'E'])
         && !exp.is_empty()
-        && exp.trim_start_matches(['+', '-']).chars().all(|c| c.is_ascii_digit())
+        && exp
+            .trim_start_matches(['+', '-'])
+            .chars()
+            .all(|c| c.is_ascii_digit())
     {
         return (q, "");
     }

@@ -14,8 +14,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus as ApiContainerStatus, Pod, PodCondition, PodIP, PodStatus as ApiPodStatus,
+    ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus as ApiContainerStatus, Pod, PodCondition, PodIP,
+    PodStatus as ApiPodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -90,7 +91,9 @@ fn container_status(
         status
             .containers
             .iter()
-            .filter(|c| c.name == name && c.attempt < n.attempt && c.state == ContainerState::Exited)
+            .filter(|c| {
+                c.name == name && c.attempt < n.attempt && c.state == ContainerState::Exited
+            })
             .max_by_key(|c| c.attempt)
     });
     let mut out = ApiContainerStatus {
@@ -173,7 +176,12 @@ fn condition(kind: &str, ok: bool, reason: Option<&str>) -> PodCondition {
 }
 
 /// The kubelet's `getPhase` from container statuses.
-fn phase(init: &[ApiContainerStatus], apps: &[ApiContainerStatus], policy: RestartPolicy, terminal: Option<Terminal>) -> &'static str {
+fn phase(
+    init: &[ApiContainerStatus],
+    apps: &[ApiContainerStatus],
+    policy: RestartPolicy,
+    terminal: Option<Terminal>,
+) -> &'static str {
     if let Some(t) = terminal {
         return match t {
             Terminal::Succeeded => "Succeeded",
@@ -199,7 +207,11 @@ fn phase(init: &[ApiContainerStatus], apps: &[ApiContainerStatus], policy: Resta
             if t.exit_code == 0 {
                 succeeded += 1;
             }
-        } else if c.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+        } else if c
+            .last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
+        {
             stopped += 1;
         } else {
             waiting += 1;
@@ -237,7 +249,16 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         .init_containers
         .iter()
         .flatten()
-        .map(|c| container_status(&c.name, c.image.as_deref().unwrap_or_default(), runtime, policy_for_init(policy), ctx, "PodInitializing"))
+        .map(|c| {
+            container_status(
+                &c.name,
+                c.image.as_deref().unwrap_or_default(),
+                runtime,
+                policy_for_init(policy),
+                ctx,
+                "PodInitializing",
+            )
+        })
         .collect();
     let init_done = init.iter().all(|c| {
         c.state
@@ -249,14 +270,31 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         .containers
         .iter()
         .map(|c| {
-            let reason = if init_done { "ContainerCreating" } else { "PodInitializing" };
-            container_status(&c.name, c.image.as_deref().unwrap_or_default(), runtime, policy, ctx, reason)
+            let reason = if init_done {
+                "ContainerCreating"
+            } else {
+                "PodInitializing"
+            };
+            container_status(
+                &c.name,
+                c.image.as_deref().unwrap_or_default(),
+                runtime,
+                policy,
+                ctx,
+                reason,
+            )
         })
         .collect();
     let phase = phase(&init, &apps, policy, ctx.terminal);
     let all_ready = !apps.is_empty() && apps.iter().all(|c| c.ready);
     let completed = matches!(phase, "Succeeded" | "Failed").then_some("PodCompleted");
-    let not_ready = if completed.is_some() { completed } else if all_ready { None } else { Some("ContainersNotReady") };
+    let not_ready = if completed.is_some() {
+        completed
+    } else if all_ready {
+        None
+    } else {
+        Some("ContainersNotReady")
+    };
     let host_network = spec.host_network.unwrap_or(false);
     let pod_ips: Vec<String> = if host_network {
         host_ip.iter().cloned().collect()
@@ -267,14 +305,23 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         phase: Some(phase.into()),
         conditions: Some(vec![
             condition("PodScheduled", true, None),
-            condition("Initialized", init_done, (!init_done).then_some("ContainersNotInitialized")),
-            condition("ContainersReady", all_ready && completed.is_none(), not_ready),
+            condition(
+                "Initialized",
+                init_done,
+                (!init_done).then_some("ContainersNotInitialized"),
+            ),
+            condition(
+                "ContainersReady",
+                all_ready && completed.is_none(),
+                not_ready,
+            ),
             condition("Ready", all_ready && completed.is_none(), not_ready),
         ]),
         host_ip: host_ip.clone(),
         host_ips: host_ip.map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]),
         pod_ip: pod_ips.first().cloned(),
-        pod_ips: (!pod_ips.is_empty()).then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        pod_ips: (!pod_ips.is_empty())
+            .then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
         start_time: ctx.start_time.and_then(time),
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(apps),
@@ -299,7 +346,10 @@ mod tests {
 
     fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
         let c = |names: &[&str]| -> serde_json::Value {
-            names.iter().map(|n| serde_json::json!({"name": n, "image": "localhost/busybox:latest"})).collect()
+            names
+                .iter()
+                .map(|n| serde_json::json!({"name": n, "image": "localhost/busybox:latest"}))
+                .collect()
         };
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "uid": "a".repeat(32)},
@@ -308,7 +358,13 @@ mod tests {
         .unwrap()
     }
 
-    fn cs(n: u8, name: &str, state: ContainerState, exit: Option<i32>, attempt: u32) -> ContainerStatus {
+    fn cs(
+        n: u8,
+        name: &str,
+        state: ContainerState,
+        exit: Option<i32>,
+        attempt: u32,
+    ) -> ContainerStatus {
         let mut c = ContainerStatus::new(
             ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap(),
             name,
@@ -346,7 +402,14 @@ mod tests {
     }
 
     fn cond(s: &ApiPodStatus, kind: &str) -> String {
-        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == kind).unwrap().status.clone()
+        s.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap()
+            .status
+            .clone()
     }
 
     #[test]
@@ -356,36 +419,87 @@ mod tests {
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         assert_eq!(cond(&s, "Initialized"), "False");
         let app = &s.container_statuses.as_ref().unwrap()[0];
-        assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+        assert_eq!(
+            app.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("PodInitializing")
+        );
 
-        let rt = runtime(vec![cs(1, "init", ContainerState::Exited, Some(0), 0), cs(2, "app", ContainerState::Running, None, 0)]);
+        let rt = runtime(vec![
+            cs(1, "init", ContainerState::Exited, Some(0), 0),
+            cs(2, "app", ContainerState::Running, None, 0),
+        ]);
         let s = generate(&p, &rt, &ctx());
         assert_eq!(s.phase.as_deref(), Some("Running"));
         for c in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
             assert_eq!(cond(&s, c), "True", "{c}");
         }
-        assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.1"), "host network: the pod IP is the host's");
+        assert_eq!(
+            s.pod_ip.as_deref(),
+            Some("10.0.0.1"),
+            "host network: the pod IP is the host's"
+        );
         let init = &s.init_container_statuses.as_ref().unwrap()[0];
-        assert_eq!(init.state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref(), Some("Completed"));
+        assert_eq!(
+            init.state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("Completed")
+        );
     }
 
     #[test]
     fn exits_and_restarts() {
         // OnFailure, exited 3, restarted once and running: restart count 1, last state exit 3.
         let p = pod("OnFailure", &[], &["app"]);
-        let rt = runtime(vec![cs(1, "app", ContainerState::Exited, Some(3), 0), cs(2, "app", ContainerState::Running, None, 1)]);
+        let rt = runtime(vec![
+            cs(1, "app", ContainerState::Exited, Some(3), 0),
+            cs(2, "app", ContainerState::Running, None, 1),
+        ]);
         let s = generate(&p, &rt, &ctx());
         let c = &s.container_statuses.as_ref().unwrap()[0];
         assert_eq!(c.restart_count, 1);
-        assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 3);
+        assert_eq!(
+            c.last_state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .exit_code,
+            3
+        );
         assert_eq!(s.phase.as_deref(), Some("Running"));
 
         // Never, exited 3: Failed with exit code 3 and reason Error.
         let p = pod("Never", &[], &["app"]);
         let rt = runtime(vec![cs(1, "app", ContainerState::Exited, Some(3), 0)]);
-        let s = generate(&p, &rt, &Context { terminal: Some(Terminal::Failed), ..ctx() });
+        let s = generate(
+            &p,
+            &rt,
+            &Context {
+                terminal: Some(Terminal::Failed),
+                ..ctx()
+            },
+        );
         assert_eq!(s.phase.as_deref(), Some("Failed"));
-        let t = s.container_statuses.as_ref().unwrap()[0].state.clone().unwrap().terminated.unwrap();
+        let t = s.container_statuses.as_ref().unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap();
         assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
         assert_eq!(cond(&s, "Ready"), "False");
 
@@ -394,22 +508,62 @@ mod tests {
         let mut oom = cs(1, "app", ContainerState::Exited, Some(137), 0);
         oom.reason = "OOMKilled".into();
         let backoff = [("app".to_owned(), Duration::from_secs(10))];
-        let s = generate(&p, &runtime(vec![oom]), &Context { backoff: &backoff, ..ctx() });
+        let s = generate(
+            &p,
+            &runtime(vec![oom]),
+            &Context {
+                backoff: &backoff,
+                ..ctx()
+            },
+        );
         let c = &s.container_statuses.as_ref().unwrap()[0];
-        assert_eq!(c.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
-        assert_eq!(c.last_state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref(), Some("OOMKilled"));
+        assert_eq!(
+            c.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(
+            c.last_state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("OOMKilled")
+        );
         assert_eq!(s.phase.as_deref(), Some("Running"));
     }
 
     #[test]
     fn rejected_pods_fail_with_the_reason() {
         let p = pod("Always", &[], &["app"]);
-        let s = generate(&p, &PodStatus::default(), &Context { rejected: Some(("OutOfmemory", "needs 1Ti")), ..ctx() });
-        assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("OutOfmemory")));
+        let s = generate(
+            &p,
+            &PodStatus::default(),
+            &Context {
+                rejected: Some(("OutOfmemory", "needs 1Ti")),
+                ..ctx()
+            },
+        );
+        assert_eq!(
+            (s.phase.as_deref(), s.reason.as_deref()),
+            (Some("Failed"), Some("OutOfmemory"))
+        );
     }
 
     #[test]
     fn times_convert() {
-        assert_eq!(time(1_700_000_000_000_000_000).unwrap().0.as_second(), 1_700_000_000);
+        assert_eq!(
+            time(1_700_000_000_000_000_000).unwrap().0.as_second(),
+            1_700_000_000
+        );
     }
 }

@@ -41,19 +41,28 @@ impl LocalStore {
 }
 
 fn key(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default())
+    pod.metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default())
 }
 
 impl StatusWriter for std::sync::Arc<LocalStore> {
     async fn write(&self, pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
         let mut p = pod.clone();
         p.status = Some(status.clone());
-        self.pods.lock().unwrap_or_else(|e| e.into_inner()).insert(key(pod), p);
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(pod), p);
         Ok(())
     }
 
     async fn forget(&self, pod: &Pod) {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(pod));
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key(pod));
     }
 }
 
@@ -66,7 +75,9 @@ mod tests {
     #[tokio::test]
     async fn serves_a_pod_list() {
         let store = Arc::new(LocalStore::new());
-        let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "uid": "u1"}})).unwrap();
+        let pod: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "uid": "u1"}}))
+                .unwrap();
         let status = ApiPodStatus {
             phase: Some("Running".into()),
             ..ApiPodStatus::default()

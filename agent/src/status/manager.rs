@@ -54,13 +54,21 @@ pub struct StatusManager {
 
 /// `name=state(restarts)` for each container, for the log.
 fn summary(status: &ApiPodStatus) -> String {
-    let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+    let all = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
     all.map(|c| {
         let st = c.state.clone().unwrap_or_default();
         let state = if st.running.is_some() {
             "running".to_owned()
         } else if let Some(t) = st.terminated {
-            format!("terminated:{}:{}", t.reason.unwrap_or_default(), t.exit_code)
+            format!(
+                "terminated:{}:{}",
+                t.reason.unwrap_or_default(),
+                t.exit_code
+            )
         } else if let Some(w) = st.waiting {
             format!("waiting:{}", w.reason.unwrap_or_default())
         } else {
@@ -83,7 +91,9 @@ impl StatusManager {
 
     /// Hands in a pod's newest status. Returns whether it differs from the last.
     pub fn set_pod_status(&self, uid: &PodUid, pod: Arc<Pod>, status: ApiPodStatus) -> bool {
-        let changed = lock(&self.entries).get(uid).is_none_or(|e| e.status != status);
+        let changed = lock(&self.entries)
+            .get(uid)
+            .is_none_or(|e| e.status != status);
         if changed {
             info!(pod = pod.metadata.name.as_deref().unwrap_or("-"), phase = status.phase.as_deref().unwrap_or("-"),
                   containers = %summary(&status), "pod status");
@@ -168,7 +178,9 @@ impl StatusManager {
             for (uid, pod, status, version) in due {
                 let result = writer.write(&pod, &status).await;
                 let mut entries = lock(&self.entries);
-                let Some(e) = entries.get_mut(&uid) else { continue };
+                let Some(e) = entries.get_mut(&uid) else {
+                    continue;
+                };
                 match result {
                     Ok(()) => {
                         e.written = e.written.max(version);
@@ -185,7 +197,9 @@ impl StatusManager {
                         if let Err(err) = result {
                             warn!(pod = %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "status write failed; the newest status will be retried");
                         }
-                        next = Some(next.map_or(Instant::now() + delay, |n| n.min(Instant::now() + delay)));
+                        next = Some(
+                            next.map_or(Instant::now() + delay, |n| n.min(Instant::now() + delay)),
+                        );
                     }
                     Err(err @ WriteError::Permanent { .. }) => {
                         e.written = e.version;
@@ -266,10 +280,14 @@ mod tests {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
         assert!(m.set_pod_status(&uid(), pod(), status("Pending")));
-        tokio::time::timeout(Duration::from_secs(1), w.notify.notified()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), w.notify.notified())
+            .await
+            .unwrap();
         assert!(!m.set_pod_status(&uid(), pod(), status("Pending")));
         assert!(m.set_pod_status(&uid(), pod(), status("Running")));
-        tokio::time::timeout(Duration::from_secs(1), w.notify.notified()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), w.notify.notified())
+            .await
+            .unwrap();
         assert_eq!(lock(&w.written).len(), 2);
         assert_eq!(m.stats().unchanged, 1);
         shutdown.cancel();
@@ -284,19 +302,28 @@ mod tests {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
         m.set_pod_status(&uid(), pod(), status("Pending"));
-        tokio::time::timeout(Duration::from_secs(1), w.notify.notified()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), w.notify.notified())
+            .await
+            .unwrap();
         m.set_pod_status(&uid(), pod(), status("Running"));
         m.set_pod_status(&uid(), pod(), status("Failed"));
         // Several retries while down.
         while *lock(&w.attempts) < 4 {
-            tokio::time::timeout(Duration::from_secs(30), w.notify.notified()).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(30), w.notify.notified())
+                .await
+                .unwrap();
         }
         assert!(!m.all_written());
         w.down.store(false, Ordering::SeqCst);
         while lock(&w.written).is_empty() {
-            tokio::time::timeout(Duration::from_secs(30), w.notify.notified()).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(30), w.notify.notified())
+                .await
+                .unwrap();
         }
-        assert_eq!(lock(&w.written).as_slice(), &[("p".to_owned(), "Failed".to_owned())]);
+        assert_eq!(
+            lock(&w.written).as_slice(),
+            &[("p".to_owned(), "Failed".to_owned())]
+        );
         assert!(m.all_written());
         assert!(m.stats().retries >= 3);
         shutdown.cancel();

@@ -25,7 +25,11 @@ pub enum WriteError {
 /// Where statuses go: the API server (a merge patch on the status subresource) or
 /// the local store served at `/pods`.
 pub trait StatusWriter: Send + Sync + 'static {
-    fn write(&self, pod: &Pod, status: &ApiPodStatus) -> impl Future<Output = Result<(), WriteError>> + Send;
+    fn write(
+        &self,
+        pod: &Pod,
+        status: &ApiPodStatus,
+    ) -> impl Future<Output = Result<(), WriteError>> + Send;
     /// The pod was removed from the node: forget it (the local store drops it; the
     /// API writer has nothing to do).
     fn forget(&self, pod: &Pod) -> impl Future<Output = ()> + Send;

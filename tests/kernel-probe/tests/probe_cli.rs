@@ -2,10 +2,10 @@
 //! touching the kernel.
 //!
 //! This test also has a second purpose: an integration test makes cargo build the
-//! package's binary, so `cargo test --workspace` builds `evpleg-kernel-probe` with
-//! its own features and profile, and the matrix (`cargo test --workspace --no-run
-//! --test probe_cli`, xtask/src/matrix.rs) reuses that build instead of compiling the
-//! dependencies again (docs/kernels.md).
+//! package's binary, so `cargo test --workspace` builds `evpleg-kernel-probe`, and
+//! the kernel matrix takes it from that build (`cargo test --workspace --no-run`,
+//! xtask/src/matrix.rs) instead of compiling it and its dependencies apart
+//! (docs/kernels.md).
 
 use std::process::Command;
 

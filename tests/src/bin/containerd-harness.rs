@@ -5,8 +5,8 @@
 //! removes what it created, as the tests' harness does.
 
 use std::io::{BufRead, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use evpleg_tests::containerd::Containerd;
 
