@@ -19,12 +19,12 @@ use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::admission::Admission;
 use crate::cri::CriClient;
 use crate::pleg::cache::PodStatusCache;
-use crate::pleg::{EventKind, PodLifecycleEvent, PodUid};
+use crate::pleg::{PodLifecycleEvent, PodUid};
 use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType};
 use crate::runtime::kuberuntime::pod_uid;
 use crate::runtime::labels;
@@ -168,11 +168,21 @@ impl<S: PodSyncer> SyncLoop<S> {
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {
         let Some(uid) = &event.pod_uid else { return };
-        if event.kind == EventKind::ContainerDied
-            && let Some(exit) = event.exit
-        {
-            debug!(pod = %uid, container = ?event.container_id, code = exit.code, oom = exit.oom_killed, "container died");
-        }
+        let latency_us =
+            crate::pleg::kernel::monotonic_ns().saturating_sub(event.at_ns) as f64 / 1000.0;
+        info!(
+            kind = ?event.kind,
+            source = ?event.source,
+            pod = %uid,
+            name = self.pods.get(uid).and_then(|p| p.metadata.name.as_deref()).unwrap_or("-"),
+            container = event.container_id.as_ref().map(|c| c.as_str()).unwrap_or("-"),
+            pid = event.pid,
+            exit_code = event.exit.map(|e| e.code),
+            signal = event.exit.and_then(|e| e.signal),
+            oom_killed = event.exit.is_some_and(|e| e.oom_killed),
+            latency_us,
+            "pod lifecycle event"
+        );
         if let Some(pod) = self.pods.get(uid) {
             self.workers.update_pod(uid, pod.clone(), UpdateType::Sync);
         }

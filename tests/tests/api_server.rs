@@ -983,3 +983,77 @@ async fn status_writer_recovers_a_mirror_pod_write_after_an_outage() {
         Some("Running")
     );
 }
+
+/// The status manager over the API writer: the API server goes away while the
+/// pod's status changes three times; when it returns, the newest status is written
+/// and nothing is lost (the "API going away and coming back").
+#[tokio::test]
+async fn status_manager_writes_the_newest_status_after_an_outage() {
+    use evpleg::pleg::PodUid;
+    use evpleg::status::manager::StatusManager;
+    use std::sync::Arc;
+
+    init_logging();
+    let fake = FakeApiServer::start().await;
+    let pod = Arc::new(from_api(fake.add_pod(test_pod("default", "web", NODE))));
+    let uid = PodUid::parse(pod.metadata.uid.as_deref().expect("a uid")).expect("a valid uid");
+    let manager = Arc::new(StatusManager::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(manager.clone().run(writer(&fake), shutdown.clone()));
+
+    let phase = |p: &str| PodStatus {
+        phase: Some(p.into()),
+        ..PodStatus::default()
+    };
+    manager.set_pod_status(&uid, pod.clone(), phase("Pending"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fake
+        .status_of("default", "web")
+        .and_then(|s| s.phase)
+        .as_deref()
+        != Some("Pending")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first status was not written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    fake.set_available(false);
+    manager.set_pod_status(&uid, pod.clone(), phase("Running"));
+    manager.set_pod_status(&uid, pod.clone(), phase("Succeeded"));
+    manager.set_pod_status(&uid, pod.clone(), failed_status());
+    // Retried while away (back-off from 100 ms), nothing written.
+    while manager.stats().retries < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no retries while the API was away"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        fake.status_of("default", "web")
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Pending")
+    );
+    assert!(!manager.all_written());
+
+    fake.set_available(true);
+    while !manager.all_written() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the newest status was not written after the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        fake.status_of("default", "web")
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Failed")
+    );
+    shutdown.cancel();
+    task.await.expect("manager task");
+}
