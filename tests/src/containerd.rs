@@ -1160,21 +1160,22 @@ pub fn fetch_containerd_17() -> Result<PathBuf> {
     }
     let binary = dir.join("root/usr/bin/containerd");
     let stamp = dir.join("version");
-    if binary.is_file()
-        && fs::read_to_string(&stamp).is_ok_and(|v| v.trim().starts_with("1.7."))
-    {
+    if binary.is_file() && fs::read_to_string(&stamp).is_ok_and(|v| v.trim().starts_with("1.7.")) {
         return Ok(binary);
     }
     let started = Instant::now();
     let apt = PrivateApt::trixie(&dir.join("apt"))?;
     let mut version = apt.containerd_17_version();
+    let mut update_said = String::new();
     if version.is_none() {
-        apt.update()?;
+        update_said = apt.update()?;
         version = apt.containerd_17_version();
     }
     let version = version.ok_or_else(|| HarnessError::Unavailable {
         what: "containerd 1.7 in Debian trixie".to_owned(),
-        detail: "`apt-cache madison containerd` lists no 1.7 build".to_owned(),
+        detail: format!(
+            "`apt-cache madison containerd` lists no 1.7 build after `apt-get update`, which said:\n{update_said}"
+        ),
     })?;
     if version != CONTAINERD_17_VERSION {
         tracing::warn!(
@@ -1276,15 +1277,22 @@ impl PrivateApt {
         cmd
     }
 
-    fn update(&self) -> Result<()> {
+    /// `apt-get update`; returns the end of what it printed (it exits 0 even
+    /// when the archive cannot be reached).
+    fn update(&self) -> Result<String> {
         let mut cmd = self.command("apt-get");
         cmd.args(["update", "-q"]);
-        run(&mut cmd)
-            .map(drop)
-            .map_err(|e| HarnessError::Unavailable {
-                what: "Debian trixie's package lists".to_owned(),
-                detail: e.to_string(),
-            })
+        let out = run(&mut cmd).map_err(|e| HarnessError::Unavailable {
+            what: "Debian trixie's package lists".to_owned(),
+            detail: e.to_string(),
+        })?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        Ok(lines[lines.len().saturating_sub(8)..].join("\n"))
     }
 
     /// [`CONTAINERD_17_VERSION`] when the lists have it, else the newest 1.7

@@ -24,10 +24,14 @@ use evpleg::container::{ContainerState, monotonic_to_unix_ns};
 use evpleg::cri::{CriClient, CriClientConfig};
 use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig, monotonic_ns};
 use evpleg::pleg::relist::{GENERIC_PERIOD, RELIST_THRESHOLD};
-use evpleg::pleg::{ContainerId, EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent, PodUid, RelistSignal};
+use evpleg::pleg::{
+    ContainerId, EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent, PodUid, RelistSignal,
+};
 use evpleg::runtime::{CriRuntime, labels};
 use evpleg_cri_api::v1;
-use evpleg_tests::containerd::{Containerd, container_config, containerd_17_for, init_test_logging, pod_cgroup_parent};
+use evpleg_tests::containerd::{
+    Containerd, container_config, containerd_17_for, init_test_logging, pod_cgroup_parent,
+};
 use evpleg_tests::pleg::PlegUnderTest;
 use evpleg_tests::privileged;
 use tokio::sync::mpsc;
@@ -88,7 +92,9 @@ impl TestPod {
         let meta = config.metadata.clone().expect("the harness sets metadata");
         config.labels.insert(labels::POD_UID.into(), uid.clone());
         config.labels.insert(labels::POD_NAME.into(), meta.name);
-        config.labels.insert(labels::POD_NAMESPACE.into(), meta.namespace);
+        config
+            .labels
+            .insert(labels::POD_NAMESPACE.into(), meta.namespace);
         let signal_dir = containerd.base().join("signals").join(&uid);
         std::fs::create_dir_all(&signal_dir).expect("signal dir");
         Self {
@@ -106,9 +112,15 @@ impl TestPod {
     /// A busybox container of this pod running `command`, labelled for CriRuntime.
     fn container(&self, name: &str, command: &[&str]) -> v1::ContainerConfig {
         let mut config = container_config(name, command);
-        config.labels.insert(labels::POD_UID.into(), self.uid.clone());
-        config.labels.insert(labels::POD_NAME.into(), self.name.clone());
-        config.labels.insert(labels::CONTAINER_NAME.into(), name.to_owned());
+        config
+            .labels
+            .insert(labels::POD_UID.into(), self.uid.clone());
+        config
+            .labels
+            .insert(labels::POD_NAME.into(), self.name.clone());
+        config
+            .labels
+            .insert(labels::CONTAINER_NAME.into(), name.to_owned());
         config
     }
 
@@ -140,17 +152,30 @@ async fn run_sandbox(client: &CriClient, pod: &TestPod) -> String {
 }
 
 /// Creates and starts a container; returns its id.
-async fn run_container(client: &CriClient, pod: &TestPod, sandbox: &str, config: &v1::ContainerConfig) -> String {
+async fn run_container(
+    client: &CriClient,
+    pod: &TestPod,
+    sandbox: &str,
+    config: &v1::ContainerConfig,
+) -> String {
     let id = client
         .create_container(sandbox, config, &pod.config)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    client.start_container(&id).await.unwrap_or_else(|e| panic!("{e}"));
+    client
+        .start_container(&id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     id
 }
 
 /// Polls ContainerStatus until `done` holds, for at most [`WAIT`].
-async fn wait_status(client: &CriClient, id: &str, what: &str, done: impl Fn(&v1::ContainerStatus) -> bool) -> v1::ContainerStatus {
+async fn wait_status(
+    client: &CriClient,
+    id: &str,
+    what: &str,
+    done: impl Fn(&v1::ContainerStatus) -> bool,
+) -> v1::ContainerStatus {
     let deadline = Instant::now() + WAIT;
     loop {
         let status = client
@@ -162,7 +187,10 @@ async fn wait_status(client: &CriClient, id: &str, what: &str, done: impl Fn(&v1
         if done(&status) {
             return status;
         }
-        assert!(Instant::now() < deadline, "container {id} not {what} within {WAIT:?}: {status:?}");
+        assert!(
+            Instant::now() < deadline,
+            "container {id} not {what} within {WAIT:?}: {status:?}"
+        );
         tokio::time::sleep(POLL).await;
     }
 }
@@ -174,7 +202,9 @@ fn exited(s: &v1::ContainerStatus) -> bool {
 /// The `pid` of a verbose CRI status's `info` (containerd's JSON).
 fn verbose_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
     let json: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
-    json.get("pid")?.as_u64().and_then(|p| u32::try_from(p).ok())
+    json.get("pid")?
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
 }
 
 fn cid(id: &str) -> ContainerId {
@@ -204,8 +234,15 @@ impl Events {
 
     /// The first event not returned before with `kind` for container `id`,
     /// waiting at most `timeout`.
-    async fn wait_for(&mut self, id: &str, kind: EventKind, timeout: Duration) -> PodLifecycleEvent {
-        let matches = |e: &PodLifecycleEvent| e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id);
+    async fn wait_for(
+        &mut self,
+        id: &str,
+        kind: EventKind,
+        timeout: Duration,
+    ) -> PodLifecycleEvent {
+        let matches = |e: &PodLifecycleEvent| {
+            e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
+        };
         let deadline = tokio::time::Instant::now() + timeout;
         let mut i = 0;
         loop {
@@ -219,7 +256,10 @@ impl Events {
             match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                 Ok(Some(e)) => self.push(e),
                 Ok(None) => panic!("the pleg's event channel closed"),
-                Err(_) => panic!("no {kind:?} for {id} within {timeout:?}; events so far: {:#?}", self.all),
+                Err(_) => panic!(
+                    "no {kind:?} for {id} within {timeout:?}; events so far: {:#?}",
+                    self.all
+                ),
             }
         }
     }
@@ -246,8 +286,15 @@ impl Events {
 
 fn start_pleg(mode: PlegMode, client: &CriClient, period: Option<Duration>) -> (Pleg, Events) {
     let (tx, rx) = mpsc::channel(1000);
-    let pleg = Pleg::start(mode, runtime_of(client), KernelPlegConfig::default(), tx, Arc::new(MonotonicClock), period)
-        .unwrap_or_else(|e| panic!("starting the {mode:?} pleg: {e}"));
+    let pleg = Pleg::start(
+        mode,
+        runtime_of(client),
+        KernelPlegConfig::default(),
+        tx,
+        Arc::new(MonotonicClock),
+        period,
+    )
+    .unwrap_or_else(|e| panic!("starting the {mode:?} pleg: {e}"));
     (pleg, Events::new(rx))
 }
 
@@ -257,7 +304,13 @@ fn cached(pleg: &Pleg, pod: &PodUid, id: &str) -> Option<evpleg::container::Cont
 }
 
 /// Waits until the cache holds container `id` satisfying `done`.
-async fn wait_cached(pleg: &Pleg, pod: &PodUid, id: &str, what: &str, done: impl Fn(&evpleg::container::ContainerStatus) -> bool) -> evpleg::container::ContainerStatus {
+async fn wait_cached(
+    pleg: &Pleg,
+    pod: &PodUid,
+    id: &str,
+    what: &str,
+    done: impl Fn(&evpleg::container::ContainerStatus) -> bool,
+) -> evpleg::container::ContainerStatus {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(c) = cached(pleg, pod, id)
@@ -265,13 +318,21 @@ async fn wait_cached(pleg: &Pleg, pod: &PodUid, id: &str, what: &str, done: impl
         {
             return c;
         }
-        assert!(Instant::now() < deadline, "cache never had {id} {what}: {:?}", cached(pleg, pod, id));
+        assert!(
+            Instant::now() < deadline,
+            "cache never had {id} {what}: {:?}",
+            cached(pleg, pod, id)
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 fn assert_exited_7(c: &evpleg::container::ContainerStatus) {
-    assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(7)), "{c:?}");
+    assert_eq!(
+        (c.state, c.exit_code),
+        (ContainerState::Exited, Some(7)),
+        "{c:?}"
+    );
 }
 
 fn healthy(pleg: &Pleg) {
@@ -292,8 +353,13 @@ struct ExitClock {
 impl ExitClock {
     fn start() -> Self {
         let (tx, rx) = mpsc::channel(1000);
-        let kernel = KernelPleg::start(KernelPlegConfig::default(), tx, Arc::new(RelistSignal::new()), None)
-            .unwrap_or_else(|e| panic!("kernel pleg: {e}"));
+        let kernel = KernelPleg::start(
+            KernelPlegConfig::default(),
+            tx,
+            Arc::new(RelistSignal::new()),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("kernel pleg: {e}"));
         Self {
             kernel: Some(kernel),
             rx,
@@ -304,7 +370,8 @@ impl ExitClock {
     /// When the kernel saw container `id` die.
     async fn exit_ns(&mut self, id: &str) -> u64 {
         let matches = |e: &PodLifecycleEvent| {
-            e.kind == EventKind::ContainerDied && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
+            e.kind == EventKind::ContainerDied
+                && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
         };
         if let Some(e) = self.seen.iter().find(|e| matches(e)) {
             return e.at_ns;
@@ -362,12 +429,22 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
     // its start is a ContainerStarted; from now on it is a sandbox.
     pleg.pleg.add_sandbox(cid(&sandbox));
     let started = pleg.event(&sandbox);
-    assert!(matches!(started.kind, EventKind::ContainerStarted | EventKind::SandboxStarted), "{started:?}");
+    assert!(
+        matches!(
+            started.kind,
+            EventKind::ContainerStarted | EventKind::SandboxStarted
+        ),
+        "{started:?}"
+    );
     assert_eq!(started.pod_uid, Some(pod.pod_uid()));
     assert_eq!(started.source, EventSource::Kernel);
     assert!(started.pid.is_some());
     if let Some(pid) = sandbox_pid.filter(|p| *p != 0) {
-        assert_eq!(started.pid, Some(pid), "the pause process's pid, as containerd reports it");
+        assert_eq!(
+            started.pid,
+            Some(pid),
+            "the pause process's pid, as containerd reports it"
+        );
     }
 
     let config = pod.container("exit7", &["sh", "-c", "exit 7"]);
@@ -386,12 +463,19 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
     }
     let exit = died.exit.expect("an exit status");
     if exit.code != 7 {
-        let mut recs = Vec::new();
+        // Say which process the kernel PLEG took for the main one.
+        let mut records = Vec::new();
         pleg.records_until(Duration::from_millis(300), |r| {
-            recs.push(format!("{r:?}"));
+            records.push(format!("{r:?}"));
             false
         });
-        eprintln!("DIAG started={started:?}\ndied={died:?}\nrecords:\n{}", recs.join("\n"));
+        panic!(
+            "the kernel reported exit code {} for {id} (pid {:?}), not 7; started: {started:?}\n\
+             records still in the tap:\n{}",
+            exit.code,
+            died.pid,
+            records.join("\n")
+        );
     }
     assert_eq!((exit.code, exit.signal, exit.oom_killed), (7, None, false));
     assert_eq!(status.0.exit_code, 7, "the runtime agrees");
@@ -409,7 +493,8 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
     );
 
     // The sandbox's death is a SandboxDied now.
-    rt.block_on(client.stop_pod_sandbox(&sandbox)).unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(client.stop_pod_sandbox(&sandbox))
+        .unwrap_or_else(|e| panic!("{e}"));
     let died = pleg.expect(&sandbox, EventKind::SandboxDied);
     assert_eq!(died.pod_uid, Some(pod.pod_uid()));
     assert_eq!(pleg.relist.count(), 0, "nothing was lost");
@@ -561,13 +646,20 @@ fn a_new_pleg_reports_deaths_that_happened_while_no_agent_ran() {
         assert_eq!(died.pod_uid, Some(pod.pod_uid()));
         // From the first relist, which starts at once (the next is a period later).
         assert!(died.at_ns >= started_at);
-        assert!(died.at_ns - started_at < GENERIC_PERIOD.as_nanos() as u64 / 2, "not from the first relist");
+        assert!(
+            died.at_ns - started_at < GENERIC_PERIOD.as_nanos() as u64 / 2,
+            "not from the first relist"
+        );
         let sb = events.wait(&sandbox, EventKind::SandboxStarted).await;
         assert_eq!(sb.pod_uid, Some(pod.pod_uid()));
         let c = cached(&second, &pod.pod_uid(), &id).expect("cached by the first relist");
         assert_exited_7(&c);
         events.collect(Duration::from_millis(300)).await;
-        assert_eq!(events.count(&id, EventKind::ContainerStarted), 0, "it never ran for this pleg");
+        assert_eq!(
+            events.count(&id, EventKind::ContainerStarted),
+            0,
+            "it never ran for this pleg"
+        );
         second.stop().await;
     });
 }
@@ -617,7 +709,7 @@ fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
         };
 
         assert_eq!((died.source, died.pod_uid.clone()), (EventSource::Kernel, Some(pod.pod_uid())));
-        assert_eq!(died.exit.map(|e| e.code), Some(7));
+        assert_eq!(died.exit.map(|e| e.code), Some(7), "the main process? started: {started:?}, died: {died:?}");
         assert_exited_7(&at_event);
         let said_running = runtime_at_event == v1::ContainerState::ContainerRunning;
         eprintln!(
@@ -673,15 +765,25 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
     if !privileged("evented_cri_exit_reaches_the_cache_through_the_event_stream") {
         return;
     }
-    let Some(mut containerd) = start_containerd_17("evented_cri_exit_reaches_the_cache_through_the_event_stream") else {
+    let Some(mut containerd) =
+        start_containerd_17("evented_cri_exit_reaches_the_cache_through_the_event_stream")
+    else {
         return;
     };
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "evented7");
     let client = rt.block_on(connect(&containerd));
-    let version = rt.block_on(client.version()).unwrap_or_else(|e| panic!("{e}"));
+    let version = rt
+        .block_on(client.version())
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(version.runtime_version.starts_with("1.7"), "{version:?}");
-    let (pleg, mut events) = rt.block_on(async { start_pleg(PlegMode::EventedCri, &client, Some(Duration::from_secs(300))) });
+    let (pleg, mut events) = rt.block_on(async {
+        start_pleg(
+            PlegMode::EventedCri,
+            &client,
+            Some(Duration::from_secs(300)),
+        )
+    });
     let stats = pleg.evented_stats.clone().expect("evented-cri stats");
 
     let mut clock = rt.block_on(async { ExitClock::start() });
@@ -725,26 +827,39 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
         // A new attempt is pending (waiting for its first event's headers).
         loop {
             let connects = stats.connects.load(Ordering::Relaxed);
-            let done = stats.failures.load(Ordering::Relaxed) + stats.unimplemented.load(Ordering::Relaxed);
+            let done = stats.failures.load(Ordering::Relaxed)
+                + stats.unimplemented.load(Ordering::Relaxed);
             if stats.failures.load(Ordering::Relaxed) > failures && connects > done {
                 break;
             }
-            assert!(Instant::now() < deadline, "the stream was not opened again: {stats:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the stream was not opened again: {stats:?}"
+            );
             tokio::time::sleep(POLL).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("second")).await;
         events.wait(&id, EventKind::ContainerStarted).await;
         pod.release("second");
-        let died = events.wait_for(&id, EventKind::ContainerDied, Duration::from_secs(5)).await;
+        let died = events
+            .wait_for(&id, EventKind::ContainerDied, Duration::from_secs(5))
+            .await;
         let received = monotonic_ns();
         assert_eq!(died.pod_uid, Some(pod.pod_uid()));
         let c = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
         assert_exited_7(&c);
         let exit_ns = clock.exit_ns(&id).await;
-        assert!(received - exit_ns < GENERIC_PERIOD.as_nanos() as u64, "{} ms", ms(received - exit_ns));
+        assert!(
+            received - exit_ns < GENERIC_PERIOD.as_nanos() as u64,
+            "{} ms",
+            ms(received - exit_ns)
+        );
         assert!(stats.streams.load(Ordering::Relaxed) >= 2, "{stats:?}");
-        assert!(stats.resync_relists.load(Ordering::Relaxed) >= 1, "a full relist after the loss: {stats:?}");
+        assert!(
+            stats.resync_relists.load(Ordering::Relaxed) >= 1,
+            "a full relist after the loss: {stats:?}"
+        );
         eprintln!("evented-cri after a containerd restart: {stats:?}");
         assert_eq!(events.count(&first, EventKind::ContainerDied), 1);
         healthy(&pleg);
@@ -776,10 +891,17 @@ fn evented_cri_with_containerd_16_degrades_to_relisting() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         eprintln!("evented-cri on containerd 1.6: {stats:?}");
-        assert_eq!(get(&stats.unimplemented), 1, "answered Unimplemented once: {stats:?}");
+        assert_eq!(
+            get(&stats.unimplemented),
+            1,
+            "answered Unimplemented once: {stats:?}"
+        );
         assert_eq!(get(&stats.connects), 1, "not retried in a loop: {stats:?}");
         assert_eq!((get(&stats.streams), get(&stats.events)), (0, 0));
-        assert!(get(&pleg.relist_stats.relists) >= 3, "the relist carries the mode");
+        assert!(
+            get(&pleg.relist_stats.relists) >= 3,
+            "the relist carries the mode"
+        );
         healthy(&pleg);
         pleg.stop().await;
     });

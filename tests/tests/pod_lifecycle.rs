@@ -19,7 +19,7 @@ use serde_json::Value;
 const NODE: &str = "e2e";
 const DEADLINE: Duration = Duration::from_secs(60);
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct E2e {
     agent: Option<Agent>,
@@ -183,7 +183,7 @@ macro_rules! e2e_test {
             if !privileged(stringify!($name)) {
                 return;
             }
-            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            let _serial = SERIAL.lock().await;
             let e = E2e::start(stringify!($name)).await;
             let f: fn(&E2e) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> =
                 $body;

@@ -1281,6 +1281,17 @@ mod tests {
     }
 
     #[test]
+    fn none_runs_nothing() {
+        // No tool, image, build or guest: the root does not even exist.
+        let options = Options {
+            kernels: "none".parse().unwrap(),
+            bpf_object: None,
+            timeout: DEFAULT_TIMEOUT,
+        };
+        run(Path::new("/nonexistent/evpleg"), &options).unwrap();
+    }
+
+    #[test]
     fn results_are_parsed() {
         let r = parse_results(
             "KERNEL 6.1.0-56-amd64\r\nFEATURE sched_process_exit.group_dead ABSENT has 1 argument\r\n\

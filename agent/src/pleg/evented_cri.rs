@@ -34,8 +34,9 @@
 //!   a quiet node cannot be told from a stuck one (there is no "healthy" to slow
 //!   down on); an event is only a hint, so a lost one would cost up to 300 s;
 //!   and this mode exists to compare the event path's latency against the 1 s
-//!   relist, which must therefore run as in `generic` mode. `--relist-period`
-//!   still overrides it (the tests set a long one to see the event path alone).
+//!   relist, which must therefore run as in `generic` mode.
+//!   `--relist-period-seconds` still overrides it (the tests set a long one to
+//!   see the event path alone).
 //! - The original KEP gave up after 5 stream failures and fell back to the
 //!   generic PLEG for good; here the stream is retried forever (the redesign).
 //! - Runtimes without the stream (Debian bookworm's containerd 1.6.20 answers
@@ -43,8 +44,10 @@
 //!   [`EventedCriConfig::unimplemented_retry`] (a runtime upgrade restarts it),
 //!   never in a busy loop; the 1 s relist carries the mode meanwhile.
 //! - Events missed while the stream was down are not replayed by the runtime:
-//!   after every reconnection a full relist is requested, so that nothing that
-//!   happened in the gap waits for the next period.
+//!   once a new stream has subscribed after an outage (its call has been
+//!   pending for [`EventedCriConfig::subscribed_after`], or it opened), a full
+//!   relist is requested, so that nothing that happened in the gap waits for
+//!   the next period.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,6 +75,10 @@ pub struct EventedCriConfig {
     /// A stream that lived this long, or delivered an event, counts as healthy:
     /// the backoff starts again from its base after it breaks.
     pub healthy_after: Duration,
+    /// A new stream whose call has neither failed nor opened after this long is
+    /// taken as subscribed (containerd's headers come only with an event): the
+    /// full relist that covers an outage's lost events runs then.
+    pub subscribed_after: Duration,
 }
 
 impl Default for EventedCriConfig {
@@ -85,6 +92,7 @@ impl Default for EventedCriConfig {
             },
             unimplemented_retry: Duration::from_secs(300),
             healthy_after: Duration::from_secs(10),
+            subscribed_after: Duration::from_millis(100),
         }
     }
 }
@@ -111,7 +119,8 @@ pub struct EventedCriStats {
     pub failures: AtomicU64,
     /// Attempts the runtime answered with `Unimplemented`.
     pub unimplemented: AtomicU64,
-    /// Full relists requested after a reconnection (events of the gap are lost).
+    /// Full relists requested once a stream is back after an outage (the
+    /// runtime does not replay the events of the gap).
     pub resync_relists: AtomicU64,
     /// A stream is open and has not failed since.
     pub connected: AtomicBool,
@@ -132,31 +141,44 @@ pub enum Hint {
     Dropped,
 }
 
+/// Whose an event is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventPod {
+    /// A pod of this agent.
+    Pod(PodUid),
+    /// The sandbox status is there without the pod UID label: an object this
+    /// agent does not manage.
+    Foreign,
+    /// Nothing in the event names a pod.
+    Unknown,
+}
+
 /// The pod an event is about, by the `io.kubernetes.pod.uid` label of its
-/// sandbox status, or of its container statuses when the sandbox status is
-/// missing. `Err(())` when the sandbox status is there without the label (an
-/// object this agent does not manage); `Ok(None)` when nothing names a pod.
-pub fn pod_of_event(event: &v1::ContainerEventResponse) -> Result<Option<PodUid>, ()> {
+/// sandbox status, or of its container statuses.
+pub fn pod_of_event(event: &v1::ContainerEventResponse) -> EventPod {
     let label = |l: &std::collections::HashMap<String, String>| {
         l.get(labels::POD_UID).and_then(|u| PodUid::parse(u))
     };
-    if let Some(sandbox) = &event.pod_sandbox_status
-        && (!sandbox.id.is_empty() || sandbox.metadata.is_some())
-    {
-        return label(&sandbox.labels)
-            .or_else(|| {
-                event
-                    .containers_statuses
-                    .iter()
-                    .find_map(|c| label(&c.labels))
-            })
-            .map(Some)
-            .ok_or(());
+    let from_containers = || {
+        event
+            .containers_statuses
+            .iter()
+            .find_map(|c| label(&c.labels))
+    };
+    let sandbox = event
+        .pod_sandbox_status
+        .as_ref()
+        .filter(|s| !s.id.is_empty() || s.metadata.is_some());
+    match (
+        sandbox,
+        sandbox
+            .and_then(|s| label(&s.labels))
+            .or_else(from_containers),
+    ) {
+        (_, Some(uid)) => EventPod::Pod(uid),
+        (Some(_), None) => EventPod::Foreign,
+        (None, None) => EventPod::Unknown,
     }
-    Ok(event
-        .containers_statuses
-        .iter()
-        .find_map(|c| label(&c.labels)))
 }
 
 /// The task that consumes `GetContainerEvents`.
@@ -173,11 +195,9 @@ pub struct EventedCri {
 /// How one stream ended.
 enum Ended {
     Shutdown,
-    /// It failed or ended; `opened` when the stream had opened (events may have
-    /// been lost since), `healthy` when it had been up long enough or delivered
-    /// events (the backoff restarts from its base).
+    /// It failed or ended; `healthy` when it had been up long enough or
+    /// delivered events (the backoff restarts from its base).
     Broken {
-        opened: bool,
         healthy: bool,
         error: Option<CriError>,
     },
@@ -210,7 +230,7 @@ impl EventedCri {
             .last_event_ns
             .store(self.clock.now_ns(), Ordering::Relaxed);
         match pod_of_event(event) {
-            Ok(Some(uid)) => {
+            EventPod::Pod(uid) => {
                 debug!(pod = %uid, container = event.container_id,
                        kind = ?v1::ContainerEventType::try_from(event.container_event_type).ok(),
                        "cri event: relisting the pod");
@@ -221,12 +241,12 @@ impl EventedCri {
                 self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
                 Hint::Pod(uid)
             }
-            Ok(None) => {
+            EventPod::Unknown => {
                 self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
                 self.relist.request("cri event without a pod uid");
                 Hint::FullRelist
             }
-            Err(()) => {
+            EventPod::Foreign => {
                 self.stats.foreign.fetch_add(1, Ordering::Relaxed);
                 Hint::Foreign
             }
@@ -239,9 +259,11 @@ impl EventedCri {
         let mut backoff = crate::cri::Backoff::new(self.config.backoff);
         let mut logged_unimplemented = false;
         let mut outage_logged = false;
+        // A full relist is owed once the next stream subscribes.
+        let mut resync = false;
         info!("evented-cri pleg: consuming GetContainerEvents");
         loop {
-            let delay = match self.one_stream(&shutdown).await {
+            let delay = match self.one_stream(&shutdown, &mut resync).await {
                 Ended::Shutdown => break,
                 Ended::Unimplemented(e) => {
                     if !logged_unimplemented {
@@ -254,11 +276,9 @@ impl EventedCri {
                     }
                     jittered(self.config.unimplemented_retry, self.config.backoff.jitter)
                 }
-                Ended::Broken {
-                    opened,
-                    healthy,
-                    error,
-                } => {
+                Ended::Broken { healthy, error } => {
+                    // Events from now until the next stream subscribes are lost.
+                    resync = true;
                     if healthy {
                         backoff = crate::cri::Backoff::new(self.config.backoff);
                         outage_logged = false;
@@ -281,11 +301,6 @@ impl EventedCri {
                         );
                         outage_logged = true;
                     }
-                    if opened {
-                        // Events of the gap are not replayed: relist everything.
-                        self.stats.resync_relists.fetch_add(1, Ordering::Relaxed);
-                        self.relist.request("cri event stream lost");
-                    }
                     delay
                 }
             };
@@ -298,31 +313,52 @@ impl EventedCri {
         info!("evented-cri pleg stopped");
     }
 
-    /// Opens one stream and reads it until it breaks or `shutdown`.
-    async fn one_stream(&self, shutdown: &CancellationToken) -> Ended {
+    /// After an outage, once the new stream has subscribed: a full relist, for
+    /// what happened while no stream was there.
+    fn resync(&self, resync: &mut bool) {
+        if std::mem::take(resync) {
+            self.stats.resync_relists.fetch_add(1, Ordering::Relaxed);
+            self.relist
+                .request("cri event stream back after an outage: events of the gap are lost");
+        }
+    }
+
+    /// Opens one stream and reads it until it breaks or `shutdown`. `resync`:
+    /// a full relist is owed once it has subscribed.
+    async fn one_stream(&self, shutdown: &CancellationToken, resync: &mut bool) -> Ended {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         let opened_at = Instant::now();
-        // Returns when the runtime sends the response headers: containerd does
+        // Resolves when the runtime sends the response headers: containerd does
         // that only with the first event, hence this task of its own.
-        let mut stream = tokio::select! {
-            () = shutdown.cancelled() => return Ended::Shutdown,
-            r = self.client.get_container_events() => match r {
-                Ok(s) => s,
-                Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-                    self.stats.unimplemented.fetch_add(1, Ordering::Relaxed);
-                    return Ended::Unimplemented(e);
-                }
-                Err(e) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    // Waited long for the headers: the connection was fine.
-                    let healthy = opened_at.elapsed() >= self.config.healthy_after;
-                    return Ended::Broken {
-                        opened: false,
-                        healthy,
-                        error: Some(e),
-                    };
-                }
-            },
+        let call = self.client.get_container_events();
+        tokio::pin!(call);
+        let subscribed = tokio::time::sleep(self.config.subscribed_after);
+        tokio::pin!(subscribed);
+        let result = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ended::Shutdown,
+                r = &mut call => break r,
+                () = &mut subscribed, if *resync => self.resync(resync),
+            }
+        };
+        let mut stream = match result {
+            Ok(s) => {
+                self.resync(resync);
+                s
+            }
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+                self.stats.unimplemented.fetch_add(1, Ordering::Relaxed);
+                return Ended::Unimplemented(e);
+            }
+            Err(e) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                // Waited long for the headers: the connection was fine.
+                let healthy = opened_at.elapsed() >= self.config.healthy_after;
+                return Ended::Broken {
+                    healthy,
+                    error: Some(e),
+                };
+            }
         };
         self.stats.streams.fetch_add(1, Ordering::Relaxed);
         self.stats.connected.store(true, Ordering::Relaxed);
@@ -342,7 +378,6 @@ impl EventedCri {
                     self.stats.connected.store(false, Ordering::Relaxed);
                     let healthy = delivered || opened_at.elapsed() >= self.config.healthy_after;
                     return Ended::Broken {
-                        opened: true,
                         healthy,
                         error: None,
                     };
@@ -357,7 +392,6 @@ impl EventedCri {
                         &status,
                     );
                     return Ended::Broken {
-                        opened: true,
                         healthy,
                         error: Some(error),
                     };
@@ -433,30 +467,26 @@ mod tests {
     fn the_pod_comes_from_the_labels() {
         let uid = PodUid::parse(UID).unwrap();
         let labelled = sandbox(&[(labels::POD_UID, UID)]);
-        assert_eq!(
-            pod_of_event(&event(Some(labelled), vec![])),
-            Ok(Some(uid.clone()))
-        );
+        let ours = EventPod::Pod(uid);
+        assert_eq!(pod_of_event(&event(Some(labelled), vec![])), ours);
         // Sandbox status without labels, a container status with them.
         let bare = sandbox(&[]);
         let c = container(&[(labels::POD_UID, UID)]);
         assert_eq!(
             pod_of_event(&event(Some(bare.clone()), vec![c.clone()])),
-            Ok(Some(uid.clone()))
+            ours
         );
         // No sandbox status (it is gone): the containers' labels.
-        assert_eq!(pod_of_event(&event(None, vec![c])), Ok(Some(uid)));
+        assert_eq!(pod_of_event(&event(None, vec![c])), ours);
         // An object without the label is not ours, even with a metadata uid.
         assert_eq!(
             pod_of_event(&event(Some(bare), vec![container(&[])])),
-            Err(())
+            EventPod::Foreign
         );
         // Nothing names a pod.
-        assert_eq!(pod_of_event(&event(None, vec![])), Ok(None));
-        assert_eq!(
-            pod_of_event(&event(Some(v1::PodSandboxStatus::default()), vec![])),
-            Ok(None)
-        );
+        assert_eq!(pod_of_event(&event(None, vec![])), EventPod::Unknown);
+        let empty = v1::PodSandboxStatus::default();
+        assert_eq!(pod_of_event(&event(Some(empty), vec![])), EventPod::Unknown);
     }
 
     async fn fixture() -> (EventedCri, mpsc::UnboundedReceiver<PodUid>) {

@@ -54,7 +54,7 @@ impl KernelMerge {
         };
         match event.kind {
             EventKind::ContainerDied | EventKind::SandboxDied => {
-                self.reports.record(&id, PlegState::Exited);
+                self.reports.record(&id, PlegState::Exited, event.at_ns);
                 if let Some(exit) = event.exit {
                     self.cache.record_exit(
                         &uid,
@@ -82,10 +82,11 @@ impl KernelMerge {
                 }
             }
             EventKind::ContainerStarted | EventKind::SandboxStarted => {
-                self.reports.record(&id, PlegState::Running);
+                self.reports.record(&id, PlegState::Running, event.at_ns);
             }
             EventKind::ContainerRemoved | EventKind::SandboxRemoved => {
-                self.reports.record(&id, PlegState::NonExistent);
+                self.reports
+                    .record(&id, PlegState::NonExistent, event.at_ns);
             }
             EventKind::PodSync => {}
         }

@@ -130,20 +130,30 @@ pub trait PodRuntime: Send + Sync {
 /// Transitions the kernel PLEG already reported, so the relist does not send
 /// them again.
 #[derive(Debug, Default)]
-pub struct KernelReports(Mutex<HashMap<ContainerId, PlegState>>);
+pub struct KernelReports(Mutex<HashMap<ContainerId, (PlegState, u64)>>);
 
 impl KernelReports {
-    pub fn record(&self, id: &ContainerId, state: PlegState) {
+    /// Records that the kernel saw `id` reach `state` at `at_ns`.
+    pub fn record(&self, id: &ContainerId, state: PlegState, at_ns: u64) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), state);
+            .insert(id.clone(), (state, at_ns));
+    }
+
+    /// What the kernel last saw of `id`, and when.
+    pub fn get(&self, id: &ContainerId) -> Option<(PlegState, u64)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .copied()
     }
 
     /// Whether `kind` for `id` was already reported by the kernel.
     fn already_reported(&self, id: &ContainerId, kind: EventKind) -> bool {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(state) = map.get(id) else {
+        let Some((state, _)) = map.get(id) else {
             return false;
         };
         use EventKind::*;
@@ -510,6 +520,16 @@ impl<R: PodRuntime> RelistPleg<R> {
                       "the runtime still disagrees with the kernel's exit; the runtime's view wins");
             }
         }
+        // Starts too: the kernel saw the entrypoint exec, the runtime may still say
+        // Created for a few milliseconds; re-check within the same bound.
+        for c in &status.containers {
+            if let Some((PlegState::Running, at)) = self.kernel.get(&c.id)
+                && matches!(c.state, ContainerState::Created | ContainerState::Unknown)
+                && Duration::from_nanos(now.saturating_sub(at)) < CONFIRM_BOUND
+            {
+                pending = true;
+            }
+        }
         if pending {
             self.unconfirmed.insert(uid.clone());
         } else {
@@ -850,7 +870,7 @@ mod tests {
                 at_ns: at,
             },
         );
-        f.kernel.record(&cid(1), PlegState::Exited);
+        f.kernel.record(&cid(1), PlegState::Exited, at);
         f.clock.advance(1_000_000);
         f.pleg.relist_pod(&uid(1)).await.unwrap();
         let c = f

@@ -7,9 +7,9 @@
 //! probes) start and die without container events. The main process is the first
 //! process to exec in the container's cgroup (or a cgroup nested in it): with runc,
 //! the container's init waits in the cgroup and execs the entrypoint when the
-//! runtime starts the container. An exec of `/proc/self/exe` (a runtime
-//! re-executing itself, such as `runc init` placed directly into the cgroup) is not
-//! a candidate. Processes are identified by host pid *and* start time, so a reused
+//! runtime starts the container. A runtime re-executing itself inside the cgroup
+//! (`/proc/self/exe`, or runc's sealed copy run as `/dev/fd/N`; see
+//! [`is_runtime_reexec`]) is not a candidate. Processes are identified by host pid *and* start time, so a reused
 //! pid is not mistaken for the main process; pids are host pids, so the rule holds
 //! with a private PID namespace, a pod-shared one and host PID alike.
 //!
@@ -271,7 +271,7 @@ impl Tracker {
             return;
         };
         match state.main {
-            None if !state.died && exec.filename != "/proc/self/exe" => {
+            None if !state.died && !is_runtime_reexec(&exec.filename) => {
                 state.main = Some(MainProcess::Exact(exec.process));
                 events.push(PodLifecycleEvent {
                     pod_uid: state.pod_uid.clone(),
@@ -429,6 +429,18 @@ impl Tracker {
             pid: None,
         });
     }
+}
+
+/// Whether an exec is a container runtime re-executing itself rather than the
+/// container's entrypoint: `/proc/self/exe`, or a sealed copy of its binary run
+/// through a file descriptor (`/dev/fd/N`, `/proc/self/fd/N`, as runc 1.1 does
+/// before it is moved out of the way). Such a process is never the main process.
+pub fn is_runtime_reexec(filename: &str) -> bool {
+    filename == "/proc/self/exe"
+        || filename.starts_with("/dev/fd/")
+        || filename.starts_with("/proc/self/fd/")
+        || (filename.starts_with("/proc/") && filename.contains("/fd/"))
+        || filename.starts_with("/memfd:")
 }
 
 fn is_main(main: MainProcess, process: ProcessKey, tick_ns: u64) -> bool {
@@ -619,6 +631,10 @@ mod tests {
         ));
         h.feed(encode::exec(2, 900, 1, 70, "/proc/self/exe"));
         h.feed(encode::exit(3, 900, 1, 70, 0, 0));
+        // runc 1.1 re-executes a sealed copy of itself through a descriptor.
+        h.feed(encode::exec(3, 901, 1, 70, "/dev/fd/6"));
+        h.feed(encode::exit(3, 901, 1, 70, 0, 0));
+        h.feed(encode::exec(3, 902, 1, 70, "/proc/self/fd/7"));
         h.feed(encode::exec(4, 1000, 555, 70, "/pause"));
         assert_eq!(h.take(), vec![(EventKind::ContainerStarted, None, false)]);
     }
