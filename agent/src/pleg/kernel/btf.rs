@@ -616,8 +616,9 @@ impl Btf {
     /// `TP_PROTO` argument, after the hidden context pointer) is a pointer, looking
     /// through typedefs and const/volatile/restrict/type-tag modifiers.
     ///
-    /// E.g. `mark_victim`'s argument 0 is a `struct task_struct *` from Linux 6.6 and
-    /// an `int pid` before.
+    /// E.g. `mark_victim`'s argument 0 is a `struct task_struct *` on newer kernels
+    /// (and on Debian's 6.1.192, which has the change backported) and an `int pid`
+    /// on older ones: which one is read here, never assumed from the version.
     pub fn tracepoint_arg_is_pointer(&self, name: &str, index: usize) -> Result<bool, BtfError> {
         let proto = self.tracepoint_proto(name)?;
         let count = proto.vlen() - 1;
@@ -648,8 +649,8 @@ impl Btf {
 /// relocate the programs' field accesses to, derived at load time.
 ///
 /// `oom_victim_arg_is_task` is 1 when the `mark_victim` tracepoint's first argument
-/// is a pointer (`struct task_struct *`, Linux 6.6 and later) and 0 when it is the
-/// victim's pid.
+/// is a pointer (`struct task_struct *`, newer and some backported kernels) and 0
+/// when it is the victim's pid.
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     let off = |s: &str, m: &str| btf.member_offset(s, m);
     let offsets = KernelOffsets {
