@@ -173,10 +173,19 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
     let endpoint = {
         use std::io::BufRead;
         let out = harness.stdout.take().expect("piped");
-        std::io::BufReader::new(out)
-            .lines()
+        let mut lines = std::io::BufReader::new(out).lines();
+        let endpoint = lines
+            .by_ref()
             .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("endpoint=").map(str::to_owned))
+            .find_map(|l| l.strip_prefix("endpoint=").map(str::to_owned));
+        // Keep reading what it prints afterwards (its teardown): a closed pipe
+        // would make its output fail and cut the teardown short.
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                println!("{line}");
+            }
+        });
+        endpoint
     };
     let Some(endpoint) = endpoint else {
         let _ = harness.wait();

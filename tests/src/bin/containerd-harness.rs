@@ -17,7 +17,14 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() {
-    evpleg_tests::containerd::init_test_logging();
+    // Logs go to stderr: stdout carries the endpoint line to whoever started us.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
     let containerd = match Containerd::start() {
         Ok(c) => c,
         Err(e) => {
@@ -44,4 +51,29 @@ fn main() {
     }
     eprintln!("containerd-harness: tearing down");
     drop(containerd);
+    remove_empty_pod_cgroups();
+}
+
+/// The agent that ran against this containerd stopped without terminating its pods
+/// (as the kubelet does); their sandboxes are gone now, and so go the empty pod
+/// cgroups it made, and the QoS levels when nothing else uses them. Only empty
+/// directories are removed (rmdir fails on a cgroup with processes or children).
+fn remove_empty_pod_cgroups() {
+    let mut mounts = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
+        mounts.extend(d.flatten().map(|e| e.path()));
+    }
+    for mount in mounts {
+        for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+            let dir = mount.join(qos);
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for e in entries.flatten() {
+                    if e.file_name().to_string_lossy().starts_with("pod") {
+                        let _ = std::fs::remove_dir(e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
 }
