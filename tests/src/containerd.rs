@@ -1499,6 +1499,46 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// How long [`wait_container_status`] waits, and how often it asks.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(20);
+const STATUS_POLL: Duration = Duration::from_millis(20);
+
+impl Containerd {
+    /// A CRI client of this instance (version checked).
+    pub async fn client(&self) -> evpleg::cri::CriClient {
+        evpleg::cri::CriClient::connect(&self.endpoint(), evpleg::cri::CriClientConfig::default())
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"))
+    }
+}
+
+/// Polls ContainerStatus of `id` until `done` holds, for at most
+/// [`STATUS_TIMEOUT`] (containerd 1.6 has no event stream to wait on).
+pub async fn wait_container_status(
+    client: &evpleg::cri::CriClient,
+    id: &str,
+    what: &str,
+    done: impl Fn(&v1::ContainerStatus) -> bool,
+) -> v1::ContainerStatus {
+    let deadline = Instant::now() + STATUS_TIMEOUT;
+    loop {
+        let status = client
+            .container_status(id, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .status
+            .expect("the client checks that a status is present");
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "container {id} not {what} within {STATUS_TIMEOUT:?}: {status:?}"
+        );
+        tokio::time::sleep(STATUS_POLL).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,17 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use evpleg::cri::{CriClient, CriClientConfig};
 use evpleg_cri_api::v1;
 use evpleg_tests::containerd::{
     BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, container_config, init_test_logging, pod_cgroup_parent,
+    wait_container_status,
 };
 use evpleg_tests::privileged;
-
-/// Bound of every wait for a container state.
-const STATE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Poll interval of ContainerStatus (containerd 1.6 has no CRI event stream).
-const POLL: Duration = Duration::from_millis(20);
 
 fn tokio_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -37,38 +32,6 @@ fn start_containerd() -> Containerd {
     containerd
 }
 
-async fn connect(containerd: &Containerd) -> CriClient {
-    CriClient::connect(&containerd.endpoint(), CriClientConfig::default())
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"))
-}
-
-/// Polls ContainerStatus until `done` holds, for at most [`STATE_TIMEOUT`].
-async fn wait_status(
-    client: &CriClient,
-    id: &str,
-    what: &str,
-    done: impl Fn(&v1::ContainerStatus) -> bool,
-) -> v1::ContainerStatus {
-    let deadline = Instant::now() + STATE_TIMEOUT;
-    loop {
-        let status = client
-            .container_status(id, false)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .status
-            .expect("the client checks that a status is present");
-        if done(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "container {id} not {what} within {STATE_TIMEOUT:?}: {status:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 #[test]
 fn version_status_and_images() {
     if !privileged("version_status_and_images") {
@@ -77,7 +40,7 @@ fn version_status_and_images() {
     let containerd = start_containerd();
     let rt = tokio_runtime();
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
         let started = Instant::now();
         let version = client.version().await.expect("Version");
         eprintln!("Version in {:?}: {version:?}", started.elapsed());
@@ -163,7 +126,7 @@ fn container_exits_with_code_7_and_is_removed() {
     let sandbox_config = containerd.sandbox_config("exit7", &uid, &parent);
     let rt = tokio_runtime();
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
 
         let t = Instant::now();
         let sandbox = client
@@ -195,7 +158,7 @@ fn container_exits_with_code_7_and_is_removed() {
         eprintln!("StartContainer in {:?}", t.elapsed());
 
         let t = Instant::now();
-        let status = wait_status(&client, &id, "exited", |s| {
+        let status = wait_container_status(&client, &id, "exited", |s| {
             s.state() == v1::ContainerState::ContainerExited
         })
         .await;
@@ -268,7 +231,7 @@ fn the_client_reconnects_after_a_containerd_restart() {
     let parent = pod_cgroup_parent(&uid);
     let sandbox_config = containerd.sandbox_config("sleeper", &uid, &parent);
     let rt = tokio_runtime();
-    let client = rt.block_on(connect(&containerd));
+    let client = rt.block_on(containerd.client());
 
     let (sandbox, id) = rt.block_on(async {
         let sandbox = client
@@ -284,7 +247,7 @@ fn the_client_reconnects_after_a_containerd_restart() {
             .start_container(&id)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        wait_status(&client, &id, "running", |s| {
+        wait_container_status(&client, &id, "running", |s| {
             s.state() == v1::ContainerState::ContainerRunning
         })
         .await;
@@ -382,7 +345,7 @@ fn the_client_reconnects_after_a_containerd_restart() {
             .stop_container(&id, 1)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let status = wait_status(&client, &id, "exited", |s| {
+        let status = wait_container_status(&client, &id, "exited", |s| {
             s.state() == v1::ContainerState::ContainerExited
         })
         .await;
@@ -410,7 +373,7 @@ fn the_harness_cleans_up_after_a_panicking_test() {
         let sandbox_config = containerd.sandbox_config("doomed", &uid, &parent);
         let rt = tokio_runtime();
         let id = rt.block_on(async {
-            let client = connect(&containerd).await;
+            let client = containerd.client().await;
             let sandbox = client
                 .run_pod_sandbox(&sandbox_config, "")
                 .await
@@ -424,7 +387,7 @@ fn the_harness_cleans_up_after_a_panicking_test() {
                 .start_container(&id)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            wait_status(&client, &id, "running", |s| {
+            wait_container_status(&client, &id, "running", |s| {
                 s.state() == v1::ContainerState::ContainerRunning
             })
             .await;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use evpleg::clock::MonotonicClock;
 use evpleg::container::{ContainerState, monotonic_to_unix_ns};
-use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg::cri::CriClient;
 use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig, monotonic_ns};
 use evpleg::pleg::relist::{GENERIC_PERIOD, RELIST_THRESHOLD};
 use evpleg::pleg::{
@@ -31,6 +31,7 @@ use evpleg::runtime::{CriRuntime, labels};
 use evpleg_cri_api::v1;
 use evpleg_tests::containerd::{
     Containerd, container_config, containerd_17_for, init_test_logging, pod_cgroup_parent,
+    wait_container_status,
 };
 use evpleg_tests::pleg::PlegUnderTest;
 use evpleg_tests::privileged;
@@ -64,12 +65,6 @@ fn start_containerd_17(test: &str) -> Option<Containerd> {
     init_test_logging();
     let binary = containerd_17_for(test)?;
     Some(Containerd::start_with(&binary).unwrap_or_else(|e| panic!("containerd 1.7 harness: {e}")))
-}
-
-async fn connect(containerd: &Containerd) -> CriClient {
-    CriClient::connect(&containerd.endpoint(), CriClientConfig::default())
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
 fn runtime_of(client: &CriClient) -> CriRuntime {
@@ -167,32 +162,6 @@ async fn run_container(
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     id
-}
-
-/// Polls ContainerStatus until `done` holds, for at most [`WAIT`].
-async fn wait_status(
-    client: &CriClient,
-    id: &str,
-    what: &str,
-    done: impl Fn(&v1::ContainerStatus) -> bool,
-) -> v1::ContainerStatus {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = client
-            .container_status(id, false)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .status
-            .expect("checked by the client");
-        if done(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "container {id} not {what} within {WAIT:?}: {status:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 fn exited(s: &v1::ContainerStatus) -> bool {
@@ -418,7 +387,7 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
     let mut pleg = PlegUnderTest::start(|_| {});
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "kexit7");
-    let client = rt.block_on(connect(&containerd));
+    let client = rt.block_on(containerd.client());
 
     let sandbox = rt.block_on(run_sandbox(&client, &pod));
     let sandbox_pid = rt
@@ -452,7 +421,7 @@ fn kernel_pleg_reports_a_cri_container_and_its_sandbox() {
     let started = pleg.expect(&id, EventKind::ContainerStarted);
     let died = pleg.expect(&id, EventKind::ContainerDied);
     let status = rt.block_on(async {
-        let s = wait_status(&client, &id, "exited", exited).await;
+        let s = wait_container_status(&client, &id, "exited", exited).await;
         let verbose = client.container_status(&id, true).await.ok();
         (s, verbose.and_then(|v| verbose_pid(&v.info)))
     });
@@ -514,7 +483,7 @@ fn generic_relist_reports_start_exit_and_removal() {
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "relist7");
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
         let mut clock = ExitClock::start();
         let (pleg, mut events) = start_pleg(PlegMode::Generic, &client, None);
         assert_eq!(pleg.relist_period(), GENERIC_PERIOD);
@@ -541,7 +510,7 @@ fn generic_relist_reports_start_exit_and_removal() {
             ms(received - exit_ns)
         );
         assert!(received - exit_ns < 2 * GENERIC_PERIOD.as_nanos() as u64);
-        let runtime = wait_status(&client, &id, "exited", exited).await;
+        let runtime = wait_container_status(&client, &id, "exited", exited).await;
         assert_eq!(runtime.exit_code, 7);
 
         client.remove_container(&id).await.unwrap_or_else(|e| panic!("{e}"));
@@ -568,7 +537,7 @@ fn relist_survives_a_containerd_restart_without_losing_an_exit() {
     let mut containerd = start_containerd();
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "restart7");
-    let client = rt.block_on(connect(&containerd));
+    let client = rt.block_on(containerd.client());
     let (pleg, mut events) = rt.block_on(async { start_pleg(PlegMode::Generic, &client, None) });
     let id = rt.block_on(async {
         let sandbox = run_sandbox(&client, &pod).await;
@@ -630,7 +599,7 @@ fn a_new_pleg_reports_deaths_that_happened_while_no_agent_ran() {
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "agent7");
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
         let (first, mut events) = start_pleg(PlegMode::Generic, &client, None);
         let sandbox = run_sandbox(&client, &pod).await;
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
@@ -638,7 +607,7 @@ fn a_new_pleg_reports_deaths_that_happened_while_no_agent_ran() {
         first.stop().await;
 
         pod.release("app");
-        wait_status(&client, &id, "exited", exited).await;
+        wait_container_status(&client, &id, "exited", exited).await;
 
         let started_at = monotonic_ns();
         let (second, mut events) = start_pleg(PlegMode::Generic, &client, None);
@@ -678,7 +647,7 @@ fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "ebpf7");
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
         let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, Some(Duration::from_secs(3600)));
         let sandbox = run_sandbox(&client, &pod).await;
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
@@ -779,7 +748,7 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
     };
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "evented7");
-    let client = rt.block_on(connect(&containerd));
+    let client = rt.block_on(containerd.client());
     let version = rt
         .block_on(client.version())
         .unwrap_or_else(|e| panic!("{e}"));
@@ -885,7 +854,7 @@ fn evented_cri_with_containerd_16_degrades_to_relisting() {
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "evented16");
     rt.block_on(async {
-        let client = connect(&containerd).await;
+        let client = containerd.client().await;
         let (pleg, mut events) = start_pleg(PlegMode::EventedCri, &client, None);
         assert_eq!(pleg.relist_period(), GENERIC_PERIOD);
         let stats = pleg.evented_stats.clone().expect("evented-cri stats");

@@ -404,10 +404,9 @@ fn find_container_pid(id: &str) -> Option<i32> {
 }
 
 async fn list_sandboxes(containerd: &Containerd) -> Vec<String> {
-    let client = evpleg::cri::CriClient::connect(&containerd.endpoint(), Default::default())
+    containerd
+        .client()
         .await
-        .expect("cri");
-    client
         .list_pod_sandboxes(None)
         .await
         .expect("list")
