@@ -91,17 +91,19 @@ impl StatusManager {
 
     /// Hands in a pod's newest status. Returns whether it differs from the last.
     pub fn set_pod_status(&self, uid: &PodUid, pod: Arc<Pod>, status: ApiPodStatus) -> bool {
-        let changed = lock(&self.entries)
-            .get(uid)
-            .is_none_or(|e| e.status != status);
-        if changed {
-            info!(pod = pod.metadata.name.as_deref().unwrap_or("-"), phase = status.phase.as_deref().unwrap_or("-"),
-                  containers = %summary(&status), "pod status");
-        }
         let mut entries = lock(&self.entries);
+        let unchanged = entries.get(uid).is_some_and(|e| e.status == status);
+        if !unchanged {
+            info!(
+                pod = pod.metadata.name.as_deref().unwrap_or("-"),
+                phase = status.phase.as_deref().unwrap_or("-"),
+                containers = %summary(&status),
+                "pod status"
+            );
+        }
         if let Some(e) = entries.get_mut(uid) {
             e.pod = pod;
-            if e.status == status {
+            if unchanged {
                 lock(&self.stats).unchanged += 1;
                 return false;
             }
