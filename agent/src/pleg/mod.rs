@@ -169,6 +169,14 @@ impl ExitStatus {
 
 /// A lifecycle event for one pod: the contract between every PLEG and the pod
 /// workers (`design.md`: "Contracts worth fixing early").
+///
+/// From the kernel (`source == Kernel`, docs/pleg.md "The contract"): Started and
+/// Died kinds only for a main process whose identity is certain, Died always with
+/// its `exit`; `PodSync` is a *hint* (something happened in this pod that the
+/// kernel cannot vouch for: an uncertain main process, a cgroup removed before its
+/// main process was seen to exit) that relists the pod and writes nothing to the
+/// cache. The kernel never sends the Removed kinds: a cgroup's removal is not the
+/// runtime forgetting the container; only the relist reports removal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodLifecycleEvent {
     /// `None` only when the cgroup layout does not name the pod (containerd without

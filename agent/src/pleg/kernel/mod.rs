@@ -23,7 +23,7 @@ use tracing::info;
 pub use loader::{LoadError, LoaderConfig};
 pub use reader::{Command, KernelStats, RecordTap, monotonic_ns};
 
-use super::{ContainerId, PodLifecycleEvent, RelistSignal};
+use super::{ContainerId, PodLifecycleEvent, PodUid, RelistSignal};
 
 /// Root cgroups watched by default: the kubelet's cgroupfs and systemd roots and
 /// containerd's default parent. `/system.slice` (CRI-O scopes without a pod parent)
@@ -35,6 +35,47 @@ pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
 
 /// Default SCHED_FIFO priority of the reader thread.
 pub const DEFAULT_REALTIME_PRIORITY: i32 = 10;
+
+/// What the runtime said at a relist, handed to the tracker so that it learns the
+/// containers it does not know (with their main pid), marks sandboxes, and forgets
+/// containers the runtime no longer has (`docs/pleg.md`, contract clause 4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeView {
+    /// CLOCK_MONOTONIC ns when the listing started: anything the tracker learned
+    /// after this instant is kept even if the view does not list it.
+    pub listed_at_ns: u64,
+    /// `None`: the whole node (a full relist; containers not listed are gone).
+    /// `Some(uid)`: that pod only.
+    pub scope: Option<PodUid>,
+    pub containers: Vec<RuntimeContainer>,
+}
+
+/// One sandbox or container in a [`RuntimeView`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeContainer {
+    pub id: ContainerId,
+    pub pod: PodUid,
+    pub sandbox: bool,
+    /// The runtime reports it running.
+    pub running: bool,
+    /// The runtime's record of its main process (host pid), when the runtime
+    /// gives it (containerd and CRI-O: `ContainerStatus` with `verbose`).
+    pub pid: Option<u32>,
+}
+
+/// Health of the kernel path: the reader thread alive, or since when it is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelHealth {
+    Running,
+    /// A part stopped; the agent falls back to the generic relist.
+    Degraded {
+        /// Which part: `ring-buffer reader`.
+        part: &'static str,
+        /// CLOCK_MONOTONIC ns when it stopped.
+        since_ns: u64,
+        reason: String,
+    },
+}
 
 /// Errors of starting the kernel PLEG.
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +222,17 @@ impl KernelPleg {
     /// Tells the tracker that `id` is a pod sandbox.
     pub fn add_sandbox(&self, id: ContainerId) {
         let _ = self.commands.send(Command::AddSandbox(id));
+    }
+
+    /// Hands the runtime's view to the tracker (applied on the reader thread).
+    /// Never blocks.
+    pub fn reconcile(&self, view: RuntimeView) {
+        let _ = self.commands.send(Command::Reconcile(view));
+    }
+
+    /// Whether the reader thread runs.
+    pub fn health(&self) -> KernelHealth {
+        KernelHealth::Running
     }
 
     /// Stops the reader (within its 100 ms poll interval) and detaches.

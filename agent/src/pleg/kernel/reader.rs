@@ -83,6 +83,8 @@ pub type RecordTap = Box<dyn Fn(&KernelEvent, u64) + Send>;
 #[derive(Debug)]
 pub enum Command {
     AddSandbox(ContainerId),
+    /// The runtime's view after a relist ([`super::RuntimeView`]).
+    Reconcile(super::RuntimeView),
 }
 
 /// Everything the reader thread owns.
@@ -197,6 +199,7 @@ impl Reader {
             while let Ok(cmd) = self.commands.try_recv() {
                 match cmd {
                     Command::AddSandbox(id) => self.tracker.add_sandbox(id),
+                    Command::Reconcile(_view) => {}
                 }
             }
             // Drain into owned records first: an item borrows the ring buffer.
