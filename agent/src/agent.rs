@@ -237,7 +237,8 @@ impl Agent {
             Some(pleg.relist_stats.clone()),
             clock,
             pleg.relist_period(),
-        );
+        )
+        .with_path_health(pleg.path_health.clone());
         let pods_store = local.clone();
         let router = server::router(state).route(
             "/pods",

@@ -47,6 +47,9 @@ pub struct ContainerStatus {
     pub source: EventSource,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The host pid of the main process as the runtime records it (`verbose`
+    /// `ContainerStatus`); `None` when the runtime does not say or it is not running.
+    pub pid: Option<u32>,
 }
 
 impl ContainerStatus {
@@ -70,6 +73,7 @@ impl ContainerStatus {
             source,
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
+            pid: None,
         }
     }
 
@@ -109,6 +113,8 @@ pub struct SandboxStatus {
     pub attempt: u32,
     pub created_at: Option<i64>,
     pub ip: Option<String>,
+    /// The host pid of the sandbox's (pause) process, as the runtime records it.
+    pub pid: Option<u32>,
 }
 
 /// Everything the runtime (and the kernel) say about one pod.

@@ -10,7 +10,9 @@
 //! | `evpleg_pleg_last_seen_seconds` | `kubelet_pleg_last_seen_seconds` |
 //! | `evpleg_pleg_kernel_event_latency_seconds` (histogram) | none: kernel timestamp to reader |
 //! | `evpleg_pleg_kernel_records_total{result}` | none: kernel counters |
-//! | `evpleg_pleg_kernel_confirmations_total{result}` | none: runtime confirmation of kernel exits |
+//! | `evpleg_pleg_kernel_exits_confirmed_total`, `evpleg_pleg_kernel_contradictions_total` | none: runtime confirmation of kernel exits |
+//! | `evpleg_pleg_kernel_hints_total`, `evpleg_pleg_kernel_events_deferred_total` | none: uncertain kernel observations, events before a snapshot |
+//! | `evpleg_pleg_kernel_degradations_total` | none: the kernel path stopped, 1 s relist since |
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,6 +40,7 @@ struct PlegCollector {
     relist: Option<Arc<RelistStats>>,
     kernel: Option<Arc<KernelStats>>,
     merge: Option<Arc<MergeStats>>,
+    path: Option<Arc<crate::pleg::PathHealth>>,
 }
 
 fn counter(
@@ -92,9 +95,29 @@ impl Collector for PlegCollector {
             )?;
             counter(
                 &mut encoder,
-                "pleg_kernel_exits_disagreed",
-                "Kernel-observed exits the runtime contradicted past the bound (the runtime won)",
-                load(&r.disagreements),
+                "pleg_kernel_contradictions",
+                "Kernel-observed exits the runtime still contradicted after the bound (the runtime won, the exit was forgotten)",
+                load(&r.contradictions),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_pod_relists_skipped",
+                "On-demand pod relists a full relist had already served",
+                load(&r.pod_relists_skipped),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_failed_pod_relists",
+                "On-demand pod relists whose listing failed (retried with back-off)",
+                load(&r.failed_pod_relists),
+            )?;
+        }
+        if let Some(p) = &self.path {
+            counter(
+                &mut encoder,
+                "pleg_kernel_degradations",
+                "Times the kernel path stopped and the relist fell back to 1 s",
+                load(&p.degradations),
             )?;
         }
         if let Some(m) = &self.merge {
@@ -104,6 +127,18 @@ impl Collector for PlegCollector {
                 "pleg_kernel_events_unattributed",
                 "Kernel events whose pod the cgroup path did not name",
                 load(&m.unattributed),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_kernel_hints",
+                "Kernel observations that were not certain: the pod was relisted, nothing written",
+                load(&m.hints),
+            )?;
+            counter(
+                &mut encoder,
+                "pleg_kernel_events_deferred",
+                "Certain kernel events for containers the pod's snapshot did not hold yet (the pod was relisted)",
+                load(&m.deferred),
             )?;
         }
         if let Some(k) = &self.kernel {
@@ -193,6 +228,9 @@ impl Metrics {
             relist: pleg.map(|p| p.relist_stats.clone()),
             kernel,
             merge: pleg.and_then(|p| p.merge_stats.clone()),
+            path: pleg
+                .filter(|p| p.kernel.is_some())
+                .map(|p| p.path_health.clone()),
         }));
         Self { registry }
     }

@@ -8,15 +8,21 @@
 //! * a pod whose sync finds it terminal (restartPolicy Never/OnFailure, done)
 //!   terminates by itself;
 //! * once terminated, its UID is never started again;
-//! * before each sync the worker waits (bounded) for a pod status cache entry
-//!   newer than the end of its previous sync (the kubelet's `GetNewerThan`);
-//!   after a sync that did runtime work it asks the PLEG to relist the pod at
-//!   once (the kubelet's on-demand relist), so that wait ends in milliseconds;
+//! * no worker syncs before the PLEG's first complete relist has filled the
+//!   cache (the kubelet's workers block on the cache's global time);
+//! * before each sync the worker waits for a pod status cache entry newer than
+//!   the end of its previous sync (the kubelet's `GetNewerThan`), and never syncs
+//!   on an older one; an entry holding an inspection error is a failed sync
+//!   ("error determining status"), retried with back-off;
+//! * after every sync, successful or not, it asks the PLEG to relist the pod at
+//!   once (the kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
 //! * errors back off (doubling, capped); a sync may ask to be requeued (a
 //!   container in CrashLoopBackOff) and every worker resyncs periodically.
 //!
 //! Differences: no separate "terminating runtime pods" without a spec (orphans are
-//! the sync loop's housekeeping); the cache wait is bounded ([`WorkerConfig`]).
+//! the sync loop's housekeeping). The kubelet's wait is released by its next 1 s
+//! relist; here the worker asks for a pod relist whenever the cache has nothing
+//! newer, and again every `cache_wait` while it still waits ([`WorkerConfig`]).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -31,6 +37,7 @@ use tracing::{debug, warn};
 use crate::clock::SharedClock;
 use crate::pleg::PodUid;
 use crate::pleg::cache::{CacheEntry, PodStatusCache};
+use crate::pleg::on_demand::PodRelistQueue;
 
 /// What a sync asks of its worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -95,7 +102,8 @@ pub enum WorkerState {
 pub struct WorkerConfig {
     /// Every worker syncs again after this without other reason.
     pub resync: Duration,
-    /// The longest wait for a cache entry newer than the last sync.
+    /// How long a worker waits for a cache entry newer than its last sync before
+    /// it asks for a pod relist again (it never syncs on an older entry).
     pub cache_wait: Duration,
     pub error_backoff_initial: Duration,
     pub error_backoff_max: Duration,
@@ -133,7 +141,7 @@ pub struct PodWorkers<S> {
     syncer: Arc<S>,
     cache: Arc<PodStatusCache>,
     clock: SharedClock,
-    pod_relist: Option<mpsc::UnboundedSender<PodUid>>,
+    pod_relist: Option<Arc<PodRelistQueue>>,
     config: WorkerConfig,
     workers: Mutex<HashMap<PodUid, Worker>>,
     finished: Arc<Mutex<HashSet<PodUid>>>,
@@ -167,7 +175,7 @@ impl<S: PodSyncer> PodWorkers<S> {
         syncer: Arc<S>,
         cache: Arc<PodStatusCache>,
         clock: SharedClock,
-        pod_relist: Option<mpsc::UnboundedSender<PodUid>>,
+        pod_relist: Option<Arc<PodRelistQueue>>,
         config: WorkerConfig,
         done: mpsc::UnboundedSender<PodUid>,
     ) -> Self {
@@ -275,6 +283,16 @@ impl<S: PodSyncer> PodWorkers<S> {
     }
 }
 
+impl<S> Drop for PodWorkers<S> {
+    /// Workers never outlive the agent that started them (a stopped agent's
+    /// worker acting next to a new agent's would break every rule).
+    fn drop(&mut self) {
+        for (_, w) in lock(&self.workers).drain() {
+            w.task.abort();
+        }
+    }
+}
+
 struct WorkerLoop<S> {
     uid: PodUid,
     shared: Arc<Mutex<Shared>>,
@@ -282,7 +300,7 @@ struct WorkerLoop<S> {
     syncer: Arc<S>,
     cache: Arc<PodStatusCache>,
     clock: SharedClock,
-    pod_relist: Option<mpsc::UnboundedSender<PodUid>>,
+    pod_relist: Option<Arc<PodRelistQueue>>,
     config: WorkerConfig,
     finished: Arc<Mutex<HashSet<PodUid>>>,
     done: mpsc::UnboundedSender<PodUid>,
@@ -290,81 +308,35 @@ struct WorkerLoop<S> {
 
 impl<S: PodSyncer> WorkerLoop<S> {
     async fn run(self) {
+        self.cache.first_relist().await;
         let mut last_sync_ns = 0u64;
         let mut errors = 0u32;
         let mut requeue = tokio::time::Instant::now() + self.config.resync;
         loop {
-            let woken_by_update = tokio::select! {
-                () = self.notify.notified() => true,
-                () = tokio::time::sleep_until(requeue) => false,
-            };
+            tokio::select! {
+                () = self.notify.notified() => {}
+                () = tokio::time::sleep_until(requeue) => {}
+            }
             let (pod, state, grace) = {
                 let mut s = lock(&self.shared);
                 s.pending = false;
                 (s.pod.clone(), s.state, s.grace_seconds)
             };
-            // A status newer than our last sync, unless only the timer woke us.
-            let entry = if woken_by_update && last_sync_ns > 0 {
-                match tokio::time::timeout(
-                    self.config.cache_wait,
-                    self.cache.get_newer_than(&self.uid, last_sync_ns),
-                )
-                .await
-                {
-                    Ok(e) => e,
-                    Err(_) => {
-                        debug!(pod = %self.uid, "no newer pod status within the cache wait; syncing with the cached one");
-                        self.cached()
-                    }
-                }
-            } else {
-                self.cached()
+            let entry = self.newer_than(last_sync_ns).await;
+            let outcome: Result<Option<Duration>, SyncError> = match &entry.error {
+                // The kubelet refuses to sync on a status it could not determine.
+                Some(e) => Err(SyncError(format!("error determining status: {e}"))),
+                None => self.sync(state, pod, entry, grace).await,
             };
-            let outcome: Result<Option<Duration>, SyncError> = match state {
-                WorkerState::Sync => match self.syncer.sync_pod(pod, entry).await {
-                    Ok(r) => {
-                        if r.did_runtime_work {
-                            self.relist_now();
-                        }
-                        if r.terminal {
-                            let mut s = lock(&self.shared);
-                            if s.state == WorkerState::Sync {
-                                s.state = WorkerState::Terminating;
-                            }
-                            Ok(Some(Duration::ZERO))
-                        } else {
-                            Ok(r.requeue_after)
-                        }
-                    }
-                    Err(e) => Err(e),
-                },
-                WorkerState::Terminating => {
-                    match self.syncer.sync_terminating_pod(pod, entry, grace).await {
-                        Ok(()) => {
-                            self.relist_now();
-                            lock(&self.shared).state = WorkerState::Terminated;
-                            Ok(Some(Duration::ZERO))
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                WorkerState::Terminated => {
-                    match self.syncer.sync_terminated_pod(pod, entry).await {
-                        Ok(()) => {
-                            lock(&self.shared).state = WorkerState::Done;
-                            lock(&self.finished).insert(self.uid.clone());
-                            let _ = self.done.send(self.uid.clone());
-                            return;
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                WorkerState::Done => return,
-            };
-            // The kubelet's lastSyncTime: the *end* of this sync. The next sync
-            // waits for an observation made after it (a relist whose listing began
-            // after our runtime calls), so it never acts on a status from before them.
+            if matches!(lock(&self.shared).state, WorkerState::Done) {
+                return;
+            }
+            // The kubelet's lastSyncTime: the *end* of this sync, taken before the
+            // relist is asked for, so that the relist's observation is newer. The
+            // next sync waits for it: it never acts on a view from before its own
+            // runtime calls.
             last_sync_ns = self.clock.now_ns();
+            self.relist_now();
             let delay = match outcome {
                 Ok(after) => {
                     errors = 0;
@@ -388,17 +360,70 @@ impl<S: PodSyncer> WorkerLoop<S> {
         }
     }
 
-    fn cached(&self) -> CacheEntry {
-        self.cache.get(&self.uid).unwrap_or_else(|| CacheEntry {
-            status: Arc::default(),
-            observed_ns: 0,
-            error: None,
-        })
+    /// One sync in the worker's current state.
+    async fn sync(
+        &self,
+        state: WorkerState,
+        pod: Arc<Pod>,
+        entry: CacheEntry,
+        grace: i64,
+    ) -> Result<Option<Duration>, SyncError> {
+        match state {
+            WorkerState::Sync => {
+                let r = self.syncer.sync_pod(pod, entry).await?;
+                if r.terminal {
+                    let mut s = lock(&self.shared);
+                    if s.state == WorkerState::Sync {
+                        s.state = WorkerState::Terminating;
+                    }
+                    Ok(Some(Duration::ZERO))
+                } else {
+                    Ok(r.requeue_after)
+                }
+            }
+            WorkerState::Terminating => {
+                self.syncer.sync_terminating_pod(pod, entry, grace).await?;
+                lock(&self.shared).state = WorkerState::Terminated;
+                Ok(Some(Duration::ZERO))
+            }
+            WorkerState::Terminated => {
+                self.syncer.sync_terminated_pod(pod, entry).await?;
+                lock(&self.shared).state = WorkerState::Done;
+                lock(&self.finished).insert(self.uid.clone());
+                let _ = self.done.send(self.uid.clone());
+                Ok(None)
+            }
+            WorkerState::Done => Ok(None),
+        }
+    }
+
+    /// The pod's cache entry observed after `min_ns` (the kubelet's
+    /// `GetNewerThan`). Asks for a pod relist when there is none yet, and again
+    /// every `cache_wait` while waiting.
+    async fn newer_than(&self, min_ns: u64) -> CacheEntry {
+        if let Some(e) = self.cache.newer_than_now(&self.uid, min_ns) {
+            return e;
+        }
+        loop {
+            self.relist_now();
+            match tokio::time::timeout(
+                self.config.cache_wait,
+                self.cache.get_newer_than(&self.uid, min_ns),
+            )
+            .await
+            {
+                Ok(e) => return e,
+                Err(_) => {
+                    warn!(pod = %self.uid, wait_ms = self.config.cache_wait.as_millis() as u64,
+                          "no pod status newer than the last sync yet; asking for a pod relist again");
+                }
+            }
+        }
     }
 
     fn relist_now(&self) {
-        if let Some(tx) = &self.pod_relist {
-            let _ = tx.send(self.uid.clone());
+        if let Some(q) = &self.pod_relist {
+            q.request(self.uid.clone());
         }
     }
 }
@@ -408,7 +433,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::{Clock, ManualClock};
 
     #[derive(Debug, Default)]
     struct Recorder {
@@ -486,20 +511,88 @@ mod tests {
         PodUid::parse(&"a".repeat(32)).unwrap()
     }
 
-    fn workers(rec: Arc<Recorder>) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
+    /// A stand-in for the PLEG: the first full relist, then every on-demand pod
+    /// relist answered with a fresh observation while `answer` is set.
+    struct FakePleg {
+        cache: Arc<PodStatusCache>,
+        clock: ManualClock,
+        queue: Arc<PodRelistQueue>,
+        answer: Arc<std::sync::atomic::AtomicBool>,
+        error: Arc<Mutex<Option<String>>>,
+        requests: Arc<AtomicU32>,
+    }
+
+    impl FakePleg {
+        fn new() -> Self {
+            let clock = ManualClock::new(1);
+            Self {
+                cache: Arc::new(PodStatusCache::new()),
+                queue: Arc::new(PodRelistQueue::new(Arc::new(clock.clone()))),
+                clock,
+                answer: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                error: Arc::new(Mutex::new(None)),
+                requests: Arc::new(AtomicU32::new(0)),
+            }
+        }
+
+        fn spawn(&self, first_relist: bool) {
+            if first_relist {
+                self.cache.update_time(1);
+            }
+            let (cache, clock, queue, answer, error, requests) = (
+                self.cache.clone(),
+                self.clock.clone(),
+                self.queue.clone(),
+                self.answer.clone(),
+                self.error.clone(),
+                self.requests.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    queue.ready().await;
+                    for (uid, _) in queue.take() {
+                        requests.fetch_add(1, Ordering::SeqCst);
+                        if !answer.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        clock.advance(1_000);
+                        match lock(&error).clone() {
+                            Some(e) => cache.set_error(&uid, e, clock.now_ns()),
+                            None => cache.set(
+                                &uid,
+                                crate::container::PodStatus::default(),
+                                clock.now_ns(),
+                            ),
+                        };
+                    }
+                }
+            });
+        }
+    }
+
+    fn workers_with(
+        rec: Arc<Recorder>,
+        pleg: &FakePleg,
+    ) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
         let (done, done_rx) = mpsc::unbounded_channel();
         let w = PodWorkers::new(
             rec,
-            Arc::new(PodStatusCache::new()),
-            Arc::new(ManualClock::new(1)),
-            None,
+            pleg.cache.clone(),
+            Arc::new(pleg.clock.clone()),
+            Some(pleg.queue.clone()),
             WorkerConfig {
-                cache_wait: Duration::from_millis(1),
+                cache_wait: Duration::from_millis(100),
                 ..WorkerConfig::default()
             },
             done,
         );
         (w, done_rx)
+    }
+
+    fn workers(rec: Arc<Recorder>) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
+        let pleg = FakePleg::new();
+        pleg.spawn(true);
+        workers_with(rec, &pleg)
     }
 
     async fn settle() {
@@ -599,6 +692,79 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rec.calls().len(), before + 1);
+        w.shutdown();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_sync_before_the_first_full_relist() {
+        let rec = Arc::new(Recorder::default());
+        let pleg = FakePleg::new();
+        pleg.spawn(false);
+        let (w, _done) = workers_with(rec.clone(), &pleg);
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        // A pod relist alone does not release it: the node's first relist does.
+        pleg.queue.request(uid());
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(rec.calls().is_empty(), "{:?}", rec.calls());
+        pleg.cache.update_time(pleg.clock.now_ns() + 1);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        assert_eq!(rec.calls(), [("sync".to_owned(), "v1".to_owned())]);
+        w.shutdown();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn never_syncs_on_a_view_older_than_its_last_sync() {
+        let rec = Arc::new(Recorder::default());
+        let pleg = FakePleg::new();
+        pleg.spawn(true);
+        // The PLEG answers no pod relist: the first sync runs on the first full
+        // relist's view; an update after it must wait, asking again and again.
+        pleg.answer.store(false, Ordering::SeqCst);
+        let (w, _done) = workers_with(rec.clone(), &pleg);
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        let asked = pleg.requests.load(Ordering::SeqCst);
+        w.update_pod(&uid(), pod("v2", None), UpdateType::Update);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(rec.calls().len(), 1, "{:?}", rec.calls());
+        assert!(
+            pleg.requests.load(Ordering::SeqCst) >= asked + 10,
+            "the worker keeps asking for a pod relist"
+        );
+        pleg.answer.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        assert_eq!(rec.calls().last().unwrap().1, "v2");
+        w.shutdown();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_inspection_error_is_a_failed_sync() {
+        let rec = Arc::new(Recorder::default());
+        let pleg = FakePleg::new();
+        pleg.spawn(true);
+        // Every pod relist fails from the start: the first sync runs on the
+        // first full relist's view; the next sees the error.
+        *lock(&pleg.error) = Some("ListContainers: unavailable".into());
+        let (w, _done) = workers_with(rec.clone(), &pleg);
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        w.update_pod(&uid(), pod("v2", None), UpdateType::Update);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(rec.calls().len(), 1, "the syncer is not called on an error");
+        *lock(&pleg.error) = None;
+        // Retried with back-off, then synced on the good status.
+        tokio::time::timeout(Duration::from_secs(60), rec.notify.notified())
+            .await
+            .unwrap();
+        assert_eq!(rec.calls().last().unwrap().1, "v2");
         w.shutdown();
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod cgroups;
 pub mod containerd;
+pub mod cri_pod;
 pub mod fake_apiserver;
 pub mod pleg;
 
@@ -30,6 +31,33 @@ pub fn privileged(test: &str) -> bool {
     }
     if !evpleg::pleg::kernel::loader::embedded_object_present() {
         missing.push("the eBPF object (run `cargo xtask build` or `cargo xtask test`)");
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let reason = format!("{test}: needs {}", missing.join(", "));
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{reason}; CI=true, so this is a failure, not a skip");
+    }
+    eprintln!("SKIPPED {reason}");
+    false
+}
+
+/// Whether the real container runtime can run here (root and cgroup2, for the
+/// containerd harness), for tests of the CRI alone that need no eBPF. Prints why
+/// not and returns `false`; under `CI=true` a missing capability is a failure.
+pub fn runtime_available(test: &str) -> bool {
+    let mut missing = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root (euid 0)");
+    }
+    if evpleg::pleg::kernel::index::cgroup2_mount()
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        missing.push("a cgroup2 hierarchy");
     }
     if missing.is_empty() {
         return true;

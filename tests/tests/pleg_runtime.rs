@@ -14,364 +14,18 @@
 //! Containers that must exit at a chosen moment wait for a file in a directory
 //! mounted from the host, then `exit 7`.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::clock::MonotonicClock;
 use evpleg::container::{ContainerState, monotonic_to_unix_ns};
-use evpleg::cri::CriClient;
-use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig, monotonic_ns};
-use evpleg::pleg::relist::{GENERIC_PERIOD, RELIST_THRESHOLD};
-use evpleg::pleg::{
-    ContainerId, EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent, PodUid, RelistSignal,
-};
-use evpleg::runtime::{CriRuntime, labels};
+use evpleg::pleg::kernel::monotonic_ns;
+use evpleg::pleg::relist::GENERIC_PERIOD;
+use evpleg::pleg::{EventKind, EventSource, PlegMode};
 use evpleg_cri_api::v1;
-use evpleg_tests::containerd::{
-    Containerd, container_config, containerd_17_for, init_test_logging, pod_cgroup_parent,
-    wait_container_status,
-};
+use evpleg_tests::containerd::{pod_cgroup_parent, wait_container_status};
+use evpleg_tests::cri_pod::*;
 use evpleg_tests::pleg::PlegUnderTest;
 use evpleg_tests::privileged;
-use tokio::sync::mpsc;
-
-/// Bound of every wait for an event or a state.
-const WAIT: Duration = Duration::from_secs(20);
-/// Poll interval of CRI statuses where no event exists.
-const POLL: Duration = Duration::from_millis(20);
-/// Exits measured by the evented-cri test.
-const SAMPLES: usize = 5;
-/// Where a waiting container looks for its exit signal.
-const SIGNAL_DIR: &str = "/evpleg-signal";
-
-fn tokio_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a Tokio runtime")
-}
-
-fn start_containerd() -> Containerd {
-    init_test_logging();
-    Containerd::start().unwrap_or_else(|e| panic!("containerd harness: {e}"))
-}
-
-/// containerd 1.7, or `None` (skipped with the reason printed) when it cannot
-/// be fetched outside CI.
-fn start_containerd_17(test: &str) -> Option<Containerd> {
-    init_test_logging();
-    let binary = containerd_17_for(test)?;
-    Some(Containerd::start_with(&binary).unwrap_or_else(|e| panic!("containerd 1.7 harness: {e}")))
-}
-
-fn runtime_of(client: &CriClient) -> CriRuntime {
-    CriRuntime::new(client.clone())
-}
-
-/// A pod of the test: its UID, sandbox config (with the kubelet's labels) and
-/// a host directory its waiting containers watch.
-struct TestPod {
-    name: String,
-    uid: String,
-    config: v1::PodSandboxConfig,
-    signal_dir: PathBuf,
-}
-
-impl TestPod {
-    fn new(containerd: &Containerd, name: &str) -> Self {
-        let uid = evpleg_tests::pod_uid();
-        let mut config = containerd.sandbox_config(name, &uid, &pod_cgroup_parent(&uid));
-        let meta = config.metadata.clone().expect("the harness sets metadata");
-        config.labels.insert(labels::POD_UID.into(), uid.clone());
-        config.labels.insert(labels::POD_NAME.into(), meta.name);
-        config
-            .labels
-            .insert(labels::POD_NAMESPACE.into(), meta.namespace);
-        let signal_dir = containerd.base().join("signals").join(&uid);
-        std::fs::create_dir_all(&signal_dir).expect("signal dir");
-        Self {
-            name: name.to_owned(),
-            uid,
-            config,
-            signal_dir,
-        }
-    }
-
-    fn pod_uid(&self) -> PodUid {
-        PodUid::parse(&self.uid).expect("a valid uid")
-    }
-
-    /// A busybox container of this pod running `command`, labelled for CriRuntime.
-    fn container(&self, name: &str, command: &[&str]) -> v1::ContainerConfig {
-        let mut config = container_config(name, command);
-        config
-            .labels
-            .insert(labels::POD_UID.into(), self.uid.clone());
-        config
-            .labels
-            .insert(labels::POD_NAME.into(), self.name.clone());
-        config
-            .labels
-            .insert(labels::CONTAINER_NAME.into(), name.to_owned());
-        config
-    }
-
-    /// A container that runs until [`Self::release`]`(name)`, then exits with 7.
-    fn waiting_container(&self, name: &str) -> v1::ContainerConfig {
-        let script = format!("while [ ! -e {SIGNAL_DIR}/{name} ]; do sleep 0.01; done; exit 7");
-        let mut config = self.container(name, &["sh", "-c", &script]);
-        config.mounts.push(v1::Mount {
-            container_path: SIGNAL_DIR.to_owned(),
-            host_path: self.signal_dir.display().to_string(),
-            readonly: true,
-            ..Default::default()
-        });
-        config
-    }
-
-    /// Lets the waiting container `name` exit.
-    fn release(&self, name: &str) {
-        std::fs::write(self.signal_dir.join(name), b"").expect("signal file");
-    }
-}
-
-/// Runs the pod's sandbox; returns its id.
-async fn run_sandbox(client: &CriClient, pod: &TestPod) -> String {
-    client
-        .run_pod_sandbox(&pod.config, "")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Creates and starts a container; returns its id.
-async fn run_container(
-    client: &CriClient,
-    pod: &TestPod,
-    sandbox: &str,
-    config: &v1::ContainerConfig,
-) -> String {
-    let id = client
-        .create_container(sandbox, config, &pod.config)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    client
-        .start_container(&id)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    id
-}
-
-fn exited(s: &v1::ContainerStatus) -> bool {
-    s.state() == v1::ContainerState::ContainerExited
-}
-
-/// The `pid` of a verbose CRI status's `info` (containerd's JSON).
-fn verbose_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
-    let json: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
-    json.get("pid")?
-        .as_u64()
-        .and_then(|p| u32::try_from(p).ok())
-}
-
-fn cid(id: &str) -> ContainerId {
-    ContainerId::parse(id).unwrap_or_else(|| panic!("{id} is not a 64-hex id"))
-}
-
-/// The PLEG's event channel, with every event kept for later counting.
-struct Events {
-    rx: mpsc::Receiver<PodLifecycleEvent>,
-    all: Vec<PodLifecycleEvent>,
-    taken: Vec<bool>,
-}
-
-impl Events {
-    fn new(rx: mpsc::Receiver<PodLifecycleEvent>) -> Self {
-        Self {
-            rx,
-            all: Vec::new(),
-            taken: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, e: PodLifecycleEvent) {
-        self.all.push(e);
-        self.taken.push(false);
-    }
-
-    /// The first event not returned before with `kind` for container `id`,
-    /// waiting at most `timeout`.
-    async fn wait_for(
-        &mut self,
-        id: &str,
-        kind: EventKind,
-        timeout: Duration,
-    ) -> PodLifecycleEvent {
-        let matches = |e: &PodLifecycleEvent| {
-            e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
-        };
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut i = 0;
-        loop {
-            while i < self.all.len() {
-                if !self.taken[i] && matches(&self.all[i]) {
-                    self.taken[i] = true;
-                    return self.all[i].clone();
-                }
-                i += 1;
-            }
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(e)) => self.push(e),
-                Ok(None) => panic!("the pleg's event channel closed"),
-                Err(_) => panic!(
-                    "no {kind:?} for {id} within {timeout:?}; events so far: {:#?}",
-                    self.all
-                ),
-            }
-        }
-    }
-
-    async fn wait(&mut self, id: &str, kind: EventKind) -> PodLifecycleEvent {
-        self.wait_for(id, kind, WAIT).await
-    }
-
-    /// Collects what arrives during `period`.
-    async fn collect(&mut self, period: Duration) {
-        let deadline = tokio::time::Instant::now() + period;
-        while let Ok(Some(e)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            self.push(e);
-        }
-    }
-
-    fn count(&self, id: &str, kind: EventKind) -> usize {
-        self.all
-            .iter()
-            .filter(|e| e.kind == kind && e.container_id.as_ref().is_some_and(|c| c.as_str() == id))
-            .count()
-    }
-}
-
-fn start_pleg(mode: PlegMode, client: &CriClient, period: Option<Duration>) -> (Pleg, Events) {
-    let (tx, rx) = mpsc::channel(1000);
-    let pleg = Pleg::start(
-        mode,
-        runtime_of(client),
-        KernelPlegConfig::default(),
-        tx,
-        Arc::new(MonotonicClock),
-        period,
-    )
-    .unwrap_or_else(|e| panic!("starting the {mode:?} pleg: {e}"));
-    (pleg, Events::new(rx))
-}
-
-/// The cached status of container `id` of `pod`, if any.
-fn cached(pleg: &Pleg, pod: &PodUid, id: &str) -> Option<evpleg::container::ContainerStatus> {
-    pleg.cache.get(pod)?.status.container(&cid(id)).cloned()
-}
-
-/// Waits until the cache holds container `id` satisfying `done`.
-async fn wait_cached(
-    pleg: &Pleg,
-    pod: &PodUid,
-    id: &str,
-    what: &str,
-    done: impl Fn(&evpleg::container::ContainerStatus) -> bool,
-) -> evpleg::container::ContainerStatus {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(c) = cached(pleg, pod, id)
-            && done(&c)
-        {
-            return c;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cache never had {id} {what}: {:?}",
-            cached(pleg, pod, id)
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn assert_exited_7(c: &evpleg::container::ContainerStatus) {
-    assert_eq!(
-        (c.state, c.exit_code),
-        (ContainerState::Exited, Some(7)),
-        "{c:?}"
-    );
-}
-
-fn healthy(pleg: &Pleg) {
-    if let Err(e) = pleg.relist_stats.healthy(monotonic_ns(), RELIST_THRESHOLD) {
-        panic!("relist pleg unhealthy: {e}");
-    }
-}
-
-/// A kernel PLEG used only as a stopwatch: the moment (CLOCK_MONOTONIC ns) the
-/// kernel saw a container's main process exit, to measure the other PLEGs'
-/// latencies from.
-struct ExitClock {
-    kernel: Option<KernelPleg>,
-    rx: mpsc::Receiver<PodLifecycleEvent>,
-    seen: Vec<PodLifecycleEvent>,
-}
-
-impl ExitClock {
-    fn start() -> Self {
-        let (tx, rx) = mpsc::channel(1000);
-        let kernel = KernelPleg::start(
-            KernelPlegConfig::default(),
-            tx,
-            Arc::new(RelistSignal::new()),
-            None,
-        )
-        .unwrap_or_else(|e| panic!("kernel pleg: {e}"));
-        Self {
-            kernel: Some(kernel),
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// When the kernel saw container `id` die.
-    async fn exit_ns(&mut self, id: &str) -> u64 {
-        let matches = |e: &PodLifecycleEvent| {
-            e.kind == EventKind::ContainerDied
-                && e.container_id.as_ref().is_some_and(|c| c.as_str() == id)
-        };
-        if let Some(e) = self.seen.iter().find(|e| matches(e)) {
-            return e.at_ns;
-        }
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(e)) if matches(&e) => return e.at_ns,
-                Ok(Some(e)) => self.seen.push(e),
-                _ => panic!("the kernel did not see {id} exit within {WAIT:?}"),
-            }
-        }
-    }
-}
-
-impl Drop for ExitClock {
-    fn drop(&mut self) {
-        if let Some(k) = self.kernel.take() {
-            k.stop();
-        }
-    }
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 // ---- (a) the kernel PLEG alone -------------------------------------------------------
 
@@ -559,8 +213,16 @@ fn relist_survives_a_containerd_restart_without_losing_an_exit() {
         assert!(Instant::now() < deadline, "the container did not exit");
         std::thread::sleep(POLL);
     }
-    // Let the relist run (and wait) against the missing runtime for a while.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The relist runs against the missing runtime, and fails, before it is back.
+    let failed_before = pleg.relist_stats.failed_relists.load(Ordering::Relaxed);
+    let deadline = Instant::now() + WAIT;
+    while pleg.relist_stats.failed_relists.load(Ordering::Relaxed) < failed_before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no relist failed while containerd was down"
+        );
+        std::thread::sleep(POLL);
+    }
     let failed_while_down = pleg.relist_stats.failed_relists.load(Ordering::Relaxed);
     containerd.restart().unwrap_or_else(|e| panic!("{e}"));
     eprintln!("containerd was down for {:?}", down.elapsed());
@@ -577,9 +239,11 @@ fn relist_survives_a_containerd_restart_without_losing_an_exit() {
         );
         // The relist goes on at its period.
         let before = pleg.relist_stats.relists.load(Ordering::Relaxed);
-        tokio::time::sleep(GENERIC_PERIOD * 3).await;
-        let after = pleg.relist_stats.relists.load(Ordering::Relaxed);
-        assert!(after >= before + 2, "relists {before} -> {after}");
+        let deadline = Instant::now() + GENERIC_PERIOD * 5;
+        while pleg.relist_stats.relists.load(Ordering::Relaxed) < before + 2 {
+            assert!(Instant::now() < deadline, "the relist did not resume its period");
+            tokio::time::sleep(POLL).await;
+        }
         healthy(&pleg);
         assert_eq!(events.count(&id, EventKind::ContainerDied), 1);
         pleg.stop().await;
@@ -651,14 +315,9 @@ fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
         let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, Some(Duration::from_secs(3600)));
         let sandbox = run_sandbox(&client, &pod).await;
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
-        // The kernel's ContainerStarted. A relist that another kernel event (the
-        // sandbox's) triggered may list the container running and send its own
-        // Started before the merge task has recorded the kernel's: a known,
-        // harmless duplicate (docs/pleg.md), so the kernel's is looked for.
-        let mut started = events.wait(&id, EventKind::ContainerStarted).await;
-        while started.source != EventSource::Kernel {
-            started = events.wait(&id, EventKind::ContainerStarted).await;
-        }
+        // The start is delivered once: by the kernel when the pod's snapshot
+        // already held the container, by the relist of the pod otherwise.
+        let started = events.wait(&id, EventKind::ContainerStarted).await;
         assert_eq!(started.pod_uid, Some(pod.pod_uid()));
         // The on-demand relist after the kernel's start inspects the pod. It may
         // run before containerd marks the container running (the exec comes
@@ -715,7 +374,7 @@ fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
         let confirmed = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
         assert_exited_7(&confirmed);
         assert_eq!(confirmed.exit_code, Some(runtime_status.exit_code));
-        assert_eq!(pleg.relist_stats.disagreements.load(Ordering::Relaxed), 0);
+        assert_eq!(pleg.relist_stats.contradictions.load(Ordering::Relaxed), 0);
         // A full relist now must not send the death again either.
         let relists = pleg.relist_stats.relists.load(Ordering::Relaxed);
         pleg.relist_signal.request("test: a full relist after the confirmation");
@@ -814,7 +473,20 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
             );
             tokio::time::sleep(POLL).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The new stream is open once containerd sends its first event (its
+        // headers come with it): start short containers until it has.
+        let deadline = Instant::now() + WAIT;
+        let mut n = 0;
+        while stats.streams.load(Ordering::Relaxed) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the stream never delivered again: {stats:?}"
+            );
+            n += 1;
+            let probe = pod.container(&format!("probe{n}"), &["true"]);
+            run_container(&client, &pod, &sandbox, &probe).await;
+            tokio::time::sleep(POLL).await;
+        }
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("second")).await;
         events.wait(&id, EventKind::ContainerStarted).await;
         pod.release("second");
@@ -864,7 +536,13 @@ fn evented_cri_with_containerd_16_degrades_to_relisting() {
         pod.release("app");
         events.wait(&id, EventKind::ContainerDied).await;
         assert_exited_7(&cached(&pleg, &pod.pod_uid(), &id).expect("cached"));
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Two more relist periods: time to retry the stream, were it retried.
+        let relists = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        let deadline = Instant::now() + GENERIC_PERIOD * 5;
+        while pleg.relist_stats.relists.load(Ordering::Relaxed) < relists + 2 {
+            assert!(Instant::now() < deadline, "the relist stalled");
+            tokio::time::sleep(POLL).await;
+        }
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         eprintln!("evented-cri on containerd 1.6: {stats:?}");
         assert_eq!(

@@ -22,6 +22,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct E2e {
+    args: Args,
     agent: Option<Agent>,
     containerd: Option<Containerd>,
     manifests: PathBuf,
@@ -57,6 +58,7 @@ impl E2e {
             .await
             .unwrap_or_else(|e| panic!("agent: {e}"));
         Self {
+            args,
             agent: Some(agent),
             containerd: Some(containerd),
             manifests,
@@ -66,6 +68,23 @@ impl E2e {
 
     fn agent(&self) -> &Agent {
         self.agent.as_ref().expect("running")
+    }
+
+    /// Stops the agent (its containers keep running) and starts a new one with
+    /// the same flags, as after a crash or an upgrade.
+    async fn restart_agent(&mut self) {
+        if let Some(a) = self.agent.take() {
+            a.stop().await;
+        }
+        let agent = Agent::start(&self.args)
+            .await
+            .unwrap_or_else(|e| panic!("agent restart: {e}"));
+        self.agent = Some(agent);
+    }
+
+    /// containerd's own log: it records every failed CRI call.
+    fn runtime_log(&self) -> String {
+        std::fs::read_to_string(self.cri().log_path()).unwrap_or_default()
     }
 
     fn write(&self, file: &str, yaml: &str) {
@@ -360,6 +379,105 @@ e2e_test!(an_invalid_manifest_does_not_stop_a_valid_one, |e| Box::pin(
         assert!(e.pod("broken").is_none());
     }
 ));
+
+/// Contract clause 8 (docs/pleg.md), the first case the review found: after an
+/// agent restart no worker acts before the first complete relist, so none
+/// calls RunPodSandbox for a pod whose sandbox exists ("failed to reserve
+/// sandbox name"); the running container is adopted, not restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_adopts_running_pods_without_a_new_sandbox() {
+    if !privileged("an_agent_restart_adopts_running_pods_without_a_new_sandbox") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut e = E2e::start("restart").await;
+    e.write(
+        "steady.yaml",
+        &manifest("steady", "Always", "sleep 600", ""),
+    );
+    let running = |p: &Value| container(p, "app")["state"]["running"].is_object();
+    let pod = e.wait_for("steady", "running", running).await;
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let id = container(&pod, "app")["containerID"].clone();
+    let sandboxes = |all: Vec<String>| {
+        all.into_iter()
+            .filter(|s| s.contains(&uid))
+            .collect::<Vec<_>>()
+    };
+    let before = sandboxes(list_sandboxes(e.cri()).await);
+    assert_eq!(before.len(), 1, "{before:?}");
+    e.restart_agent().await;
+    let pod = e
+        .wait_for("steady", "running in the new agent", running)
+        .await;
+    assert_eq!(
+        container(&pod, "app")["containerID"],
+        id,
+        "the container was not restarted"
+    );
+    assert_eq!(container(&pod, "app")["restartCount"], 0);
+    assert_eq!(sandboxes(list_sandboxes(e.cri()).await), before);
+    let log = e.runtime_log();
+    assert!(
+        !log.contains("failed to reserve sandbox name"),
+        "RunPodSandbox was called for an existing sandbox:\n{}",
+        log.lines()
+            .filter(|l| l.contains("reserve"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    e.finish().await;
+}
+
+/// Contract clause 8, the second case: a container that cannot be created
+/// after its sandbox was (its image does not exist) is retried with back-off,
+/// and every retry sees the sandbox: the pod relist after each sync refreshes
+/// the cache in `ebpf` mode, where the periodic relist is 5 min away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_container_creation_is_retried_without_a_new_sandbox() {
+    if !privileged("a_failed_container_creation_is_retried_without_a_new_sandbox") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start("noimage").await;
+    let yaml = manifest("noimage", "Always", "sleep 600", "")
+        .replace("localhost/busybox:latest", "localhost/evpleg-absent:1");
+    e.write("noimage.yaml", &yaml);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let log = e.runtime_log();
+        let failures = log
+            .lines()
+            .filter(|l| {
+                l.contains("level=error")
+                    && (l.contains("CreateContainer") || l.contains("PullImage"))
+                    && l.contains("evpleg-absent")
+            })
+            .count();
+        assert!(
+            !log.contains("failed to reserve sandbox name"),
+            "RunPodSandbox was called again for an existing sandbox"
+        );
+        if failures >= 3 {
+            eprintln!("{failures} failed attempts, no second RunPodSandbox");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer than 3 attempts to create the container within {DEADLINE:?}:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pod = e.pod("noimage").expect("the pod has a status");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let ours: Vec<String> = list_sandboxes(e.cri())
+        .await
+        .into_iter()
+        .filter(|s| s.contains(&uid))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    e.finish().await;
+}
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

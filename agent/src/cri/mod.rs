@@ -440,6 +440,34 @@ impl CriClient {
         Ok(())
     }
 
+    /// `ExecSync`: runs `cmd` in container `id` and waits for it, at most
+    /// `timeout` (the command's own timeout, as an exec probe's, passed to the
+    /// runtime in seconds; the call's deadline is that plus the request timeout).
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[&str],
+        timeout: Duration,
+    ) -> Result<v1::ExecSyncResponse> {
+        let req = v1::ExecSyncRequest {
+            container_id: id.to_owned(),
+            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+            timeout: i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX),
+        };
+        self.call(
+            "ExecSync",
+            Target::Container(id.to_owned()),
+            self.config.timeout(CallKind::Request) + timeout,
+            Retry::NotSent,
+            |c, t| {
+                let mut rt = c.runtime.clone();
+                let req = request(req.clone(), t);
+                async move { rt.exec_sync(req).await }
+            },
+        )
+        .await
+    }
+
     /// `StopContainer` with a grace period of `timeout_s` seconds before the
     /// runtime kills it. An unknown container counts as stopped.
     pub async fn stop_container(&self, id: &str, timeout_s: i64) -> Result<()> {

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use super::{ContainerId, ExitStatus, PodUid};
-use crate::container::PodStatus;
+use crate::container::{PodStatus, SandboxState, monotonic_to_unix_ns};
 
 /// A cached observation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,10 +36,18 @@ pub struct KernelExit {
     pub at_ns: u64,
 }
 
+#[derive(Debug)]
+struct ExitRecord {
+    pod: PodUid,
+    exit: KernelExit,
+    /// The runtime reported the container exited too.
+    confirmed: bool,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     pods: HashMap<PodUid, CacheEntry>,
-    exits: HashMap<ContainerId, (PodUid, KernelExit)>,
+    exits: HashMap<ContainerId, ExitRecord>,
     global_ns: u64,
 }
 
@@ -122,47 +130,109 @@ impl PodStatusCache {
         true
     }
 
-    /// Changes the cached status of a pod in place (a kernel observation of one
-    /// container), marking it observed at `observed_ns` if that is newer. The
-    /// closure sees an empty status when the pod is not cached yet.
-    pub fn update(&self, uid: &PodUid, observed_ns: u64, f: impl FnOnce(&mut PodStatus)) {
+    /// Overlays a certain kernel death on the latest complete snapshot of the pod
+    /// (contract clause 1): the container (or sandbox) `id` exited at `at_ns`.
+    /// Applied only when the pod is cached without an error and its snapshot holds
+    /// `id`; the entry is then marked observed at `at_ns` if that is newer.
+    /// Returns whether it was applied: when not, nothing changed and the caller
+    /// relists the pod instead.
+    pub fn overlay_exit(
+        &self,
+        uid: &PodUid,
+        id: &ContainerId,
+        exit: &ExitStatus,
+        at_ns: u64,
+    ) -> bool {
         let mut inner = self.lock();
-        let entry = inner.pods.entry(uid.clone()).or_insert_with(|| CacheEntry {
-            status: Arc::new(PodStatus::default()),
-            observed_ns: 0,
-            error: None,
-        });
-        f(Arc::make_mut(&mut entry.status));
-        entry.observed_ns = entry.observed_ns.max(observed_ns);
+        let Some(entry) = inner.pods.get_mut(uid) else {
+            return false;
+        };
+        if entry.error.is_some() {
+            return false;
+        }
+        let finished = monotonic_to_unix_ns(at_ns);
+        let status = Arc::make_mut(&mut entry.status);
+        if let Some(c) = status.container_mut(id) {
+            c.apply_exit(exit, finished);
+        } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == *id) {
+            s.state = SandboxState::NotReady;
+        } else {
+            return false;
+        }
+        entry.observed_ns = entry.observed_ns.max(at_ns);
         drop(inner);
         self.bump();
+        true
     }
 
-    /// Remembers an exit the kernel saw.
+    /// Remembers a certain exit the kernel saw (kept after the runtime forgets the
+    /// container, for its exit code).
     pub fn record_exit(&self, uid: &PodUid, id: &ContainerId, exit: KernelExit) {
-        self.lock().exits.insert(id.clone(), (uid.clone(), exit));
+        self.lock().exits.insert(
+            id.clone(),
+            ExitRecord {
+                pod: uid.clone(),
+                exit,
+                confirmed: false,
+            },
+        );
     }
 
     /// The exit the kernel saw for a container, if any.
     pub fn kernel_exit(&self, id: &ContainerId) -> Option<KernelExit> {
-        self.lock().exits.get(id).map(|(_, e)| *e)
+        self.lock().exits.get(id).map(|r| r.exit)
     }
 
-    /// Exits the kernel saw for a pod's containers.
-    pub fn kernel_exits(&self, uid: &PodUid) -> Vec<(ContainerId, KernelExit)> {
+    /// Exits the kernel saw for a pod's containers, with whether the runtime has
+    /// confirmed each.
+    pub fn kernel_exits(&self, uid: &PodUid) -> Vec<(ContainerId, KernelExit, bool)> {
         self.lock()
             .exits
             .iter()
-            .filter(|(_, (u, _))| u == uid)
-            .map(|(id, (_, e))| (id.clone(), *e))
+            .filter(|(_, r)| r.pod == *uid)
+            .map(|(id, r)| (id.clone(), r.exit, r.confirmed))
             .collect()
+    }
+
+    /// Marks a kernel exit confirmed by the runtime. Returns true the first time.
+    pub fn confirm_exit(&self, id: &ContainerId) -> bool {
+        self.lock()
+            .exits
+            .get_mut(id)
+            .is_some_and(|r| !std::mem::replace(&mut r.confirmed, true))
+    }
+
+    /// Forgets a kernel exit the runtime contradicted (contract clause 3), so that
+    /// it can neither suppress nor mislabel the container's real death later.
+    pub fn forget_exit(&self, id: &ContainerId) {
+        self.lock().exits.remove(id);
+    }
+
+    /// Forgets the kernel exits of `pod` (every pod: `None`) that the runtime did
+    /// not list (`listed` is false) in a listing that began at `listed_at_ns`,
+    /// unless seen after it: the runtime forgot the container, or never showed
+    /// it, so its exit can serve nobody.
+    pub fn prune_exits(
+        &self,
+        pod: Option<&PodUid>,
+        listed_at_ns: u64,
+        listed: impl Fn(&ContainerId) -> bool,
+    ) {
+        self.lock().exits.retain(|id, r| {
+            pod.is_some_and(|p| *p != r.pod) || listed(id) || r.exit.at_ns >= listed_at_ns
+        });
+    }
+
+    /// How many kernel exits are remembered (for tests and metrics).
+    pub fn kernel_exit_count(&self) -> usize {
+        self.lock().exits.len()
     }
 
     /// Forgets a pod (it was removed from the node).
     pub fn delete(&self, uid: &PodUid) {
         let mut inner = self.lock();
         inner.pods.remove(uid);
-        inner.exits.retain(|_, (u, _)| u != uid);
+        inner.exits.retain(|_, r| r.pod != *uid);
         drop(inner);
         self.bump();
     }
@@ -183,6 +253,19 @@ impl PodStatusCache {
         self.lock().global_ns
     }
 
+    /// Waits until a first complete relist has filled the cache (the kubelet's
+    /// workers block on the cache's global time before their first sync).
+    pub async fn first_relist(&self) {
+        let mut rx = self.version.subscribe();
+        loop {
+            rx.mark_unchanged();
+            if self.global_ns() > 0 {
+                return;
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
     /// The pod's entry when it was observed after `min_ns`, or when a full relist
     /// after `min_ns` found nothing newer (then the cached entry, or an empty one).
     fn newer_than(&self, uid: &PodUid, min_ns: u64) -> Option<CacheEntry> {
@@ -198,6 +281,12 @@ impl PodStatusCache {
             }
             _ => None,
         }
+    }
+
+    /// The pod's entry if the cache already holds one newer than `min_ns` (see
+    /// [`PodStatusCache::get_newer_than`]), without waiting.
+    pub fn newer_than_now(&self, uid: &PodUid, min_ns: u64) -> Option<CacheEntry> {
+        self.newer_than(uid, min_ns)
     }
 
     /// Waits until the cache holds an observation of `uid` newer than `min_ns`
@@ -257,8 +346,12 @@ mod tests {
     }
 
     #[test]
-    fn kernel_update_in_place_and_exit_memory() {
+    fn kernel_exit_overlays_a_complete_snapshot_only() {
         let cache = PodStatusCache::new();
+        let exit = ExitStatus::from_wait_status(0x700, false);
+        // Not cached yet: no partial entry is made (contract clause 1).
+        assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 15));
+        assert!(cache.get(&uid(1)).is_none());
         let mut s = status("p");
         s.containers.push(ContainerStatus::new(
             cid('a'),
@@ -267,10 +360,11 @@ mod tests {
             EventSource::Relist,
         ));
         cache.set(&uid(1), s, 10);
-        let exit = ExitStatus::from_wait_status(0x700, false);
-        cache.update(&uid(1), 15, |s| {
-            s.container_mut(&cid('a')).unwrap().apply_exit(&exit, 99)
-        });
+        // A container the snapshot does not hold: nothing, never a nameless one.
+        assert!(!cache.overlay_exit(&uid(1), &cid('b'), &exit, 15));
+        assert_eq!(cache.get(&uid(1)).unwrap().status.containers.len(), 1);
+        assert_eq!(cache.get(&uid(1)).unwrap().observed_ns, 10);
+        assert!(cache.overlay_exit(&uid(1), &cid('a'), &exit, 15));
         cache.record_exit(
             &uid(1),
             &cid('a'),
@@ -281,14 +375,61 @@ mod tests {
         );
         let e = cache.get(&uid(1)).unwrap();
         assert_eq!(e.observed_ns, 15);
-        assert_eq!(e.status.container(&cid('a')).unwrap().exit_code, Some(7));
+        let c = e.status.container(&cid('a')).unwrap();
+        assert_eq!((c.exit_code, c.name.as_str()), (Some(7), "app"));
         // A relist that started before the exit does not undo it.
         assert!(!cache.set(&uid(1), status("stale"), 12));
         assert_eq!(cache.kernel_exit(&cid('a')).unwrap().status.code, 7);
         assert_eq!(cache.kernel_exits(&uid(1)).len(), 1);
+        assert!(cache.confirm_exit(&cid('a')), "first confirmation");
+        assert!(!cache.confirm_exit(&cid('a')), "counted once");
+        cache.forget_exit(&cid('a'));
+        assert!(cache.kernel_exit(&cid('a')).is_none());
+        // A pod whose inspection failed gets no overlay either.
+        cache.set_error(&uid(1), "boom".into(), 20);
+        assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 25));
         cache.delete(&uid(1));
         assert!(cache.get(&uid(1)).is_none());
-        assert!(cache.kernel_exit(&cid('a')).is_none());
+    }
+
+    #[test]
+    fn sandbox_death_marks_the_sandbox_not_ready() {
+        let cache = PodStatusCache::new();
+        let mut s = status("p");
+        s.sandboxes.push(crate::container::SandboxStatus {
+            id: cid('e'),
+            state: SandboxState::Ready,
+            attempt: 0,
+            created_at: None,
+            ip: None,
+            pid: None,
+        });
+        cache.set(&uid(1), s, 10);
+        let exit = ExitStatus::from_wait_status(9, false);
+        assert!(cache.overlay_exit(&uid(1), &cid('e'), &exit, 11));
+        let e = cache.get(&uid(1)).unwrap();
+        assert_eq!(e.status.sandboxes[0].state, SandboxState::NotReady);
+        assert!(e.status.containers.is_empty(), "no phantom container");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_relist_gate() {
+        let cache = Arc::new(PodStatusCache::new());
+        let waiter = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.first_relist().await })
+        };
+        cache.set(&uid(1), status("pod relist"), 5);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            !waiter.is_finished(),
+            "a pod relist is not the first full relist"
+        );
+        cache.update_time(6);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -54,11 +54,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::on_demand::PodRelistQueue;
 use super::{PodUid, RelistSignal};
 use crate::clock::SharedClock;
 use crate::cri::{BackoffConfig, CriClient, CriError};
@@ -113,8 +113,6 @@ pub struct EventedCriStats {
     pub unattributed: AtomicU64,
     /// Events about objects without the pod UID label (not this agent's).
     pub foreign: AtomicU64,
-    /// Events that could not be passed on (the relist PLEG is gone).
-    pub dropped: AtomicU64,
     /// Failed attempts and broken or ended streams.
     pub failures: AtomicU64,
     /// Attempts the runtime answered with `Unimplemented`.
@@ -137,8 +135,6 @@ pub enum Hint {
     FullRelist,
     /// Not about a pod of this agent.
     Foreign,
-    /// The relist PLEG is gone; the event was dropped.
-    Dropped,
 }
 
 /// Whose an event is.
@@ -185,7 +181,7 @@ pub fn pod_of_event(event: &v1::ContainerEventResponse) -> EventPod {
 #[derive(Debug)]
 pub struct EventedCri {
     client: CriClient,
-    pod_relist: mpsc::UnboundedSender<PodUid>,
+    pod_relist: Arc<PodRelistQueue>,
     relist: Arc<RelistSignal>,
     stats: Arc<EventedCriStats>,
     clock: SharedClock,
@@ -207,7 +203,7 @@ enum Ended {
 impl EventedCri {
     pub fn new(
         client: CriClient,
-        pod_relist: mpsc::UnboundedSender<PodUid>,
+        pod_relist: Arc<PodRelistQueue>,
         relist: Arc<RelistSignal>,
         stats: Arc<EventedCriStats>,
         clock: SharedClock,
@@ -234,10 +230,7 @@ impl EventedCri {
                 debug!(pod = %uid, container = event.container_id,
                        kind = ?v1::ContainerEventType::try_from(event.container_event_type).ok(),
                        "cri event: relisting the pod");
-                if self.pod_relist.send(uid.clone()).is_err() {
-                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    return Hint::Dropped;
-                }
+                self.pod_relist.request(uid.clone());
                 self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
                 Hint::Pod(uid)
             }
@@ -489,17 +482,17 @@ mod tests {
         assert_eq!(pod_of_event(&event(Some(empty), vec![])), EventPod::Unknown);
     }
 
-    async fn fixture() -> (EventedCri, mpsc::UnboundedReceiver<PodUid>) {
+    async fn fixture() -> (EventedCri, Arc<PodRelistQueue>) {
         let client = CriClient::connect_unchecked(
             "unix:///nonexistent/evpleg.sock",
             CriClientConfig::default(),
         )
         .await
         .unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let rx = Arc::new(PodRelistQueue::new(Arc::new(ManualClock::new(5))));
         let evented = EventedCri::new(
             client,
-            tx,
+            rx.clone(),
             Arc::new(RelistSignal::new()),
             Arc::new(EventedCriStats::default()),
             Arc::new(ManualClock::new(5)),
@@ -510,19 +503,22 @@ mod tests {
 
     #[tokio::test]
     async fn events_are_hints_counted_by_outcome() {
-        let (evented, mut rx) = fixture().await;
+        let (evented, rx) = fixture().await;
         let uid = PodUid::parse(UID).unwrap();
         let ours = event(Some(sandbox(&[(labels::POD_UID, UID)])), vec![]);
         assert_eq!(evented.handle(&ours), Hint::Pod(uid.clone()));
-        assert_eq!(rx.try_recv().unwrap(), uid);
+        let taken = rx.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(
+            (&taken[0].0, taken[0].1.at_ns, taken[0].1.hint),
+            (&uid, 5, false)
+        );
         assert_eq!(evented.handle(&event(None, vec![])), Hint::FullRelist);
         assert_eq!(evented.relist.count(), 1);
         assert_eq!(
             evented.handle(&event(Some(sandbox(&[])), vec![])),
             Hint::Foreign
         );
-        drop(rx);
-        assert_eq!(evented.handle(&ours), Hint::Dropped);
         let s = &evented.stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         assert_eq!(
@@ -531,9 +527,8 @@ mod tests {
                 get(&s.pod_relists),
                 get(&s.unattributed),
                 get(&s.foreign),
-                get(&s.dropped)
             ),
-            (4, 1, 1, 1, 1)
+            (3, 1, 1, 1)
         );
         assert_eq!(get(&s.last_event_ns), 5);
     }

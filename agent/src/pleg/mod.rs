@@ -9,6 +9,9 @@ pub mod cache;
 pub mod evented_cri;
 pub mod kernel;
 pub mod merge;
+#[cfg(test)]
+mod model_tests;
+pub mod on_demand;
 pub mod relist;
 
 use std::fmt;
@@ -268,6 +271,108 @@ pub enum PlegError {
     EventedCriNeedsCri,
 }
 
+/// A part of the kernel path that stopped, and since when (contract clause 5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Degradation {
+    /// `ring-buffer reader` or `kernel merge`.
+    pub part: &'static str,
+    /// CLOCK_MONOTONIC ns.
+    pub since_ns: u64,
+    pub reason: String,
+}
+
+/// The kernel path's health as the supervisor last saw it.
+#[derive(Debug, Default)]
+pub struct PathHealth {
+    degraded: std::sync::Mutex<Option<Degradation>>,
+    /// How many times the kernel path degraded (`evpleg_pleg_kernel_degradations_total`).
+    pub degradations: AtomicU64,
+}
+
+impl PathHealth {
+    pub fn degraded(&self) -> Option<Degradation> {
+        self.degraded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set(&self, d: Degradation) -> bool {
+        let mut slot = self.degraded.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(d);
+        self.degradations.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Sets a flag when dropped: a task that ends, returns or panics, is seen.
+struct DoneGuard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// How often the supervisor looks at the kernel path.
+const SUPERVISE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Watches the kernel path; when a part stops it says so (log, metric,
+/// `/healthz`), asks for a relist at once and moves the relist to the kubelet's
+/// 1 s period for good.
+async fn supervise(
+    kernel: std::sync::Arc<kernel::KernelPleg>,
+    merge_done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    health: std::sync::Arc<PathHealth>,
+    period: tokio::sync::watch::Sender<std::time::Duration>,
+    relist: std::sync::Arc<RelistSignal>,
+    clock: crate::clock::SharedClock,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(SUPERVISE_EVERY);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let found = match kernel.health() {
+            kernel::KernelHealth::Degraded {
+                part,
+                since_ns,
+                reason,
+            } => Some(Degradation {
+                part,
+                since_ns,
+                reason,
+            }),
+            kernel::KernelHealth::Running if merge_done.load(Ordering::SeqCst) => {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                Some(Degradation {
+                    part: "kernel merge",
+                    since_ns: clock.now_ns(),
+                    reason: "the merge task ended".into(),
+                })
+            }
+            kernel::KernelHealth::Running => None,
+        };
+        if let Some(d) = found {
+            if health.set(d.clone()) {
+                tracing::error!(part = d.part, reason = %d.reason,
+                    "kernel pleg degraded: falling back to the generic relist every {}s",
+                    relist::GENERIC_PERIOD.as_secs());
+                let _ = period.send(relist::GENERIC_PERIOD);
+                relist.request("kernel pleg degraded");
+            }
+            return;
+        }
+    }
+}
+
 /// The running PLEG: its tasks, the cache it writes and the events it sends.
 #[derive(Debug)]
 pub struct Pleg {
@@ -277,9 +382,11 @@ pub struct Pleg {
     pub relist_stats: std::sync::Arc<relist::RelistStats>,
     pub relist_signal: std::sync::Arc<RelistSignal>,
     /// Asks for an on-demand relist of one pod.
-    pub pod_relist: tokio::sync::mpsc::UnboundedSender<PodUid>,
-    pub kernel: Option<kernel::KernelPleg>,
+    pub pod_relist: std::sync::Arc<on_demand::PodRelistQueue>,
+    pub kernel: Option<std::sync::Arc<kernel::KernelPleg>>,
     pub merge_stats: Option<std::sync::Arc<merge::MergeStats>>,
+    /// The kernel path's health, in `ebpf` mode.
+    pub path_health: std::sync::Arc<PathHealth>,
     /// The CRI event stream's counters, in `evented-cri` mode.
     pub evented_stats: Option<std::sync::Arc<evented_cri::EventedCriStats>>,
     shutdown: tokio_util::sync::CancellationToken,
@@ -302,14 +409,25 @@ impl Pleg {
         let reports = Arc::new(relist::KernelReports::default());
         let relist_signal = Arc::new(RelistSignal::new());
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let (pod_relist, pod_requests) = tokio::sync::mpsc::unbounded_channel();
+        let pod_relist = Arc::new(on_demand::PodRelistQueue::new(clock.clone()));
+        let path_health = Arc::new(PathHealth::default());
+        // evented-cri keeps the generic 1 s (see `evented_cri` for why not 300 s).
+        let period = relist_period.unwrap_or(match mode {
+            PlegMode::Ebpf => relist::EBPF_PERIOD,
+            PlegMode::Generic | PlegMode::EventedCri => relist::GENERIC_PERIOD,
+        });
+        let (period_tx, period_rx) = tokio::sync::watch::channel(period);
         let mut tasks = Vec::new();
         let mut evented_stats = None;
         let (kernel, merge_stats) = match mode {
             PlegMode::Ebpf => {
                 let (ktx, krx) = tokio::sync::mpsc::channel(events.max_capacity());
-                let kernel =
-                    kernel::KernelPleg::start(kernel_config, ktx, relist_signal.clone(), None)?;
+                let kernel = Arc::new(kernel::KernelPleg::start(
+                    kernel_config,
+                    ktx,
+                    relist_signal.clone(),
+                    None,
+                )?);
                 let stats = Arc::new(merge::MergeStats::default());
                 let merge = merge::KernelMerge {
                     cache: cache.clone(),
@@ -319,7 +437,22 @@ impl Pleg {
                     relist: relist_signal.clone(),
                     stats: stats.clone(),
                 };
-                tasks.push(tokio::spawn(merge.run(krx, shutdown.clone())));
+                let merge_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let guard = DoneGuard(merge_done.clone());
+                let merge_shutdown = shutdown.clone();
+                tasks.push(tokio::spawn(async move {
+                    let _guard = guard;
+                    merge.run(krx, merge_shutdown).await;
+                }));
+                tasks.push(tokio::spawn(supervise(
+                    kernel.clone(),
+                    merge_done,
+                    path_health.clone(),
+                    period_tx,
+                    relist_signal.clone(),
+                    clock.clone(),
+                    shutdown.clone(),
+                )));
                 (Some(kernel), Some(stats))
             }
             PlegMode::Generic => (None, None),
@@ -342,17 +475,16 @@ impl Pleg {
                 (None, None)
             }
         };
-        // evented-cri keeps the generic 1 s (see `evented_cri` for why not 300 s).
-        let period = relist_period.unwrap_or(match mode {
-            PlegMode::Ebpf => relist::EBPF_PERIOD,
-            PlegMode::Generic | PlegMode::EventedCri => relist::GENERIC_PERIOD,
-        });
-        let relister = relist::RelistPleg::new(runtime, cache.clone(), events, clock, reports);
+        let mut relister = relist::RelistPleg::new(runtime, cache.clone(), events, clock, reports);
+        if let Some(k) = &kernel {
+            let k = k.clone();
+            relister = relister.with_reconciler(Box::new(move |view| k.reconcile(view)));
+        }
         let relist_stats = relister.stats();
         tasks.push(tokio::spawn(relister.run(
-            period,
+            period_rx,
             relist_signal.clone(),
-            pod_requests,
+            pod_relist.clone(),
             shutdown.clone(),
         )));
         Ok(Self {
@@ -364,13 +496,27 @@ impl Pleg {
             pod_relist,
             kernel,
             merge_stats,
+            path_health,
             evented_stats,
             shutdown,
             tasks,
         })
     }
 
-    /// The full relist's period.
+    /// The kubelet's PLEG health rule (the last relist recent enough, or "pleg has
+    /// yet to be successful"). A degraded kernel path is reported by
+    /// [`Pleg::degraded`], not here: the fallback relist keeps the agent correct.
+    pub fn healthy(&self, now_ns: u64, threshold: std::time::Duration) -> Result<(), String> {
+        self.relist_stats.healthy(now_ns, threshold)
+    }
+
+    /// The kernel path's degradation, if a part of it stopped.
+    pub fn degraded(&self) -> Option<Degradation> {
+        self.path_health.degraded()
+    }
+
+    /// The full relist's configured period (the fallback may have shortened it:
+    /// see `relist_stats.period_ns`).
     pub fn relist_period(&self) -> std::time::Duration {
         self.period
     }
@@ -381,7 +527,10 @@ impl Pleg {
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }
-        if let Some(k) = self.kernel.take() {
+        // The relist task held the other reference; it has ended.
+        if let Some(k) = self.kernel.take()
+            && let Ok(k) = std::sync::Arc::try_unwrap(k)
+        {
             k.stop();
         }
     }

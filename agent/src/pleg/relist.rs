@@ -5,26 +5,35 @@
 //! changed, writes their status into the [`PodStatusCache`] and sends the
 //! kubelet's lifecycle events. Faithful to the kubelet:
 //!
-//! * the timestamp is taken *before* listing, so a container that changes during
-//!   the list is seen again next time rather than missed;
-//! * a pod whose inspection fails keeps its old record and is re-inspected next
-//!   time; its events are not sent until it succeeds;
-//! * the state-to-event table of [`events_for`] (ContainerChanged is never sent);
+//! * the list's timestamp is taken *before* listing, and each pod's cache entry is
+//!   stamped with the time taken just before *its* inspection (`updateCache`);
+//! * a pod whose inspection fails gets the error in the cache (its worker does not
+//!   sync on it) and is re-inspected next time; its events wait for success;
+//! * a snapshot older than what the cache holds (a kernel death observed after the
+//!   list began) is not stored and its events are not sent: the change is found
+//!   again, here within [`CONFIRM_RETRY`] rather than at the next period;
+//! * the state-to-event table of [`events_for`]; a change to Created or Unknown
+//!   inspects the pod (the kubelet's ContainerChanged) but sends nothing;
 //! * a re-inspection without other events sends PodSync;
-//! * after all pods are written the cache's global time advances, releasing
-//!   waiters of unchanged pods;
+//! * after all pods are written the cache's global time advances to the list's
+//!   timestamp, releasing waiters of unchanged pods;
 //! * the event channel never blocks: a full channel drops the event and counts it
 //!   (`pleg_discard_events`);
-//! * health: unhealthy when the last relist is older than a threshold ("pleg was
-//!   last seen active ... ago; threshold is ...");
+//! * health: "pleg has yet to be successful" before the first relist, then
+//!   unhealthy when the last relist is older than a threshold;
 //! * on demand, one pod alone is relisted (the kubelet's PLEGOnDemandRelist).
 //!
-//! Where it differs: in `ebpf` mode the period is slow (it only reconciles) and
-//! the kernel's exits are merged in: a kernel-observed exit that the runtime does
-//! not report yet is kept (the runtime lags by tens of milliseconds) and the pod is
-//! re-checked shortly; a disagreement that outlives [`CONFIRM_BOUND`] is logged and
-//! counted, and the runtime wins. Transitions the kernel already reported are not
-//! sent a second time.
+//! Where it differs (docs/pleg.md, "The contract"): in `ebpf` mode the period is
+//! slow and the kernel's certain exits are merged in: one the runtime does not
+//! report yet is kept as an overlay (the runtime lags by tens of milliseconds) and
+//! the pod re-checked every [`CONFIRM_RETRY`]; one the runtime still contradicts
+//! after [`CONFIRM_BOUND`] is forgotten, counted, logged, and the worker woken
+//! with the runtime's view; the pod is then re-checked for
+//! [`CONTRADICTION_WATCH`], in case the runtime only lagged. Transitions the kernel delivered are not sent again.
+//! A dropped event is not lost: the pod is re-checked and a PodSync delivered.
+//! A full relist that fails is retried after [`GENERIC_PERIOD`], whatever the
+//! period. Every relist hands the runtime's view to the kernel tracker
+//! ([`Reconciler`]).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -34,15 +43,19 @@ use std::time::Duration;
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cache::PodStatusCache;
+use super::kernel::{RuntimeContainer, RuntimeView};
+use super::on_demand::PodRelistQueue;
 use super::{ContainerId, EventKind, EventSource, PodLifecycleEvent, PodUid, RelistSignal};
 use crate::clock::SharedClock;
-use crate::container::{ContainerState, PodStatus, monotonic_to_unix_ns};
+use crate::container::{ContainerState, PodStatus, SandboxState, monotonic_to_unix_ns};
 
-/// The kubelet's relist period, for `generic` mode.
+/// The kubelet's relist period, for `generic` mode, and the fallback period.
 pub const GENERIC_PERIOD: Duration = Duration::from_secs(1);
 /// The reconciling relist period in `ebpf` mode.
 pub const EBPF_PERIOD: Duration = Duration::from_secs(300);
@@ -51,8 +64,15 @@ pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
 /// How long a kernel-observed exit may disagree with the runtime before the
 /// runtime's view wins.
 pub const CONFIRM_BOUND: Duration = Duration::from_secs(2);
-/// How soon a pod whose kernel exit the runtime does not confirm yet is re-checked.
+/// How soon a pod is looked at again: a kernel exit the runtime does not confirm
+/// yet, a snapshot older than the cache, an event the channel could not take.
 pub const CONFIRM_RETRY: Duration = Duration::from_millis(20);
+/// The longest wait before a failed pod relist is tried again.
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a pod whose kernel exit the runtime contradicted is re-checked (every
+/// [`RETRY_MAX`] at most), so that a runtime that only lagged past the bound is
+/// heard as soon as it reports the exit.
+pub const CONTRADICTION_WATCH: Duration = Duration::from_secs(30);
 
 /// A container's state as the PLEG compares it (`plegContainerState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,7 +95,8 @@ impl From<ContainerState> for PlegState {
 }
 
 /// The kubelet's state-to-event table (`generateEvents`), without ContainerChanged
-/// (which is never sent). `sandbox` picks the sandbox variants.
+/// (never sent; the change still inspects the pod). `sandbox` picks the sandbox
+/// variants.
 pub fn events_for(old: PlegState, new: PlegState, sandbox: bool) -> Vec<EventKind> {
     use EventKind::*;
     let (started, died, removed) = if sandbox {
@@ -106,7 +127,7 @@ pub struct RuntimeEntry {
     pub state: PlegState,
 }
 
-/// A failed runtime call, as the relist sees it.
+/// A failed runtime call, as the relist sees it. Retryable: the relist tries again.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct RuntimeError(pub String);
@@ -127,48 +148,97 @@ pub trait PodRuntime: Send + Sync {
     ) -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;
 }
 
-/// Transitions the kernel PLEG already reported, so the relist does not send
-/// them again.
+/// Hands the runtime's view to the kernel tracker after each relist.
+pub type Reconciler = Box<dyn Fn(RuntimeView) + Send + Sync>;
+
+/// Transitions delivered to the pod workers, by the kernel merge or by the relist,
+/// so that neither sends one a second time (a container's start and death are
+/// each delivered once). A transition counts only once its event was taken by
+/// the channel (contract clause 4); the check, the send and the record happen
+/// under one lock, so the two senders cannot both deliver it.
 #[derive(Debug, Default)]
 pub struct KernelReports(Mutex<HashMap<ContainerId, (PlegState, u64)>>);
 
+/// What became of an event offered through [`KernelReports::deliver`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Sent,
+    /// The transition was delivered before: not sent again.
+    AlreadyDelivered,
+    /// The channel did not take it: nothing recorded.
+    Dropped,
+}
+
 impl KernelReports {
-    /// Records that the kernel saw `id` reach `state` at `at_ns`.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, (PlegState, u64)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that the transition of `id` to `state` at `at_ns` was delivered.
     pub fn record(&self, id: &ContainerId, state: PlegState, at_ns: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), (state, at_ns));
+        self.lock().insert(id.clone(), (state, at_ns));
     }
 
-    /// What the kernel last saw of `id`, and when.
+    /// The last transition of `id` delivered, and when.
     pub fn get(&self, id: &ContainerId) -> Option<(PlegState, u64)> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .copied()
+        self.lock().get(id).copied()
     }
 
-    /// Whether `kind` for `id` was already reported by the kernel.
-    fn already_reported(&self, id: &ContainerId, kind: EventKind) -> bool {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((state, _)) = map.get(id) else {
-            return false;
-        };
+    /// Offers the event of `kind` for `id`: unless that transition was delivered
+    /// already, `send` is called (it must not block) and, if it delivered, the
+    /// transition is recorded.
+    pub fn deliver(
+        &self,
+        id: &ContainerId,
+        kind: EventKind,
+        at_ns: u64,
+        send: impl FnOnce() -> bool,
+    ) -> Delivery {
+        let mut map = self.lock();
+        let state = map.get(id).map(|(s, _)| *s);
         use EventKind::*;
-        match kind {
-            ContainerStarted | SandboxStarted => true,
+        let (already, new) = match kind {
+            ContainerStarted | SandboxStarted => (state.is_some(), Some(PlegState::Running)),
             ContainerDied | SandboxDied => {
-                matches!(state, PlegState::Exited | PlegState::NonExistent)
+                (state == Some(PlegState::Exited), Some(PlegState::Exited))
             }
-            ContainerRemoved | SandboxRemoved => *state == PlegState::NonExistent,
-            PodSync => false,
+            ContainerRemoved | SandboxRemoved | PodSync => (false, None),
+        };
+        if already {
+            return Delivery::AlreadyDelivered;
         }
+        if !send() {
+            return Delivery::Dropped;
+        }
+        match new {
+            Some(state) => {
+                map.insert(id.clone(), (state, at_ns));
+            }
+            None if kind != PodSync => {
+                map.remove(id);
+            }
+            None => {}
+        }
+        Delivery::Sent
     }
 
-    fn forget(&self, id: &ContainerId) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    pub fn forget(&self, id: &ContainerId) {
+        self.lock().remove(id);
+    }
+
+    /// Forgets transitions of containers a listing that began at `listed_at_ns`
+    /// did not show (`listed` is false), unless delivered after it began.
+    pub fn prune(&self, listed_at_ns: u64, listed: impl Fn(&ContainerId) -> bool) {
+        self.lock()
+            .retain(|id, (_, at)| listed(id) || *at >= listed_at_ns);
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -183,16 +253,22 @@ pub struct RelistStats {
     pub last_relist_ns: AtomicU64,
     pub relists: AtomicU64,
     pub pod_relists: AtomicU64,
+    /// On-demand requests a full relist that began after them had served.
+    pub pod_relists_skipped: AtomicU64,
     pub failed_relists: AtomicU64,
+    pub failed_pod_relists: AtomicU64,
     /// Events dropped because the channel was full (`pleg_discard_events`).
     pub discarded: AtomicU64,
     /// Duration of the last full relist, ns.
     pub last_duration_ns: AtomicU64,
     /// Interval between the last two full relists, ns.
     pub last_interval_ns: AtomicU64,
-    /// Kernel exits the runtime confirmed / contradicted past the bound.
+    /// Kernel exits the runtime confirmed (once each).
     pub confirmed: AtomicU64,
-    pub disagreements: AtomicU64,
+    /// Kernel exits the runtime contradicted past the bound.
+    pub contradictions: AtomicU64,
+    /// The current full relist period, ns.
+    pub period_ns: AtomicU64,
 }
 
 impl Default for RelistStats {
@@ -205,22 +281,25 @@ impl Default for RelistStats {
             last_relist_ns: AtomicU64::new(0),
             relists: AtomicU64::new(0),
             pod_relists: AtomicU64::new(0),
+            pod_relists_skipped: AtomicU64::new(0),
             failed_relists: AtomicU64::new(0),
+            failed_pod_relists: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             last_duration_ns: AtomicU64::new(0),
             last_interval_ns: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
-            disagreements: AtomicU64::new(0),
+            contradictions: AtomicU64::new(0),
+            period_ns: AtomicU64::new(0),
         }
     }
 }
 
 impl RelistStats {
-    /// The kubelet's PLEG health check.
+    /// The kubelet's PLEG health check (`Healthy`).
     pub fn healthy(&self, now_ns: u64, threshold: Duration) -> Result<(), String> {
         let last = self.last_relist_ns.load(Ordering::Relaxed);
         if last == 0 {
-            return Ok(());
+            return Err("pleg has yet to be successful".into());
         }
         let ago = Duration::from_nanos(now_ns.saturating_sub(last));
         if ago > threshold {
@@ -239,7 +318,8 @@ impl RelistStats {
 enum Inspect {
     /// Inspected only when a container changed.
     OnChange,
-    /// Failed last time: inspected, PodSync when nothing else changed.
+    /// Failed last time, or an event was not delivered: inspected, PodSync when
+    /// nothing else changed.
     Reinspect,
     /// Asked for on demand: inspected, no PodSync.
     Always,
@@ -259,6 +339,42 @@ fn state_of(entries: &Option<Vec<RuntimeEntry>>, id: &ContainerId) -> (PlegState
         .unwrap_or((PlegState::NonExistent, None))
 }
 
+/// A pod to look at again, and when.
+#[derive(Clone, Copy, Debug)]
+struct Recheck {
+    due: Instant,
+    /// Consecutive failed relists of the pod (for the back-off).
+    failures: u32,
+    /// An event could not be delivered: send a PodSync.
+    redeliver: bool,
+    /// A kernel hint: keep looking, at doubling intervals, until then (the
+    /// runtime may learn of what the kernel saw only later).
+    until: Option<Instant>,
+    interval: Duration,
+}
+
+impl Recheck {
+    fn at(due: Instant) -> Self {
+        Self {
+            due,
+            failures: 0,
+            redeliver: false,
+            until: None,
+            interval: CONFIRM_RETRY,
+        }
+    }
+}
+
+/// After a full relist that a loss asked for, full relists follow at these
+/// delays: the runtime may learn of the lost transition only later (containerd
+/// reported exits 40-630 ms after the kernel here), and a lost record does not
+/// name its pod. The last one is past [`CONFIRM_BOUND`].
+pub const LOSS_FOLLOW_UPS: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+    Duration::from_millis(2500),
+];
+
 /// The relist PLEG.
 pub struct RelistPleg<R> {
     runtime: R,
@@ -269,8 +385,10 @@ pub struct RelistPleg<R> {
     stats: Arc<RelistStats>,
     records: HashMap<PodUid, PodRecord>,
     reinspect: HashSet<PodUid>,
-    /// Pods whose kernel exit awaits the runtime's confirmation.
-    unconfirmed: HashSet<PodUid>,
+    recheck: HashMap<PodUid, Recheck>,
+    /// Main pids the runtime reported at the last inspection, for the tracker.
+    pids: HashMap<ContainerId, u32>,
+    reconciler: Option<Reconciler>,
 }
 
 impl<R> std::fmt::Debug for RelistPleg<R> {
@@ -299,8 +417,17 @@ impl<R: PodRuntime> RelistPleg<R> {
             stats: Arc::new(RelistStats::default()),
             records: HashMap::new(),
             reinspect: HashSet::new(),
-            unconfirmed: HashSet::new(),
+            recheck: HashMap::new(),
+            pids: HashMap::new(),
+            reconciler: None,
         }
+    }
+
+    /// Hands every relist's view of the runtime to `reconciler` (the kernel
+    /// tracker's [`crate::pleg::kernel::KernelPleg::reconcile`]).
+    pub fn with_reconciler(mut self, reconciler: Reconciler) -> Self {
+        self.reconciler = Some(reconciler);
+        self
     }
 
     pub fn stats(&self) -> Arc<RelistStats> {
@@ -312,9 +439,10 @@ impl<R: PodRuntime> RelistPleg<R> {
         &self.reinspect
     }
 
-    /// Whether some kernel exit still waits for the runtime to confirm it.
-    pub fn has_unconfirmed(&self) -> bool {
-        !self.unconfirmed.is_empty()
+    /// Whether some pod is due to be looked at again (a kernel exit awaiting
+    /// confirmation, a failed pod relist, an undelivered event).
+    pub fn has_rechecks(&self) -> bool {
+        !self.recheck.is_empty()
     }
 
     /// One full relist.
@@ -324,7 +452,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             Ok(e) => e,
             Err(e) => {
                 self.stats.failed_relists.fetch_add(1, Ordering::Relaxed);
-                warn!(error = %e, "relist: listing the runtime failed");
+                warn!(error = %e, "relist: listing the runtime failed; retried within 1s");
                 return Err(e);
             }
         };
@@ -337,8 +465,8 @@ impl<R: PodRuntime> RelistPleg<R> {
             self.stats.interval_seconds.observe(interval as f64 / 1e9);
         }
         let mut by_pod: HashMap<PodUid, Vec<RuntimeEntry>> = HashMap::new();
-        for e in entries {
-            by_pod.entry(e.pod.clone()).or_default().push(e);
+        for e in &entries {
+            by_pod.entry(e.pod.clone()).or_default().push(e.clone());
         }
         let mut pods: Vec<PodUid> = self.records.keys().cloned().collect();
         pods.extend(
@@ -361,9 +489,20 @@ impl<R: PodRuntime> RelistPleg<R> {
                 .await;
         }
         self.cache.update_time(timestamp);
+        // Failed inspections are retried soon, not a period later.
+        for uid in &needs_reinspection {
+            self.schedule_retry(uid);
+        }
         self.reinspect = needs_reinspection;
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
+        let listed: HashSet<&ContainerId> = entries.iter().map(|e| &e.id).collect();
+        self.pids.retain(|id, _| listed.contains(id));
+        // Nothing is kept about containers the runtime no longer has.
+        self.cache
+            .prune_exits(None, timestamp, |id| listed.contains(id));
+        self.kernel.prune(timestamp, |id| listed.contains(id));
+        self.reconcile(None, timestamp, &entries);
         self.stats.relists.fetch_add(1, Ordering::Relaxed);
         let duration = self.clock.now_ns().saturating_sub(timestamp);
         self.stats
@@ -373,25 +512,120 @@ impl<R: PodRuntime> RelistPleg<R> {
         Ok(())
     }
 
-    /// Relists one pod alone (on demand: after a kernel event, or after a sync that
-    /// did runtime work). Does not advance the cache's global time.
+    /// Relists one pod alone (on demand: after a kernel event, after a sync that
+    /// called the runtime, or a re-check). Does not advance the cache's global
+    /// time. A failure is written to the cache as the pod's error and the pod is
+    /// tried again with back-off (at most [`RETRY_MAX`]).
     pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<(), RuntimeError> {
+        self.relist_pod_as(uid, Inspect::Always).await
+    }
+
+    async fn relist_pod_as(&mut self, uid: &PodUid, inspect: Inspect) -> Result<(), RuntimeError> {
         let timestamp = self.clock.now_ns();
-        let entries = self.runtime.list(Some(uid)).await?;
         self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
+        // This relist serves any re-check that was due for the pod, except a
+        // hint's, which goes on until its bound.
+        let mut inspect = inspect;
+        if let Some(r) = self.recheck.get(uid).copied() {
+            if r.redeliver {
+                // An event for this pod was dropped: this relist delivers a PodSync.
+                inspect = Inspect::Reinspect;
+            }
+            if r.until.is_none() {
+                self.recheck.remove(uid);
+            } else if let Some(r) = self.recheck.get_mut(uid) {
+                r.redeliver = false;
+            }
+        }
+        let entries = match self.runtime.list(Some(uid)).await {
+            Ok(e) => e,
+            Err(e) => {
+                self.pod_relist_failed(uid, &e, timestamp);
+                return Err(e);
+            }
+        };
         let entries: Vec<RuntimeEntry> = entries.into_iter().filter(|e| e.pod == *uid).collect();
         self.records.entry(uid.clone()).or_default().current =
-            (!entries.is_empty()).then_some(entries);
+            (!entries.is_empty()).then(|| entries.clone());
         let mut needs = HashSet::new();
-        // A pod relisted on demand is always inspected (that is why it was asked),
-        // without a PodSync when nothing changed.
         self.reinspect.remove(uid);
-        self.process_pod(uid, timestamp, &mut needs, Inspect::Always)
-            .await;
+        self.process_pod(uid, timestamp, &mut needs, inspect).await;
+        let failed = !needs.is_empty();
         self.reinspect.extend(needs);
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
+        self.cache.prune_exits(Some(uid), timestamp, |id| {
+            entries.iter().any(|e| e.id == *id)
+        });
+        self.reconcile(Some(uid), timestamp, &entries);
+        if failed {
+            let e = RuntimeError(format!("inspection of pod {uid} failed"));
+            self.schedule_retry(uid);
+            return Err(e);
+        }
         Ok(())
+    }
+
+    fn pod_relist_failed(&mut self, uid: &PodUid, e: &RuntimeError, timestamp: u64) {
+        self.stats
+            .failed_pod_relists
+            .fetch_add(1, Ordering::Relaxed);
+        self.cache.set_error(uid, e.0.clone(), timestamp);
+        self.schedule_retry(uid);
+    }
+
+    fn schedule_retry(&mut self, uid: &PodUid) {
+        let entry = self
+            .recheck
+            .entry(uid.clone())
+            .or_insert(Recheck::at(Instant::now()));
+        entry.failures = entry.failures.saturating_add(1);
+        let backoff = CONFIRM_RETRY
+            .saturating_mul(1 << entry.failures.min(8))
+            .min(RETRY_MAX);
+        entry.due = Instant::now() + backoff;
+    }
+
+    fn recheck_soon(&mut self, uid: &PodUid, redeliver: bool) {
+        let due = Instant::now() + CONFIRM_RETRY;
+        let entry = self.recheck.entry(uid.clone()).or_insert(Recheck::at(due));
+        entry.due = entry.due.min(due);
+        entry.redeliver |= redeliver;
+    }
+
+    /// Re-checks `uid` at doubling intervals (from [`CONFIRM_RETRY`] to
+    /// [`RETRY_MAX`]) for `window`: after a kernel hint (the runtime may learn of
+    /// it only later) and after a contradiction (a runtime that only lagged is
+    /// caught up with when it reports the exit).
+    fn recheck_for(&mut self, uid: &PodUid, window: Duration) {
+        let now = Instant::now();
+        let entry = self
+            .recheck
+            .entry(uid.clone())
+            .or_insert(Recheck::at(now + CONFIRM_RETRY));
+        entry.due = entry.due.min(now + CONFIRM_RETRY);
+        entry.until = entry.until.max(Some(now + window));
+        entry.interval = CONFIRM_RETRY;
+    }
+
+    fn reconcile(&self, scope: Option<&PodUid>, listed_at_ns: u64, entries: &[RuntimeEntry]) {
+        let Some(reconciler) = &self.reconciler else {
+            return;
+        };
+        reconciler(RuntimeView {
+            listed_at_ns,
+            scope: scope.cloned(),
+            containers: entries
+                .iter()
+                .map(|e| RuntimeContainer {
+                    id: e.id.clone(),
+                    pod: e.pod.clone(),
+                    sandbox: e.sandbox,
+                    running: e.state == PlegState::Running,
+                    pid: self.pids.get(&e.id).copied(),
+                })
+                .collect(),
+        });
     }
 
     async fn process_pod(
@@ -412,59 +646,53 @@ impl<R: PodRuntime> RelistPleg<R> {
                 }
             }
         }
+        let mut changed = false;
         let mut events = Vec::new();
         for id in &ids {
             let (old, old_sandbox) = state_of(&record.old, id);
             let (new, new_sandbox) = state_of(&record.current, id);
+            changed |= old != new;
             let sandbox = new_sandbox.or(old_sandbox).unwrap_or(false);
             for kind in events_for(old, new, sandbox) {
-                events.push((kind, Some(id.clone()), new));
+                events.push((kind, id.clone()));
             }
         }
-        if events.is_empty() && inspect == Inspect::OnChange {
+        if !changed && inspect == Inspect::OnChange {
             if let Some(r) = self.records.get_mut(uid) {
                 r.old = r.current.clone();
             }
             return;
         }
-        if let Err(e) = self.update_cache(uid, timestamp).await {
-            debug!(pod = %uid, error = %e, "pod inspection failed; re-inspected next relist");
-            needs.insert(uid.clone());
-            return;
-        }
+        let contradicted = match self.update_cache(uid).await {
+            Err(e) => {
+                debug!(pod = %uid, error = %e, "pod inspection failed; re-inspected");
+                needs.insert(uid.clone());
+                return;
+            }
+            Ok(None) => {
+                // The cache holds a newer observation (a kernel death seen after
+                // this list began): as the kubelet, leave the record so the change
+                // is found again, and look again shortly.
+                self.recheck_soon(uid, inspect == Inspect::Reinspect);
+                return;
+            }
+            Ok(Some(contradicted)) => contradicted,
+        };
         if let Some(r) = self.records.get_mut(uid) {
             r.old = r.current.clone();
         }
-        if events.is_empty() && inspect == Inspect::Reinspect {
-            events.push((EventKind::PodSync, None, PlegState::Unknown));
-        }
-        for (kind, id, new) in events {
-            let Some(id) = id else {
-                self.send(PodLifecycleEvent {
-                    pod_uid: Some(uid.clone()),
-                    kind,
-                    container_id: None,
-                    at_ns: timestamp,
-                    source: EventSource::Relist,
-                    exit: None,
-                    pid: None,
-                });
-                continue;
-            };
-            let already = self.kernel.already_reported(&id, kind);
-            if new == PlegState::NonExistent
-                && matches!(
-                    kind,
-                    EventKind::ContainerRemoved | EventKind::SandboxRemoved
-                )
-            {
-                self.kernel.forget(&id);
-            }
-            if already {
-                continue;
+        let mut to_send: Vec<PodLifecycleEvent> = Vec::new();
+        for (kind, id) in events {
+            if matches!(
+                kind,
+                EventKind::ContainerRemoved | EventKind::SandboxRemoved
+            ) {
+                // Gone from the runtime: nothing about it is kept any longer.
+                self.cache.forget_exit(&id);
+                self.pids.remove(&id);
             }
             let exit = self.cache.kernel_exit(&id).map(|k| k.status);
-            self.send(PodLifecycleEvent {
+            to_send.push(PodLifecycleEvent {
                 pod_uid: Some(uid.clone()),
                 kind,
                 container_id: Some(id),
@@ -474,50 +702,116 @@ impl<R: PodRuntime> RelistPleg<R> {
                 pid: None,
             });
         }
+        if to_send.is_empty() && (inspect == Inspect::Reinspect || contradicted) {
+            to_send.push(PodLifecycleEvent {
+                pod_uid: Some(uid.clone()),
+                kind: EventKind::PodSync,
+                container_id: None,
+                at_ns: timestamp,
+                source: EventSource::Relist,
+                exit: None,
+                pid: None,
+            });
+        }
+        for event in to_send {
+            let delivery = match event.container_id.clone() {
+                Some(id) => {
+                    let (kind, at) = (event.kind, event.at_ns);
+                    self.kernel.deliver(&id, kind, at, || self.send(event))
+                }
+                None if self.send(event) => Delivery::Sent,
+                None => Delivery::Dropped,
+            };
+            if delivery == Delivery::Dropped {
+                self.recheck_soon(uid, true);
+            }
+        }
     }
 
     /// Inspects a pod and writes its status, with the kernel's exits merged in.
-    async fn update_cache(&mut self, uid: &PodUid, timestamp: u64) -> Result<(), RuntimeError> {
+    /// `Ok(None)`: the cache holds a newer observation and kept it. `Ok(Some(c))`:
+    /// stored; `c` tells whether a kernel exit was contradicted.
+    async fn update_cache(&mut self, uid: &PodUid) -> Result<Option<bool>, RuntimeError> {
+        let timestamp = self.clock.now_ns();
         let gone = self.records.get(uid).is_none_or(|r| r.current.is_none());
         let mut status = if gone {
-            // No sandbox or container left: an empty status (the kernel's exits of
-            // its containers stay in the cache).
+            // No sandbox or container left: an empty status.
             PodStatus {
                 uid: Some(uid.clone()),
                 ..PodStatus::default()
             }
         } else {
-            self.runtime.pod_status(uid).await?
+            match self.runtime.pod_status(uid).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.cache.set_error(uid, e.0.clone(), timestamp);
+                    return Err(e);
+                }
+            }
         };
-        self.merge_kernel_exits(uid, &mut status);
-        self.cache.set(uid, status, timestamp);
-        Ok(())
+        for c in &status.containers {
+            match c.pid {
+                Some(pid) => self.pids.insert(c.id.clone(), pid),
+                None => self.pids.remove(&c.id),
+            };
+        }
+        for s in &status.sandboxes {
+            match s.pid {
+                Some(pid) => self.pids.insert(s.id.clone(), pid),
+                None => self.pids.remove(&s.id),
+            };
+        }
+        let contradicted = self.merge_kernel_exits(uid, &mut status);
+        Ok(self
+            .cache
+            .set(uid, status, timestamp)
+            .then_some(contradicted))
     }
 
-    fn merge_kernel_exits(&mut self, uid: &PodUid, status: &mut PodStatus) {
+    /// Overlays the kernel's certain exits that the runtime does not report yet;
+    /// confirms (once) those it does; forgets those it still contradicts after
+    /// [`CONFIRM_BOUND`]. Returns whether something was contradicted.
+    fn merge_kernel_exits(&mut self, uid: &PodUid, status: &mut PodStatus) -> bool {
         let now = self.clock.now_ns();
         let mut pending = false;
-        for (id, exit) in self.cache.kernel_exits(uid) {
-            let Some(c) = status.container_mut(&id) else {
+        let mut contradicted = false;
+        for (id, exit, _) in self.cache.kernel_exits(uid) {
+            let runtime_exited = if let Some(c) = status.container(&id) {
+                (c.state == ContainerState::Exited).then_some(c.exit_code)
+            } else if let Some(s) = status.sandboxes.iter().find(|s| s.id == id) {
+                (s.state == SandboxState::NotReady).then_some(None)
+            } else {
+                // The runtime forgot it: the exit stays for its code until the
+                // relist sees the removal.
                 continue;
             };
-            if c.state == ContainerState::Exited {
-                if c.source != EventSource::Kernel && c.exit_code != Some(exit.status.code) {
-                    warn!(container = %id, kernel = exit.status.code, runtime = ?c.exit_code,
-                          "runtime and kernel disagree on the exit code; the runtime's is kept");
+            if let Some(runtime_code) = runtime_exited {
+                if self.cache.confirm_exit(&id) {
+                    self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
+                    if runtime_code.is_some_and(|c| c != exit.status.code) {
+                        warn!(container = %id, kernel = exit.status.code, runtime = ?runtime_code,
+                              "runtime and kernel disagree on the exit code; the runtime's is kept");
+                    }
                 }
-                self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let age = Duration::from_nanos(now.saturating_sub(exit.at_ns));
             if age < CONFIRM_BOUND {
                 // The runtime lags the kernel: keep the kernel's view, re-check soon.
-                c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns));
+                if let Some(c) = status.container_mut(&id) {
+                    c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns));
+                } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == id) {
+                    s.state = SandboxState::NotReady;
+                }
                 pending = true;
             } else {
-                self.stats.disagreements.fetch_add(1, Ordering::Relaxed);
-                warn!(container = %id, pod = %uid, runtime_state = ?c.state, age_ms = age.as_millis() as u64,
-                      "the runtime still disagrees with the kernel's exit; the runtime's view wins");
+                self.stats.contradictions.fetch_add(1, Ordering::Relaxed);
+                warn!(container = %id, pod = %uid, age_ms = age.as_millis() as u64,
+                      "the runtime still reports running a container whose death the kernel \
+                       reported; the runtime's view wins and the kernel's exit is forgotten");
+                self.cache.forget_exit(&id);
+                self.kernel.forget(&id);
+                contradicted = true;
             }
         }
         // Starts too: the kernel saw the entrypoint exec, the runtime may still say
@@ -531,506 +825,165 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
         }
         if pending {
-            self.unconfirmed.insert(uid.clone());
-        } else {
-            self.unconfirmed.remove(uid);
+            self.recheck_soon(uid, false);
         }
+        if contradicted {
+            self.recheck_for(uid, CONTRADICTION_WATCH);
+        }
+        contradicted
     }
 
-    fn send(&self, event: PodLifecycleEvent) {
+    /// Sends without blocking; returns false when the event was dropped.
+    fn send(&self, event: PodLifecycleEvent) -> bool {
         match self.events.try_send(event) {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(TrySendError::Full(e)) => {
                 self.stats.discarded.fetch_add(1, Ordering::Relaxed);
-                warn!(kind = ?e.kind, pod = ?e.pod_uid, "pleg event channel full: event discarded");
+                warn!(kind = ?e.kind, pod = ?e.pod_uid, "pleg event channel full: event discarded; the pod is re-checked");
+                false
             }
-            Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Closed(_)) => true,
         }
     }
 
-    /// Runs until `shutdown`: a full relist every `period`, whenever `signal` asks
-    /// (a kernel drop, a full channel), one pod whenever `pod_requests` names it,
-    /// and unconfirmed kernel exits re-checked every [`CONFIRM_RETRY`].
-    pub async fn run(
-        mut self,
-        period: Duration,
-        signal: Arc<RelistSignal>,
-        mut pod_requests: mpsc::UnboundedReceiver<PodUid>,
-        shutdown: CancellationToken,
-    ) {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        info!(period_s = period.as_secs_f64(), "relist pleg started");
-        loop {
-            let confirm = async {
-                if self.unconfirmed.is_empty() {
-                    std::future::pending::<()>().await
-                } else {
-                    tokio::time::sleep(CONFIRM_RETRY).await
-                }
+    pub(crate) async fn run_rechecks(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(PodUid, Recheck)> = self
+            .recheck
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(u, r)| (u.clone(), *r))
+            .collect();
+        for (uid, r) in due {
+            self.recheck.remove(&uid);
+            let inspect = if r.redeliver {
+                Inspect::Reinspect
+            } else {
+                Inspect::Always
             };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = tick.tick() => { let _ = self.relist().await; }
-                () = signal.requested() => { let _ = self.relist().await; }
-                Some(uid) = pod_requests.recv() => {
-                    if let Err(e) = self.relist_pod(&uid).await {
-                        warn!(pod = %uid, error = %e, "on-demand relist failed");
-                    }
+            let result = self.relist_pod_as(&uid, inspect).await;
+            if let Some(next) = self.recheck.get_mut(&uid) {
+                // Keep the back-off counting and the hint's bound across re-checks.
+                if result.is_err() {
+                    next.failures = next.failures.max(r.failures.saturating_add(1));
+                    next.redeliver |= r.redeliver;
                 }
-                () = confirm => {
-                    for uid in self.unconfirmed.clone() {
-                        if let Err(e) = self.relist_pod(&uid).await {
-                            warn!(pod = %uid, error = %e, "confirmation relist failed");
-                        }
-                    }
-                }
+                next.until = next.until.max(r.until);
+            } else if let Some(until) = r.until.filter(|u| *u > now) {
+                let interval = (r.interval * 2).min(RETRY_MAX);
+                self.recheck.insert(
+                    uid.clone(),
+                    Recheck {
+                        due: (now + interval).min(until),
+                        until: Some(until),
+                        interval,
+                        ..Recheck::at(now)
+                    },
+                );
+            }
+            if let Err(e) = result {
+                warn!(pod = %uid, error = %e, "pod relist failed; retrying");
             }
         }
+    }
+
+    pub(crate) async fn run_requests(&mut self, queue: &PodRelistQueue) {
+        let served_until = self.stats.last_relist_ns.load(Ordering::Relaxed);
+        for (uid, request) in queue.take() {
+            if request.hint {
+                self.recheck_for(&uid, CONFIRM_BOUND + CONFIRM_RETRY);
+            } else if served_until > request.at_ns {
+                // A full relist that began after the request has looked already.
+                self.stats
+                    .pod_relists_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Err(e) = self.relist_pod(&uid).await {
+                warn!(pod = %uid, error = %e, "on-demand relist failed; retrying");
+            }
+        }
+    }
+
+    /// Runs until `shutdown`: a full relist every `period` (which may change: the
+    /// fallback to [`GENERIC_PERIOD`]), whenever `signal` asks (a kernel drop, a
+    /// full channel), one pod whenever `queue` names it, and re-checks when due.
+    /// A full relist has priority over pod relists.
+    pub async fn run(
+        mut self,
+        mut period: watch::Receiver<Duration>,
+        signal: Arc<RelistSignal>,
+        queue: Arc<PodRelistQueue>,
+        shutdown: CancellationToken,
+    ) {
+        let mut current = *period.borrow_and_update();
+        let mut tick = interval(current);
+        self.stats
+            .period_ns
+            .store(current.as_nanos() as u64, Ordering::Relaxed);
+        info!(period_s = current.as_secs_f64(), "relist pleg started");
+        let mut retry_full: Option<Instant> = None;
+        let mut follow_ups: Vec<Instant> = Vec::new();
+        let mut period_open = true;
+        loop {
+            let next_recheck = self.recheck.values().map(|r| r.due).min();
+            let next_follow_up = follow_ups.iter().min().copied();
+            let full = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = signal.requested() => {
+                    let now = Instant::now();
+                    follow_ups = LOSS_FOLLOW_UPS.iter().map(|d| now + *d).collect();
+                    true
+                }
+                _ = tick.tick() => true,
+                () = sleep_until_opt(retry_full) => true,
+                () = sleep_until_opt(next_follow_up) => {
+                    let now = Instant::now();
+                    follow_ups.retain(|t| *t > now);
+                    true
+                }
+                changed = period.changed(), if period_open => {
+                    if changed.is_err() {
+                        // The sender is gone: keep the current period.
+                        period_open = false;
+                        continue;
+                    }
+                    let new = *period.borrow_and_update();
+                    if new != current {
+                        info!(from_s = current.as_secs_f64(), to_s = new.as_secs_f64(), "relist period changed");
+                        current = new;
+                        tick = interval(current);
+                        self.stats.period_ns.store(current.as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    false
+                }
+                () = queue.ready() => { self.run_requests(&queue).await; false }
+                () = sleep_until_opt(next_recheck) => { self.run_rechecks().await; false }
+            };
+            if full {
+                retry_full = match self.relist().await {
+                    Ok(()) => None,
+                    Err(_) => Some(Instant::now() + GENERIC_PERIOD.min(current)),
+                };
+            }
+        }
+    }
+}
+
+fn interval(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Mutex as StdMutex;
-
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::clock::{Clock, ManualClock};
-    use crate::container::ContainerStatus;
-    use crate::pleg::ExitStatus;
-    use crate::pleg::cache::KernelExit;
-
-    /// The runtime as in-memory values: what it lists and what inspection says.
-    #[derive(Debug, Default)]
-    struct MemRuntime {
-        entries: StdMutex<Vec<RuntimeEntry>>,
-        fail_status: StdMutex<bool>,
-        status_calls: AtomicU64,
-    }
-
-    impl MemRuntime {
-        fn set(&self, entries: Vec<RuntimeEntry>) {
-            *self.entries.lock().unwrap() = entries;
-        }
-    }
-
-    impl PodRuntime for Arc<MemRuntime> {
-        async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
-            let all = self.entries.lock().unwrap().clone();
-            Ok(all
-                .into_iter()
-                .filter(|e| pod.is_none_or(|p| *p == e.pod))
-                .collect())
-        }
-
-        async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
-            self.status_calls.fetch_add(1, Ordering::Relaxed);
-            if *self.fail_status.lock().unwrap() {
-                return Err(RuntimeError(format!(
-                    "PodSandboxStatus of pod {pod}: unavailable"
-                )));
-            }
-            let entries = self.entries.lock().unwrap().clone();
-            let containers = entries
-                .iter()
-                .filter(|e| e.pod == *pod && !e.sandbox)
-                .map(|e| {
-                    let state = match e.state {
-                        PlegState::Running => ContainerState::Running,
-                        PlegState::Exited => ContainerState::Exited,
-                        _ => ContainerState::Unknown,
-                    };
-                    let mut c =
-                        ContainerStatus::new(e.id.clone(), "app", state, EventSource::Relist);
-                    if state == ContainerState::Exited {
-                        c.exit_code = Some(7);
-                    }
-                    c
-                })
-                .collect();
-            Ok(PodStatus {
-                uid: Some(pod.clone()),
-                containers,
-                ..PodStatus::default()
-            })
-        }
-    }
-
-    fn uid(n: u8) -> PodUid {
-        PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
-    }
-
-    fn cid(n: u8) -> ContainerId {
-        ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap()
-    }
-
-    fn entry(pod: u8, c: u8, state: PlegState) -> RuntimeEntry {
-        RuntimeEntry {
-            pod: uid(pod),
-            id: cid(c),
-            sandbox: false,
-            state,
-        }
-    }
-
-    struct Fixture {
-        runtime: Arc<MemRuntime>,
-        cache: Arc<PodStatusCache>,
-        clock: ManualClock,
-        kernel: Arc<KernelReports>,
-        pleg: RelistPleg<Arc<MemRuntime>>,
-        rx: mpsc::Receiver<PodLifecycleEvent>,
-    }
-
-    fn fixture(capacity: usize) -> Fixture {
-        let runtime = Arc::new(MemRuntime::default());
-        let cache = Arc::new(PodStatusCache::new());
-        let clock = ManualClock::new(1_000);
-        let kernel = Arc::new(KernelReports::default());
-        let (tx, rx) = mpsc::channel(capacity);
-        let pleg = RelistPleg::new(
-            runtime.clone(),
-            cache.clone(),
-            tx,
-            Arc::new(clock.clone()),
-            kernel.clone(),
-        );
-        Fixture {
-            runtime,
-            cache,
-            clock,
-            kernel,
-            pleg,
-            rx,
-        }
-    }
-
-    impl Fixture {
-        async fn relist(&mut self) -> Vec<(EventKind, Option<ContainerId>)> {
-            self.clock.advance(1_000_000);
-            self.pleg.relist().await.unwrap();
-            self.drain()
-        }
-
-        fn drain(&mut self) -> Vec<(EventKind, Option<ContainerId>)> {
-            let mut out = Vec::new();
-            while let Ok(e) = self.rx.try_recv() {
-                out.push((e.kind, e.container_id));
-            }
-            out
-        }
-    }
-
-    #[test]
-    fn the_kubelet_state_to_event_table() {
-        use EventKind::*;
-        use PlegState::*;
-        let table = [
-            (NonExistent, Running, vec![ContainerStarted]),
-            (NonExistent, Exited, vec![ContainerDied]),
-            (NonExistent, Unknown, vec![]),
-            (Running, Exited, vec![ContainerDied]),
-            (Running, NonExistent, vec![ContainerDied, ContainerRemoved]),
-            (Exited, NonExistent, vec![ContainerRemoved]),
-            (Unknown, NonExistent, vec![ContainerDied, ContainerRemoved]),
-            (Unknown, Running, vec![ContainerStarted]),
-            (Exited, Running, vec![ContainerStarted]),
-            (Running, Unknown, vec![]),
-            (Running, Running, vec![]),
-            (Exited, Exited, vec![]),
-        ];
-        for (old, new, expected) in table {
-            assert_eq!(events_for(old, new, false), expected, "{old:?} -> {new:?}");
-        }
-        assert_eq!(
-            events_for(Running, NonExistent, true),
-            vec![SandboxDied, SandboxRemoved]
-        );
-    }
-
-    #[tokio::test]
-    async fn lifecycle_of_a_container_across_relists() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        assert_eq!(
-            f.relist().await,
-            vec![(EventKind::ContainerStarted, Some(cid(1)))]
-        );
-        assert_eq!(f.relist().await, vec![], "nothing changed");
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        assert_eq!(
-            f.relist().await,
-            vec![(EventKind::ContainerDied, Some(cid(1)))]
-        );
-        let cached = f.cache.get(&uid(1)).unwrap();
-        assert_eq!(cached.status.container(&cid(1)).unwrap().exit_code, Some(7));
-        f.runtime.set(vec![]);
-        assert_eq!(
-            f.relist().await,
-            vec![(EventKind::ContainerRemoved, Some(cid(1)))]
-        );
-        // Gone while running: Died then Removed.
-        f.runtime.set(vec![entry(2, 2, PlegState::Running)]);
-        f.relist().await;
-        f.runtime.set(vec![]);
-        assert_eq!(
-            f.relist().await,
-            vec![
-                (EventKind::ContainerDied, Some(cid(2))),
-                (EventKind::ContainerRemoved, Some(cid(2)))
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn only_changed_pods_are_inspected_and_the_timestamp_precedes_the_list() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![
-            entry(1, 1, PlegState::Running),
-            entry(2, 2, PlegState::Running),
-        ]);
-        f.relist().await;
-        assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), 2);
-        f.runtime.set(vec![
-            entry(1, 1, PlegState::Exited),
-            entry(2, 2, PlegState::Running),
-        ]);
-        let before = f.clock.now_ns() + 1_000_000;
-        f.relist().await;
-        assert_eq!(
-            f.runtime.status_calls.load(Ordering::Relaxed),
-            3,
-            "only pod 1 inspected"
-        );
-        assert_eq!(f.cache.get(&uid(1)).unwrap().observed_ns, before);
-        assert_eq!(f.cache.global_ns(), before);
-    }
-
-    #[tokio::test]
-    async fn failed_inspection_is_retried_and_then_sends_its_events() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        f.relist().await;
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        *f.runtime.fail_status.lock().unwrap() = true;
-        assert_eq!(
-            f.relist().await,
-            vec![],
-            "events wait for a successful inspection"
-        );
-        assert!(f.pleg.pods_to_reinspect().contains(&uid(1)));
-        *f.runtime.fail_status.lock().unwrap() = false;
-        assert_eq!(
-            f.relist().await,
-            vec![(EventKind::ContainerDied, Some(cid(1)))]
-        );
-        assert!(f.pleg.pods_to_reinspect().is_empty());
-    }
-
-    #[tokio::test]
-    async fn reinspection_without_events_is_a_pod_sync() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        f.relist().await;
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        *f.runtime.fail_status.lock().unwrap() = true;
-        f.relist().await;
-        // Back to running before the retry: no container event, but a PodSync.
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        *f.runtime.fail_status.lock().unwrap() = false;
-        assert_eq!(f.relist().await, vec![(EventKind::PodSync, None)]);
-    }
-
-    #[tokio::test]
-    async fn full_channel_drops_and_counts() {
-        let mut f = fixture(1);
-        f.runtime.set(vec![
-            entry(1, 1, PlegState::Running),
-            entry(1, 2, PlegState::Running),
-        ]);
-        f.relist().await;
-        assert_eq!(f.pleg.stats().discarded.load(Ordering::Relaxed), 1);
-    }
-
-    #[tokio::test]
-    async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        f.relist().await;
-        // The kernel saw the exit (code 3); the runtime still says running.
-        let exit = ExitStatus::from_wait_status(0x300, false);
-        let at = f.clock.now_ns();
-        f.cache.record_exit(
-            &uid(1),
-            &cid(1),
-            KernelExit {
-                status: exit,
-                at_ns: at,
-            },
-        );
-        f.kernel.record(&cid(1), PlegState::Exited, at);
-        f.clock.advance(1_000_000);
-        f.pleg.relist_pod(&uid(1)).await.unwrap();
-        let c = f
-            .cache
-            .get(&uid(1))
-            .unwrap()
-            .status
-            .container(&cid(1))
-            .unwrap()
-            .clone();
-        assert_eq!(
-            (c.state, c.exit_code),
-            (ContainerState::Exited, Some(3)),
-            "the kernel's view is kept"
-        );
-        assert!(f.pleg.has_unconfirmed());
-        // The runtime catches up: confirmed, and its Died is not sent again.
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        f.clock.advance(1_000_000);
-        f.pleg.relist_pod(&uid(1)).await.unwrap();
-        assert!(!f.pleg.has_unconfirmed());
-        assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
-        assert_eq!(f.drain(), vec![]);
-        // Removed after the kernel reported only the death: sent.
-        f.runtime.set(vec![]);
-        assert_eq!(
-            f.relist().await,
-            vec![(EventKind::ContainerRemoved, Some(cid(1)))]
-        );
-        // The exit code is still known after the runtime forgot the container.
-        assert_eq!(f.cache.kernel_exit(&cid(1)).unwrap().status.code, 3);
-    }
-
-    #[tokio::test]
-    async fn a_disagreement_past_the_bound_lets_the_runtime_win() {
-        let mut f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        f.relist().await;
-        let exit = ExitStatus::from_wait_status(9, false);
-        f.cache.record_exit(
-            &uid(1),
-            &cid(1),
-            KernelExit {
-                status: exit,
-                at_ns: f.clock.now_ns(),
-            },
-        );
-        f.clock.advance(CONFIRM_BOUND.as_nanos() as u64 + 1);
-        f.pleg.relist_pod(&uid(1)).await.unwrap();
-        let c = f
-            .cache
-            .get(&uid(1))
-            .unwrap()
-            .status
-            .container(&cid(1))
-            .unwrap()
-            .clone();
-        assert_eq!(c.state, ContainerState::Running);
-        assert_eq!(f.pleg.stats().disagreements.load(Ordering::Relaxed), 1);
-        assert!(!f.pleg.has_unconfirmed());
-    }
-
-    #[test]
-    fn health_threshold() {
-        let stats = RelistStats::default();
-        assert!(
-            stats.healthy(10, RELIST_THRESHOLD).is_ok(),
-            "healthy before the first relist"
-        );
-        stats.last_relist_ns.store(1, Ordering::Relaxed);
-        let late = 1 + RELIST_THRESHOLD.as_nanos() as u64 + 1_000_000_000;
-        let err = stats.healthy(late, RELIST_THRESHOLD).unwrap_err();
-        assert!(
-            err.starts_with("pleg was last seen active 181.0s ago; threshold is 180.0s"),
-            "{err}"
-        );
-        assert!(stats.healthy(2, RELIST_THRESHOLD).is_ok());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn run_relists_on_its_period_and_on_request() {
-        let f = fixture(100);
-        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
-        let stats = f.pleg.stats();
-        let signal = Arc::new(RelistSignal::new());
-        let (pod_tx, pod_rx) = mpsc::unbounded_channel();
-        let shutdown = CancellationToken::new();
-        let mut rx = f.rx;
-        let task = tokio::spawn(f.pleg.run(
-            Duration::from_secs(300),
-            signal.clone(),
-            pod_rx,
-            shutdown.clone(),
-        ));
-        let first = tokio::time::timeout(Duration::from_secs(1), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            first.kind,
-            EventKind::ContainerStarted,
-            "the first relist runs at once"
-        );
-        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
-        signal.request("test");
-        let died = tokio::time::timeout(Duration::from_secs(1), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(died.kind, EventKind::ContainerDied);
-        pod_tx.send(uid(1)).unwrap();
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(1), task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    fn arb_state() -> impl Strategy<Value = PlegState> {
-        prop_oneof![
-            Just(PlegState::Running),
-            Just(PlegState::Exited),
-            Just(PlegState::Unknown),
-            Just(PlegState::NonExistent)
-        ]
-    }
-
-    proptest! {
-        /// Over any sequence of runtime states, the relist sends exactly what the
-        /// kubelet's table gives for each consecutive pair, per container.
-        #[test]
-        fn relist_events_follow_the_table(steps in proptest::collection::vec(proptest::collection::vec(arb_state(), 3), 1..12)) {
-            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            rt.block_on(async {
-                let mut f = fixture(10_000);
-                let mut previous = [PlegState::NonExistent; 3];
-                for states in &steps {
-                    let entries = states
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| **s != PlegState::NonExistent)
-                        .map(|(i, s)| entry(1, i as u8, *s))
-                        .collect();
-                    f.runtime.set(entries);
-                    let got = f.relist().await;
-                    for (i, s) in states.iter().enumerate() {
-                        let expected: Vec<_> = events_for(previous[i], *s, false)
-                            .into_iter()
-                            .map(|k| (k, Some(cid(i as u8))))
-                            .collect();
-                        let mine: Vec<_> = got.iter().filter(|(_, c)| *c == Some(cid(i as u8))).cloned().collect();
-                        prop_assert_eq!(mine, expected);
-                    }
-                    prop_assert!(got.iter().all(|(k, _)| *k != EventKind::PodSync));
-                    previous = [states[0], states[1], states[2]];
-                }
-                Ok(())
-            })?;
-        }
-    }
-}
+#[path = "relist_tests.rs"]
+mod tests;

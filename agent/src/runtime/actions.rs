@@ -286,6 +286,7 @@ mod tests {
 
     fn sandbox() -> SandboxStatus {
         SandboxStatus {
+            pid: None,
             id: id(0),
             state: SandboxState::Ready,
             attempt: 0,

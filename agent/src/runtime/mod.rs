@@ -110,6 +110,15 @@ pub fn convert_container_status(s: &v1::ContainerStatus) -> Option<ContainerStat
     Some(c)
 }
 
+/// The main process's host pid from a `verbose` status: containerd and CRI-O put
+/// a JSON document under `info` whose `pid` is the task's init process. `None`
+/// when absent, zero (not running) or unreadable.
+pub fn pid_from_info(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let doc: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    let pid = doc.get("pid")?.as_u64()?;
+    u32::try_from(pid).ok().filter(|p| *p > 0)
+}
+
 impl PodRuntime for CriRuntime {
     async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
         let selector = pod_selector(pod);
@@ -182,7 +191,7 @@ impl PodRuntime for CriRuntime {
             let Some(id) = ContainerId::parse(&s.id) else {
                 continue;
             };
-            let resp = match self.client.pod_sandbox_status(&s.id, false).await {
+            let resp = match self.client.pod_sandbox_status(&s.id, true).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
@@ -214,6 +223,7 @@ impl PodRuntime for CriRuntime {
                 attempt: st.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
                 created_at: nonzero(st.created_at),
                 ip,
+                pid: pid_from_info(&resp.info),
             });
         }
         let containers = self
@@ -224,12 +234,15 @@ impl PodRuntime for CriRuntime {
             }))
             .await?;
         for c in &containers {
-            let resp = match self.client.container_status(&c.id, false).await {
+            let resp = match self.client.container_status(&c.id, true).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
             };
-            if let Some(s) = resp.status.as_ref().and_then(convert_container_status) {
+            if let Some(mut s) = resp.status.as_ref().and_then(convert_container_status) {
+                if s.state == ContainerState::Running {
+                    s.pid = pid_from_info(&resp.info);
+                }
                 status.containers.push(s);
             }
         }
@@ -279,5 +292,18 @@ mod tests {
         };
         assert!(convert_container_status(&bad).is_none());
         assert_eq!(container_state(99), ContainerState::Unknown);
+    }
+
+    #[test]
+    fn main_pid_from_verbose_info() {
+        let info = |s: &str| std::collections::HashMap::from([("info".to_owned(), s.to_owned())]);
+        assert_eq!(
+            pid_from_info(&info(r#"{"pid": 4242, "sandboxID": "x"}"#)),
+            Some(4242)
+        );
+        assert_eq!(pid_from_info(&info(r#"{"pid": 0}"#)), None);
+        assert_eq!(pid_from_info(&info(r#"{"pid": -1}"#)), None);
+        assert_eq!(pid_from_info(&info("not json")), None);
+        assert_eq!(pid_from_info(&std::collections::HashMap::new()), None);
     }
 }

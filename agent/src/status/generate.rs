@@ -383,6 +383,7 @@ mod tests {
     fn runtime(containers: Vec<ContainerStatus>) -> PodStatus {
         PodStatus {
             sandboxes: vec![SandboxStatus {
+                pid: None,
                 id: ContainerId::parse(&"0".repeat(64)).unwrap(),
                 state: SandboxState::Ready,
                 attempt: 0,
