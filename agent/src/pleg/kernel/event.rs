@@ -44,7 +44,10 @@ pub enum KernelEvent {
     CgroupRmdir(CgroupChange),
     /// The OOM killer chose the process `tgid` (its thread-group id, as
     /// [`ProcessKey::pid`]).
-    OomVictim { at_ns: u64, tgid: u32 },
+    OomVictim {
+        at_ns: u64,
+        tgid: u32,
+    },
 }
 
 impl KernelEvent {
