@@ -3,9 +3,8 @@
 //! or alone with `cargo xtask matrix`.
 //!
 //! 1. Each kernel of [`KERNELS`] is fetched once with `apt-get download` (bookworm
-//!    from the system's apt sources; trixie and its backports, and bullseye,
-//!    through private apt configurations under `.cache/apt/<suite>`, the
-//!    system's apt untouched) and
+//!    from the system's apt sources; trixie and its backports through a private
+//!    apt configuration under `.cache/apt/trixie`, the system's apt untouched) and
 //!    only its image is kept: `.cache/kernels/<series>/vmlinuz`. Once there, no
 //!    network is needed.
 //! 2. The probe (`tests/kernel-probe`, the agent's loader, reader and container
@@ -46,9 +45,6 @@ pub enum Archive {
     /// trixie, trixie-security and trixie-backports, through the private apt
     /// configuration ([`TRIXIE_SOURCES`]).
     Trixie,
-    /// bullseye and bullseye-security, through another private apt configuration
-    /// ([`BULLSEYE_SOURCES`]).
-    Bullseye,
 }
 
 /// One kernel of the matrix: a Debian package and the image inside it.
@@ -64,21 +60,11 @@ pub struct Kernel {
 }
 
 /// The matrix: the newest Debian build of each series when this table was last
-/// updated (`apt-cache madison <package>`; for trixie and bullseye with the private
+/// updated (`apt-cache madison <package>`; for trixie with the private
 /// configuration's `-o` options, see [`Apt::private`]). Debian removes superseded
 /// builds from the archive: a cached image keeps working, a fresh machine then
 /// needs this table updated to the series' current build.
-pub const KERNELS: [Kernel; 6] = [
-    // The oldest LTS kernel Debian still serves, below the 6.0 change that makes
-    // every process exit a group exit (SIGNAL_GROUP_EXIT), and with the older
-    // verifier.
-    Kernel {
-        series: "5.10",
-        archive: Archive::Bullseye,
-        package: "linux-image-5.10.0-46-amd64",
-        version: "5.10.262-1",
-        image: "./boot/vmlinuz-5.10.0-46-amd64",
-    },
+pub const KERNELS: [Kernel; 5] = [
     Kernel {
         series: "6.1",
         archive: Archive::System,
@@ -123,12 +109,6 @@ const TRIXIE_SOURCES: &str = "\
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie-backports main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security trixie-security main
-";
-
-/// The second private apt configuration's sources: bullseye (5.10).
-const BULLSEYE_SOURCES: &str = "\
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bullseye-security main
 ";
 
 /// Guests at a time.
@@ -355,12 +335,6 @@ impl Apt {
                 "trixie",
                 TRIXIE_SOURCES,
                 "the private apt configuration (trixie, trixie-backports)",
-            ),
-            Archive::Bullseye => Self::private(
-                root,
-                "bullseye",
-                BULLSEYE_SOURCES,
-                "the private apt configuration (bullseye, bullseye-security)",
             ),
         }
     }
@@ -1334,7 +1308,7 @@ mod tests {
         let series: Vec<_> = some.0.iter().map(|k| k.series).collect();
         assert_eq!(series, ["6.1", "6.18"]);
         let err = "6.2".parse::<Selection>().unwrap_err();
-        assert!(err.contains("5.10, 6.1, 6.12, 6.16, 6.18, 7.3"), "{err}");
+        assert!(err.contains("6.1, 6.12, 6.16, 6.18, 7.3"), "{err}");
         assert!(",".parse::<Selection>().is_err());
     }
 
