@@ -7,7 +7,9 @@ pub mod cgroups;
 pub mod containerd;
 pub mod cri_pod;
 pub mod fake_apiserver;
+pub mod kernel_checks;
 pub mod pleg;
+pub mod threads;
 
 use std::path::Path;
 
@@ -35,12 +37,18 @@ pub fn privileged(test: &str) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let reason = format!("{test}: needs {}", missing.join(", "));
+    skip(test, &format!("needs {}", missing.join(", ")));
+    false
+}
+
+/// Prints why `test` does not run here, and returns so that the test can return
+/// early; under `CI=true` a skip is a failure instead.
+pub fn skip(test: &str, why: &str) {
+    let reason = format!("{test}: {why}");
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{reason}; CI=true, so this is a failure, not a skip");
     }
     eprintln!("SKIPPED {reason}");
-    false
 }
 
 /// Whether the real container runtime can run here (root and cgroup2, for the

@@ -1,8 +1,9 @@
 //! A running kernel PLEG for tests: lifecycle events and a tap on raw records, both
 //! waited for with a timeout.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use evpleg::pleg::kernel::event::KernelEvent;
@@ -21,6 +22,16 @@ pub struct PlegUnderTest {
     records: std_mpsc::Receiver<(KernelEvent, u64)>,
     pending_events: Vec<PodLifecycleEvent>,
     runtime: tokio::runtime::Runtime,
+    gate: Option<Arc<ReaderGate>>,
+}
+
+impl Drop for PlegUnderTest {
+    /// A held reader could not see the stop flag: the gate opens first.
+    fn drop(&mut self) {
+        if let Some(gate) = &self.gate {
+            gate.open();
+        }
+    }
 }
 
 impl PlegUnderTest {
@@ -33,13 +44,28 @@ impl PlegUnderTest {
         capacity: usize,
         configure: impl FnOnce(&mut KernelPlegConfig),
     ) -> Self {
+        Self::start_gated(capacity, None, configure)
+    }
+
+    /// As [`start_with_channel`](Self::start_with_channel), with the reader thread
+    /// held at `gate` (if given) after each record it decodes, while the gate is
+    /// closed: a test hook that lets the ring buffer fill.
+    pub fn start_gated(
+        capacity: usize,
+        gate: Option<Arc<ReaderGate>>,
+        configure: impl FnOnce(&mut KernelPlegConfig),
+    ) -> Self {
         let mut config = KernelPlegConfig::default();
         configure(&mut config);
         let (tx, events) = mpsc::channel(capacity);
         let (record_tx, records) = std_mpsc::channel();
         let relist = Arc::new(RelistSignal::new());
+        let kept_gate = gate.clone();
         let tap = Box::new(move |ev: &KernelEvent, delay: u64| {
             let _ = record_tx.send((ev.clone(), delay));
+            if let Some(gate) = &gate {
+                gate.pass();
+            }
         });
         let pleg = KernelPleg::start(config, tx, relist.clone(), Some(tap))
             .unwrap_or_else(|e| panic!("starting the kernel pleg: {e}"));
@@ -54,6 +80,7 @@ impl PlegUnderTest {
             records,
             pending_events: Vec::new(),
             runtime,
+            gate: kept_gate,
         }
     }
 
@@ -155,5 +182,52 @@ impl PlegUnderTest {
                 Err(_) => return false,
             }
         }
+    }
+}
+
+/// Holds the ring-buffer reader thread (through the record tap) while closed.
+#[derive(Debug, Default)]
+pub struct ReaderGate {
+    closed: Mutex<bool>,
+    changed: Condvar,
+    held: AtomicBool,
+}
+
+impl ReaderGate {
+    /// A closed gate.
+    pub fn closed() -> Arc<Self> {
+        Arc::new(Self {
+            closed: Mutex::new(true),
+            changed: Condvar::new(),
+            held: AtomicBool::new(false),
+        })
+    }
+
+    /// On the reader thread: waits while the gate is closed.
+    fn pass(&self) {
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        while *closed {
+            self.held.store(true, Ordering::SeqCst);
+            closed = self.changed.wait(closed).unwrap_or_else(|e| e.into_inner());
+        }
+        self.held.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until the reader is held at the gate; false after `timeout`.
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !self.held.load(Ordering::SeqCst) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Lets the reader go on, for good.
+    pub fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.changed.notify_all();
     }
 }

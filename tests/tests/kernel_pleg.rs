@@ -1,6 +1,7 @@
 //! Privileged tests of the kernel PLEG on the real kernel, with real cgroups and
 //! processes and no container runtime. They skip with a reason without root, BTF
-//! or the eBPF object, and fail instead under `CI=true`.
+//! or the eBPF object, and fail instead under `CI=true`. The checks shared with
+//! the kernel matrix's probe are in `evpleg_tests::kernel_checks`.
 
 use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -9,48 +10,23 @@ use std::time::{Duration, Instant};
 
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::{EventKind, EventSource};
-use evpleg_tests::cgroups::{
-    ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring, v1_memory,
-};
-use evpleg_tests::pleg::PlegUnderTest;
-use evpleg_tests::privileged;
+use evpleg_tests::cgroups::{ContainerCgroup, Layout, join_cgroup, path_cstring, v1_memory};
+use evpleg_tests::kernel_checks::{self, ThreadHelper};
+use evpleg_tests::pleg::{PlegUnderTest, ReaderGate};
+use evpleg_tests::{privileged, skip};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[test]
-fn exec_and_exit_records_of_bin_true() {
-    if !privileged("exec_and_exit_records_of_bin_true") {
+fn exec_and_exit_records_checked_against_proc() {
+    if !privileged("exec_and_exit_records_checked_against_proc") {
         return;
     }
-    let cg = ContainerCgroup::new(Layout::Cgroupfs);
     let pleg = PlegUnderTest::start(|_| {});
-    let mut child = cg.command("/bin/true").spawn().expect("spawn /bin/true");
-    let pid = child.id();
-    assert!(child.wait().expect("wait").success());
-    let (exec, _) = pleg.record(
-        RECORD_TIMEOUT,
-        |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == pid),
+    eprintln!(
+        "{}",
+        kernel_checks::exec_exit_records(&pleg, RECORD_TIMEOUT)
     );
-    let KernelEvent::Exec(exec) = exec else {
-        unreachable!()
-    };
-    assert_eq!(exec.cgroup_id, cg.id());
-    assert_eq!(exec.filename, "/bin/true");
-    let (exit, delay) = pleg.record(
-        RECORD_TIMEOUT,
-        |e| matches!(e, KernelEvent::Exit(x) if x.process.pid == pid),
-    );
-    let KernelEvent::Exit(exit) = exit else {
-        unreachable!()
-    };
-    assert_eq!(exit.cgroup_id, cg.id());
-    assert_eq!(exit.wait_status, 0);
-    assert_eq!(exit.status.code, 0);
-    assert_eq!(
-        exit.process, exec.process,
-        "the same process (pid and start time)"
-    );
-    eprintln!("exit record reached user space {delay} ns after the kernel saw it");
 }
 
 #[test]
@@ -241,57 +217,115 @@ fn process_outside_the_roots_is_not_reported() {
     if !privileged("process_outside_the_roots_is_not_reported") {
         return;
     }
-    let outside = OutsideCgroup::new();
-    let inside = ContainerCgroup::new(Layout::Cgroupfs);
     let pleg = PlegUnderTest::start(|_| {});
-    let filtered_before = pleg
-        .pleg
-        .stats()
-        .kernel_filtered
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let status = outside
-        .command("/bin/true")
-        .status()
-        .expect("run true outside");
-    assert!(status.success());
-    // Then a process inside: the ring buffer is ordered, so once its exit is read,
-    // a record of the outside process would have been read before it.
-    let mut child = inside
-        .command("/bin/true")
-        .spawn()
-        .expect("run true inside");
-    let inside_pid = child.id();
-    child.wait().expect("wait");
-    let outside_id = outside.id();
-    let mut outside_records = 0;
-    let done = pleg.records_until(RECORD_TIMEOUT, |e| {
-        match e {
-            KernelEvent::Exec(x) if x.cgroup_id == outside_id => outside_records += 1,
-            KernelEvent::Exit(x) if x.cgroup_id == outside_id => outside_records += 1,
-            _ => {}
-        }
-        matches!(e, KernelEvent::Exit(x) if x.process.pid == inside_pid)
-    });
-    assert!(done, "the inside process's exit was not reported");
-    assert_eq!(
-        outside_records, 0,
-        "a process outside the roots was reported"
+    eprintln!("{}", kernel_checks::kernel_filter(&pleg, RECORD_TIMEOUT));
+}
+
+fn thread_helper() -> ThreadHelper {
+    ThreadHelper {
+        program: env!("CARGO_BIN_EXE_evpleg-thread-helper").into(),
+        prefix: Vec::new(),
+    }
+}
+
+/// Contract clause 7: eight threads killed together by `exit_group` from a thread
+/// that is not the leader make one exit record with the process's status.
+#[test]
+fn exit_group_from_a_non_leader_thread_is_reported_once() {
+    if !privileged("exit_group_from_a_non_leader_thread_is_reported_once") {
+        return;
+    }
+    let mut pleg = PlegUnderTest::start(|_| {});
+    eprintln!(
+        "{}",
+        kernel_checks::exit_group_from_thread(&mut pleg, &thread_helper(), 20, RECORD_TIMEOUT)
     );
-    // The reader reads the kernel's counters every 100 ms.
+}
+
+/// Contract clause 7: the leader thread exits first, the last thread later; one
+/// record, with the status waitpid gives.
+#[test]
+fn leader_exiting_first_is_reported_once_with_the_waitpid_status() {
+    if !privileged("leader_exiting_first_is_reported_once_with_the_waitpid_status") {
+        return;
+    }
+    let mut pleg = PlegUnderTest::start(|_| {});
+    eprintln!(
+        "{}",
+        kernel_checks::leader_exits_first(&mut pleg, &thread_helper(), RECORD_TIMEOUT)
+    );
+}
+
+/// A ring buffer of one page, its reader held while 200 processes run: every
+/// record is either read or counted as dropped by the kernel, and the drops
+/// request a relist.
+#[test]
+fn one_page_ring_buffer_under_a_burst_counts_drops_and_requests_a_relist() {
+    if !privileged("one_page_ring_buffer_under_a_burst_counts_drops_and_requests_a_relist") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let gate = ReaderGate::closed();
+    let pleg = PlegUnderTest::start_gated(1000, Some(gate.clone()), |c| {
+        c.ring_buffer_bytes = 4096;
+    });
+    // A first record holds the reader at the gate.
+    let status = cg.command("/bin/true").status().expect("run true");
+    assert!(status.success());
+    assert!(
+        gate.wait_held(RECORD_TIMEOUT),
+        "the reader never reached the gate"
+    );
+    let processes = 200;
+    let status = cg
+        .command("/bin/sh")
+        .args([
+            "-c",
+            &format!("i=0; while [ $i -lt {processes} ]; do /bin/true; i=$((i+1)); done"),
+        ])
+        .status()
+        .expect("run the burst");
+    assert!(status.success());
+    // The shell's exec and exit, and an exec and an exit per /bin/true.
+    let burst_records = 2 + 2 * processes;
+    gate.open();
+    let id = cg.id();
+    let expected = burst_records + 2;
+    let stats = pleg.pleg.stats().clone();
+    let dropped = || {
+        stats
+            .kernel_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // Every record of the cgroup is read or counted as dropped (the reader reads
+    // the kernel's counters every 100 ms); an uncounted loss never gets there.
+    let mut read = 0u64;
     let deadline = Instant::now() + RECORD_TIMEOUT;
-    while pleg
-        .pleg
-        .stats()
-        .kernel_filtered
-        .load(std::sync::atomic::Ordering::Relaxed)
-        == filtered_before
-    {
+    while dropped() == 0 || read + dropped() < expected {
         assert!(
             Instant::now() < deadline,
-            "the kernel's filtered counter did not move"
+            "{expected} records into a 4 KiB ring: {read} read, {} counted as dropped",
+            dropped()
         );
-        std::thread::sleep(Duration::from_millis(10));
+        pleg.records_until(Duration::from_millis(20), |e| {
+            match e {
+                KernelEvent::Exec(x) if x.cgroup_id == id => read += 1,
+                KernelEvent::Exit(x) if x.cgroup_id == id => read += 1,
+                _ => {}
+            }
+            false
+        });
     }
+    assert!(
+        pleg.wait_relist(RECORD_TIMEOUT),
+        "kernel drops requested no relist"
+    );
+    eprintln!(
+        "{expected} records into a 4 KiB ring, reader held: {read} read, {} dropped, {} relist requests",
+        dropped(),
+        pleg.relist.count()
+    );
+    assert!(pleg.relist.count() > 0);
 }
 
 /// Runs `sh -c 'read line; exit 7'` as the container's main process in a private
@@ -456,8 +490,9 @@ fn v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id() {
         return;
     }
     let Some((memory_id, _)) = v1_memory() else {
-        eprintln!(
-            "SKIPPED v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id: this host has no v1 memory hierarchy (cgroup2 only)"
+        skip(
+            "v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id",
+            "this host has no v1 memory hierarchy (cgroup2 only)",
         );
         return;
     };

@@ -1,7 +1,8 @@
 //! Load test of the kernel PLEG: 1 000 process exits per second for 10 s in one
-//! container cgroup. Every exit must reach user space, or every loss must be
-//! counted by the kernel and followed by a relist request. Its own test binary, so
-//! the load does not run beside the other privileged tests.
+//! container cgroup. Every exit must reach user space, with no kernel drop: a loss
+//! would be counted and relisted, but at this rate there must be none (the
+//! failure names the numbers). Its own test binary, so the load does not run
+//! beside the other privileged tests.
 //!
 //! The load comes from a spawner process inside the container cgroup (this test
 //! binary re-executed): its children inherit the cgroup, so it can use the cheap
@@ -119,18 +120,15 @@ fn thousand_exits_per_second_for_ten_seconds() {
         total as f64 / elapsed.as_secs_f64(),
         pleg.relist.count()
     );
-    if !all {
-        // Losses are allowed only when the kernel counted them and a relist was
-        // requested.
-        assert!(
-            dropped >= pending.len() as u64,
-            "{} exits lost, only {dropped} counted",
-            pending.len()
-        );
-        assert!(
-            pleg.relist.count() > 0,
-            "records were lost but no relist was requested"
-        );
-    }
+    // At this rate nothing may be lost: a loss is counted and relisted, but it
+    // means the default ring buffer or the reader is too slow for it.
+    assert!(
+        all,
+        "{} of {total} exits never reached user space at {RATE_PER_SECOND}/s (kernel drops {dropped}, \
+         relist requests {}): the kernel PLEG cannot keep up with this rate on this machine",
+        pending.len(),
+        pleg.relist.count()
+    );
+    assert_eq!(dropped, 0, "kernel drops at {RATE_PER_SECOND}/s");
     assert_eq!(stats.malformed.load(Ordering::Relaxed), 0);
 }

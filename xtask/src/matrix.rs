@@ -3,7 +3,7 @@
 //! or alone with `cargo xtask matrix`.
 //!
 //! 1. Each kernel of [`KERNELS`] is fetched once with `apt-get download` (bookworm
-//!    from the system's apt sources, trixie and its backports through a private
+//!    from the system's apt sources; trixie and its backports through a private
 //!    apt configuration under `.cache/apt/trixie`, the system's apt untouched) and
 //!    only its image is kept: `.cache/kernels/<series>/vmlinuz`. Once there, no
 //!    network is needed.
@@ -61,7 +61,7 @@ pub struct Kernel {
 
 /// The matrix: the newest Debian build of each series when this table was last
 /// updated (`apt-cache madison <package>`; for trixie with the private
-/// configuration's `-o` options, see [`Apt::trixie`]). Debian removes superseded
+/// configuration's `-o` options, see [`Apt::private`]). Debian removes superseded
 /// builds from the archive: a cached image keeps working, a fresh machine then
 /// needs this table updated to the series' current build.
 pub const KERNELS: [Kernel; 5] = [
@@ -111,8 +111,14 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security trixie-security main
 ";
 
-/// Guests at a time: each is one emulated CPU, i.e. one host core.
+/// Guests at a time.
 pub const PARALLEL_GUESTS: usize = 2;
+/// Emulated CPUs per guest: two, so that threads of one process exit on two CPUs
+/// at once (the race of the exit program's last-thread decision).
+const GUEST_CPUS: &str = "2";
+/// Checks every guest must report (PASS, or ABSENT with a reason): a probe that
+/// skipped one, e.g. the multi-threaded ones, fails the kernel.
+const REQUIRED_CHECKS: [&str; 3] = ["load", "exit_group_from_thread", "leader_exits_first"];
 /// Per guest; a full run takes well under a minute here.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(240);
 /// A Rust binary plus the guest kernel: 128 MiB is tight.
@@ -294,17 +300,17 @@ impl Apt {
         }
     }
 
-    /// trixie, trixie-security and trixie-backports: sources list, package lists
-    /// and caches under `.cache/apt/trixie`, so the system's apt stays untouched.
-    fn trixie(root: &Path) -> Result<Self> {
-        let dir = root.join(".cache/apt/trixie");
+    /// A private configuration: sources list, package lists and caches under
+    /// `.cache/apt/<name>`, so the system's apt stays untouched.
+    fn private(root: &Path, name: &str, sources_text: &str, label: &'static str) -> Result<Self> {
+        let dir = root.join(".cache/apt").join(name);
         for sub in ["sources.list.d", "lists/partial", "cache/archives/partial"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("cannot create {}", dir.join(sub).display()))?;
         }
         let sources = dir.join("sources.list");
-        if fs::read_to_string(&sources).ok().as_deref() != Some(TRIXIE_SOURCES) {
-            fs::write(&sources, TRIXIE_SOURCES)
+        if fs::read_to_string(&sources).ok().as_deref() != Some(sources_text) {
+            fs::write(&sources, sources_text)
                 .with_context(|| format!("cannot write {}", sources.display()))?;
         }
         let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
@@ -317,14 +323,19 @@ impl Apt {
                 // Its directories belong to root, not to apt's _apt user.
                 "APT::Sandbox::User=root".to_owned(),
             ],
-            name: "the private apt configuration (trixie, trixie-backports)",
+            name: label,
         })
     }
 
     fn for_archive(root: &Path, archive: Archive) -> Result<Self> {
         match archive {
             Archive::System => Ok(Self::system()),
-            Archive::Trixie => Self::trixie(root),
+            Archive::Trixie => Self::private(
+                root,
+                "trixie",
+                TRIXIE_SOURCES,
+                "the private apt configuration (trixie, trixie-backports)",
+            ),
         }
     }
 
@@ -1031,7 +1042,28 @@ impl GuestRun {
                 self.count(State::Fail),
                 self.results_path.display()
             )),
-            Some(_) => {}
+            Some(_) => {
+                for name in REQUIRED_CHECKS {
+                    if !self.results.checks.iter().any(|c| c.name == name) {
+                        out.push(format!(
+                            "{who}: {name}: the probe did not run it; results: {}",
+                            self.results_path.display()
+                        ));
+                    }
+                }
+                let cpus = self
+                    .results
+                    .features
+                    .iter()
+                    .find(|(n, _, _)| n == "smp")
+                    .map(|(_, present, _)| *present);
+                if cpus != Some(true) {
+                    out.push(format!(
+                        "{who}: the guest did not run on {GUEST_CPUS} CPUs (FEATURE smp: {cpus:?}); results: {}",
+                        self.results_path.display()
+                    ));
+                }
+            }
         }
         out
     }
@@ -1164,7 +1196,7 @@ fn run_guest(
     cmd
         // KVM does not run these stock kernels on this host's nested KVM.
         .args(["-accel", "tcg", "-cpu", "max", "-machine", "pc"])
-        .args(["-m", GUEST_MEMORY, "-smp", "1", "-nic", "none"])
+        .args(["-m", GUEST_MEMORY, "-smp", GUEST_CPUS, "-nic", "none"])
         .args(["-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
@@ -1313,6 +1345,33 @@ mod tests {
         assert_eq!(r.checks[1].state, State::Absent);
         assert_eq!(r.logs.len(), 2);
         assert_eq!(r.done, Some((0, 1)));
+    }
+
+    #[test]
+    fn a_guest_without_the_thread_checks_or_two_cpus_fails() {
+        let run = |text: &str| GuestRun {
+            kernel: &KERNELS[0],
+            took: Duration::from_secs(1),
+            timed_out: false,
+            qemu: None,
+            results: parse_results(text),
+            console: PathBuf::from("console.log"),
+            results_path: PathBuf::from("results.log"),
+        };
+        let all = "FEATURE smp PRESENT 2 CPU(s)\nRESULT load PASS x\n\
+                   RESULT exit_group_from_thread PASS x\nRESULT leader_exits_first PASS x\nDONE 3 0\n";
+        assert!(run(all).failures().is_empty(), "{:?}", run(all).failures());
+        let missing = all.replace("RESULT leader_exits_first PASS x\n", "");
+        let failures = run(&missing).failures();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("leader_exits_first: the probe did not run it"));
+        let one_cpu = all.replace("smp PRESENT", "smp ABSENT");
+        let failures = run(&one_cpu).failures();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains("did not run on 2 CPUs"),
+            "{failures:?}"
+        );
     }
 
     #[test]

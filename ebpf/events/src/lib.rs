@@ -10,8 +10,9 @@
 
 /// A task ran `execve` (kernel: `sched_process_exec`).
 pub const EVENT_EXEC: u32 = 1;
-/// The last thread of a process exited (kernel: `sched_process_exit` with the thread
-/// group's live count at zero).
+/// A process exited: one record per thread group, from the thread the kernel (or,
+/// before 6.16, the exit program's dedupe) took for the last one
+/// (kernel: `sched_process_exit`).
 pub const EVENT_EXIT: u32 = 2;
 /// A cgroup directory was created (kernel: `cgroup_mkdir`).
 pub const EVENT_CGROUP_MKDIR: u32 = 3;
@@ -30,6 +31,20 @@ pub const COMM_LEN: usize = 16;
 /// `ExitEvent::flags`: the process was chosen by the OOM killer
 /// (`signal_struct.oom_mm` was set when it exited).
 pub const EXIT_FLAG_OOM_KILLED: u32 = 1;
+/// `ExitEvent::flags`: the thread group exited as a whole (`SIGNAL_GROUP_EXIT`:
+/// exit_group, a fatal signal, or, from Linux 6.0, the last thread's exit), so the
+/// wait status is `signal_struct.group_exit_code`; otherwise it is the group
+/// leader's `task_struct.exit_code`.
+pub const EXIT_FLAG_GROUP_EXIT: u32 = 2;
+/// `ExitEvent::flags`: the kernel's own `group_dead` (the tracepoint's second
+/// argument, from Linux 6.16) chose this thread as the last one; otherwise the exit
+/// program's dedupe by (tgid, start time) did.
+pub const EXIT_FLAG_GROUP_DEAD_ARG: u32 = 4;
+
+/// `OomVictimEvent::flags`: the kernel's `mark_victim` passes only the victim
+/// thread's id (the older `int pid` form), so `OomVictimEvent::tgid` is a tid that
+/// user space resolves to its thread group.
+pub const OOM_VICTIM_TID_ONLY: u32 = 1;
 
 /// The header every record starts with.
 #[repr(C)]
@@ -72,10 +87,12 @@ pub struct ExitEvent {
     pub header: EventHeader,
     /// Thread-group id of the process that died.
     pub pid: u32,
-    /// The thread that exited last.
+    /// The thread whose exit was taken for the process's (see `EVENT_EXIT`).
     pub tid: u32,
-    /// The wait status (`task_struct.exit_code`): `code << 8` for an exit, the signal
-    /// number (`| 0x80` with a core dump) for a death by signal.
+    /// The process's wait status, what `waitpid` gives its parent:
+    /// `signal_struct.group_exit_code` with `EXIT_FLAG_GROUP_EXIT`, else the group
+    /// leader's `task_struct.exit_code`. `code << 8` for an exit, the signal number
+    /// (`| 0x80` with a core dump) for a death by signal.
     pub exit_code: u32,
     /// `EXIT_FLAG_*` bits.
     pub flags: u32,
@@ -108,9 +125,11 @@ pub struct CgroupEvent {
 #[derive(Clone, Copy, Debug)]
 pub struct OomVictimEvent {
     pub header: EventHeader,
-    /// The victim task's tid (a thread of the process to be killed).
-    pub tid: u32,
-    pub _pad: u32,
+    /// The victim's thread-group id (its process id); a thread id when `flags` has
+    /// `OOM_VICTIM_TID_ONLY`.
+    pub tgid: u32,
+    /// `OOM_VICTIM_*` bits.
+    pub flags: u32,
 }
 
 /// Byte offsets of the kernel struct fields the programs read, taken from the
@@ -136,10 +155,26 @@ pub struct KernelOffsets {
     /// from 6.6), 0 when it is the victim's pid.
     pub oom_victim_arg_is_task: u32,
     pub task_pid: u32,
+    /// `signal_struct.flags` (`SIGNAL_GROUP_EXIT`).
+    pub signal_flags: u32,
+    /// `signal_struct.group_exit_code`.
+    pub signal_group_exit_code: u32,
+    /// `task_struct.mm`: NULL once a task has passed `exit_mm`.
+    pub task_mm: u32,
+    /// 1 when `sched_process_exit` has the `group_dead` argument (Linux 6.16) and
+    /// the loader attached `sched_process_exit_group_dead`; 0 when it attached
+    /// `sched_process_exit` (the dedupe). Read by user space only.
+    pub exit_group_dead_arg: u32,
 }
 
 /// Maximum number of root cgroups a task may be under to be reported.
 pub const MAX_ROOTS: u32 = 16;
+/// Entries of the exit program's dedupe map (kernels before 6.16): an entry is
+/// needed only while the threads of one group are in `do_exit` together.
+pub const EXIT_DEDUPE_ENTRIES: u32 = 4096;
+/// `SIGNAL_GROUP_EXIT` in `signal_struct.flags` (include/linux/sched/signal.h;
+/// 0x4 on every kernel since 2.6: a flag value, not an offset).
+pub const SIGNAL_GROUP_EXIT: u32 = 0x4;
 /// Maximum number of cgroup path prefixes for mkdir/rmdir reports.
 pub const MAX_PREFIXES: u32 = 8;
 /// Longest cgroup path prefix.
@@ -176,7 +211,8 @@ pub mod counter {
     pub const DROPPED: u32 = 2;
     /// Kernel reads that failed (the record is still sent, with zeros).
     pub const READ_ERRORS: u32 = 3;
-    /// Thread exits that did not end their process (not reported).
+    /// Thread exits that did not end their process, and exits of a thread group
+    /// already reported by another of its threads (not reported).
     pub const THREAD_EXITS: u32 = 4;
     /// Number of counters.
     pub const COUNT: u32 = 5;
@@ -188,7 +224,7 @@ const _: () = {
     assert!(core::mem::size_of::<ExitEvent>() == 48 + COMM_LEN);
     assert!(core::mem::size_of::<CgroupEvent>() == 40 + CGROUP_PATH_LEN);
     assert!(core::mem::size_of::<OomVictimEvent>() == 24);
-    assert!(core::mem::size_of::<KernelOffsets>() == 64);
+    assert!(core::mem::size_of::<KernelOffsets>() == 80);
     assert!(core::mem::size_of::<RootFilter>() == 16);
     assert!(core::mem::size_of::<PathPrefix>() == 8 + PREFIX_LEN);
     assert!(core::mem::align_of::<CgroupEvent>() == 8);

@@ -3,13 +3,16 @@
 //! in user space (`agent/src/pleg/kernel`).
 //!
 //! * `sched_process_exec` (tp_btf): an exec in a task under a configured root cgroup.
-//! * `sched_process_exit` (tp_btf): the exit of the *last* thread of such a process,
-//!   with its wait status and whether the OOM killer chose it. "Last thread" is
-//!   `signal_struct.live == 0`, which `do_exit` decrements before the tracepoint on
-//!   every kernel; the tracepoint's own `group_dead` argument only exists from 6.16.
+//! * `sched_process_exit` (tp_btf): one record per process exit, with the process's
+//!   wait status (what `waitpid` gives) and whether the OOM killer chose it. Two
+//!   programs, of which the loader attaches one: `sched_process_exit_group_dead`
+//!   uses the kernel's own last-thread decision (`group_dead`, from 6.16);
+//!   `sched_process_exit` (older kernels) takes `signal->live == 0` and dedupes by
+//!   (tgid, start time), see its comment.
 //! * `cgroup_mkdir` / `cgroup_rmdir` (tp_btf): cgroups whose path starts with a
-//!   configured prefix, in a configured hierarchy.
-//! * `mark_victim` (tp_btf): the OOM killer's victim.
+//!   configured prefix, in a configured hierarchy; filtered before ring-buffer
+//!   space is reserved.
+//! * `mark_victim` (tp_btf): the OOM killer's victim, by thread-group id.
 //!
 //! Struct field offsets are not compiled in: user space reads them from the running
 //! kernel's BTF and writes them into `OFFSETS` before loading.
@@ -17,19 +20,22 @@
 #![no_main]
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_comm,
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
 };
 use evpleg_events::{
     CGROUP_PATH_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
-    EVENT_OOM_VICTIM, EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, KernelOffsets,
-    MAX_PREFIXES, MAX_ROOTS, OomVictimEvent, PREFIX_LEN, PathPrefix, RootFilter, counter,
+    EVENT_OOM_VICTIM, EXIT_DEDUPE_ENTRIES, EXIT_FLAG_GROUP_DEAD_ARG, EXIT_FLAG_GROUP_EXIT,
+    EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, KernelOffsets, MAX_PREFIXES,
+    MAX_ROOTS, OOM_VICTIM_TID_ONLY, OomVictimEvent, PREFIX_LEN, PathPrefix, RootFilter,
+    SIGNAL_GROUP_EXIT, counter,
 };
 
 /// Field offsets from the running kernel's BTF (set by the loader).
@@ -51,6 +57,10 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     cgroup_root_hierarchy_id: 0,
     oom_victim_arg_is_task: 0,
     task_pid: 0,
+    signal_flags: 0,
+    signal_group_exit_code: 0,
+    task_mm: 0,
+    exit_group_dead_arg: 0,
 };
 
 /// Bit `n` set: report mkdir/rmdir in the hierarchy with id `n` (0 is cgroup2).
@@ -180,6 +190,89 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// The dedupe key of a process exit: its tgid and its leader's start time (a pid
+/// is reused, the pair is not).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ExitKey {
+    tgid: u32,
+    _pad: u32,
+    start_boottime_ns: u64,
+}
+
+/// Processes whose exit was reported, on kernels without `group_dead` (before
+/// 6.16). LRU: an entry matters only while the threads of its group are in
+/// `do_exit` together; PID reuse gives a new key (another start time).
+#[map]
+static REPORTED_EXITS: LruHashMap<ExitKey, u8> =
+    LruHashMap::with_max_entries(EXIT_DEDUPE_ENTRIES, 0);
+
+/// `-EEXIST` from a `BPF_NOEXIST` insert of a key already there.
+const EEXIST: i32 = -17;
+
+/// The process's wait status as `wait_task_zombie` computes it for the parent:
+/// `signal->group_exit_code` when the group exited as a whole, else the leader's
+/// `exit_code`; and the record's flag for the first case.
+#[inline(always)]
+fn wait_status(
+    off: &KernelOffsets,
+    signal: *const u8,
+    signal_flags: u32,
+    leader: *const u8,
+) -> (u32, u32) {
+    if signal_flags & SIGNAL_GROUP_EXIT != 0 {
+        (
+            read::<u32>(signal, off.signal_group_exit_code),
+            EXIT_FLAG_GROUP_EXIT,
+        )
+    } else {
+        (read::<u32>(leader, off.task_exit_code), 0)
+    }
+}
+
+/// Fills and submits the exit record of the current thread's process.
+#[inline(always)]
+fn report_exit(off: &KernelOffsets, signal: *const u8, status: u32, flags: u32, start: u64) -> i32 {
+    let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) else {
+        count(counter::DROPPED);
+        return 0;
+    };
+    let ev = entry.as_mut_ptr();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let oom_mm: usize = read(signal, off.signal_oom_mm);
+    let oom = if oom_mm != 0 { EXIT_FLAG_OOM_KILLED } else { 0 };
+    // SAFETY: as in sched_process_exec.
+    unsafe {
+        (*ev).header = header(EVENT_EXIT);
+        (*ev).pid = (pid_tgid >> 32) as u32;
+        (*ev).tid = pid_tgid as u32;
+        (*ev).exit_code = status;
+        (*ev).flags = flags | oom;
+        (*ev).cgroup_id = bpf_get_current_cgroup_id();
+        (*ev).start_boottime_ns = start;
+        (*ev).comm = comm();
+    }
+    entry.submit(0);
+    count(counter::REPORTED);
+    0
+}
+
+/// Kernels before 6.16: the tracepoint has no `group_dead` and fires after
+/// `exit_mm`. `do_exit` decrements `signal->live` before it, so `live == 0` here
+/// means the group is dead, but every thread that reaches the tracepoint after the
+/// last decrement sees it: several threads exiting together all see zero. The
+/// first of them to insert (tgid, start time) into `REPORTED_EXITS` reports;
+/// the others count as thread exits.
+///
+/// The status must be final when read. With `SIGNAL_GROUP_EXIT` it is
+/// (`group_exit_code` is set before any thread is told to die; from 6.0 every
+/// thread's `do_exit` sets the flag before it decrements `live`, so at `live == 0`
+/// it is always set). Without it (kernels before 6.0, every thread calling
+/// `exit`), the status is the leader's `exit_code`, which the leader writes just
+/// after its own decrement: a thread other than the leader reports only once the
+/// leader has passed `exit_mm` (its `mm` is NULL, and `exit_code` was written
+/// before the full barrier in `exit_mm`). While the leader's `mm` is set, the
+/// leader has not reached this tracepoint yet and will see `live == 0` itself.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     if !current_task_selected() {
@@ -189,35 +282,63 @@ pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     let off = offsets();
     let task: *const u8 = ctx.arg(0);
     let signal = read_ptr(task, off.task_signal);
-    // `live` (an atomic_t) reached zero in do_exit before this tracepoint iff this is
-    // the last thread of the process.
     let live: i32 = read(signal, off.signal_live);
     if live != 0 {
         count(counter::THREAD_EXITS);
         return 0;
     }
-    let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) else {
-        count(counter::DROPPED);
-        return 0;
-    };
-    let ev = entry.as_mut_ptr();
-    let pid_tgid = bpf_get_current_pid_tgid();
     let leader = read_ptr(task, off.task_group_leader);
-    let oom_mm: usize = read(signal, off.signal_oom_mm);
-    // SAFETY: as in sched_process_exec.
-    unsafe {
-        (*ev).header = header(EVENT_EXIT);
-        (*ev).pid = (pid_tgid >> 32) as u32;
-        (*ev).tid = pid_tgid as u32;
-        (*ev).exit_code = read::<u32>(task, off.task_exit_code);
-        (*ev).flags = if oom_mm != 0 { EXIT_FLAG_OOM_KILLED } else { 0 };
-        (*ev).cgroup_id = bpf_get_current_cgroup_id();
-        (*ev).start_boottime_ns = read::<u64>(leader, off.task_start_boottime);
-        (*ev).comm = comm();
+    let signal_flags: u32 = read(signal, off.signal_flags);
+    if signal_flags & SIGNAL_GROUP_EXIT == 0 && leader != task {
+        let leader_mm: usize = read(leader, off.task_mm);
+        if leader_mm != 0 {
+            // The leader reports, with its exit code final.
+            count(counter::THREAD_EXITS);
+            return 0;
+        }
     }
-    entry.submit(0);
-    count(counter::REPORTED);
-    0
+    let key = ExitKey {
+        tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        _pad: 0,
+        start_boottime_ns: read::<u64>(leader, off.task_start_boottime),
+    };
+    if let Err(EEXIST) = REPORTED_EXITS.insert(key, 0u8, BPF_NOEXIST as u64) {
+        count(counter::THREAD_EXITS);
+        return 0;
+    }
+    let (status, flags) = wait_status(&off, signal, signal_flags, leader);
+    report_exit(&off, signal, status, flags, key.start_boottime_ns)
+}
+
+/// Kernels from 6.16: the tracepoint's second argument is `do_exit`'s own
+/// `group_dead` (the thread whose decrement took `signal->live` to zero), true
+/// for exactly one thread of the group; no dedupe is needed. The loader attaches
+/// this program or [`sched_process_exit`], from the tracepoint's prototype in BTF.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit_group_dead(ctx: BtfTracePointContext) -> i32 {
+    if !current_task_selected() {
+        count(counter::FILTERED);
+        return 0;
+    }
+    let group_dead: u64 = ctx.arg(1);
+    if group_dead & 0xff == 0 {
+        count(counter::THREAD_EXITS);
+        return 0;
+    }
+    let off = offsets();
+    let task: *const u8 = ctx.arg(0);
+    let signal = read_ptr(task, off.task_signal);
+    let leader = read_ptr(task, off.task_group_leader);
+    let signal_flags: u32 = read(signal, off.signal_flags);
+    let (status, flags) = wait_status(&off, signal, signal_flags, leader);
+    let start = read::<u64>(leader, off.task_start_boottime);
+    report_exit(
+        &off,
+        signal,
+        status,
+        flags | EXIT_FLAG_GROUP_DEAD_ARG,
+        start,
+    )
 }
 
 /// Whether `path` (NUL-terminated) is a configured prefix or lies below one.
@@ -246,6 +367,13 @@ fn path_selected(path: &[u8; CGROUP_PATH_LEN]) -> bool {
     false
 }
 
+/// One `CgroupEvent` per CPU: the record is built here and filtered before any
+/// ring-buffer space is reserved, so cgroup churn elsewhere on the host neither
+/// takes ring space nor wakes the reader (and the 296-byte record never sits on
+/// the 512-byte stack).
+#[map]
+static CGROUP_SCRATCH: PerCpuArray<CgroupEvent> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 fn cgroup_event(ctx: &BtfTracePointContext, kind: u32) -> i32 {
     let off = offsets();
@@ -259,14 +387,11 @@ fn cgroup_event(ctx: &BtfTracePointContext, kind: u32) -> i32 {
         count(counter::FILTERED);
         return 0;
     }
-    // The path is read into the slot itself and the slot discarded when it does not
-    // match: the 256-byte path never sits on the stack.
-    let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
-        count(counter::DROPPED);
+    let Some(ev) = CGROUP_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points to a reserved slot of the right size.
+    // SAFETY: `ev` is this CPU's slot of a per-CPU map: no other writer while this
+    // program runs here (tracepoint programs do not nest on one CPU).
     let selected = unsafe {
         let dst = &mut (*ev).path;
         match bpf_probe_read_kernel_str_bytes(path, dst) {
@@ -279,21 +404,23 @@ fn cgroup_event(ctx: &BtfTracePointContext, kind: u32) -> i32 {
         path_selected(dst)
     };
     if !selected {
-        entry.discard(0);
         count(counter::FILTERED);
         return 0;
     }
     let kn = read_ptr(cgrp, off.cgroup_kn);
-    // SAFETY: as above.
-    unsafe {
+    // SAFETY: as above; the record is then copied into the ring buffer.
+    let sent = unsafe {
         (*ev).header = header(kind);
         (*ev).hierarchy_id = hierarchy_id as u32;
         (*ev).level = read::<i32>(cgrp, off.cgroup_level) as u32;
         (*ev).cgroup_id = read::<u64>(kn, off.kernfs_node_id);
         (*ev)._pad = 0;
+        EVENTS.output::<CgroupEvent>(&*ev, 0)
+    };
+    match sent {
+        Ok(()) => count(counter::REPORTED),
+        Err(_) => count(counter::DROPPED),
     }
-    entry.submit(0);
-    count(counter::REPORTED);
     0
 }
 
@@ -307,14 +434,18 @@ pub fn cgroup_rmdir(ctx: BtfTracePointContext) -> i32 {
     cgroup_event(&ctx, EVENT_CGROUP_RMDIR)
 }
 
+/// The OOM killer's victim, by thread-group id. The newer tracepoint passes the
+/// victim's `task_struct`, whose `tgid` is read; the older one only the victim
+/// thread's pid, which is sent flagged `OOM_VICTIM_TID_ONLY` for user space to
+/// resolve (the victim is alive until it handles its SIGKILL).
 #[btf_tracepoint(function = "mark_victim")]
 pub fn mark_victim(ctx: BtfTracePointContext) -> i32 {
     let off = offsets();
-    let tid: u32 = if off.oom_victim_arg_is_task != 0 {
+    let (tgid, flags) = if off.oom_victim_arg_is_task != 0 {
         let task: *const u8 = ctx.arg(0);
-        read::<u32>(task, off.task_pid)
+        (read::<u32>(task, off.task_tgid), 0)
     } else {
-        ctx.arg::<u64>(0) as u32
+        (ctx.arg::<u64>(0) as u32, OOM_VICTIM_TID_ONLY)
     };
     let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
         count(counter::DROPPED);
@@ -324,8 +455,8 @@ pub fn mark_victim(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: `ev` points to a reserved slot of the right size.
     unsafe {
         (*ev).header = header(EVENT_OOM_VICTIM);
-        (*ev).tid = tid;
-        (*ev)._pad = 0;
+        (*ev).tgid = tgid;
+        (*ev).flags = flags;
     }
     entry.submit(0);
     count(counter::REPORTED);

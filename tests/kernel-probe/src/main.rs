@@ -13,9 +13,12 @@
 //! ```
 //!
 //! The assertions are those of `tests/tests/kernel_pleg.rs`, made with the same
-//! support code (`evpleg-tests`), plus checks of the raw records (wait status,
-//! OOM victim, cgroup ids) so that a field read at a wrong offset cannot pass as a
-//! zero. Timings are reported, never asserted: a guest under software emulation
+//! support code (`evpleg-tests`; the checks both run are in
+//! `evpleg_tests::kernel_checks`), plus checks of the raw records (wait status,
+//! OOM victim, cgroup ids, ppid and start time against /proc) so that a field read
+//! at a wrong offset cannot pass as a zero. The multi-threaded process of the
+//! thread checks is the probe itself, run as `evpleg-kernel-probe --thread-helper
+//! <mode> <args>` (`evpleg_tests::threads`). Timings are reported, never asserted: a guest under software emulation
 //! is 10-20x slower than the host. A check whose kernel feature is truly absent
 //! says `ABSENT` with the reason.
 //!
@@ -39,13 +42,29 @@ use std::time::{Duration, Instant};
 use evpleg::pleg::kernel::btf::{self, Btf};
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::kernel::index::cgroup2_mount;
-use evpleg::pleg::kernel::loader::{PROGRAMS, embedded_object_present};
+use evpleg::pleg::kernel::loader::{PROGRAMS, embedded_object_present, exit_program};
 use evpleg::pleg::{EventKind, EventSource};
-use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup};
+use evpleg_tests::cgroups::{ContainerCgroup, Layout};
+use evpleg_tests::kernel_checks::{self, ThreadHelper};
 use evpleg_tests::pleg::PlegUnderTest;
+use evpleg_tests::threads;
 
 /// How long to wait for a record that should come at once (generous: emulated).
 const RECORD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Processes of the exit_group check (each a fresh container, emulated: slow).
+const THREAD_ROUNDS: u32 = 5;
+
+/// The first argument that makes the probe the thread checks' helper process.
+const THREAD_HELPER: &str = "--thread-helper";
+
+/// The probe itself, re-executed as the multi-threaded helper.
+fn thread_helper() -> ThreadHelper {
+    ThreadHelper {
+        program: std::env::current_exe().expect("the probe's own path"),
+        prefix: vec![THREAD_HELPER.to_owned()],
+    }
+}
 
 /// The message and location of the last panic, set by the panic hook.
 static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
@@ -155,6 +174,11 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 const USAGE: &str = "usage: evpleg-kernel-probe [--object PATH]";
 
 fn main() {
+    let all: Vec<String> = std::env::args().collect();
+    if all.get(1).map(String::as_str) == Some(THREAD_HELPER) {
+        // The probe re-executed as the thread checks' main process.
+        threads::helper_main(&all[2..]);
+    }
     let mut object = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -192,13 +216,32 @@ fn main() {
     let memory_controller = features();
     let loaded = report.run("load", || load(object));
     if let Some((mut pleg, created)) = loaded {
-        report.check("exec_exit_records", || exec_exit_records(&pleg));
+        report.check("exec_exit_records", || {
+            Outcome::Pass(kernel_checks::exec_exit_records(&pleg, RECORD_TIMEOUT))
+        });
         report.check("exit_code_7_and_cgroup_records", || {
             exit_code_7_and_cgroup_records(&mut pleg)
         });
         report.check("sigkill", || sigkill(&mut pleg));
         report.check("oom_kill", || oom_kill(&mut pleg, memory_controller));
-        report.check("kernel_filter", || kernel_filter(&pleg));
+        report.check("kernel_filter", || {
+            Outcome::Pass(kernel_checks::kernel_filter(&pleg, RECORD_TIMEOUT))
+        });
+        report.check("exit_group_from_thread", || {
+            Outcome::Pass(kernel_checks::exit_group_from_thread(
+                &mut pleg,
+                &thread_helper(),
+                THREAD_ROUNDS,
+                RECORD_TIMEOUT,
+            ))
+        });
+        report.check("leader_exits_first", || {
+            Outcome::Pass(kernel_checks::leader_exits_first(
+                &mut pleg,
+                &thread_helper(),
+                RECORD_TIMEOUT,
+            ))
+        });
         report.check("short_process", || short_process(&mut pleg));
         report.check("counters", || counters(&pleg));
         drop(pleg);
@@ -230,7 +273,12 @@ fn features() -> bool {
                     "sched_process_exit.group_dead",
                     n >= 2,
                     &format!(
-                        "sched_process_exit has {n} argument(s); not read: the exit program uses signal_struct.live"
+                        "sched_process_exit has {n} argument(s): {}",
+                        if n >= 2 {
+                            "sched_process_exit_group_dead attached (the kernel's last-thread decision)"
+                        } else {
+                            "sched_process_exit attached (signal_struct.live == 0, deduped by tgid and start time)"
+                        }
                     ),
                 ),
                 Err(e) => feature("sched_process_exit.group_dead", false, &e.to_string()),
@@ -250,6 +298,12 @@ fn features() -> bool {
         }
         Err(e) => feature("btf", false, &e.to_string()),
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    feature(
+        "smp",
+        cpus >= 2,
+        &format!("{cpus} CPU(s) online: the threads of one process can exit on two at once"),
+    );
     feature(
         "tracefs",
         Path::new("/sys/kernel/tracing/events").exists(),
@@ -295,14 +349,19 @@ fn load(object: Option<PathBuf>) -> ((PlegUnderTest, Vec<PathBuf>), Outcome) {
     let pleg = PlegUnderTest::start(|c| c.object = object);
     let o = *pleg.pleg.offsets();
     let detail = format!(
-        "{from}: {} programs verified and attached; BTF offsets task_struct.exit_code={} \
-         task_struct.signal={} signal_struct.live={} signal_struct.oom_mm={} \
-         task_struct.start_boottime={} mark_victim arg {}",
+        "{from}: {} programs verified and attached (exit program {}); BTF offsets \
+         task_struct.exit_code={} task_struct.signal={} signal_struct.live={} \
+         signal_struct.oom_mm={} signal_struct.flags={} signal_struct.group_exit_code={} \
+         task_struct.mm={} task_struct.start_boottime={} mark_victim arg {}",
         PROGRAMS.len(),
+        exit_program(&o),
         o.task_exit_code,
         o.task_signal,
         o.signal_live,
         o.signal_oom_mm,
+        o.signal_flags,
+        o.signal_group_exit_code,
+        o.task_mm,
         o.task_start_boottime,
         if o.oom_victim_arg_is_task != 0 {
             "task"
@@ -311,46 +370,6 @@ fn load(object: Option<PathBuf>) -> ((PlegUnderTest, Vec<PathBuf>), Outcome) {
         }
     );
     ((pleg, created), Outcome::Pass(detail))
-}
-
-/// `/bin/true` in a container cgroup: its exec and exit records carry its pid, its
-/// cgroup's id, its file name and a zero wait status.
-fn exec_exit_records(pleg: &PlegUnderTest) -> Outcome {
-    let cg = ContainerCgroup::new(Layout::Cgroupfs);
-    let mut child = cg.command("/bin/true").spawn().expect("spawn /bin/true");
-    let pid = child.id();
-    assert!(child.wait().expect("wait").success());
-    let (exec, _) = pleg.record(
-        RECORD_TIMEOUT,
-        |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == pid),
-    );
-    let KernelEvent::Exec(exec) = exec else {
-        unreachable!()
-    };
-    assert_eq!(exec.cgroup_id, cg.id(), "exec record's cgroup id");
-    assert_eq!(exec.filename, "/bin/true", "exec record's file name");
-    assert_ne!(
-        exec.process.start_boottime_ns, 0,
-        "exec record's start time"
-    );
-    let (exit, _) = pleg.record(
-        RECORD_TIMEOUT,
-        |e| matches!(e, KernelEvent::Exit(x) if x.process.pid == pid),
-    );
-    let KernelEvent::Exit(exit) = exit else {
-        unreachable!()
-    };
-    assert_eq!(exit.cgroup_id, cg.id(), "exit record's cgroup id");
-    assert_eq!(exit.wait_status, 0, "exit record's wait status");
-    assert_eq!(exit.status.code, 0);
-    assert_eq!(
-        exit.process, exec.process,
-        "the same process (pid and start time)"
-    );
-    Outcome::Pass(format!(
-        "pid {pid}, cgroup {}, {}, wait status 0",
-        exec.cgroup_id, exec.filename
-    ))
 }
 
 /// A container whose main process exits with code 7: mkdir record with the
@@ -494,7 +513,7 @@ fn oom_kill(pleg: &mut PlegUnderTest, memory_controller: bool) -> Outcome {
     let mut victim = false;
     let mut exit = None;
     let done = pleg.records_until(RECORD_TIMEOUT, |e| match e {
-        KernelEvent::OomVictim { tid, .. } if *tid == pid => {
+        KernelEvent::OomVictim { tgid, .. } if *tgid == pid => {
             victim = true;
             false
         }
@@ -524,57 +543,6 @@ fn oom_kill(pleg: &mut PlegUnderTest, memory_controller: bool) -> Outcome {
     ))
 }
 
-/// A process in a cgroup outside the roots produces no record; the kernel's
-/// filtered counter moves.
-fn kernel_filter(pleg: &PlegUnderTest) -> Outcome {
-    let outside = OutsideCgroup::new();
-    let inside = ContainerCgroup::new(Layout::Cgroupfs);
-    let filtered_before = pleg.pleg.stats().kernel_filtered.load(Ordering::Relaxed);
-    let status = outside
-        .command("/bin/true")
-        .status()
-        .expect("run true outside");
-    assert!(status.success());
-    // Then one inside: the ring buffer is ordered, so once its exit is read, a
-    // record of the outside process would have been read before it.
-    let mut child = inside
-        .command("/bin/true")
-        .spawn()
-        .expect("run true inside");
-    let inside_pid = child.id();
-    child.wait().expect("wait");
-    let outside_id = outside.id();
-    let mut outside_records = 0;
-    let done = pleg.records_until(RECORD_TIMEOUT, |e| {
-        match e {
-            KernelEvent::Exec(x) if x.cgroup_id == outside_id => outside_records += 1,
-            KernelEvent::Exit(x) if x.cgroup_id == outside_id => outside_records += 1,
-            _ => {}
-        }
-        matches!(e, KernelEvent::Exit(x) if x.process.pid == inside_pid)
-    });
-    assert!(done, "the inside process's exit was not reported");
-    assert_eq!(
-        outside_records, 0,
-        "a process outside the roots was reported"
-    );
-    // The reader reads the kernel's counters every 100 ms.
-    let deadline = Instant::now() + RECORD_TIMEOUT;
-    loop {
-        let filtered = pleg.pleg.stats().kernel_filtered.load(Ordering::Relaxed);
-        if filtered > filtered_before {
-            return Outcome::Pass(format!(
-                "no record from cgroup {outside_id}; kernel filtered counter {filtered_before} -> {filtered}"
-            ));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the kernel's filtered counter did not move"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `/bin/true` in a cgroup created right before it: reported although its life is
 /// (natively) far under a millisecond. The lifetime is shown, not asserted.
 fn short_process(pleg: &mut PlegUnderTest) -> Outcome {
@@ -593,10 +561,21 @@ fn short_process(pleg: &mut PlegUnderTest) -> Outcome {
 /// After everything: no failed kernel reads (a wrong offset), nothing dropped,
 /// malformed, discarded or unattributed.
 fn counters(pleg: &PlegUnderTest) -> Outcome {
-    // Two reads of the kernel's counters by the reader (every 100 ms).
-    std::thread::sleep(Duration::from_millis(300));
     let s = pleg.pleg.stats();
     let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    // The reader reads the kernel's counters every 100 ms: once the kernel's count
+    // of submitted records has caught up with the records read, the counters were
+    // read after every record of the checks above.
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while get(&s.kernel_reported) < get(&s.records) {
+        assert!(
+            Instant::now() < deadline,
+            "the kernel's counters were not read again within {RECORD_TIMEOUT:?}: reported {} < records {}",
+            get(&s.kernel_reported),
+            get(&s.records)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let bad = [
         ("kernel read errors", get(&s.kernel_read_errors)),
         ("kernel drops", get(&s.kernel_dropped)),

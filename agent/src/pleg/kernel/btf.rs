@@ -650,7 +650,10 @@ impl Btf {
 ///
 /// `oom_victim_arg_is_task` is 1 when the `mark_victim` tracepoint's first argument
 /// is a pointer (`struct task_struct *`, newer and some backported kernels) and 0
-/// when it is the victim's pid.
+/// when it is the victim's pid. `exit_group_dead_arg` is 1 when
+/// `sched_process_exit` has the `group_dead` argument (from 6.16; the same kernel
+/// change moved the tracepoint before `exit_mm`), which decides the exit program
+/// the loader attaches.
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     let off = |s: &str, m: &str| btf.member_offset(s, m);
     let offsets = KernelOffsets {
@@ -670,6 +673,10 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         cgroup_root_hierarchy_id: off("cgroup_root", "hierarchy_id")?,
         oom_victim_arg_is_task: u32::from(btf.tracepoint_arg_is_pointer("mark_victim", 0)?),
         task_pid: off("task_struct", "pid")?,
+        signal_flags: off("signal_struct", "flags")?,
+        signal_group_exit_code: off("signal_struct", "group_exit_code")?,
+        task_mm: off("task_struct", "mm")?,
+        exit_group_dead_arg: u32::from(btf.tracepoint_arg_count("sched_process_exit")? >= 2),
     };
     tracing::debug!(
         origin = btf.origin(),
@@ -831,11 +838,17 @@ mod tests {
         cgroup_root_hierarchy_id: 8,
         oom_victim_arg_is_task: 0,
         task_pid: 1240,
+        signal_flags: 96,
+        signal_group_exit_code: 100,
+        task_mm: 1280,
+        exit_group_dead_arg: 0,
     };
 
     /// A blob shaped like vmlinux's parts we use: `task_struct` wraps its fields in
     /// an anonymous struct (as randomized layouts do) holding an anonymous union,
-    /// with bitfields, modifier chains and every BTF kind sprinkled in.
+    /// with bitfields, modifier chains and every BTF kind sprinkled in. A newer
+    /// kernel (`mark_victim` takes the task) also has `group_dead` in
+    /// `sched_process_exit`; an older one does not.
     fn fake_kernel(mark_victim_takes_task: bool) -> Vec<u8> {
         let mut b = Builder::new();
         let int = b.int("int", 4);
@@ -875,6 +888,8 @@ mod tests {
             &[
                 ("sigcnt", int, 0),
                 ("live", volatile_int, 32),
+                ("flags", uint, 96 * 8),
+                ("group_exit_code", int, 100 * 8),
                 ("oom_mm", char_ptr, 1600),
             ],
         );
@@ -903,6 +918,7 @@ mod tests {
                 ("", ids_const, 0),
                 ("real_parent", task_ptr_fwd, 128),
                 ("group_leader", task_ptr_fwd, 256),
+                ("mm", char_ptr, 384),
                 ("start_boottime", u64_, (1700 - 1232) * 8),
             ],
         );
@@ -958,10 +974,14 @@ mod tests {
             b.tracepoint("mark_victim", &[("pid", int)]);
         }
         let bool_ = b.int("_Bool", 1);
-        b.tracepoint(
-            "sched_process_exit",
-            &[("p", task_ptr), ("group_dead", bool_)],
-        );
+        if mark_victim_takes_task {
+            b.tracepoint(
+                "sched_process_exit",
+                &[("p", task_ptr), ("group_dead", bool_)],
+            );
+        } else {
+            b.tracepoint("sched_process_exit", &[("p", task_ptr)]);
+        }
         b.build()
     }
 
@@ -993,6 +1013,7 @@ mod tests {
         let btf = Btf::parse(&fake_kernel(true)).expect("parse");
         let want = KernelOffsets {
             oom_victim_arg_is_task: 1,
+            exit_group_dead_arg: 1,
             ..FAKE
         };
         assert_eq!(kernel_offsets(&btf).expect("offsets"), want);
@@ -1357,6 +1378,7 @@ mod tests {
             o.task_exit_code,
             o.task_signal,
             o.task_start_boottime,
+            o.task_mm,
         ];
         for (i, a) in task.iter().enumerate() {
             assert!(*a != 0 && *a < 16384, "{o:?}");
@@ -1365,7 +1387,19 @@ mod tests {
                 "duplicate offsets: {o:?}"
             );
         }
-        assert_ne!(o.signal_live, o.signal_oom_mm);
+        let signal = [
+            o.signal_live,
+            o.signal_oom_mm,
+            o.signal_flags,
+            o.signal_group_exit_code,
+        ];
+        for (i, a) in signal.iter().enumerate() {
+            assert!(*a < 4096, "{o:?}");
+            assert!(
+                signal[i + 1..].iter().all(|b| b != a),
+                "duplicate offsets: {o:?}"
+            );
+        }
         assert!(o.signal_oom_mm != 0 && o.signal_oom_mm < 4096, "{o:?}");
         assert!(o.binprm_filename < 1024, "{o:?}");
         let cg = [o.cgroup_kn, o.cgroup_level, o.cgroup_root];
@@ -1380,6 +1414,7 @@ mod tests {
             .tracepoint_arg_count("sched_process_exit")
             .expect("exit");
         assert!((1..=2).contains(&exit_args), "{exit_args}");
+        assert_eq!(o.exit_group_dead_arg, u32::from(exit_args == 2));
         eprintln!("sched_process_exit has {exit_args} args");
 
         // A few truncations of the real blob.

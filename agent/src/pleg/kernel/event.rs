@@ -8,7 +8,8 @@ use std::mem::size_of;
 
 use evpleg_events::{
     CGROUP_PATH_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
-    EVENT_OOM_VICTIM, EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, OomVictimEvent,
+    EVENT_OOM_VICTIM, EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, OOM_VICTIM_TID_ONLY,
+    OomVictimEvent,
 };
 
 use crate::pleg::ExitStatus;
@@ -41,7 +42,12 @@ pub enum KernelEvent {
     Exit(Exit),
     CgroupMkdir(CgroupChange),
     CgroupRmdir(CgroupChange),
-    OomVictim { at_ns: u64, tid: u32 },
+    /// The OOM killer chose the process `tgid` (its thread-group id, as
+    /// [`ProcessKey::pid`]).
+    OomVictim {
+        at_ns: u64,
+        tgid: u32,
+    },
 }
 
 impl KernelEvent {
@@ -121,6 +127,22 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(c_string(bytes)).into_owned()
 }
 
+/// The thread group of thread `tid`, from `/proc/<tid>/status` (only for kernels
+/// whose `mark_victim` passes a thread id; an OOM kill is rare).
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    parse_tgid(&status)
+}
+
+fn parse_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
     let header_len = size_of::<EventHeader>();
@@ -186,9 +208,16 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
         }
         EVENT_OOM_VICTIM => {
             let e: OomVictimEvent = read_record(bytes, kind)?;
+            let tgid = if e.flags & OOM_VICTIM_TID_ONLY != 0 {
+                // The older tracepoint names a thread; the victim is alive until it
+                // handles its SIGKILL, so /proc still has it.
+                tgid_of(e.tgid).unwrap_or(e.tgid)
+            } else {
+                e.tgid
+            };
             Ok(KernelEvent::OomVictim {
                 at_ns: e.header.ktime_ns,
-                tid: e.tid,
+                tgid,
             })
         }
         _ => Err(DecodeError::UnknownKind {
@@ -247,6 +276,18 @@ pub(crate) mod encode {
             cgroup_id,
             start_boottime_ns: start,
             comm: fill("comm"),
+        })
+    }
+
+    pub fn oom_victim(at: u64, id: u32, flags: u32) -> Vec<u8> {
+        bytes_of(&OomVictimEvent {
+            header: EventHeader {
+                kind: EVENT_OOM_VICTIM,
+                cpu: 0,
+                ktime_ns: at,
+            },
+            tgid: id,
+            flags,
         })
     }
 
@@ -319,6 +360,39 @@ mod tests {
         };
         assert!(c.truncated);
         assert_eq!(c.hierarchy_id, 3);
+    }
+
+    #[test]
+    fn oom_victim_is_a_thread_group() {
+        assert_eq!(
+            decode(&encode::oom_victim(5, 4242, 0)),
+            Ok(KernelEvent::OomVictim {
+                at_ns: 5,
+                tgid: 4242
+            })
+        );
+        // The older form names a thread, resolved to its group: a live thread of
+        // this test process.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).expect("send");
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().expect("tid");
+        assert_ne!(tid, std::process::id());
+        assert_eq!(
+            decode(&encode::oom_victim(6, tid, OOM_VICTIM_TID_ONLY)),
+            Ok(KernelEvent::OomVictim {
+                at_ns: 6,
+                tgid: std::process::id()
+            })
+        );
+        drop(done_tx);
+        thread.join().expect("thread");
+        assert_eq!(parse_tgid("Name:\tx\nTgid:\t77\nPid:\t78\n"), Some(77));
+        assert_eq!(parse_tgid("Pid:\t3\n"), None);
     }
 
     #[test]

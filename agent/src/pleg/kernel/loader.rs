@@ -24,15 +24,31 @@ pub fn embedded_object_present() -> bool {
     !EMBEDDED_OBJECT.is_empty()
 }
 
-/// The programs, in attach order (cgroup reports first, so that a container's
-/// cgroup is reported before any of its processes).
+/// The programs attached, in attach order (cgroup reports first, so that a
+/// container's cgroup is reported before any of its processes). [`EXIT_PROGRAM`]
+/// stands for one of the two exit programs ([`exit_program`]).
 pub const PROGRAMS: [&str; 5] = [
     "cgroup_mkdir",
     "cgroup_rmdir",
     "sched_process_exec",
-    "sched_process_exit",
+    EXIT_PROGRAM,
     "mark_victim",
 ];
+
+/// The place of the exit program in [`PROGRAMS`].
+pub const EXIT_PROGRAM: &str = "sched_process_exit";
+
+/// The exit program for this kernel: `sched_process_exit_group_dead` reads the
+/// tracepoint's `group_dead` argument (Linux 6.16; an older verifier rejects the
+/// program, as the argument does not exist), `sched_process_exit` decides the last
+/// thread itself (docs/pleg.md, "Kernel differences handled").
+pub fn exit_program(offsets: &KernelOffsets) -> &'static str {
+    if offsets.exit_group_dead_arg != 0 {
+        "sched_process_exit_group_dead"
+    } else {
+        "sched_process_exit"
+    }
+}
 
 /// Errors of loading and configuring the programs.
 #[derive(Debug, thiserror::Error)]
@@ -262,14 +278,21 @@ pub fn load(config: &LoaderConfig) -> Result<Loaded, LoadError> {
             roots.add(id, level_of(root))?;
         }
     }
-    for name in PROGRAMS {
+    // The tracepoint is each program's function name, except for the exit
+    // program, of which there are two.
+    for tracepoint in PROGRAMS {
+        let name = if tracepoint == EXIT_PROGRAM {
+            exit_program(&offsets)
+        } else {
+            tracepoint
+        };
         let program: &mut BtfTracePoint = ebpf
             .program_mut(name)
             .ok_or(LoadError::MissingProgram(name))?
             .try_into()
             .map_err(|source| LoadError::Program { name, source })?;
         program
-            .load(name, &aya_btf)
+            .load(tracepoint, &aya_btf)
             .map_err(|source| LoadError::Program { name, source })?;
         program
             .attach()
@@ -306,6 +329,14 @@ mod tests {
         assert_eq!(&p.bytes[..p.len as usize], b"/k8s.io");
         assert!(prefix_entry("relative").is_err());
         assert!(prefix_entry(&format!("/{}", "x".repeat(70))).is_err());
+    }
+
+    #[test]
+    fn exit_program_follows_the_group_dead_argument() {
+        let mut offsets = KernelOffsets::default();
+        assert_eq!(exit_program(&offsets), "sched_process_exit");
+        offsets.exit_group_dead_arg = 1;
+        assert_eq!(exit_program(&offsets), "sched_process_exit_group_dead");
     }
 
     #[test]

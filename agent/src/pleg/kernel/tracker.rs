@@ -204,7 +204,7 @@ impl Tracker {
             KernelEvent::Exit(exit) => self.on_exit(exit, events, notices, first_try),
             KernelEvent::CgroupMkdir(change) => self.on_mkdir(change, notices),
             KernelEvent::CgroupRmdir(change) => self.on_rmdir(change, events, notices),
-            KernelEvent::OomVictim { at_ns, tid } => {
+            KernelEvent::OomVictim { at_ns, tgid } => {
                 while self
                     .oom_victims
                     .front()
@@ -212,7 +212,7 @@ impl Tracker {
                 {
                     self.oom_victims.pop_front();
                 }
-                self.oom_victims.push_back((*tid, *at_ns));
+                self.oom_victims.push_back((*tgid, *at_ns));
             }
         }
     }
@@ -306,7 +306,7 @@ impl Tracker {
         let oom_victim = self
             .oom_victims
             .iter()
-            .any(|(tid, _)| *tid == exit.process.pid);
+            .any(|(tgid, _)| *tgid == exit.process.pid);
         let Some(state) = self.containers.get_mut(&id) else {
             return;
         };
@@ -816,7 +816,7 @@ mod tests {
         h.tracker.handle(
             &KernelEvent::OomVictim {
                 at_ns: 3,
-                tid: 1000,
+                tgid: 1000,
             },
             &mut h.events,
             &mut h.notices,
