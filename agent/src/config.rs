@@ -76,14 +76,6 @@ pub struct Args {
           default_values_t = DEFAULT_ROOTS.map(String::from))]
     pub cgroup_roots: Vec<String>,
 
-    /// Also index these cgroup v1 hierarchy ids (hybrid hosts), e.g. the memory one.
-    #[arg(
-        long = "v1-hierarchy",
-        env = "EVPLEG_V1_HIERARCHIES",
-        value_delimiter = ','
-    )]
-    pub v1_hierarchies: Vec<u32>,
-
     /// Ring buffer size in bytes (a power of two, at least a page).
     #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES)]
     pub ring_buffer_bytes: u32,
@@ -143,7 +135,6 @@ impl Args {
             object: self.bpf_object.clone(),
             ring_buffer_bytes: self.ring_buffer_bytes,
             roots: self.cgroup_roots.clone(),
-            v1_hierarchies: self.v1_hierarchies.clone(),
             realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
         }
     }

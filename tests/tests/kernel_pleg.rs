@@ -9,8 +9,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::{EventKind, EventSource};
-use evpleg_tests::cgroups::{ContainerCgroup, Layout, join_cgroup, path_cstring, v1_memory};
+use evpleg::pleg::kernel::relist_requests::RelistReason;
+use evpleg::pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView, monotonic_ns};
+use evpleg::pleg::{ContainerId, EventKind, EventSource, PodUid};
+use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring};
 use evpleg_tests::kernel_checks::{self, ThreadHelper};
 use evpleg_tests::pleg::{PlegUnderTest, ReaderGate};
 use evpleg_tests::{privileged, skip};
@@ -30,8 +32,8 @@ fn exec_and_exit_records_checked_against_proc() {
 }
 
 #[test]
-fn started_died_with_exit_code_7_and_removed() {
-    if !privileged("started_died_with_exit_code_7_and_removed") {
+fn started_died_with_exit_code_7_and_cgroup_removal_is_silent() {
+    if !privileged("started_died_with_exit_code_7_and_cgroup_removal_is_silent") {
         return;
     }
     let mut cg = ContainerCgroup::new(Layout::Cgroupfs);
@@ -58,8 +60,18 @@ fn started_died_with_exit_code_7_and_removed() {
     assert_eq!(died.pid, Some(pid));
     assert!(died.at_ns >= started.at_ns);
     cg.remove_container();
-    let removed = pleg.expect(&cg.container_id, EventKind::ContainerRemoved);
-    assert_eq!(removed.pod_uid, started.pod_uid);
+    // The kernel never reports removal (only the runtime can). A container's
+    // events read after the rmdir (the ring buffer is ordered) are the barrier.
+    let barrier = ContainerCgroup::new(Layout::Cgroupfs);
+    assert!(
+        barrier
+            .command("/bin/true")
+            .status()
+            .expect("run true")
+            .success()
+    );
+    pleg.expect(&barrier.container_id, EventKind::ContainerStarted);
+    assert_eq!(pleg.drain_events(&cg.container_id), vec![]);
     assert_eq!(pleg.relist.count(), 0, "nothing was lost");
 }
 
@@ -200,6 +212,21 @@ fn process_started_before_the_agent_reports_its_exit_code() {
         std::thread::yield_now();
     }
     let mut pleg = PlegUnderTest::start(|_| {});
+    // Learned by the start-up scan with its process running, the main process is
+    // uncertain (its exit would be a PodSync hint) until the runtime's pid
+    // confirms it; the view is applied before any later record.
+    let pod = PodUid::parse(&cg.pod_uid).expect("pod uid");
+    pleg.pleg.reconcile(RuntimeView {
+        listed_at_ns: monotonic_ns(),
+        scope: Some(pod.clone()),
+        containers: vec![RuntimeContainer {
+            id: ContainerId::parse(&cg.container_id).expect("container id"),
+            pod,
+            sandbox: false,
+            running: true,
+            pid: Some(child.id()),
+        }],
+    });
     child
         .stdin
         .take()
@@ -484,34 +511,49 @@ fn full_event_channel_is_counted_and_requests_a_relist() {
     );
 }
 
+/// Clause 5: a reader that stops without being asked (here by the test hook) is
+/// reported degraded, counted, and relists.
 #[test]
-fn v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id() {
-    if !privileged("v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id") {
+fn reader_stopped_by_the_test_hook_is_degraded_and_relists() {
+    if !privileged("reader_stopped_by_the_test_hook_is_degraded_and_relists") {
         return;
     }
-    let Some((memory_id, _)) = v1_memory() else {
-        skip(
-            "v1_hierarchy_cgroups_are_reported_with_their_hierarchy_id",
-            "this host has no v1 memory hierarchy (cgroup2 only)",
-        );
-        return;
-    };
-    let pleg = PlegUnderTest::start(|c| c.v1_hierarchies = vec![memory_id]);
-    let cg = ContainerCgroup::with_v1_memory(Layout::Cgroupfs);
-    let mut seen = Vec::new();
-    let done = pleg.records_until(RECORD_TIMEOUT, |e| {
-        if let KernelEvent::CgroupMkdir(c) = e
-            && c.path == cg.path
-        {
-            seen.push(c.hierarchy_id);
+    let pleg = PlegUnderTest::start(|_| {});
+    assert_eq!(pleg.pleg.health(), KernelHealth::Running);
+    let before = monotonic_ns();
+    pleg.pleg.fail_reader_for_test();
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    let health = loop {
+        let h = pleg.pleg.health();
+        if h != KernelHealth::Running {
+            break h;
         }
-        seen.contains(&0) && seen.contains(&memory_id)
-    });
-    assert!(
-        done,
-        "mkdir of {} seen in hierarchies {seen:?}, expected 0 and {memory_id}",
-        cg.path
+        assert!(
+            Instant::now() < deadline,
+            "the reader's stop was not reported"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let KernelHealth::Degraded {
+        part,
+        since_ns,
+        reason,
+    } = health
+    else {
+        unreachable!()
+    };
+    assert_eq!(part, "ring-buffer reader");
+    assert!(since_ns >= before && since_ns <= monotonic_ns());
+    assert!(reason.contains("test hook"), "{reason}");
+    let stats = pleg.pleg.stats();
+    assert_eq!(
+        stats
+            .reader_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
     );
+    assert_eq!(stats.relist_requests.get(RelistReason::ReaderStopped), 1);
+    assert!(pleg.relist.count() >= 1);
 }
 
 /// In the pre_exec of a process that just entered a new PID namespace (or

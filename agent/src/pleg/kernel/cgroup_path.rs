@@ -61,9 +61,9 @@
 //! runtime that puts the payload in a child such as `init.scope` or `container`)
 //! belong to that container and are reported with `nested: true`.
 //!
-//! On cgroup v1 (including hybrid hosts) the kubelet and runtimes create the same
-//! relative path in every hierarchy, so the path classifies the same whichever
-//! hierarchy it came from.
+//! The kernel PLEG classifies cgroup2 paths only (`docs/pleg.md` clause 9): on a
+//! hybrid host the v1 hierarchies hold the same relative paths, but they are not
+//! reported or indexed.
 //!
 //! Not supported: a non-default `--cgroup-root` (such as kind's `/kubelet`), and
 //! nodes whose own cgroup namespace is not the host's (a path such as

@@ -1,13 +1,14 @@
 //! The container index: which container (and pod) a cgroup belongs to.
 //!
-//! Keys are `(hierarchy id, cgroup id)`: cgroup ids are unique only within one
-//! hierarchy, and hybrid hosts mount several (cgroup2 is hierarchy 0; task events
-//! carry cgroup2 ids). Entries come from the kernel's mkdir/rmdir reports and from
-//! [`scan`] of the existing tree at start-up, so containers that started before the
-//! agent are known. Nested cgroups below a container cgroup map to that container,
-//! as Tetragon and Inspektor Gadget do.
+//! Keys are cgroup2 ids (task records carry cgroup2 ids; cgroup v1 hierarchies
+//! are not indexed, `docs/pleg.md` clause 9). Entries come from the kernel's
+//! mkdir/rmdir reports and from [`scan`] of the existing tree, so containers that
+//! started before the agent are known. Nested cgroups below a container cgroup map
+//! to that container, as Tetragon and Inspektor Gadget do. Every entry records
+//! when it was learned, so that a reconcile with the runtime can forget what the
+//! runtime no longer lists without forgetting what was learned since.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use super::cgroup_path::{CgroupClass, CgroupPathError, classify};
 use crate::pleg::{ContainerId, PodUid};
 
-/// The cgroup2 hierarchy's id.
+/// The cgroup2 hierarchy's id (the only one indexed).
 pub const CGROUP2_HIERARCHY: u32 = 0;
 
 /// What the index knows about one cgroup.
@@ -24,6 +25,8 @@ pub const CGROUP2_HIERARCHY: u32 = 0;
 pub struct IndexEntry {
     pub path: String,
     pub class: CgroupClass,
+    /// CLOCK_MONOTONIC ns when it was learned.
+    pub learned_at_ns: u64,
 }
 
 impl IndexEntry {
@@ -36,16 +39,33 @@ impl IndexEntry {
             _ => None,
         }
     }
+
+    /// The container a container, nested or helper cgroup serves.
+    pub fn container_id(&self) -> Option<&ContainerId> {
+        match &self.class {
+            CgroupClass::Container { id, .. } | CgroupClass::RuntimeHelper { id } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The pod of a pod cgroup, or of a container cgroup whose path names it.
+    pub fn pod(&self) -> Option<&PodUid> {
+        match &self.class {
+            CgroupClass::Pod { uid, .. } => Some(uid),
+            CgroupClass::Container { pod, .. } => pod.as_ref().map(|(uid, _)| uid),
+            _ => None,
+        }
+    }
 }
 
-/// `(hierarchy id, cgroup id)` to what the cgroup is.
+/// cgroup2 id to what the cgroup is.
 #[derive(Debug, Default)]
 pub struct ContainerIndex {
-    entries: HashMap<(u32, u64), IndexEntry>,
+    entries: HashMap<u64, IndexEntry>,
     /// Cgroups known to be outside Kubernetes (under a configured root such as
-    /// `/system.slice` but not a container) or with a malformed path: tasks in them
-    /// are ignored without a rescan.
-    ignored: HashSet<(u32, u64)>,
+    /// `/system.slice` but not a container) or with a malformed path, with when
+    /// they were learned: tasks in them are ignored without a rescan.
+    ignored: HashMap<u64, u64>,
 }
 
 impl ContainerIndex {
@@ -53,53 +73,72 @@ impl ContainerIndex {
         Self::default()
     }
 
-    /// Records a cgroup. Paths outside Kubernetes' roots are not kept (`Ok(None)`);
-    /// malformed ones are an error naming the path.
+    /// Records a cgroup learned at `at_ns`. Paths outside Kubernetes' roots are not
+    /// kept (`Ok(None)`); malformed ones are an error naming the path.
     pub fn insert(
         &mut self,
-        hierarchy: u32,
         cgroup_id: u64,
         path: &str,
+        at_ns: u64,
     ) -> Result<Option<&IndexEntry>, CgroupPathError> {
         let class = match classify(path) {
             Ok(class) => class,
             Err(CgroupPathError::NotKubernetes { .. }) => {
-                self.ignored.insert((hierarchy, cgroup_id));
+                self.ignored.insert(cgroup_id, at_ns);
                 return Ok(None);
             }
             Err(e) => {
                 // Kept out of the index, and not rescanned for on every exec.
-                self.ignored.insert((hierarchy, cgroup_id));
+                self.ignored.insert(cgroup_id, at_ns);
                 return Err(e);
             }
         };
-        let key = (hierarchy, cgroup_id);
         self.entries.insert(
-            key,
+            cgroup_id,
             IndexEntry {
                 path: path.to_owned(),
                 class,
+                learned_at_ns: at_ns,
             },
         );
-        Ok(self.entries.get(&key))
+        Ok(self.entries.get(&cgroup_id))
     }
 
-    pub fn remove(&mut self, hierarchy: u32, cgroup_id: u64) -> Option<IndexEntry> {
-        self.ignored.remove(&(hierarchy, cgroup_id));
-        self.entries.remove(&(hierarchy, cgroup_id))
+    pub fn remove(&mut self, cgroup_id: u64) -> Option<IndexEntry> {
+        self.ignored.remove(&cgroup_id);
+        self.entries.remove(&cgroup_id)
     }
 
     /// Whether the cgroup is known to be outside Kubernetes.
-    pub fn is_ignored(&self, hierarchy: u32, cgroup_id: u64) -> bool {
-        self.ignored.contains(&(hierarchy, cgroup_id))
+    pub fn is_ignored(&self, cgroup_id: u64) -> bool {
+        self.ignored.contains_key(&cgroup_id)
     }
 
-    pub fn get(&self, hierarchy: u32, cgroup_id: u64) -> Option<&IndexEntry> {
-        self.entries.get(&(hierarchy, cgroup_id))
+    pub fn get(&self, cgroup_id: u64) -> Option<&IndexEntry> {
+        self.entries.get(&cgroup_id)
+    }
+
+    /// Keeps the entries for which `keep` holds; returns how many were removed.
+    pub fn retain(&mut self, mut keep: impl FnMut(&IndexEntry) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, e| keep(e));
+        before - self.entries.len()
+    }
+
+    /// Forgets the ignored cgroups learned before `ns` (a rescan learns those that
+    /// still exist again); returns how many.
+    pub fn forget_ignored_before(&mut self, ns: u64) -> usize {
+        let before = self.ignored.len();
+        self.ignored.retain(|_, at| *at >= ns);
+        before - self.ignored.len()
     }
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    pub fn ignored_len(&self) -> usize {
+        self.ignored.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -185,8 +224,10 @@ fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
-/// The v1 hierarchies: `(hierarchy id, mount point)`, from `/proc/self/cgroup` and
-/// `/proc/self/mountinfo`. Empty on cgroup2-only hosts.
+/// The v1 hierarchies mounted on a hybrid host: `(hierarchy id, controllers, mount
+/// point)`, from `/proc/self/cgroup` and `/proc/self/mountinfo`; empty on
+/// cgroup2-only hosts. The kernel PLEG does not use them (it needs cgroup2); the
+/// runtime side uses the mount points.
 pub fn v1_hierarchies() -> io::Result<Vec<(u32, String, PathBuf)>> {
     let cgroup = fs::read_to_string("/proc/self/cgroup")?;
     let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
@@ -239,24 +280,44 @@ mod tests {
     fn insert_lookup_remove() {
         let mut index = ContainerIndex::new();
         let path = format!("/kubepods/besteffort/pod{UID}/{}", cid('a'));
-        let entry = index.insert(0, 100, &path).unwrap().unwrap();
+        let entry = index.insert(100, &path, 5).unwrap().unwrap();
         let (id, pod, nested) = entry.container().unwrap();
         assert_eq!(id.as_str(), cid('a'));
         assert_eq!(pod.unwrap().as_str(), UID);
         assert!(!nested);
-        // The same id in another hierarchy is another cgroup.
-        assert!(index.get(3, 100).is_none());
+        assert_eq!(entry.learned_at_ns, 5);
+        assert!(index.get(101).is_none());
         assert!(
             index
-                .insert(0, 7, "/user.slice/user-0.slice")
+                .insert(7, "/user.slice/user-0.slice", 5)
                 .unwrap()
                 .is_none()
         );
-        assert!(index.is_ignored(0, 7));
-        assert!(index.insert(0, 8, "/kubepods/besteffort/podZZ/x").is_err());
+        assert!(index.is_ignored(7));
+        assert!(index.insert(8, "/kubepods/besteffort/podZZ/x", 9).is_err());
+        assert!(index.is_ignored(8));
         assert_eq!(index.len(), 1);
-        assert_eq!(index.remove(0, 100).unwrap().path, path);
+        assert_eq!(index.remove(100).unwrap().path, path);
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn pruning_keeps_what_was_learned_since() {
+        let mut index = ContainerIndex::new();
+        let a = format!("/kubepods/besteffort/pod{UID}/{}", cid('a'));
+        let b = format!("/kubepods/besteffort/pod{UID}/{}", cid('b'));
+        index.insert(1, &a, 10).unwrap();
+        index.insert(2, &b, 10).unwrap();
+        index.insert(3, &format!("{a}/init.scope"), 10).unwrap();
+        let gone = ContainerId::parse(&cid('a')).unwrap();
+        let removed = index.retain(|e| e.container_id() != Some(&gone));
+        assert_eq!(removed, 2, "the container and its nested cgroup");
+        assert!(index.get(2).is_some());
+        index.insert(7, "/user.slice/a", 10).unwrap();
+        index.insert(8, "/user.slice/b", 30).unwrap();
+        assert_eq!(index.forget_ignored_before(20), 1);
+        assert!(!index.is_ignored(7) && index.is_ignored(8));
+        assert_eq!(index.ignored_len(), 1);
     }
 
     #[test]
@@ -267,7 +328,7 @@ mod tests {
             UID.replace('-', "_"),
             cid('b')
         );
-        let entry = index.insert(0, 5, &path).unwrap().unwrap();
+        let entry = index.insert(5, &path, 0).unwrap().unwrap();
         let (id, pod, nested) = entry.container().unwrap();
         assert_eq!(
             (id.as_str(), pod.unwrap().as_str(), nested),

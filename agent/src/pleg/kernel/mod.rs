@@ -1,14 +1,21 @@
 //! The kernel-driven PLEG: eBPF programs report execs, process exits and cgroup
 //! mkdir/rmdir; this module loads them, reads their ring buffer on a dedicated
 //! thread and turns the records into [`PodLifecycleEvent`](super::PodLifecycleEvent)s.
-//! See `docs/pleg.md`.
+//! See `docs/pleg.md`. cgroup2 is required: task records carry cgroup2 ids, and
+//! cgroup v1 hierarchies are neither reported nor indexed.
 
 pub mod btf;
 pub mod cgroup_path;
 pub mod event;
+pub mod health;
 pub mod index;
 pub mod loader;
+pub mod main_state;
+pub mod proc;
 pub mod reader;
+pub mod relist_requests;
+pub mod rescan;
+pub mod roots;
 pub mod scan;
 pub mod tracker;
 
@@ -22,6 +29,10 @@ use tracing::info;
 
 pub use loader::{LoadError, LoaderConfig};
 pub use reader::{Command, KernelStats, RecordTap, monotonic_ns};
+
+use health::HealthCell;
+use proc::{ProcFs, ProcSource};
+use relist_requests::RelistRequests;
 
 use super::{ContainerId, PodLifecycleEvent, PodUid, RelistSignal};
 
@@ -85,9 +96,9 @@ pub enum KernelPlegError {
     /// the start-up scan failed
     #[error(transparent)]
     Scan(#[from] index::ScanError),
-    /// no cgroup2 hierarchy is mounted (pure cgroup v1 hosts are not supported)
+    /// no cgroup2 hierarchy is mounted (cgroup v1 hosts are not supported)
     #[error(
-        "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); evpleg needs cgroup2 or a hybrid layout"
+        "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); the kernel pleg needs cgroup2"
     )]
     NoCgroup2,
     /// reading /proc failed
@@ -107,8 +118,6 @@ pub struct KernelPlegConfig {
     pub object: Option<PathBuf>,
     pub ring_buffer_bytes: u32,
     pub roots: Vec<String>,
-    /// Also index these v1 hierarchies (by id) on hybrid hosts.
-    pub v1_hierarchies: Vec<u32>,
     /// `None`: do not try real-time priority.
     pub realtime_priority: Option<i32>,
 }
@@ -119,7 +128,6 @@ impl Default for KernelPlegConfig {
             object: None,
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             roots: DEFAULT_ROOTS.iter().map(|s| s.to_string()).collect(),
-            v1_hierarchies: Vec::new(),
             realtime_priority: Some(DEFAULT_REALTIME_PRIORITY),
         }
     }
@@ -134,6 +142,7 @@ pub struct KernelPleg {
     stats: Arc<KernelStats>,
     commands: std_mpsc::Sender<Command>,
     offsets: evpleg_events::KernelOffsets,
+    health: Arc<HealthCell>,
 }
 
 impl KernelPleg {
@@ -152,47 +161,44 @@ impl KernelPleg {
                 source,
             })?
             .ok_or(KernelPlegError::NoCgroup2)?;
-        let v1 = index::v1_hierarchies().map_err(|source| KernelPlegError::Proc {
-            path: "/proc/self/cgroup",
-            source,
-        })?;
-        let v1: Vec<(u32, PathBuf)> = v1
-            .into_iter()
-            .filter(|(id, _, _)| config.v1_hierarchies.contains(id))
-            .map(|(id, _, mount)| (id, mount))
-            .collect();
-        let mut hierarchies = vec![index::CGROUP2_HIERARCHY];
-        hierarchies.extend(v1.iter().map(|(id, _)| *id));
-        let loaded = loader::load(&LoaderConfig {
+        let mut loaded = loader::load(&LoaderConfig {
             object: config.object.clone(),
             ring_buffer_bytes: config.ring_buffer_bytes,
             roots: config.roots.clone(),
-            hierarchies,
+            hierarchies: vec![index::CGROUP2_HIERARCHY],
             cgroup2_mount: cgroup2_mount.clone(),
         })?;
         let offsets = loaded.offsets;
         // Attached first, then scanned: a cgroup created in between is both in the
         // ring buffer and in the scan, and the tracker merges the two.
         let ticks = procfs::ticks_per_second();
-        let mut tracker = tracker::Tracker::new(config.roots.clone(), ticks);
+        let mut tracker = tracker::Tracker::new(ticks);
         let scanner = scan::Scanner {
             cgroup2_mount,
             roots: config.roots.clone(),
-            v1,
         };
-        let learned = scanner.scan_into(&mut tracker)?;
-        info!(cgroups = learned, roots = ?config.roots, "kernel pleg attached; existing cgroups indexed");
+        let report = scanner.scan_into(&mut tracker, None, monotonic_ns())?;
+        let mut roots = roots::RootFilterUpdates::new(&config.roots);
+        reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots));
+        for e in &report.malformed {
+            tracing::warn!(error = %e, "cgroup found by the start-up scan not attributed");
+        }
+        info!(cgroups = report.learned, roots = ?config.roots, "kernel pleg attached; existing cgroups indexed");
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(KernelStats::default());
+        let health = Arc::new(HealthCell::default());
         let (commands, command_rx) = std_mpsc::channel();
         let reader = reader::Reader {
             loaded,
             tracker,
             scanner,
+            roots,
+            rescans: rescan::RescanPolicy::default(),
             events,
-            relist,
+            relist: RelistRequests::new(relist, stats.relist_requests.clone()),
             stats: stats.clone(),
             stop: stop.clone(),
+            health: health.clone(),
             commands: command_rx,
             realtime_priority: config.realtime_priority,
             tap,
@@ -207,6 +213,7 @@ impl KernelPleg {
             stats,
             commands,
             offsets,
+            health,
         })
     }
 
@@ -219,20 +226,38 @@ impl KernelPleg {
         &self.offsets
     }
 
-    /// Tells the tracker that `id` is a pod sandbox.
+    /// Tells the tracker that `id` is a pod sandbox ([`KernelPleg::reconcile`]
+    /// does this for every sandbox a view lists).
     pub fn add_sandbox(&self, id: ContainerId) {
         let _ = self.commands.send(Command::AddSandbox(id));
     }
 
-    /// Hands the runtime's view to the tracker (applied on the reader thread).
-    /// Never blocks.
+    /// Hands the runtime's view to the tracker. The runtime's pids are checked
+    /// against `/proc` here, on the caller's thread (start time, cgroup); the
+    /// tracker applies the result on the reader thread before the next record it
+    /// handles. Never blocks on the reader.
     pub fn reconcile(&self, view: RuntimeView) {
-        let _ = self.commands.send(Command::Reconcile(view));
+        self.reconcile_with(view, &ProcFs);
     }
 
-    /// Whether the reader thread runs.
+    /// [`KernelPleg::reconcile`] with another `/proc`.
+    #[doc(hidden)]
+    pub fn reconcile_with(&self, view: RuntimeView, procs: &dyn ProcSource) {
+        let _ = self
+            .commands
+            .send(Command::Reconcile(proc::resolve(view, procs)));
+    }
+
+    /// Whether the reader thread runs, or since when and why it does not.
     pub fn health(&self) -> KernelHealth {
-        KernelHealth::Running
+        self.health.get()
+    }
+
+    /// Makes the reader thread stop as if it had failed: [`KernelPleg::health`]
+    /// then reports it degraded, and a relist is requested (tests of clause 5).
+    #[doc(hidden)]
+    pub fn fail_reader_for_test(&self) {
+        let _ = self.commands.send(Command::FailForTest);
     }
 
     /// Stops the reader (within its 100 ms poll interval) and detaches.

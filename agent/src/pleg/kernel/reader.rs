@@ -3,9 +3,14 @@
 //!
 //! Measured on these machines (`docs/pleg.md`), a reader inside tokio waits about
 //! 100 us for a halted vCPU to wake, while a real-time thread blocked in epoll sees
-//! an exit at p50 about 25 us. The thread decodes each record, runs the
-//! [`Tracker`] and hands lifecycle events to the async side with `try_send`: it never
-//! blocks. A full channel or a kernel drop is counted and raises a relist request.
+//! an exit at p50 about 25 us. The thread decodes each record as it reads it (at
+//! most [`BATCH`] before it looks at its commands, counters and stop flag again),
+//! runs the [`Tracker`] and hands lifecycle events to the async side with
+//! `try_send`: it never blocks. Policies live in their own types: when to rescan
+//! ([`RescanPolicy`]), what the kernel filter holds ([`RootFilterUpdates`]), and
+//! every loss's relist request ([`RelistRequests`]). The thread never stops
+//! silently: a [`StopGuard`] marks the kernel path degraded on any stop that was
+//! not asked for.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,16 +23,22 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::{debug, info, warn};
 
-use super::event::{KernelEvent, decode};
-use super::loader::Loaded;
+use super::event::{DecodeError, KernelEvent, decode};
+use super::health::{HealthCell, StopGuard};
+use super::loader::{Loaded, RootsMap};
+use super::proc::Reconciliation;
+use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
+use super::rescan::{RescanCause, RescanPolicy};
+use super::roots::{FilterChange, RootFilterUpdates};
 use super::scan::Scanner;
-use super::tracker::{Notice, Tracker};
-use crate::pleg::{ContainerId, PodLifecycleEvent, RelistSignal};
+use super::tracker::{Handled, Output, Tracker};
+use crate::pleg::{ContainerId, PodLifecycleEvent};
 
 /// How often the kernel's counters are read, and the stop flag checked.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// The shortest time between two rescans of the cgroup tree for unknown cgroups.
-const RESCAN_MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// Records handled before the commands, counters and stop flag are looked at
+/// again (commands are also read before each record).
+pub const BATCH: usize = 256;
 
 /// Counters of the kernel PLEG, shared with metrics.
 #[derive(Debug)]
@@ -53,6 +64,17 @@ pub struct KernelStats {
     pub unattributed: AtomicU64,
     /// Rescans of the cgroup tree.
     pub rescans: AtomicU64,
+    /// Times the reader thread stopped without being asked to.
+    pub reader_failures: Arc<AtomicU64>,
+    /// Relist requests by reason.
+    pub relist_requests: Arc<RelistCounts>,
+    /// The tracker's counters, as of the last poll (100 ms) or reconcile.
+    pub hints: AtomicU64,
+    pub removed_before_death: AtomicU64,
+    pub confirmed: AtomicU64,
+    pub corrected: AtomicU64,
+    pub unconfirmed: AtomicU64,
+    pub pruned: AtomicU64,
 }
 
 impl Default for KernelStats {
@@ -71,6 +93,14 @@ impl Default for KernelStats {
             kernel_thread_exits: AtomicU64::new(0),
             unattributed: AtomicU64::new(0),
             rescans: AtomicU64::new(0),
+            reader_failures: Arc::new(AtomicU64::new(0)),
+            relist_requests: Arc::new(RelistCounts::default()),
+            hints: AtomicU64::new(0),
+            removed_before_death: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            corrected: AtomicU64::new(0),
+            unconfirmed: AtomicU64::new(0),
+            pruned: AtomicU64::new(0),
         }
     }
 }
@@ -79,12 +109,14 @@ impl Default for KernelStats {
 /// kernel's timestamp to receipt, in ns (metrics, tests, the benchmark).
 pub type RecordTap = Box<dyn Fn(&KernelEvent, u64) + Send>;
 
-/// Commands to the reader thread.
+/// Commands to the reader thread, applied before the next record is handled.
 #[derive(Debug)]
 pub enum Command {
     AddSandbox(ContainerId),
-    /// The runtime's view after a relist ([`super::RuntimeView`]).
-    Reconcile(super::RuntimeView),
+    /// The runtime's view after a relist, its pids resolved against `/proc`.
+    Reconcile(Reconciliation),
+    /// Makes the reader stop as if it had failed (tests of the degradation).
+    FailForTest,
 }
 
 /// Everything the reader thread owns.
@@ -92,10 +124,13 @@ pub(super) struct Reader {
     pub loaded: Loaded,
     pub tracker: Tracker,
     pub scanner: Scanner,
+    pub roots: RootFilterUpdates,
+    pub rescans: RescanPolicy,
     pub events: mpsc::Sender<PodLifecycleEvent>,
-    pub relist: Arc<RelistSignal>,
+    pub relist: RelistRequests,
     pub stats: Arc<KernelStats>,
     pub stop: Arc<AtomicBool>,
+    pub health: Arc<HealthCell>,
     pub commands: std_mpsc::Receiver<Command>,
     pub realtime_priority: Option<i32>,
     pub tap: Option<RecordTap>,
@@ -168,8 +203,41 @@ fn sum(counters: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Applies changes to the kernel filter, logging each.
+pub(super) fn apply_filter_changes(roots: &mut RootsMap, changes: Vec<FilterChange>) {
+    for change in changes {
+        match change {
+            FilterChange::Add { cgroup_id, level } => match roots.add(cgroup_id, level) {
+                Ok(()) => info!(cgroup_id, level, "root cgroup now in the kernel filter"),
+                Err(e) => {
+                    warn!(error = %e, cgroup_id, "cannot add root cgroup to the kernel filter")
+                }
+            },
+            FilterChange::Remove { cgroup_id } => {
+                if let Err(e) = roots.remove(cgroup_id) {
+                    warn!(error = %e, cgroup_id, "cannot remove root cgroup from the kernel filter");
+                }
+            }
+        }
+    }
+}
+
 impl Reader {
     pub(super) fn run(mut self) {
+        let mut guard = StopGuard {
+            health: self.health.clone(),
+            stop: self.stop.clone(),
+            failures: self.stats.reader_failures.clone(),
+            relist: self.relist.clone(),
+            reason: None,
+            now_ns: monotonic_ns,
+        };
+        guard.reason = self.run_loop().err();
+        debug!(reason = ?guard.reason, "ring-buffer reader stopped");
+    }
+
+    /// Runs until `stop`; an `Err` says why it stopped otherwise.
+    fn run_loop(&mut self) -> Result<(), String> {
         match self.realtime_priority {
             Some(priority) => match set_realtime(priority) {
                 Ok(()) => info!(priority, "ring-buffer reader runs SCHED_FIFO"),
@@ -181,107 +249,143 @@ impl Reader {
             },
             None => info!("ring-buffer reader runs at normal priority (real-time disabled)"),
         }
-        let epoll = match Epoll::new(self.loaded.ring.as_raw_fd()) {
-            Ok(e) => e,
-            Err(e) => {
-                warn!(error = %e, "epoll on the ring buffer failed; the kernel PLEG stops");
-                self.relist.request("kernel pleg reader failed");
-                return;
-            }
-        };
+        let epoll = Epoll::new(self.loaded.ring.as_raw_fd())
+            .map_err(|e| format!("epoll on the ring buffer failed: {e}"))?;
         let mut last_poll = Instant::now();
-        let mut last_rescan: Option<Instant> = None;
-        let mut events = Vec::new();
-        let mut notices = Vec::new();
-        let mut records = Vec::new();
+        let mut out = Output::default();
         while !self.stop.load(Ordering::Relaxed) {
             epoll.wait(POLL_INTERVAL);
-            while let Ok(cmd) = self.commands.try_recv() {
-                match cmd {
-                    Command::AddSandbox(id) => self.tracker.add_sandbox(id),
-                    Command::Reconcile(_view) => {}
-                }
-            }
-            // Drain into owned records first: an item borrows the ring buffer.
-            while let Some(item) = self.loaded.ring.next() {
+            for _ in 0..BATCH {
+                let Some(item) = self.loaded.ring.next() else {
+                    break;
+                };
                 let now = monotonic_ns();
+                let decoded = decode(&item);
+                drop(item);
+                // A command sent before this record was written is in the channel
+                // now: it is applied before the record.
+                self.apply_commands()?;
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
-                match decode(&item) {
-                    Ok(ev) => {
-                        let delay = now.saturating_sub(ev.at_ns());
-                        self.stats.latency_seconds.observe(delay as f64 / 1e9);
-                        if let Some(tap) = &self.tap {
-                            tap(&ev, delay);
-                        }
-                        records.push(ev);
-                    }
-                    Err(e) => {
-                        self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                        warn!(error = %e, "malformed ring-buffer record rejected");
-                    }
-                }
+                self.on_record(decoded, now, &mut out);
+                self.deliver(&mut out)?;
             }
-            for ev in records.drain(..) {
-                self.tracker.handle(&ev, &mut events, &mut notices);
-                self.act(&ev, &mut events, &mut notices, &mut last_rescan);
-                self.send(&mut events);
-            }
+            self.apply_commands()?;
             if last_poll.elapsed() >= POLL_INTERVAL {
                 last_poll = Instant::now();
                 self.poll_counters();
             }
         }
-        debug!("ring-buffer reader stopped");
+        Ok(())
     }
 
-    fn act(
-        &mut self,
-        ev: &KernelEvent,
-        events: &mut Vec<PodLifecycleEvent>,
-        notices: &mut Vec<Notice>,
-        last_rescan: &mut Option<Instant>,
-    ) {
-        while let Some(notice) = notices.pop() {
-            match notice {
-                Notice::UnknownCgroup { cgroup_id } => {
-                    let due = last_rescan.is_none_or(|t| t.elapsed() >= RESCAN_MIN_INTERVAL);
-                    if due {
-                        *last_rescan = Some(Instant::now());
-                        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = self.scanner.scan_into(&mut self.tracker) {
-                            warn!(error = %e, cgroup_id, "rescan of the cgroup tree failed");
-                        }
-                    }
-                    let before = self.tracker.stats.unattributed;
-                    self.tracker.retry(ev, events, notices);
-                    if self.tracker.stats.unattributed > before {
-                        self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-                        debug!(cgroup_id, "task in an unknown cgroup below a root");
-                    }
-                }
-                Notice::RootCreated {
-                    cgroup_id,
-                    level,
-                    path,
-                } => match self.loaded.roots.add(cgroup_id, level) {
-                    Ok(()) => info!(path, cgroup_id, "root cgroup appeared; now filtered in"),
-                    Err(e) => {
-                        warn!(error = %e, path, "cannot add root cgroup to the kernel filter")
-                    }
-                },
-                Notice::RootRemoved { cgroup_id, path } => {
-                    if let Err(e) = self.loaded.roots.remove(cgroup_id) {
-                        warn!(error = %e, path, "cannot remove root cgroup from the kernel filter");
-                    }
-                }
-                Notice::Malformed(e) => warn!(error = %e, "cgroup not attributed"),
-                Notice::RelistNeeded { reason } => self.relist.request(&reason),
+    fn apply_commands(&mut self) -> Result<(), String> {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::AddSandbox(id) => self.tracker.add_sandbox(id),
+                Command::Reconcile(r) => self.reconcile(&r),
+                Command::FailForTest => return Err("failed by a test hook".into()),
             }
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, decoded: Result<KernelEvent, DecodeError>, now: u64, out: &mut Output) {
+        let ev = match decoded {
+            Ok(ev) => ev,
+            Err(e) => {
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, "malformed ring-buffer record rejected");
+                return;
+            }
+        };
+        let delay = now.saturating_sub(ev.at_ns());
+        self.stats.latency_seconds.observe(delay as f64 / 1e9);
+        if let Some(tap) = &self.tap {
+            tap(&ev, delay);
+        }
+        let changes = match &ev {
+            KernelEvent::CgroupMkdir(c) => self.roots.on_mkdir(c),
+            KernelEvent::CgroupRmdir(c) => self.roots.on_rmdir(c),
+            _ => Vec::new(),
+        };
+        apply_filter_changes(&mut self.loaded.roots, changes);
+        if let KernelEvent::CgroupMkdir(c) = &ev
+            && self.roots.below_unknown_root(&c.path)
+            && self.rescans.allow(RescanCause::MissingRoot, monotonic_ns())
+        {
+            self.rescan(None);
+        }
+        if let Handled::UnknownCgroup { cgroup_id } = self.tracker.handle(&ev, out) {
+            let pending = match &ev {
+                KernelEvent::Exec(exec) => Some(exec.process),
+                _ => None,
+            };
+            let attributed = self
+                .rescans
+                .allow(RescanCause::UnknownCgroup, monotonic_ns())
+                && {
+                    self.rescan(pending);
+                    self.tracker.handle(&ev, out) == Handled::Done
+                };
+            if !attributed {
+                self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
+                debug!(cgroup_id, "task in an unknown cgroup below a root: relist");
+                self.relist.request(RelistReason::Unattributed);
+            }
+        }
+        for e in out.malformed.drain(..) {
+            warn!(error = %e, "cgroup not attributed");
+        }
+        for reason in out.relists.drain(..) {
+            debug!(reason, "exit missed");
+            self.relist.request(RelistReason::ExitMissed);
         }
     }
 
-    fn send(&self, events: &mut Vec<PodLifecycleEvent>) {
-        for event in events.drain(..) {
+    fn rescan(&mut self, pending: Option<super::event::ProcessKey>) {
+        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
+        match self
+            .scanner
+            .scan_into(&mut self.tracker, pending, monotonic_ns())
+        {
+            Ok(report) => {
+                let changes = self.roots.on_scan(&report.roots);
+                apply_filter_changes(&mut self.loaded.roots, changes);
+                for e in report.malformed {
+                    warn!(error = %e, "cgroup found by a rescan not attributed");
+                }
+            }
+            Err(e) => warn!(error = %e, "rescan of the cgroup tree failed"),
+        }
+    }
+
+    fn reconcile(&mut self, r: &Reconciliation) {
+        let mut outcome = self.tracker.reconcile(r, false);
+        if outcome.rescan_due && self.rescans.allow(RescanCause::Reconcile, monotonic_ns()) {
+            self.rescan(None);
+            let again = self.tracker.reconcile(r, true);
+            outcome.confirmed += again.confirmed;
+            outcome.corrected.extend(again.corrected);
+            outcome.unconfirmed += again.unconfirmed;
+            outcome.pruned += again.pruned;
+        }
+        for id in &outcome.corrected {
+            warn!(container = %id, "the runtime's main pid differs from the one the kernel saw; the runtime's wins");
+        }
+        debug!(
+            scope = ?r.view.scope,
+            confirmed = outcome.confirmed,
+            unconfirmed = outcome.unconfirmed,
+            pruned = outcome.pruned,
+            "tracker reconciled with the runtime"
+        );
+        self.store_tracker_stats();
+    }
+
+    /// Hands the events to the channel; a full channel is a loss (relist), a
+    /// closed one stops the reader.
+    fn deliver(&mut self, out: &mut Output) -> Result<(), String> {
+        for event in out.events.drain(..) {
             match self.events.try_send(event) {
                 Ok(()) => {
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
@@ -289,16 +393,33 @@ impl Reader {
                 Err(TrySendError::Full(event)) => {
                     self.stats.discarded.fetch_add(1, Ordering::Relaxed);
                     warn!(kind = ?event.kind, pod = ?event.pod_uid, "event channel full: event discarded, relist requested");
-                    self.relist.request("pleg event channel full");
+                    self.relist.request(RelistReason::ChannelFull);
                 }
                 Err(TrySendError::Closed(_)) => {
-                    self.stop.store(true, Ordering::Relaxed);
+                    if self.stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    return Err("the lifecycle event channel closed (its reader stopped)".into());
                 }
             }
         }
+        Ok(())
+    }
+
+    fn store_tracker_stats(&self) {
+        let t = self.tracker.stats;
+        let s = &self.stats;
+        s.hints.store(t.hints, Ordering::Relaxed);
+        s.removed_before_death
+            .store(t.removed_before_death, Ordering::Relaxed);
+        s.confirmed.store(t.confirmed, Ordering::Relaxed);
+        s.corrected.store(t.corrected, Ordering::Relaxed);
+        s.unconfirmed.store(t.unconfirmed, Ordering::Relaxed);
+        s.pruned.store(t.pruned, Ordering::Relaxed);
     }
 
     fn poll_counters(&mut self) {
+        self.store_tracker_stats();
         let c = &self.loaded.counters;
         let dropped = sum(c, counter::DROPPED);
         let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
@@ -307,7 +428,7 @@ impl Reader {
                 lost = dropped - before,
                 "kernel ring buffer full: records lost, relist requested"
             );
-            self.relist.request("kernel ring buffer full");
+            self.relist.request(RelistReason::KernelDrop);
         }
         self.stats
             .kernel_reported
