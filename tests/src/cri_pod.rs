@@ -58,6 +58,7 @@ pub fn runtime_of(client: &CriClient) -> CriRuntime {
 
 /// A pod of the test: its UID, sandbox config (with the kubelet's labels) and
 /// a host directory its waiting containers watch.
+#[derive(Debug)]
 pub struct TestPod {
     pub name: String,
     pub uid: String,
@@ -67,7 +68,7 @@ pub struct TestPod {
 
 impl TestPod {
     pub fn new(containerd: &Containerd, name: &str) -> Self {
-        let uid = evpleg_tests::pod_uid();
+        let uid = crate::pod_uid();
         let mut config = containerd.sandbox_config(name, &uid, &pod_cgroup_parent(&uid));
         let meta = config.metadata.clone().expect("the harness sets metadata");
         config.labels.insert(labels::POD_UID.into(), uid.clone());
@@ -166,6 +167,7 @@ pub fn cid(id: &str) -> ContainerId {
 }
 
 /// The PLEG's event channel, with every event kept for later counting.
+#[derive(Debug)]
 pub struct Events {
     rx: mpsc::Receiver<PodLifecycleEvent>,
     pub all: Vec<PodLifecycleEvent>,
@@ -306,6 +308,7 @@ pub fn healthy(pleg: &Pleg) {
 /// A kernel PLEG used only as a stopwatch: the moment (CLOCK_MONOTONIC ns) the
 /// kernel saw a container's main process exit, to measure the other PLEGs'
 /// latencies from.
+#[derive(Debug)]
 pub struct ExitClock {
     kernel: Option<KernelPleg>,
     rx: mpsc::Receiver<PodLifecycleEvent>,

@@ -12,10 +12,10 @@ use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::kernel::relist_requests::RelistReason;
 use evpleg::pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView, monotonic_ns};
 use evpleg::pleg::{ContainerId, EventKind, EventSource, PodUid};
-use evpleg_tests::cgroups::{ContainerCgroup, Layout, OutsideCgroup, join_cgroup, path_cstring};
+use evpleg_tests::cgroups::{ContainerCgroup, Layout, join_cgroup, path_cstring};
 use evpleg_tests::kernel_checks::{self, ThreadHelper};
 use evpleg_tests::pleg::{PlegUnderTest, ReaderGate};
-use evpleg_tests::{privileged, skip};
+use evpleg_tests::privileged;
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 

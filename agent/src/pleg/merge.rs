@@ -9,7 +9,8 @@
 //!   created after the last relist), nothing is written or forwarded: the pod
 //!   relist brings the snapshot, and the remembered exit is overlaid on it;
 //! * a kernel start is forwarded (a wake-up; nothing is written) when the
-//!   snapshot knows the container, and the pod relisted either way;
+//!   snapshot knows the container, and the pod relisted either way (re-checked
+//!   until the confirmation bound when the snapshot did not know it);
 //! * a hint (`PodSync` from the kernel: an uncertain main process, a cgroup gone
 //!   before its main process was seen to exit) relists the pod and nothing else;
 //!   an event naming no pod relists everything;
@@ -106,10 +107,13 @@ impl KernelMerge {
         };
         if known {
             self.forward(event, &id);
+            self.pod_relist.request(uid);
         } else {
+            // The runtime may still say Created: re-checked until the bound, so
+            // the relist sends the transition as soon as the runtime shows it.
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            self.pod_relist.hint(uid);
         }
-        self.pod_relist.request(uid);
     }
 
     fn hint(&self, uid: crate::pleg::PodUid) {

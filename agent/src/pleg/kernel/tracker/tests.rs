@@ -499,7 +499,7 @@ fn oom_victim_is_matched_by_thread_group_and_consumed() {
     h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
     h.handle(&KernelEvent::OomVictim {
         at_ns: 3,
-        tid: 1000,
+        tgid: 1000,
     });
     h.feed(encode::exit(4, 1000, 555, 70, 9, 0));
     assert_eq!(h.take().last(), Some(&(DIED, Some(137), true, Some(1000))));
@@ -510,16 +510,13 @@ fn oom_victim_is_matched_by_thread_group_and_consumed() {
 fn oom_victims_stay_bounded() {
     let mut h = Harness::new();
     for tgid in 0..(OOM_VICTIMS_MAX as u32 * 4) {
-        h.handle(&KernelEvent::OomVictim {
-            at_ns: 1,
-            tid: tgid,
-        });
+        h.handle(&KernelEvent::OomVictim { at_ns: 1, tgid });
     }
     assert_eq!(h.tracker.oom_victims_len(), OOM_VICTIMS_MAX);
     // Reports older than 10 s expire.
     h.handle(&KernelEvent::OomVictim {
         at_ns: OOM_VICTIM_MEMORY_NS + 2,
-        tid: 1,
+        tgid: 1,
     });
     assert_eq!(h.tracker.oom_victims_len(), 1);
 }
