@@ -399,9 +399,11 @@ async fn an_agent_restart_adopts_running_pods_without_a_new_sandbox() {
     let pod = e.wait_for("steady", "running", running).await;
     let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
     let id = container(&pod, "app")["containerID"].clone();
+    // Sandbox ids of the pod (the labels' order varies from list to list).
     let sandboxes = |all: Vec<String>| {
         all.into_iter()
             .filter(|s| s.contains(&uid))
+            .filter_map(|s| s.split_whitespace().next().map(str::to_owned))
             .collect::<Vec<_>>()
     };
     let before = sandboxes(list_sandboxes(e.cri()).await);
