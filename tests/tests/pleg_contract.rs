@@ -9,28 +9,16 @@ use std::time::{Duration, Instant};
 use evpleg::clock::MonotonicClock;
 use evpleg::container::ContainerState;
 use evpleg::metrics::Metrics;
-use evpleg::pleg::kernel::KernelPlegConfig;
 use evpleg::pleg::relist::GENERIC_PERIOD;
-use evpleg::pleg::{EventKind, EventSource, Pleg, PlegMode};
+use evpleg::pleg::{EventKind, EventSource, PlegMode};
 use evpleg::server::{ServerState, router};
 use evpleg_tests::cri_pod::*;
 use evpleg_tests::privileged;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 
-fn start_ebpf(client: &evpleg::cri::CriClient, kernel: KernelPlegConfig) -> (Pleg, Events) {
-    let (tx, rx) = mpsc::channel(1000);
-    let pleg = Pleg::start(
-        PlegMode::Ebpf,
-        runtime_of(client),
-        kernel,
-        tx,
-        std::sync::Arc::new(MonotonicClock),
-        Some(Duration::from_secs(3600)),
-    )
-    .unwrap_or_else(|e| panic!("starting the ebpf pleg: {e}"));
-    (pleg, Events::new(rx))
-}
+/// The relist period of these tests: long enough that only the kernel, on-demand
+/// relists and the fallback can be what they observe.
+const PERIOD: Option<Duration> = Some(Duration::from_secs(3600));
 
 /// Clause 2: `ExecSync` into a running container (commands that exit 0 and 3,
 /// one that execs again, one that forks) never produces a ContainerDied, before
@@ -48,7 +36,7 @@ fn an_exec_into_a_container_is_never_its_death() {
     rt.block_on(async {
         let client = containerd.client().await;
         let sandbox = run_sandbox(&client, &pod).await;
-        let (first, mut events) = start_ebpf(&client, KernelPlegConfig::default());
+        let (first, mut events) = start_pleg(PlegMode::Ebpf, &client, PERIOD);
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
         events.wait(&id, EventKind::ContainerStarted).await;
         wait_cached(&first, &pod.pod_uid(), &id, "running", |c| {
@@ -80,7 +68,7 @@ fn an_exec_into_a_container_is_never_its_death() {
         first.stop().await;
 
         // A new agent: the container is learned, not seen starting.
-        let (second, mut events2) = start_ebpf(&client, KernelPlegConfig::default());
+        let (second, mut events2) = start_pleg(PlegMode::Ebpf, &client, PERIOD);
         wait_cached(&second, &pod.pod_uid(), &id, "running", |c| {
             c.state == ContainerState::Running
         })
@@ -150,7 +138,7 @@ fn a_stopped_reader_is_visible_and_the_generic_relist_takes_over() {
     let pod = TestPod::new(&containerd, "degraded7");
     rt.block_on(async {
         let client = containerd.client().await;
-        let (pleg, mut events) = start_ebpf(&client, KernelPlegConfig::default());
+        let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, PERIOD);
         let metrics = std::sync::Arc::new(Metrics::new(Some(&pleg), None));
         let state = ServerState::new(
             metrics,
