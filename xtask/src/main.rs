@@ -68,6 +68,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    util::started();
     let cli = Cli::parse();
     let root = util::workspace_root();
     match cli.command {

@@ -13,8 +13,21 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Prints a step with the time since xtask started, so a CI log shows where the
+/// minutes went.
 pub fn step(msg: &str) {
-    eprintln!("\x1b[1mxtask:\x1b[0m {msg}");
+    let elapsed = started().elapsed().as_secs();
+    eprintln!(
+        "\x1b[1mxtask [{:>2}:{:02}]:\x1b[0m {msg}",
+        elapsed / 60,
+        elapsed % 60
+    );
+}
+
+/// When xtask started (the first call fixes it; `main` calls it first).
+pub fn started() -> std::time::Instant {
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::Instant::now)
 }
 
 pub fn info(msg: &str) {
