@@ -24,7 +24,8 @@ use crate::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
 use crate::pleg::{Pleg, PlegError};
 use crate::pod_workers::{PodWorkers, WorkerConfig};
 use crate::runtime::CriRuntime;
-use crate::runtime::backoff::CrashBackoff;
+use crate::runtime::backoff::{CrashBackoff, ImagePullBackoff};
+use crate::runtime::gc::{self, GcPolicy};
 use crate::runtime::kuberuntime::{KubeRuntime, NodeInfo};
 use crate::server::{self, ServerState};
 use crate::source::SourceName;
@@ -156,9 +157,14 @@ impl Agent {
                 .into_iter()
                 .map(|(_, _, m)| m),
         );
+        let runtime_name = cri.version().await?.runtime_name;
+        let cgroup_driver =
+            crate::runtime::cgroups::resolve_driver(args.cgroup_driver, &cri).await;
         let node = NodeInfo {
             name: node_name.clone(),
             host_ip: host_ip.clone(),
+            runtime_name,
+            cgroup_driver,
             log_dir: args.pod_log_dir.clone(),
             cgroup_mounts: cgroup_mounts.clone(),
         };
@@ -166,7 +172,25 @@ impl Agent {
             Duration::from_secs_f64(args.crashloop_initial_seconds),
             Duration::from_secs_f64(args.crashloop_max_seconds),
         );
-        let syncer = Arc::new(KubeRuntime::new(cri.clone(), status.clone(), node, backoff));
+        let image_backoff = ImagePullBackoff::new(
+            Duration::from_secs_f64(args.image_pull_backoff_initial_seconds),
+            Duration::from_secs_f64(args.image_pull_backoff_max_seconds),
+        );
+        let gc_policy = GcPolicy {
+            min_age: Duration::from_secs_f64(args.minimum_container_ttl_seconds),
+            max_per_pod_container: args.maximum_dead_containers_per_container,
+            max_containers: args.maximum_dead_containers,
+        };
+        tasks.push(tokio::spawn(gc::run(
+            cri.clone(),
+            gc_policy,
+            Duration::from_secs_f64(args.container_gc_period_seconds),
+            shutdown.clone(),
+        )));
+        let syncer = Arc::new(
+            KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
+                .with_image_pull_backoff(image_backoff),
+        );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(
             syncer,

@@ -6,6 +6,7 @@
 pub mod cgroups;
 pub mod containerd;
 pub mod cri_pod;
+pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;
 pub mod pleg;

@@ -197,6 +197,23 @@ impl CriClient {
         Ok(resp)
     }
 
+    /// `RuntimeConfig`: the runtime's cgroup driver (CRI 1.28; older runtimes
+    /// answer Unimplemented).
+    pub async fn runtime_config(&self) -> Result<v1::RuntimeConfigResponse> {
+        self.call(
+            "RuntimeConfig",
+            self.runtime_target(),
+            self.config.timeout(CallKind::Query),
+            Retry::Unavailable,
+            |c, t| {
+                let mut rt = c.runtime.clone();
+                let req = request(v1::RuntimeConfigRequest {}, t);
+                async move { rt.runtime_config(req).await }
+            },
+        )
+        .await
+    }
+
     // ---- RuntimeService: pod sandboxes ----------------------------------------
 
     /// `ListPodSandbox`, all sandboxes or those matching `filter`.

@@ -3,13 +3,19 @@
 //! runtime (and the kernel) last observed, and the restart back-off.
 //!
 //! * A pod without a ready sandbox gets a new one; everything in the old one is
-//!   killed and started again (except a `restartPolicy: Never` pod whose
-//!   containers already ran: it is done).
+//!   killed; init containers run again, app containers start again except those
+//!   that succeeded under OnFailure. Attempt numbers continue from the newest
+//!   container (by creation time), whatever its sandbox. A `restartPolicy: Never`
+//!   pod whose containers already ran gets no new sandbox: it is killed and done
+//!   (Failed unless every container exited 0; the kubelet leaves it to the
+//!   status, evpleg says it at once).
 //! * Init containers run one at a time, in order, each to completion before the
 //!   next; app containers start once all succeeded.
 //! * A running container whose spec hash changed is killed and started again.
+//! * A container in Created or Unknown state is started again (an Unknown one is
+//!   killed first, so that two instances never run), as `ShouldContainerBeRestarted`.
 //! * An exited container restarts per `restartPolicy` (Always; OnFailure when the
-//!   exit code is not 0; Never), after its CrashLoopBackOff.
+//!   exit code is not 0; Never), after its CrashLoopBackOff ([`super::backoff`]).
 //! * With Never (all containers exited) or OnFailure (all exited 0) the pod is
 //!   terminal: Succeeded when every exit code is 0, else Failed.
 
@@ -18,7 +24,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use sha2::{Digest, Sha256};
 
-use super::backoff::CrashBackoff;
+use super::backoff::{BackoffKey, CrashBackoff, go_duration};
 use crate::container::{ContainerState, ContainerStatus, PodStatus, SandboxState};
 use crate::pleg::{ContainerId, PodUid};
 
@@ -63,6 +69,16 @@ pub struct Kill {
     pub reason: &'static str,
 }
 
+/// A container that should run but waits: its waiting reason and message in
+/// the status, and when a sync should try again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub name: String,
+    pub reason: String,
+    pub message: String,
+    pub retry_in: Duration,
+}
+
 /// The actions of one SyncPod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodActions {
@@ -78,8 +94,8 @@ pub struct PodActions {
     /// App containers (indices in `containers`) to start.
     pub start: Vec<usize>,
     pub kill: Vec<Kill>,
-    /// Containers waiting in CrashLoopBackOff, with the time left.
-    pub backoff: Vec<(String, Duration)>,
+    /// Containers waiting in CrashLoopBackOff.
+    pub backoff: Vec<Waiting>,
     pub terminal: Option<Terminal>,
 }
 
@@ -105,13 +121,32 @@ pub fn container_hash(c: &Container) -> u64 {
     ])
 }
 
-/// The newest status of the container named `name`.
+/// The newest status of the container named `name`: the last created, as the
+/// kubelet's `FindContainerStatusByName` on its creation-sorted statuses.
 pub fn latest<'a>(status: &'a PodStatus, name: &str) -> Option<&'a ContainerStatus> {
     status
         .containers
         .iter()
         .filter(|c| c.name == name)
-        .max_by_key(|c| (c.attempt, c.created_at.unwrap_or(0)))
+        .max_by_key(|c| (c.created_at.unwrap_or(0), c.attempt))
+}
+
+/// The kubelet's `format.Pod`: `name_namespace(uid)`.
+pub fn format_pod(pod: &Pod, uid: &PodUid) -> String {
+    format!(
+        "{}_{}({uid})",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or("default")
+    )
+}
+
+/// The back-off key of container `c` of the pod.
+pub fn backoff_key(uid: &PodUid, c: &Container) -> BackoffKey {
+    BackoffKey {
+        pod: uid.clone(),
+        container: c.name.clone(),
+        hash: container_hash(c),
+    }
 }
 
 /// How many times the container named `name` ran before its newest instance.
@@ -181,22 +216,57 @@ pub fn compute_pod_actions(
                     .containers
                     .iter()
                     .any(|c| c.state == ContainerState::Running);
+            // The kubelet: a Never pod that already had a sandbox and containers
+            // is not started again; it is killed and done.
+            if policy == RestartPolicy::Never
+                && actions.sandbox_attempt != 0
+                && !status.containers.is_empty()
+            {
+                actions.create_sandbox = false;
+                actions.terminal = Some(if all_apps_ok {
+                    Terminal::Succeeded
+                } else {
+                    Terminal::Failed
+                });
+                return actions;
+            }
         }
     }
 
-    let wait_backoff = |actions: &mut PodActions, name: &str, s: &ContainerStatus| -> bool {
+    let wait_backoff = |actions: &mut PodActions, c: &Container, s: &ContainerStatus| -> bool {
+        if s.state != ContainerState::Exited {
+            return false;
+        }
         let finished = s.finished_at.unwrap_or(0);
-        match backoff.remaining(uid, name, finished, now_unix_ns) {
-            Some(left) => {
-                actions.backoff.push((name.to_owned(), left));
+        match backoff.in_backoff(&backoff_key(uid, c), finished, now_unix_ns) {
+            Some(b) => {
+                actions.backoff.push(Waiting {
+                    name: c.name.clone(),
+                    reason: "CrashLoopBackOff".into(),
+                    message: format!(
+                        "back-off {} restarting failed container={} pod={}",
+                        go_duration(b.period),
+                        c.name,
+                        format_pod(pod, uid)
+                    ),
+                    retry_in: b.left,
+                });
                 true
             }
             None => false,
         }
     };
 
-    // Init containers, one at a time. A new sandbox runs them all again.
-    if !actions.create_sandbox {
+    // Init containers, one at a time. A new sandbox runs them all again (after
+    // the first one's back-off, if it crashed).
+    if actions.create_sandbox {
+        if let Some(c) = init.first() {
+            if !latest(status, &c.name).is_some_and(|s| wait_backoff(&mut actions, c, s)) {
+                actions.start_init = Some(0);
+            }
+            return actions;
+        }
+    } else {
         for (i, c) in init.iter().enumerate() {
             match latest(status, &c.name) {
                 None => {
@@ -206,27 +276,40 @@ pub fn compute_pod_actions(
                 Some(s) if s.state == ContainerState::Exited && s.exit_code == Some(0) => continue,
                 Some(s) if s.state == ContainerState::Exited => {
                     // Failed: restarted (policy Never was terminal above).
-                    if !wait_backoff(&mut actions, &c.name, s) {
+                    if !wait_backoff(&mut actions, c, s) {
                         actions.start_init = Some(i);
                     }
                     return actions;
                 }
-                Some(_) => return actions, // running or being created: wait
+                Some(s) if restart_stuck(&mut actions, c, s) => {
+                    actions.start_init = Some(i);
+                    return actions;
+                }
+                Some(_) => return actions, // running: wait for it
             }
         }
-    } else if !init.is_empty() {
-        actions.start_init = Some(0);
-        return actions;
     }
 
     // App containers.
     for (j, c) in apps.iter().enumerate() {
-        let Some(s) = latest(status, &c.name).filter(|_| !actions.create_sandbox) else {
+        let newest = latest(status, &c.name);
+        if actions.create_sandbox {
+            // Everything starts again, but what succeeded under OnFailure.
+            let succeeded = newest.is_some_and(|s| {
+                s.state == ContainerState::Exited && s.exit_code == Some(0)
+            });
+            let waits = newest.is_some_and(|s| wait_backoff(&mut actions, c, s));
+            if !(succeeded && policy == RestartPolicy::OnFailure) && !waits {
+                actions.start.push(j);
+            }
+            continue;
+        }
+        let Some(s) = newest else {
             actions.start.push(j);
             continue;
         };
         match s.state {
-            ContainerState::Running | ContainerState::Created | ContainerState::Unknown => {
+            ContainerState::Running => {
                 if s.hash.is_some_and(|h| h != container_hash(c)) {
                     actions.kill.push(Kill {
                         id: s.id.clone(),
@@ -236,16 +319,37 @@ pub fn compute_pod_actions(
                     actions.start.push(j);
                 }
             }
+            ContainerState::Created | ContainerState::Unknown => {
+                if restart_stuck(&mut actions, c, s) {
+                    actions.start.push(j);
+                }
+            }
             ContainerState::Exited => {
-                if policy.restarts(s.exit_code.unwrap_or(0))
-                    && !wait_backoff(&mut actions, &c.name, s)
-                {
+                if policy.restarts(s.exit_code.unwrap_or(0)) && !wait_backoff(&mut actions, c, s) {
                     actions.start.push(j);
                 }
             }
         }
     }
     actions
+}
+
+/// A container left Created (its start failed) or Unknown is started again, as
+/// the kubelet's `ShouldContainerBeRestarted` says whatever the policy; an
+/// Unknown one may still run, so it is killed first. True when it must start.
+fn restart_stuck(actions: &mut PodActions, c: &Container, s: &ContainerStatus) -> bool {
+    match s.state {
+        ContainerState::Created => true,
+        ContainerState::Unknown => {
+            actions.kill.push(Kill {
+                id: s.id.clone(),
+                name: c.name.clone(),
+                reason: "unknown state",
+            });
+            true
+        }
+        ContainerState::Running | ContainerState::Exited => false,
+    }
 }
 
 #[cfg(test)]
@@ -395,16 +499,43 @@ mod tests {
     #[test]
     fn crash_loop_backoff_delays_the_restart() {
         let p = pod("Always", &[], &["app"]);
+        let spec = &p.spec.as_ref().unwrap().containers[0];
         let mut b = CrashBackoff::default();
-        b.restarted(&uid(), "app", NOW - 1_000);
+        b.restarting(backoff_key(&uid(), spec), NOW - 20_000_000_000);
         let mut c = cs(1, "app", ContainerState::Exited, Some(1), 1);
-        c.finished_at = Some(NOW - 1_000);
+        c.finished_at = Some(NOW - 1_000_000_000);
         let a = compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW);
         assert!(a.start.is_empty());
-        assert_eq!(a.backoff.len(), 1);
-        let later = NOW + 11_000_000_000;
+        // The message shows the period, not the time left: it does not change
+        // from one sync to the next.
+        let message = format!(
+            "back-off 10s restarting failed container=app pod=p_default({})",
+            uid()
+        );
         assert_eq!(
-            compute_pod_actions(&p, &uid(), &status(vec![c]), &b, later).start,
+            a.backoff,
+            [Waiting {
+                name: "app".into(),
+                reason: "CrashLoopBackOff".into(),
+                message: message.clone(),
+                retry_in: Duration::from_secs(9),
+            }]
+        );
+        let a2 = compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW + 4_000_000_000);
+        assert_eq!(
+            (a2.backoff[0].message.as_str(), a2.backoff[0].retry_in),
+            (message.as_str(), Duration::from_secs(5))
+        );
+        let later = NOW + 10_000_000_000;
+        assert_eq!(
+            compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, later).start,
+            vec![0]
+        );
+        // A changed spec has no back-off.
+        let mut changed = p.clone();
+        changed.spec.as_mut().unwrap().containers[0].args = Some(vec!["new".into()]);
+        assert_eq!(
+            compute_pod_actions(&changed, &uid(), &status(vec![c]), &b, NOW).start,
             vec![0]
         );
     }
@@ -431,6 +562,81 @@ mod tests {
         let a = compute_pod_actions(&p, &uid(), &s, &CrashBackoff::default(), NOW);
         assert!(a.kill_pod && a.create_sandbox);
         assert_eq!((a.sandbox_attempt, a.start), (1, vec![0]));
+    }
+
+    /// The table of what a new sandbox starts: attempt numbers are the
+    /// caller's (from `latest`), what starts depends on the policy and on what
+    /// already ran; a Never pod that ran gets no new sandbox.
+    #[test]
+    fn what_a_new_sandbox_starts() {
+        let dead = |containers: Vec<ContainerStatus>| {
+            let mut s = status(containers);
+            s.sandboxes[0].state = SandboxState::NotReady;
+            s
+        };
+        let b = CrashBackoff::default();
+        let ok = |n| cs(n, "a", ContainerState::Exited, Some(0), 2);
+        let failed = |n| cs(n, "b", ContainerState::Exited, Some(1), 3);
+        let running = |n| cs(n, "b", ContainerState::Running, None, 3);
+        let cases: [(&str, Vec<ContainerStatus>, bool, Vec<usize>, Option<Terminal>); 6] = [
+            ("Always", vec![ok(1), failed(2)], true, vec![0, 1], None),
+            ("OnFailure", vec![ok(1), failed(2)], true, vec![1], None),
+            ("OnFailure", vec![ok(1), running(2)], true, vec![1], None),
+            ("Never", vec![ok(1), running(2)], false, vec![], Some(Terminal::Failed)),
+            ("Never", vec![ok(1)], false, vec![], Some(Terminal::Failed)),
+            // Nothing ran yet: a Never pod gets its new sandbox.
+            ("Never", vec![], true, vec![0, 1], None),
+        ];
+        for (policy, containers, create, start, terminal) in cases {
+            let p = pod(policy, &[], &["a", "b"]);
+            let what = format!("{policy} {containers:?}");
+            let a = compute_pod_actions(&p, &uid(), &dead(containers), &b, NOW);
+            assert_eq!(
+                (a.create_sandbox, a.start, a.terminal, a.kill_pod),
+                (create, start, terminal, true),
+                "{what}"
+            );
+        }
+    }
+
+    /// Created (a failed start) and Unknown containers start again, an Unknown
+    /// one killed first, whatever the policy.
+    #[test]
+    fn created_and_unknown_containers_are_restarted() {
+        let b = CrashBackoff::default();
+        for policy in ["Always", "Never"] {
+            let p = pod(policy, &[], &["app"]);
+            let created = status(vec![cs(1, "app", ContainerState::Created, None, 0)]);
+            let a = compute_pod_actions(&p, &uid(), &created, &b, NOW);
+            assert_eq!((a.start.clone(), a.kill.len()), (vec![0], 0), "{policy}");
+            let unknown = status(vec![cs(1, "app", ContainerState::Unknown, None, 0)]);
+            let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
+            assert_eq!(a.start, vec![0], "{policy}");
+            assert_eq!(
+                a.kill,
+                [Kill {
+                    id: id(1),
+                    name: "app".into(),
+                    reason: "unknown state"
+                }]
+            );
+        }
+        let p = pod("Always", &["init"], &["app"]);
+        let unknown = status(vec![cs(1, "init", ContainerState::Unknown, None, 0)]);
+        let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
+        assert_eq!((a.start_init, a.kill.len()), (Some(0), 1));
+    }
+
+    /// The newest instance is the last created, even when a new sandbox once
+    /// started attempts over.
+    #[test]
+    fn the_newest_container_is_the_last_created() {
+        let mut old = cs(1, "app", ContainerState::Exited, Some(1), 4);
+        old.created_at = Some(100);
+        let mut new = cs(2, "app", ContainerState::Running, None, 0);
+        new.created_at = Some(200);
+        let s = status(vec![old, new]);
+        assert_eq!(latest(&s, "app").unwrap().id, id(2));
     }
 
     #[test]

@@ -9,10 +9,16 @@
 
 pub mod actions;
 pub mod backoff;
+pub mod cgroups;
+pub mod cri_config;
+pub mod gc;
 pub mod kuberuntime;
 pub mod labels;
 pub mod qos;
 pub mod quantity;
+pub mod reasons;
+mod sync;
+mod terminate;
 
 use std::collections::BTreeMap;
 

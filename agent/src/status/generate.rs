@@ -11,8 +11,6 @@
 //! restart count and the times. An exit the kernel saw first is already in the
 //! runtime status given here (the PLEG merged it).
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{
     ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated,
     ContainerStateWaiting, ContainerStatus as ApiContainerStatus, Pod, PodCondition, PodIP,
@@ -21,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::container::{ContainerState, ContainerStatus, PodStatus};
-use crate::runtime::actions::{RestartPolicy, Terminal, latest};
+use crate::runtime::actions::{RestartPolicy, Terminal, Waiting, latest};
 
 /// Unix nanoseconds as an API time.
 pub fn time(unix_ns: i64) -> Option<Time> {
@@ -35,16 +33,20 @@ pub fn time(unix_ns: i64) -> Option<Time> {
 pub struct Context<'a> {
     /// The pod is done (SyncPod found it terminal).
     pub terminal: Option<Terminal>,
-    /// Containers waiting in CrashLoopBackOff.
-    pub backoff: &'a [(String, Duration)],
+    /// Containers that should run but wait, and why (CrashLoopBackOff, the
+    /// last start error).
+    pub waiting: &'a [Waiting],
     pub host_ip: &'a str,
+    /// The runtime's name from CRI `Version` (`containerd`): the scheme of
+    /// container ids (`containerd://<id>`), as the kubelet's `ContainerID.Type`.
+    pub runtime: &'a str,
     /// When the agent first admitted the pod (Unix ns).
     pub start_time: Option<i64>,
     /// Admission refused the pod: (reason, message).
     pub rejected: Option<(&'a str, &'a str)>,
 }
 
-fn terminated(s: &ContainerStatus) -> ContainerStateTerminated {
+fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
     ContainerStateTerminated {
         exit_code: s.exit_code.unwrap_or(0),
         signal: s.signal,
@@ -59,12 +61,12 @@ fn terminated(s: &ContainerStatus) -> ContainerStateTerminated {
         message: (!s.message.is_empty()).then(|| s.message.clone()),
         started_at: s.started_at.and_then(time),
         finished_at: s.finished_at.and_then(time),
-        container_id: Some(container_id(s)),
+        container_id: Some(container_id(runtime, s)),
     }
 }
 
-fn container_id(s: &ContainerStatus) -> String {
-    format!("containerd://{}", s.id)
+fn container_id(runtime: &str, s: &ContainerStatus) -> String {
+    format!("{runtime}://{}", s.id)
 }
 
 fn waiting(reason: &str, message: Option<String>) -> ApiState {
@@ -107,15 +109,20 @@ fn container_status(
     };
     if let Some(p) = previous {
         out.last_state = Some(ApiState {
-            terminated: Some(terminated(p)),
+            terminated: Some(terminated(ctx.runtime, p)),
             ..ApiState::default()
         });
     }
+    let why = ctx.waiting.iter().find(|w| w.name == name);
+    let waiting_why = |default: &str| match why {
+        Some(w) => waiting(&w.reason, Some(w.message.clone())),
+        None => waiting(default, None),
+    };
     let Some(s) = newest else {
-        out.state = Some(waiting(pending_reason, None));
+        out.state = Some(waiting_why(pending_reason));
         return out;
     };
-    out.container_id = Some(container_id(s));
+    out.container_id = Some(container_id(ctx.runtime, s));
     out.image_id = s.image_ref.clone();
     if !s.image.is_empty() {
         out.image = s.image.clone();
@@ -131,7 +138,7 @@ fn container_status(
                 ..ApiState::default()
             }
         }
-        ContainerState::Created | ContainerState::Unknown => waiting("ContainerCreating", None),
+        ContainerState::Created | ContainerState::Unknown => waiting_why("ContainerCreating"),
         ContainerState::Exited => {
             let restarts = ctx.terminal.is_none()
                 && match policy {
@@ -142,22 +149,13 @@ fn container_status(
             if restarts {
                 // Waiting for the restart; the exit goes into the last state.
                 out.last_state = Some(ApiState {
-                    terminated: Some(terminated(s)),
+                    terminated: Some(terminated(ctx.runtime, s)),
                     ..ApiState::default()
                 });
-                match ctx.backoff.iter().find(|(n, _)| n == name) {
-                    Some((_, left)) => waiting(
-                        "CrashLoopBackOff",
-                        Some(format!(
-                            "back-off {}s restarting failed container={name}",
-                            left.as_secs().max(1)
-                        )),
-                    ),
-                    None => waiting("ContainerCreating", None),
-                }
+                waiting_why("ContainerCreating")
             } else {
                 ApiState {
-                    terminated: Some(terminated(s)),
+                    terminated: Some(terminated(ctx.runtime, s)),
                     ..ApiState::default()
                 }
             }
@@ -341,6 +339,7 @@ fn policy_for_init(policy: RestartPolicy) -> RestartPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use crate::container::{SandboxState, SandboxStatus};
     use crate::pleg::{ContainerId, EventSource};
 
@@ -398,6 +397,7 @@ mod tests {
     fn ctx() -> Context<'static> {
         Context {
             host_ip: "10.0.0.1",
+            runtime: "containerd",
             ..Context::default()
         }
     }
@@ -508,12 +508,17 @@ mod tests {
         let p = pod("Always", &[], &["app"]);
         let mut oom = cs(1, "app", ContainerState::Exited, Some(137), 0);
         oom.reason = "OOMKilled".into();
-        let backoff = [("app".to_owned(), Duration::from_secs(10))];
+        let backoff = [Waiting {
+            name: "app".into(),
+            reason: "CrashLoopBackOff".into(),
+            message: "back-off 10s restarting failed container=app pod=p_default(x)".into(),
+            retry_in: Duration::from_secs(4),
+        }];
         let s = generate(
             &p,
             &runtime(vec![oom]),
             &Context {
-                backoff: &backoff,
+                waiting: &backoff,
                 ..ctx()
             },
         );

@@ -1,0 +1,309 @@
+//! The CRI configs of a pod's sandbox and containers: the kubelet's
+//! `generatePodSandboxConfig` and `generateContainerConfig`
+//! (`kuberuntime_sandbox.go`, `kuberuntime_container.go`): labels and annotations
+//! the agent finds its objects by, namespaces, log paths, command, env and
+//! CPU/memory resources. Differences: no DNS config, port mappings, security
+//! context or mounts yet (docs/pod-lifecycle.md lists what is supported).
+
+use std::collections::HashMap;
+
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::actions::container_hash;
+use super::kuberuntime::NodeInfo;
+use super::labels;
+use super::qos::qos_class;
+use super::quantity::{parse_milli, parse_units};
+use crate::pleg::PodUid;
+use crate::pleg::kernel::cgroup_path::pod_cgroup_path;
+use crate::pod_workers::{SyncError, spec_grace_seconds};
+
+/// CFS period used for CPU limits (µs), as the kubelet's.
+const CPU_PERIOD_US: i64 = 100_000;
+
+pub(super) fn host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+pub(super) fn name_ns(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.name.clone().unwrap_or_default(),
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+    )
+}
+
+/// The CRI sandbox config of `pod`.
+pub fn sandbox_config(
+    pod: &Pod,
+    uid: &PodUid,
+    attempt: u32,
+    node: &NodeInfo,
+) -> v1::PodSandboxConfig {
+    let (name, namespace) = name_ns(pod);
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut sandbox_labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    sandbox_labels.insert(labels::POD_NAME.into(), name.clone());
+    sandbox_labels.insert(labels::POD_NAMESPACE.into(), namespace.clone());
+    sandbox_labels.insert(labels::POD_UID.into(), uid.to_string());
+    let mode = |node_wide: bool, shared: bool| {
+        if node_wide {
+            v1::NamespaceMode::Node as i32
+        } else if shared {
+            v1::NamespaceMode::Pod as i32
+        } else {
+            v1::NamespaceMode::Container as i32
+        }
+    };
+    let host_net = spec.host_network.unwrap_or(false);
+    v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: name.clone(),
+            uid: uid.to_string(),
+            namespace: namespace.clone(),
+            attempt,
+        }),
+        // A host-network sandbox has no UTS namespace of its own to name.
+        hostname: if host_net {
+            String::new()
+        } else {
+            name.clone()
+        },
+        log_directory: node
+            .log_dir
+            .join(format!("{namespace}_{name}_{uid}"))
+            .to_string_lossy()
+            .into_owned(),
+        labels: sandbox_labels,
+        annotations: pod
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            cgroup_parent: pod_cgroup_path(node.cgroup_driver, qos_class(pod), uid),
+            security_context: Some(v1::LinuxSandboxSecurityContext {
+                namespace_options: Some(v1::NamespaceOption {
+                    network: mode(host_net, true),
+                    pid: mode(
+                        spec.host_pid.unwrap_or(false),
+                        spec.share_process_namespace.unwrap_or(false),
+                    ),
+                    ipc: mode(spec.host_ipc.unwrap_or(false), true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The CRI container config of `c` (its `attempt`-th instance).
+pub fn container_config(
+    pod: &Pod,
+    uid: &PodUid,
+    c: &Container,
+    attempt: u32,
+) -> Result<v1::ContainerConfig, SyncError> {
+    let (name, namespace) = name_ns(pod);
+    let mut envs = Vec::new();
+    for e in c.env.iter().flatten() {
+        if e.value_from.is_some() {
+            return Err(SyncError(format!(
+                "container {} of pod {namespace}/{name}: env {} uses valueFrom, which is not supported",
+                c.name, e.name
+            )));
+        }
+        envs.push(v1::KeyValue {
+            key: e.name.clone(),
+            value: e.value.clone().unwrap_or_default(),
+        });
+    }
+    let mut resources = v1::LinuxContainerResources::default();
+    let requests = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.clone())
+        .unwrap_or_default();
+    let limits = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    let bad = |what: &str, e: super::quantity::QuantityError| {
+        SyncError(format!(
+            "container {} of pod {namespace}/{name}: {what}: {e}",
+            c.name
+        ))
+    };
+    let cpu_request = requests.get("cpu").or(limits.get("cpu"));
+    if let Some(q) = cpu_request {
+        let milli = parse_milli(&q.0).map_err(|e| bad("cpu request", e))?;
+        resources.cpu_shares = (milli * 1024 / 1000).max(2);
+    } else {
+        resources.cpu_shares = 2;
+    }
+    if let Some(q) = limits.get("cpu") {
+        let milli = parse_milli(&q.0).map_err(|e| bad("cpu limit", e))?;
+        resources.cpu_period = CPU_PERIOD_US;
+        resources.cpu_quota = (milli * CPU_PERIOD_US / 1000).max(1000);
+    }
+    if let Some(q) = limits.get("memory") {
+        resources.memory_limit_in_bytes = parse_units(&q.0).map_err(|e| bad("memory limit", e))?;
+    }
+    let container_labels = HashMap::from([
+        (labels::POD_NAME.to_owned(), name.clone()),
+        (labels::POD_NAMESPACE.to_owned(), namespace.clone()),
+        (labels::POD_UID.to_owned(), uid.to_string()),
+        (labels::CONTAINER_NAME.to_owned(), c.name.clone()),
+    ]);
+    let annotations = HashMap::from([
+        (
+            labels::CONTAINER_HASH.to_owned(),
+            format!("{:x}", container_hash(c)),
+        ),
+        (
+            labels::CONTAINER_RESTART_COUNT.to_owned(),
+            attempt.to_string(),
+        ),
+        (
+            labels::TERMINATION_GRACE_PERIOD.to_owned(),
+            spec_grace_seconds(pod).to_string(),
+        ),
+    ]);
+    Ok(v1::ContainerConfig {
+        metadata: Some(v1::ContainerMetadata {
+            name: c.name.clone(),
+            attempt,
+        }),
+        image: Some(v1::ImageSpec {
+            image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs,
+        labels: container_labels,
+        annotations,
+        log_path: format!("{}/{attempt}.log", c.name),
+        linux: Some(v1::LinuxContainerConfig {
+            resources: Some(resources),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "a".repeat(32), "labels": {"app": "web"}},
+            "spec": {
+                "hostNetwork": true,
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{
+                    "name": "app", "image": "localhost/busybox:latest",
+                    "command": ["sh", "-c"], "args": ["exit 3"], "workingDir": "/tmp",
+                    "env": [{"name": "A", "value": "1"}],
+                    "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "500m", "memory": "64Mi"}}
+                }]
+            }
+        }))
+        .unwrap()
+    }
+
+    fn node() -> NodeInfo {
+        NodeInfo {
+            name: "n".into(),
+            host_ip: "10.0.0.1".into(),
+            runtime_name: "containerd".into(),
+            cgroup_driver: crate::pleg::kernel::cgroup_path::CgroupDriver::Cgroupfs,
+            log_dir: "/var/log/pods".into(),
+            cgroup_mounts: vec![],
+        }
+    }
+
+    #[test]
+    fn sandbox_config_for_a_host_network_pod() {
+        let p = pod();
+        let uid = pod_uid(&p).unwrap();
+        let s = sandbox_config(&p, &uid, 1, &node());
+        let m = s.metadata.as_ref().unwrap();
+        assert_eq!(
+            (m.name.as_str(), m.namespace.as_str(), m.attempt),
+            ("web", "ns", 1)
+        );
+        assert_eq!(s.hostname, "");
+        assert_eq!(s.labels.get(labels::POD_UID).unwrap(), &uid.to_string());
+        assert_eq!(s.labels.get("app").unwrap(), "web");
+        let linux = s.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, format!("/kubepods/burstable/pod{uid}"));
+        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network, v1::NamespaceMode::Node as i32);
+        assert_eq!(ns.pid, v1::NamespaceMode::Container as i32);
+        // The systemd driver's slice, the kubelet's `CgroupName.ToSystemd`.
+        let systemd = NodeInfo {
+            cgroup_driver: crate::pleg::kernel::cgroup_path::CgroupDriver::Systemd,
+            ..node()
+        };
+        let s = sandbox_config(&p, &uid, 1, &systemd);
+        assert_eq!(
+            s.linux.unwrap().cgroup_parent,
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+                uid.as_str().replace('-', "_")
+            )
+        );
+    }
+
+    #[test]
+    fn container_config_maps_the_spec() {
+        let p = pod();
+        let uid = pod_uid(&p).unwrap();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let cfg = container_config(&p, &uid, c, 2).unwrap();
+        assert_eq!(cfg.command, ["sh", "-c"]);
+        assert_eq!(cfg.args, ["exit 3"]);
+        assert_eq!(cfg.working_dir, "/tmp");
+        assert_eq!(cfg.envs[0].key, "A");
+        assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 2);
+        let r = cfg.linux.unwrap().resources.unwrap();
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.cpu_period,
+                r.memory_limit_in_bytes
+            ),
+            (256, 50_000, 100_000, 64 << 20)
+        );
+        assert_eq!(
+            cfg.annotations.get(labels::CONTAINER_HASH).unwrap(),
+            &format!("{:x}", container_hash(c))
+        );
+        let mut bad = c.clone();
+        bad.env = Some(vec![serde_json::from_value(serde_json::json!({"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})).unwrap()]);
+        let err = container_config(&p, &uid, &bad, 0).unwrap_err();
+        assert!(err.0.contains("env X uses valueFrom"), "{err}");
+    }
+}

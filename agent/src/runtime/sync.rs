@@ -1,0 +1,206 @@
+//! SyncPod: the kubelet's `SyncPod` (`kuberuntime_manager.go`) for a pod that
+//! should run. Each sync publishes the pod's API status, computes the actions
+//! ([`super::actions`]) and carries them out: sandbox, image present or pulled,
+//! init containers one by one, app containers, kills of changed containers,
+//! CrashLoopBackOff.
+
+use std::sync::Arc;
+
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tracing::{info, warn};
+
+use super::actions::{backoff_key, compute_pod_actions, format_pod, latest};
+use super::cri_config::{container_config, host_network, sandbox_config};
+use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
+use super::reasons::{
+    CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR, ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL,
+    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR,
+    StartError, check_image_reference,
+};
+use crate::container::{ContainerState, PodStatus};
+use crate::pleg::PodUid;
+use crate::pleg::cache::CacheEntry;
+use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
+
+impl KubeRuntime {
+    pub(super) async fn sync_pod(&self, pod: Arc<Pod>, entry: CacheEntry) -> Result<SyncResult, SyncError> {
+        let uid = pod_uid(&pod)?;
+        let now = unix_now_ns();
+        let actions = {
+            let backoff = lock(&self.backoff);
+            compute_pod_actions(&pod, &uid, &entry.status, &backoff, now)
+        };
+        self.publish(&pod, &uid, &entry.status, &actions, actions.terminal);
+        if actions.terminal.is_some() {
+            return Ok(SyncResult {
+                terminal: true,
+                ..SyncResult::default()
+            });
+        }
+        let grace = spec_grace_seconds(&pod);
+        if actions.kill_pod {
+            self.kill_pod(&uid, grace).await?;
+        }
+        for k in &actions.kill {
+            info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
+            self.stop_container(k.id.as_str(), grace).await?;
+        }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let sandbox_config = sandbox_config(&pod, &uid, actions.sandbox_attempt, &self.node);
+        let sandbox_id = if actions.create_sandbox {
+            if !host_network(&pod) {
+                warn!(pod = %uid, "pod without hostNetwork: the runtime needs a CNI configuration for its network");
+            }
+            let id = self
+                .cri
+                .run_pod_sandbox(&sandbox_config, "")
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
+            info!(pod = %uid, sandbox = %id, "sandbox created");
+            id
+        } else {
+            actions
+                .sandbox
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        };
+        // Attempts continue from the newest container, whatever its sandbox.
+        let status = &entry.status;
+        let init = actions
+            .start_init
+            .and_then(|i| spec.init_containers.as_ref().map(|v| &v[i]));
+        let apps = actions.start.iter().map(|j| &spec.containers[*j]);
+        // As the kubelet: every container is tried, each error recorded for its
+        // status, and the sync fails if one did.
+        let mut failed = Vec::new();
+        for c in init.into_iter().chain(apps) {
+            let started = self
+                .start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status)
+                .await;
+            let mut reasons = lock(&self.reasons);
+            match started {
+                Ok(()) => reasons.remove(&uid, &c.name),
+                Err(e) => {
+                    warn!(pod = %uid, container = %c.name, reason = e.reason, message = %e.message, "container start failed");
+                    failed.push(format!("container {}: {e}", c.name));
+                    reasons.update(&uid, &c.name, e);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            return Err(SyncError(format!(
+                "pod {}: {}",
+                format_pod(&pod, &uid),
+                failed.join("; ")
+            )));
+        }
+        Ok(SyncResult {
+            terminal: false,
+            requeue_after: actions.backoff.iter().map(|w| w.retry_in).min(),
+            did_runtime_work: actions.does_runtime_work(),
+        })
+    }
+
+    /// Makes the container's image present as its pull policy says (the
+    /// kubelet's `EnsureImageExists`), with the pull back-off. Differences: with
+    /// no policy, IfNotPresent, also for `:latest` (the kubelet's default there is
+    /// Always; the test images are not in a registry yet).
+    async fn ensure_image(&self, uid: &PodUid, c: &Container) -> Result<(), StartError> {
+        let image = c.image.as_deref().unwrap_or_default();
+        check_image_reference(image).map_err(|e| {
+            StartError::new(
+                INVALID_IMAGE_NAME,
+                format!("Failed to apply default image tag {image:?}: {e}"),
+            )
+        })?;
+        let spec = v1::ImageSpec {
+            image: image.to_owned(),
+            ..Default::default()
+        };
+        let present = self
+            .cri
+            .image_status(&spec, false)
+            .await
+            .map_err(|e| {
+                StartError::new(
+                    IMAGE_INSPECT_ERROR,
+                    format!("Failed to inspect image {image:?}: {e}"),
+                )
+            })?
+            .image
+            .is_some();
+        let pull = match c.image_pull_policy.as_deref() {
+            Some("Always") => true,
+            Some("Never") if !present => {
+                return Err(StartError::new(
+                    ERR_IMAGE_NEVER_PULL,
+                    format!("Container image {image:?} is not present with pull policy of Never"),
+                ));
+            }
+            Some("Never") => false,
+            _ => !present,
+        };
+        if !pull {
+            return Ok(());
+        }
+        let key = (uid.clone(), image.to_owned());
+        let now = unix_now_ns();
+        if lock(&self.image_backoff)
+            .in_backoff_since_update(&key, now)
+            .is_some()
+        {
+            return Err(StartError::new(
+                IMAGE_PULL_BACKOFF,
+                format!("Back-off pulling image {image:?}"),
+            ));
+        }
+        info!(pod = %uid, image, "pulling image");
+        match self.cri.pull_image(&spec, None, None).await {
+            Ok(_) => {
+                lock(&self.image_backoff).reset(&key);
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.image_backoff).restarting(key, now);
+                Err(StartError::new(
+                    ERR_IMAGE_PULL,
+                    format!("Failed to pull image {image:?}: {e}"),
+                ))
+            }
+        }
+    }
+
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        uid: &PodUid,
+        sandbox_id: &str,
+        sandbox: &v1::PodSandboxConfig,
+        c: &Container,
+        status: &PodStatus,
+    ) -> Result<(), StartError> {
+        let previous = latest(status, &c.name);
+        let attempt = previous.map(|p| p.attempt + 1).unwrap_or(0);
+        // The restart decision counts for the back-off, as the kubelet's `Next`
+        // in `doBackOff`, before the start (which may fail).
+        if let Some(p) = previous.filter(|p| p.state == ContainerState::Exited) {
+            lock(&self.backoff).restarting(backoff_key(uid, c), p.finished_at.unwrap_or(0));
+        }
+        self.ensure_image(uid, c).await?;
+        let config = container_config(pod, uid, c, attempt)
+            .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
+        let id = self
+            .cri
+            .create_container(sandbox_id, &config, sandbox)
+            .await
+            .map_err(|e| StartError::new(CREATE_CONTAINER_ERROR, e.to_string()))?;
+        self.cri
+            .start_container(&id)
+            .await
+            .map_err(|e| StartError::new(RUN_CONTAINER_ERROR, e.to_string()))?;
+        info!(pod = %uid, container = %c.name, attempt, id = %id, "container started");
+        Ok(())
+    }
+}

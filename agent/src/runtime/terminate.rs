@@ -1,0 +1,169 @@
+//! Termination: the kubelet's `SyncTerminatingPod` and `SyncTerminatedPod`
+//! (`kubelet.go`) with `killPodWithSyncResult` (`kuberuntime_manager.go`): stop
+//! the containers with the grace period (StopContainer sends SIGTERM, then
+//! SIGKILL), stop the sandbox, publish the final status; once terminated, remove
+//! the sandboxes and the pod's cgroup, as the kubelet does after RemovePodSandbox
+//! leaves it. Every stop gives the container at least the kubelet's minimum
+//! grace period of 2 s between SIGTERM and SIGKILL.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{info, warn};
+
+use super::actions::{PodActions, Terminal, latest};
+use super::CriRuntime;
+use crate::pleg::relist::PodRuntime;
+use super::cgroups::remove_pod_cgroups;
+use super::kuberuntime::{KubeRuntime, lock, pod_uid};
+use super::labels;
+use crate::container::ContainerState;
+use crate::pleg::PodUid;
+use crate::pleg::cache::CacheEntry;
+use crate::pod_workers::SyncError;
+
+/// The kubelet's `minimumGracePeriodInSeconds`.
+pub const MINIMUM_GRACE_SECONDS: i64 = 2;
+
+/// The grace period a stop gives: the pod's, but never less than the minimum
+/// (the kubelet's `killContainer`; it has no override path here).
+pub fn stop_grace(grace_seconds: i64) -> i64 {
+    grace_seconds.max(MINIMUM_GRACE_SECONDS)
+}
+
+impl KubeRuntime {
+    /// StopContainer with [`stop_grace`].
+    pub(super) async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), SyncError> {
+        self.cri
+            .stop_container(id, stop_grace(grace_seconds))
+            .await
+            .map_err(|e| SyncError(e.to_string()))
+    }
+
+    /// Stops every container and sandbox of the pod, as the runtime lists them now.
+    pub(super) async fn kill_pod(&self, uid: &PodUid, grace: i64) -> Result<(), SyncError> {
+        let selector: HashMap<String, String> =
+            HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]);
+        let containers = self
+            .cri
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: selector.clone(),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SyncError(e.to_string()))?;
+        let stops = containers
+            .iter()
+            .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
+            .map(|c| self.stop_container(&c.id, grace));
+        // In parallel, as the kubelet stops a pod's containers.
+        for r in futures::future::join_all(stops).await {
+            r?;
+        }
+        let sandboxes = self
+            .cri
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SyncError(e.to_string()))?;
+        for s in sandboxes
+            .iter()
+            .filter(|s| s.state == v1::PodSandboxState::SandboxReady as i32)
+        {
+            self.cri
+                .stop_pod_sandbox(&s.id)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn sync_terminating_pod(
+        &self,
+        pod: Arc<Pod>,
+        entry: CacheEntry,
+        grace_seconds: i64,
+    ) -> Result<(), SyncError> {
+        let uid = pod_uid(&pod)?;
+        info!(pod = %uid, grace_seconds, "terminating pod");
+        self.kill_pod(&uid, grace_seconds).await?;
+        // The final status is the runtime's, read again after the kill: exit
+        // codes, reasons and finish times as the runtime recorded them (a
+        // container that exits 0 on SIGTERM is Completed). If the runtime cannot
+        // answer, the last observation with the killed containers marked exited.
+        let status = match CriRuntime::new(self.cri.clone()).pod_status(&uid).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(pod = %uid, error = %e, "cannot read the final status from the runtime; using the last observation");
+                let mut status = (*entry.status).clone();
+                for c in &mut status.containers {
+                    if c.state == ContainerState::Running {
+                        c.state = ContainerState::Exited;
+                    }
+                }
+                status
+            }
+        };
+        let apps = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+        let succeeded = !apps.is_empty()
+            && apps.iter().all(|c| {
+                latest(&status, &c.name).is_some_and(|s| {
+                    s.state == ContainerState::Exited && s.exit_code == Some(0)
+                })
+            });
+        let terminal = if succeeded {
+            Terminal::Succeeded
+        } else {
+            Terminal::Failed
+        };
+        let actions = PodActions::default();
+        self.publish(&pod, &uid, &status, &actions, Some(terminal));
+        Ok(())
+    }
+
+    pub(super) async fn sync_terminated_pod(
+        &self,
+        pod: Arc<Pod>,
+        _entry: CacheEntry,
+    ) -> Result<(), SyncError> {
+        let uid = pod_uid(&pod)?;
+        let sandboxes = self
+            .cri
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SyncError(e.to_string()))?;
+        for s in &sandboxes {
+            self.cri
+                .remove_pod_sandbox(&s.id)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
+        }
+        remove_pod_cgroups(&self.node.cgroup_mounts, self.node.cgroup_driver, &pod, &uid);
+        lock(&self.backoff).forget(&uid);
+        lock(&self.image_backoff).retain(|(p, _)| *p != uid);
+        lock(&self.reasons).forget(&uid);
+        lock(&self.start_times).remove(&uid);
+        info!(pod = %uid, sandboxes = sandboxes.len(), "pod terminated: sandboxes and cgroup removed");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_gives_at_least_the_minimum_grace_period() {
+        let cases = [(0, 2), (1, 2), (2, 2), (3, 3), (30, 30)];
+        for (spec, given) in cases {
+            assert_eq!(stop_grace(spec), given, "{spec}");
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The whole agent end to end (in process, the code the binary runs) with the
+//! kernel PLEG, against the real containerd harness: pods from a static
+//! manifest directory, statuses read from the local `/pods` store. Shared by
+//! the end-to-end test files; one test at a time per binary ([`SERIAL`]).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use evpleg::agent::Agent;
+use evpleg::config::Args;
+use serde_json::Value;
+
+use crate::containerd::Containerd;
+
+pub const NODE: &str = "e2e";
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub struct E2e {
+    pub args: Args,
+    pub agent: Option<Agent>,
+    pub containerd: Option<Containerd>,
+    pub manifests: PathBuf,
+    pub uids: Mutex<HashSet<String>>,
+}
+
+impl E2e {
+    pub async fn start(name: &str) -> Self {
+        Self::start_with(name, &[]).await
+    }
+
+    /// [`E2e::start`] with more agent flags.
+    pub async fn start_with(name: &str, extra: &[&str]) -> Self {
+        crate::containerd::init_test_logging();
+        let containerd = Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"));
+        let manifests = containerd.base().join(format!("manifests-{name}"));
+        std::fs::create_dir_all(&manifests).expect("manifest dir");
+        let logs = containerd.base().join("pod-logs");
+        let endpoint = containerd.endpoint();
+        let base = [
+            "evpleg",
+            "--cri-endpoint",
+            &endpoint,
+            "--manifest-dir",
+            manifests.to_str().expect("utf-8"),
+            "--node-name",
+            NODE,
+            "--listen",
+            "127.0.0.1:0",
+            "--pod-log-dir",
+            logs.to_str().expect("utf-8"),
+            "--crashloop-initial-seconds",
+            "0.2",
+            "--crashloop-max-seconds",
+            "1",
+            // Longer than the workers' first error back-off (0.5 s), so that a
+            // retry meets ImagePullBackOff, as with the kubelet's 10 s.
+            "--image-pull-backoff-initial-seconds",
+            "2",
+            "--image-pull-backoff-max-seconds",
+            "4",
+        ];
+        let args = Args::try_parse_from(base.iter().chain(extra)).expect("args");
+        let agent = Agent::start(&args)
+            .await
+            .unwrap_or_else(|e| panic!("agent: {e}"));
+        Self {
+            args,
+            agent: Some(agent),
+            containerd: Some(containerd),
+            manifests,
+            uids: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn agent(&self) -> &Agent {
+        self.agent.as_ref().expect("running")
+    }
+
+    /// Stops the agent (its containers keep running) and starts a new one with
+    /// the same flags, as after a crash or an upgrade.
+    pub async fn restart_agent(&mut self) {
+        if let Some(a) = self.agent.take() {
+            a.stop().await;
+        }
+        let agent = Agent::start(&self.args)
+            .await
+            .unwrap_or_else(|e| panic!("agent restart: {e}"));
+        self.agent = Some(agent);
+    }
+
+    /// containerd's own log: it records every failed CRI call.
+    pub fn runtime_log(&self) -> String {
+        std::fs::read_to_string(self.cri().log_path()).unwrap_or_default()
+    }
+
+    pub fn write(&self, file: &str, yaml: &str) {
+        // Written elsewhere and renamed in: the source never sees half a file.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    pub fn pod(&self, name: &str) -> Option<Value> {
+        let list = self.agent().local.pod_list();
+        let pod = list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == format!("{name}-{NODE}"))
+            .cloned()?;
+        if let Some(uid) = pod["metadata"]["uid"].as_str() {
+            self.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.to_owned());
+        }
+        Some(pod)
+    }
+
+    /// Waits (polling the store every 20 ms, bounded) until `check` holds.
+    pub async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(p) = self.pod(name)
+                && check(&p)
+            {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name}: {what} not seen within {DEADLINE:?}; last: {:#}",
+                self.pod(name).unwrap_or(Value::Null)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        while self.pod(name).is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} still in /pods after {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn cri(&self) -> &Containerd {
+        self.containerd.as_ref().expect("running")
+    }
+
+    pub async fn finish(mut self) {
+        if let Some(a) = self.agent.take() {
+            a.stop().await;
+        }
+    }
+}
+
+impl Drop for E2e {
+    fn drop(&mut self) {
+        // Pods, containerd and its files go first, then the pod cgroups the agent
+        // made (RemovePodSandbox leaves them; the agent's removal may not have run).
+        drop(self.agent.take());
+        drop(self.containerd.take());
+        let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+        roots.extend(mounts);
+        for uid in self.uids.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            for root in &roots {
+                for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+                    let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
+                }
+            }
+        }
+        // The QoS levels runc created for them, when nothing else uses them now.
+        for root in &roots {
+            for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+                let _ = std::fs::remove_dir(root.join(qos));
+            }
+        }
+    }
+}
+
+pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    for key in ["containerStatuses", "initContainerStatuses"] {
+        if let Some(c) = pod["status"][key]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == name))
+        {
+            return c;
+        }
+    }
+    &Value::Null
+}
+
+pub fn manifest(name: &str, policy: &str, command: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n{extra}  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"{command}\"]\n"
+    )
+}
+
+
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("timely response")
+        .expect("read");
+    out
+}
+
+/// The host pid of the main process of container `id`: the process in its cgroup
+/// whose parent is outside it.
+pub fn find_container_pid(id: &str) -> Option<i32> {
+    let procs = std::fs::read_dir("/proc").ok()?;
+    let mut in_cgroup = Vec::new();
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        if cg.lines().any(|l| l.starts_with("0::") && l.ends_with(id)) {
+            in_cgroup.push(pid);
+        }
+    }
+    in_cgroup.iter().copied().find(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid: i32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        !in_cgroup.contains(&ppid)
+    })
+}
+
+pub async fn list_sandboxes(containerd: &Containerd) -> Vec<String> {
+    containerd
+        .client()
+        .await
+        .list_pod_sandboxes(None)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| format!("{} {:?}", s.id, s.labels))
+        .collect()
+}
+
+
+/// An end-to-end test: skipped (with its reason) when not privileged, else run
+/// alone with a fresh containerd and agent, finished (agent stopped) after.
+#[macro_export]
+macro_rules! e2e_test {
+    ($name:ident, $body:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if !$crate::privileged(stringify!($name)) {
+                return;
+            }
+            let _serial = $crate::e2e::SERIAL.lock().await;
+            let e = $crate::e2e::E2e::start(stringify!($name)).await;
+            let f: fn(
+                &$crate::e2e::E2e,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> = $body;
+            f(&e).await;
+            e.finish().await;
+        }
+    };
+}

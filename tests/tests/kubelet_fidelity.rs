@@ -1,0 +1,379 @@
+//! Kubelet fidelity end to end (issue #10, docs/pod-lifecycle.md's table "kubelet
+//! behaviour -> evpleg"): the whole agent against the real containerd, pods from
+//! static manifests, every status the agent writes observed through the local
+//! store's subscription (so a pod's last status before its removal is seen too).
+//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
+//! failure under `CI=true`.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use evpleg_cri_api::v1;
+use evpleg_tests::e2e::*;
+use evpleg_tests::e2e_test;
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+/// Statuses written for one pod, in order, as JSON.
+struct History {
+    rx: broadcast::Receiver<k8s_openapi::api::core::v1::Pod>,
+    name: String,
+    seen: Vec<Value>,
+}
+
+impl History {
+    fn new(e: &E2e, name: &str) -> Self {
+        Self {
+            rx: e.agent().local.subscribe(),
+            name: format!("{name}-{NODE}"),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until a written status satisfies `check`; returns it.
+    async fn until(&mut self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        if let Some(v) = self.seen.iter().find(|v| check(v)) {
+            return v.clone();
+        }
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Ok(pod)) if pod.metadata.name.as_deref() == Some(self.name.as_str()) => {
+                    let v = serde_json::to_value(&pod).expect("pod as json");
+                    self.seen.push(v.clone());
+                    if check(&v) {
+                        return v;
+                    }
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("{}: the status subscription failed: {e}", self.name),
+                Err(_) => panic!(
+                    "{}: {what} never written within {DEADLINE:?}; written: {:#?}",
+                    self.name,
+                    self.seen.iter().map(|v| &v["status"]).collect::<Vec<_>>()
+                ),
+            }
+        }
+    }
+}
+
+fn waiting_reason(pod: &Value) -> Option<&str> {
+    container(pod, "app")["state"]["waiting"]["reason"].as_str()
+}
+
+/// The CRI containers of pod `uid` named `name`: (id, attempt, state).
+async fn runtime_containers(e: &E2e, uid: &str, name: &str) -> Vec<(String, u32, i32)> {
+    let filter = v1::ContainerFilter {
+        label_selector: HashMap::from([
+            (evpleg::runtime::labels::POD_UID.to_owned(), uid.to_owned()),
+            (evpleg::runtime::labels::CONTAINER_NAME.to_owned(), name.to_owned()),
+        ]),
+        ..Default::default()
+    };
+    let mut out: Vec<_> = e
+        .cri()
+        .client()
+        .await
+        .list_containers(Some(filter))
+        .await
+        .expect("ListContainers")
+        .into_iter()
+        .map(|c| (c.id, c.metadata.map_or(0, |m| m.attempt), c.state))
+        .collect();
+    out.sort_by_key(|c| c.1);
+    out
+}
+
+/// The ids of the pod's sandboxes.
+async fn sandbox_ids(e: &E2e, uid: &str) -> Vec<String> {
+    list_sandboxes(e.cri())
+        .await
+        .into_iter()
+        .filter(|s| s.contains(uid))
+        .filter_map(|s| s.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// Kills the pod's sandbox from outside: SIGKILL to its pause process.
+async fn kill_sandbox(e: &E2e, uid: &str) -> String {
+    let ids = sandbox_ids(e, uid).await;
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    let pid = find_container_pid(&ids[0]).expect("the pause process");
+    // SAFETY: a plain signal to the pause process of our own test pod.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    ids[0].clone()
+}
+
+fn uid_of(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().expect("uid").to_owned()
+}
+
+// The final status after a deletion is the runtime's: a container that exits
+// 0 on SIGTERM is Completed and the pod Succeeded (it was invented as Error).
+// Its grace period of 0 becomes the kubelet's minimum of 2 s, so it gets the
+// SIGTERM (with 0, StopContainer sends SIGKILL at once: 137, Error).
+e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| Box::pin(
+    async move {
+        let mut history = History::new(e, "polite");
+        e.write(
+            "polite.yaml",
+            &manifest(
+                "polite",
+                "Always",
+                "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+                "",
+            )
+            .replace("terminationGracePeriodSeconds: 3", "terminationGracePeriodSeconds: 0"),
+        );
+        history
+            .until("running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        std::fs::remove_file(e.manifests.join("polite.yaml")).expect("remove manifest");
+        e.wait_gone("polite").await;
+        let last = history.seen.last().expect("statuses").clone();
+        let t = &container(&last, "app")["state"]["terminated"];
+        assert_eq!(
+            (
+                last["status"]["phase"].as_str(),
+                t["exitCode"].as_i64(),
+                t["reason"].as_str()
+            ),
+            (Some("Succeeded"), Some(0), Some("Completed")),
+            "{last:#}"
+        );
+        assert!(t["finishedAt"].is_string(), "{t:#}");
+        // The id's scheme is the runtime's name from its Version answer.
+        let name = e.cri().client().await.version().await.expect("Version").runtime_name;
+        let id = t["containerID"].as_str().expect("containerID");
+        assert!(id.starts_with(&format!("{name}://")), "{id} ({name})");
+    }
+));
+
+// A sandbox re-created after its pause process died: the container's attempt
+// number and restartCount continue (they started over at 0).
+e2e_test!(a_new_sandbox_continues_the_restart_count, |e| Box::pin(
+    async move {
+        e.write("phoenix.yaml", &manifest("phoenix", "Always", "sleep 600", ""));
+        let running = |p: &Value| container(p, "app")["state"]["running"].is_object();
+        let pod = e.wait_for("phoenix", "running", running).await;
+        let uid = uid_of(&pod);
+        let first = container(&pod, "app")["containerID"].clone();
+        let old_sandbox = kill_sandbox(e, &uid).await;
+        let pod = e
+            .wait_for("phoenix", "running again in a new sandbox", |p| {
+                running(p) && container(p, "app")["containerID"] != first
+            })
+            .await;
+        assert_eq!(container(&pod, "app")["restartCount"], 1, "{pod:#}");
+        let attempts: Vec<u32> = runtime_containers(e, &uid, "app")
+            .await
+            .iter()
+            .map(|c| c.1)
+            .collect();
+        assert_eq!(attempts, [0, 1], "CRI attempts");
+        let sandboxes = sandbox_ids(e, &uid).await;
+        assert!(
+            sandboxes.len() == 2 && sandboxes.contains(&old_sandbox),
+            "{sandboxes:?}"
+        );
+    }
+));
+
+// A restartPolicy: Never pod whose sandbox died after its container ran gets no
+// new sandbox: it is done (Failed), its container never runs again.
+e2e_test!(a_never_pod_whose_sandbox_died_is_not_started_again, |e| Box::pin(
+    async move {
+        e.write("once.yaml", &manifest("once", "Never", "sleep 600", ""));
+        let pod = e
+            .wait_for("once", "running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        let uid = uid_of(&pod);
+        kill_sandbox(e, &uid).await;
+        let pod = e
+            .wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed")
+            .await;
+        assert_eq!(container(&pod, "app")["restartCount"], 0, "{pod:#}");
+        let containers = runtime_containers(e, &uid, "app").await;
+        assert_eq!(containers.len(), 1, "one container ever: {containers:?}");
+        assert_eq!(sandbox_ids(e, &uid).await.len(), 1, "no new sandbox");
+    }
+));
+
+// Start errors reach the status as the kubelet's waiting reasons, with the
+// image named: ErrImagePull then ImagePullBackOff, InvalidImageName,
+// ErrImageNeverPull, and RunContainerError for an entrypoint that is missing.
+e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(async move {
+    let with_image = |name: &str, image: &str, extra: &str| {
+        manifest(name, "Always", "sleep 600", "")
+            .replace("localhost/busybox:latest", image)
+            .replace(&format!("image: {image}\n"), &format!("image: {image}\n{extra}"))
+    };
+    let cases = [
+        ("absent", with_image("absent", "localhost/evpleg-absent:1", ""), "ErrImagePull"),
+        ("badname", with_image("badname", "Bad/Name:1", ""), "InvalidImageName"),
+        (
+            "neverpull",
+            with_image(
+                "neverpull",
+                "localhost/evpleg-absent:2",
+                "      imagePullPolicy: Never\n",
+            ),
+            "ErrImageNeverPull",
+        ),
+        (
+            "noentry",
+            manifest("noentry", "Always", "", "").replace(
+                "command: [\"sh\", \"-c\", \"\"]",
+                "command: [\"/evpleg-no-such-binary\"]",
+            ),
+            "RunContainerError",
+        ),
+    ];
+    let mut histories: Vec<History> = cases.iter().map(|(n, _, _)| History::new(e, n)).collect();
+    for (name, yaml, _) in &cases {
+        e.write(&format!("{name}.yaml"), yaml);
+    }
+    for ((name, _, reason), history) in cases.iter().zip(histories.iter_mut()) {
+        let pod = history
+            .until(reason, |p| waiting_reason(p) == Some(*reason))
+            .await;
+        let message = container(&pod, "app")["state"]["waiting"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!message.is_empty(), "{name}: {pod:#}");
+        eprintln!("{name}: {reason}: {message}");
+        if *name == "absent" {
+            assert!(message.contains("localhost/evpleg-absent:1"), "{message}");
+            let backoff = history
+                .until("ImagePullBackOff", |p| waiting_reason(p) == Some("ImagePullBackOff"))
+                .await;
+            assert_eq!(
+                container(&backoff, "app")["state"]["waiting"]["message"],
+                "Back-off pulling image \"localhost/evpleg-absent:1\""
+            );
+        }
+    }
+    // The reasons are about the containers only: the pods stay Pending or
+    // Running, none terminal.
+    for (name, _, _) in &cases {
+        let pod = e.pod(name).expect("status");
+        assert!(
+            matches!(pod["status"]["phase"].as_str(), Some("Pending" | "Running")),
+            "{name}: {pod:#}"
+        );
+    }
+}));
+
+// CrashLoopBackOff: the waiting message shows the back-off period, so it is
+// stable from one resync to the next (it showed a count-down).
+e2e_test!(crash_loop_back_off_has_a_stable_message, |e| Box::pin(
+    async move {
+        let mut history = History::new(e, "crasher");
+        e.write("crasher.yaml", &manifest("crasher", "Always", "exit 2", ""));
+        let pod = history
+            .until("CrashLoopBackOff", |p| waiting_reason(p) == Some("CrashLoopBackOff"))
+            .await;
+        let message = container(&pod, "app")["state"]["waiting"]["message"]
+            .as_str()
+            .expect("message")
+            .to_owned();
+        let uid = uid_of(&pod);
+        assert!(
+            message.starts_with("back-off ")
+                && message.ends_with(&format!(
+                    "restarting failed container=app pod=crasher-{NODE}_default({uid})"
+                )),
+            "{message}"
+        );
+        // Every CrashLoopBackOff status written names a period of the back-off
+        // (0.2 s doubling to 1 s here), never a count-down.
+        let started = Instant::now();
+        history
+            .until("restartCount 4", |p| {
+                container(p, "app")["restartCount"].as_i64().unwrap_or(0) >= 4
+            })
+            .await;
+        let periods: Vec<String> = history
+            .seen
+            .iter()
+            .filter(|p| waiting_reason(p) == Some("CrashLoopBackOff"))
+            .filter_map(|p| container(p, "app")["state"]["waiting"]["message"].as_str())
+            .map(|m| m.split_whitespace().nth(1).unwrap_or_default().to_owned())
+            .collect();
+        assert!(
+            !periods.is_empty()
+                && periods
+                    .iter()
+                    .all(|p| ["200ms", "400ms", "800ms", "1s"].contains(&p.as_str())),
+            "{periods:?} after {:?}",
+            started.elapsed()
+        );
+    }
+));
+
+
+/// Container garbage collection with the kubelet's policy (one dead instance
+/// kept per container): a crash-looping container's old instances and their
+/// log files are removed every period, its last termination and restart count
+/// stay, its sandbox stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_containers_beyond_one_per_container_are_collected() {
+    if !evpleg_tests::privileged("dead_containers_beyond_one_per_container_are_collected") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with("gc", &["--container-gc-period-seconds", "0.3"]).await;
+    e.write("crasher.yaml", &manifest("crasher", "Always", "exit 1", ""));
+    let pod = e
+        .wait_for("crasher", "restartCount >= 4", |p| {
+            container(p, "app")["restartCount"].as_i64().unwrap_or(0) >= 4
+        })
+        .await;
+    let uid = uid_of(&pod);
+    // At most the newest dead instance and the current one remain.
+    let deadline = Instant::now() + DEADLINE;
+    let mut kept = runtime_containers(&e, &uid, "app").await;
+    while kept.len() > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "dead containers never collected: {kept:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        kept = runtime_containers(&e, &uid, "app").await;
+    }
+    let attempts: Vec<u32> = kept.iter().map(|c| c.1).collect();
+    assert!(
+        attempts.iter().all(|a| *a >= 3),
+        "the newest instances stay: {attempts:?}"
+    );
+    // The removed instances' logs went with them: only the kept attempts' files.
+    let logs = e.cri().base().join("pod-logs");
+    let dir = std::fs::read_dir(&logs)
+        .expect("pod log dir")
+        .flatten()
+        .find(|d| d.file_name().to_string_lossy().ends_with(&uid))
+        .expect("the pod's log dir")
+        .path()
+        .join("app");
+    let mut files: Vec<u32> = std::fs::read_dir(&dir)
+        .expect("container log dir")
+        .flatten()
+        .filter_map(|f| f.file_name().to_string_lossy().strip_suffix(".log")?.parse().ok())
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().all(|f| attempts.contains(f) || *f > *attempts.iter().max().unwrap_or(&0)),
+        "log files {files:?} for containers {attempts:?}"
+    );
+    let pod = e.pod("crasher").expect("status");
+    let c = container(&pod, "app");
+    assert!(c["restartCount"].as_i64().unwrap_or(0) >= 4, "{pod:#}");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 1, "{pod:#}");
+    assert_eq!(sandbox_ids(&e, &uid).await.len(), 1);
+    e.finish().await;
+}
