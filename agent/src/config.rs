@@ -169,6 +169,7 @@ impl Args {
             ring_buffer_bytes: self.ring_buffer_bytes,
             roots: self.cgroup_roots.clone(),
             realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
+            tap: None,
         }
     }
 }

@@ -71,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {
             let relist = Arc::new(RelistSignal::new());
-            let pleg = KernelPleg::start(args.kernel_pleg(), tx, relist.clone(), None)
+            let pleg = KernelPleg::start(args.kernel_pleg(), tx, relist.clone())
                 .context("starting the kernel pleg")?;
             info!(offsets = ?pleg.offsets(), "kernel pleg running without a container runtime");
             let metrics = Arc::new(Metrics::new(None, Some(pleg.stats().clone())));

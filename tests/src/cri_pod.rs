@@ -107,15 +107,61 @@ impl TestPod {
 
     /// A container that runs until [`Self::release`]`(name)`, then exits with 7.
     pub fn waiting_container(&self, name: &str) -> v1::ContainerConfig {
-        let script = format!("while [ ! -e {SIGNAL_DIR}/{name} ]; do sleep 0.01; done; exit 7");
+        self.waiting_container_exiting(name, 7)
+    }
+
+    /// A container that runs until [`Self::release`]`(name)`, then exits with `code`.
+    pub fn waiting_container_exiting(&self, name: &str, code: u8) -> v1::ContainerConfig {
+        let script =
+            format!("while [ ! -e {SIGNAL_DIR}/{name} ]; do sleep 0.01; done; exit {code}");
         let mut config = self.container(name, &["sh", "-c", &script]);
-        config.mounts.push(v1::Mount {
+        config.mounts.push(self.signal_mount());
+        config
+    }
+
+    /// A container whose main process is the multi-threaded `evpleg-thread-helper`
+    /// (`program`, a host binary, with the host's C library bind-mounted read-only)
+    /// in mode `args`; it goes on at [`Self::release`]`(name)` (see
+    /// `evpleg_tests::threads`).
+    pub fn thread_helper_container(
+        &self,
+        name: &str,
+        program: &str,
+        args: &[&str],
+    ) -> v1::ContainerConfig {
+        const HELPER: &str = "/evpleg-thread-helper";
+        let mut command = vec![HELPER];
+        command.extend_from_slice(args);
+        let mut config = self.container(name, &command);
+        config.envs.push(v1::KeyValue {
+            key: crate::threads::GO_FILE_ENV.to_owned(),
+            value: format!("{SIGNAL_DIR}/{name}"),
+        });
+        config.mounts.push(self.signal_mount());
+        // The helper is linked against the host's glibc (see `ldd`): its loader
+        // and libraries, at the paths the binary names.
+        for (host, container) in [
+            (program, HELPER),
+            ("/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"),
+            ("/lib64", "/lib64"),
+        ] {
+            config.mounts.push(v1::Mount {
+                container_path: container.to_owned(),
+                host_path: host.to_owned(),
+                readonly: true,
+                ..Default::default()
+            });
+        }
+        config
+    }
+
+    fn signal_mount(&self) -> v1::Mount {
+        v1::Mount {
             container_path: SIGNAL_DIR.to_owned(),
             host_path: self.signal_dir.display().to_string(),
             readonly: true,
             ..Default::default()
-        });
-        config
+        }
     }
 
     /// Lets the waiting container `name` exit.
@@ -232,6 +278,13 @@ impl Events {
         }
     }
 
+    /// Takes the events already in the channel, without waiting.
+    pub fn drain(&mut self) {
+        while let Ok(e) = self.rx.try_recv() {
+            self.push(e);
+        }
+    }
+
     pub fn count(&self, id: &str, kind: EventKind) -> usize {
         self.all
             .iter()
@@ -241,11 +294,21 @@ impl Events {
 }
 
 pub fn start_pleg(mode: PlegMode, client: &CriClient, period: Option<Duration>) -> (Pleg, Events) {
+    start_pleg_with(mode, client, period, KernelPlegConfig::default())
+}
+
+/// [`start_pleg`] with a kernel configuration (a smaller ring buffer, a record tap).
+pub fn start_pleg_with(
+    mode: PlegMode,
+    client: &CriClient,
+    period: Option<Duration>,
+    kernel: KernelPlegConfig,
+) -> (Pleg, Events) {
     let (tx, rx) = mpsc::channel(1000);
     let pleg = Pleg::start(
         mode,
         runtime_of(client),
-        KernelPlegConfig::default(),
+        kernel,
         tx,
         Arc::new(MonotonicClock),
         period,
@@ -322,7 +385,6 @@ impl ExitClock {
             KernelPlegConfig::default(),
             tx,
             Arc::new(RelistSignal::new()),
-            None,
         )
         .unwrap_or_else(|e| panic!("kernel pleg: {e}"));
         Self {

@@ -61,13 +61,13 @@ impl PlegUnderTest {
         let (record_tx, records) = std_mpsc::channel();
         let relist = Arc::new(RelistSignal::new());
         let kept_gate = gate.clone();
-        let tap = Box::new(move |ev: &KernelEvent, delay: u64| {
+        config.tap = Some(Arc::new(move |ev: &KernelEvent, delay: u64| {
             let _ = record_tx.send((ev.clone(), delay));
             if let Some(gate) = &gate {
                 gate.pass();
             }
-        });
-        let pleg = KernelPleg::start(config, tx, relist.clone(), Some(tap))
+        }));
+        let pleg = KernelPleg::start(config, tx, relist.clone())
             .unwrap_or_else(|e| panic!("starting the kernel pleg: {e}"));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -186,6 +186,7 @@ impl PlegUnderTest {
 }
 
 /// Holds the ring-buffer reader thread (through the record tap) while closed.
+/// `ReaderGate::default()` is open.
 #[derive(Debug, Default)]
 pub struct ReaderGate {
     closed: Mutex<bool>,
@@ -203,8 +204,8 @@ impl ReaderGate {
         })
     }
 
-    /// On the reader thread: waits while the gate is closed.
-    fn pass(&self) {
+    /// On the reader thread (from a record tap): waits while the gate is closed.
+    pub fn pass(&self) {
         let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
         while *closed {
             self.held.store(true, Ordering::SeqCst);
@@ -225,7 +226,12 @@ impl ReaderGate {
         true
     }
 
-    /// Lets the reader go on, for good.
+    /// Holds the reader again at the next record it decodes.
+    pub fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// Lets the reader go on, until the next [`close`](Self::close).
     pub fn open(&self) {
         *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.changed.notify_all();

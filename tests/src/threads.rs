@@ -14,6 +14,9 @@
 //!   zombie, then says `go` and that thread calls `exit(M)`. What `waitpid` gives
 //!   depends on the kernel (from Linux 6.0 the last thread's `M`, before it the
 //!   leader's `N`); the test compares the record with what it got.
+//!
+//! Run as a container under a runtime (no stdin to talk over), the helper waits
+//! for the file named by `EVPLEG_GO_FILE` to exist instead of a line on stdin.
 
 use std::io::{BufRead, Write};
 
@@ -41,12 +44,23 @@ fn usage(args: &[String]) -> ! {
     unreachable!("exit_group returned")
 }
 
-/// Prints `ready` and blocks until a line arrives on stdin (or stdin closes).
+/// The environment variable naming the file whose existence means `go`.
+pub const GO_FILE_ENV: &str = "EVPLEG_GO_FILE";
+
+/// Prints `ready` and blocks until a line arrives on stdin (or stdin closes), or
+/// until the file named by [`GO_FILE_ENV`] exists when it is set.
 fn ready_then_wait_for_go() {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready").expect("stdout");
     out.flush().expect("stdout");
     drop(out);
+    if let Some(go) = std::env::var_os(GO_FILE_ENV) {
+        // The helper's own wait, not a test's: it has nothing else to wait on.
+        while !std::path::Path::new(&go).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        return;
+    }
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
 }

@@ -214,3 +214,241 @@ fn a_stopped_reader_is_visible_and_the_generic_relist_takes_over() {
         pleg.stop().await;
     });
 }
+
+/// The runtime's own answer for container `id` once it reports it exited: its
+/// exit code (polled, with a timeout).
+async fn runtime_exit_code(client: &evpleg::cri::CriClient, id: &str) -> i32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = client
+            .container_status(id, false)
+            .await
+            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
+            .status
+            .unwrap_or_else(|| panic!("ContainerStatus {id}: no status"));
+        if status.state == evpleg_cri_api::v1::ContainerState::ContainerExited as i32 {
+            return status.exit_code;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runtime never reported {id} exited: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The host pid of container `id`'s main process, from the runtime.
+async fn main_pid(client: &evpleg::cri::CriClient, id: &str) -> u32 {
+    let status = client
+        .container_status(id, true)
+        .await
+        .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"));
+    verbose_pid(&status.info).unwrap_or_else(|| panic!("no pid for {id}: {:?}", status.info))
+}
+
+/// `/proc/<pid>/stat`'s state letter and `/proc/<pid>/task`'s thread count.
+fn proc_state(pid: u32) -> (Option<char>, usize) {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim().chars().next())
+        });
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    (state, threads)
+}
+
+/// Waits until `done` holds for `pid`'s `/proc` state.
+async fn wait_proc(pid: u32, what: &str, done: impl Fn(Option<char>, usize) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (state, threads) = proc_state(pid);
+        if done(state, threads) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} never {what}: state {state:?}, {threads} threads"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Asks for a relist of `pod` and waits until the cache holds an observation
+/// of it newer than the request, then takes the events sent so far: whatever a
+/// relist had to add is in `events` afterwards.
+async fn settle(pleg: &evpleg::pleg::Pleg, events: &mut Events, pod: &TestPod) {
+    let now = evpleg::pleg::kernel::monotonic_ns();
+    pleg.pod_relist.request(pod.pod_uid());
+    tokio::time::timeout(WAIT, pleg.cache.get_newer_than(&pod.pod_uid(), now))
+        .await
+        .expect("a pod relist after the deaths");
+    events.drain();
+}
+
+/// Clause 7 under containerd: a container whose multi-threaded main process dies
+/// by `exit_group` from a thread that is not the leader (eight threads die
+/// together), and one whose leader thread exits first and its last thread later:
+/// each gives exactly one ContainerDied, from the kernel, with the exit code the
+/// runtime itself reports.
+#[test]
+fn a_multi_threaded_main_process_dies_once_with_the_runtimes_code() {
+    if !privileged("a_multi_threaded_main_process_dies_once_with_the_runtimes_code") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "threads7");
+    let helper = env!("CARGO_BIN_EXE_evpleg-thread-helper");
+    rt.block_on(async {
+        let client = containerd.client().await;
+        let sandbox = run_sandbox(&client, &pod).await;
+        let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, PERIOD);
+        let group =
+            pod.thread_helper_container("group", helper, &["exit-group-from-thread", "9", "8"]);
+        let group = run_container(&client, &pod, &sandbox, &group).await;
+        let leader =
+            pod.thread_helper_container("leader", helper, &["leader-exits-first", "3", "5"]);
+        let leader = run_container(&client, &pod, &sandbox, &leader).await;
+        for id in [&group, &leader] {
+            events.wait(id, EventKind::ContainerStarted).await;
+            wait_cached(&pleg, &pod.pod_uid(), id, "running", |c| {
+                c.state == ContainerState::Running
+            })
+            .await;
+        }
+        let group_pid = main_pid(&client, &group).await;
+        wait_proc(group_pid, "ran 8 threads", |_, threads| threads == 8).await;
+        let leader_pid = main_pid(&client, &leader).await;
+        wait_proc(leader_pid, "had its leader exit", |state, _| {
+            state == Some('Z')
+        })
+        .await;
+
+        pod.release("group");
+        pod.release("leader");
+        for (id, name, codes) in [
+            (&group, "group", &[9][..]),
+            (&leader, "leader", &[3, 5][..]),
+        ] {
+            let died = events.wait(id, EventKind::ContainerDied).await;
+            let runtime = runtime_exit_code(&client, id).await;
+            assert!(
+                codes.contains(&runtime),
+                "{name}: the runtime's code {runtime}"
+            );
+            assert_eq!(
+                (died.source, died.exit.map(|e| e.code)),
+                (EventSource::Kernel, Some(runtime)),
+                "{name}: {died:?}"
+            );
+            eprintln!("threads test: {name} died once, code {runtime} (the runtime's)");
+        }
+        settle(&pleg, &mut events, &pod).await;
+        for id in [&group, &leader] {
+            assert_eq!(
+                events.count(id, EventKind::ContainerDied),
+                1,
+                "one death for {id}: {:#?}",
+                events.all
+            );
+        }
+        pleg.stop().await;
+    });
+}
+
+/// Clauses 4 and 7 under containerd: with a one-page ring buffer and its reader
+/// held, a burst from an exec fills the ring, and four containers then die with
+/// codes 11-14 while their records are dropped. Once the reader goes on, the
+/// drops are counted and every death reaches the workers (from the relist the
+/// loss triggered) and the cache, with the runtime's code, within the loss bound
+/// of docs/pleg.md (1 s), without the periodic relist.
+#[test]
+fn deaths_lost_in_a_full_ring_buffer_reach_the_cache_within_the_bound() {
+    if !privileged("deaths_lost_in_a_full_ring_buffer_reach_the_cache_within_the_bound") {
+        return;
+    }
+    const LOSS_BOUND: Duration = Duration::from_secs(1);
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "lost7");
+    let gate = std::sync::Arc::new(evpleg_tests::pleg::ReaderGate::default());
+    let tap_gate = gate.clone();
+    let mut kernel = evpleg::pleg::kernel::KernelPlegConfig {
+        ring_buffer_bytes: 4096,
+        ..Default::default()
+    };
+    kernel.tap = Some(std::sync::Arc::new(
+        move |_: &evpleg::pleg::kernel::event::KernelEvent, _: u64| tap_gate.pass(),
+    ));
+    rt.block_on(async {
+        let client = containerd.client().await;
+        let sandbox = run_sandbox(&client, &pod).await;
+        let (pleg, mut events) = start_pleg_with(PlegMode::Ebpf, &client, PERIOD, kernel);
+        let mut ids = Vec::new();
+        for code in 11..=14u8 {
+            let name = format!("c{code}");
+            let config = pod.waiting_container_exiting(&name, code);
+            let id = run_container(&client, &pod, &sandbox, &config).await;
+            events.wait(&id, EventKind::ContainerStarted).await;
+            wait_cached(&pleg, &pod.pod_uid(), &id, "running", |c| {
+                c.state == ContainerState::Running
+            })
+            .await;
+            ids.push((name, id, i32::from(code)));
+        }
+        let stats = pleg.kernel.as_ref().expect("ebpf mode").stats().clone();
+        let dropped_before = stats.kernel_dropped.load(Ordering::Relaxed);
+
+        // The waiting loops' own forks reach the reader, which the gate holds.
+        gate.close();
+        assert!(gate.wait_held(WAIT), "the reader was never held");
+        // 300 processes: at least 300 exit records, far more than a page holds,
+        // and nothing reads the ring.
+        let (exec_id, burst) = (&ids[0].1, "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done");
+        let r = client
+            .exec_sync(exec_id, &["sh", "-c", burst], Duration::from_secs(30))
+            .await
+            .expect("the burst");
+        assert_eq!(r.exit_code, 0, "{r:?}");
+        for (name, id, code) in &ids {
+            pod.release(name);
+            assert_eq!(runtime_exit_code(&client, id).await, *code, "{name}");
+        }
+        // Nothing has told the PLEG yet: the reader is held and no relist is due.
+        for (name, id, _) in &ids {
+            assert_eq!(events.count(id, EventKind::ContainerDied), 0, "{name}");
+        }
+
+        let opened = Instant::now();
+        gate.open();
+        for (name, id, code) in &ids {
+            // A relist's event carries no exit: the code is in the cache.
+            let died = events.wait(id, EventKind::ContainerDied).await;
+            assert_eq!(
+                died.source,
+                EventSource::Relist,
+                "{name}: the kernel's record was to be lost: {died:?}"
+            );
+            let c = wait_cached(&pleg, &pod.pod_uid(), id, "exited", |c| {
+                c.state == ContainerState::Exited
+            })
+            .await;
+            assert_eq!(c.exit_code, Some(*code), "{name}: {c:?}");
+        }
+        let repaired = opened.elapsed();
+        let dropped = stats.kernel_dropped.load(Ordering::Relaxed) - dropped_before;
+        eprintln!("lost-death test: {dropped} records dropped; all four deaths cached {repaired:?} after the reader went on");
+        assert!(dropped > 0, "the full ring dropped nothing");
+        assert!(
+            repaired < LOSS_BOUND,
+            "the deaths reached the cache {repaired:?} after the reader went on (bound {LOSS_BOUND:?})"
+        );
+        settle(&pleg, &mut events, &pod).await;
+        for (name, id, _) in &ids {
+            assert_eq!(events.count(id, EventKind::ContainerDied), 1, "{name}: {:#?}", events.all);
+        }
+        healthy(&pleg);
+        pleg.stop().await;
+    });
+}

@@ -426,7 +426,6 @@ impl Pleg {
                     kernel_config,
                     ktx,
                     relist_signal.clone(),
-                    None,
                 )?);
                 let stats = Arc::new(merge::MergeStats::default());
                 let merge = merge::KernelMerge {

@@ -113,13 +113,27 @@ pub enum KernelPlegError {
 }
 
 /// How to run the kernel PLEG.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct KernelPlegConfig {
     pub object: Option<PathBuf>,
     pub ring_buffer_bytes: u32,
     pub roots: Vec<String>,
     /// `None`: do not try real-time priority.
     pub realtime_priority: Option<i32>,
+    /// Sees every decoded record on the reader thread (tests, the benchmark).
+    pub tap: Option<RecordTap>,
+}
+
+impl std::fmt::Debug for KernelPlegConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPlegConfig")
+            .field("object", &self.object)
+            .field("ring_buffer_bytes", &self.ring_buffer_bytes)
+            .field("roots", &self.roots)
+            .field("realtime_priority", &self.realtime_priority)
+            .field("tap", &self.tap.as_ref().map(|_| "set"))
+            .finish()
+    }
 }
 
 impl Default for KernelPlegConfig {
@@ -129,6 +143,7 @@ impl Default for KernelPlegConfig {
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             roots: DEFAULT_ROOTS.iter().map(|s| s.to_string()).collect(),
             realtime_priority: Some(DEFAULT_REALTIME_PRIORITY),
+            tap: None,
         }
     }
 }
@@ -148,12 +163,11 @@ pub struct KernelPleg {
 impl KernelPleg {
     /// Loads and attaches the programs, scans the existing cgroups and starts the
     /// reader. Lifecycle events go to `events` (never blocking: a full channel is
-    /// counted and raises `relist`). `tap` sees every decoded record.
+    /// counted and raises `relist`).
     pub fn start(
         config: KernelPlegConfig,
         events: mpsc::Sender<PodLifecycleEvent>,
         relist: Arc<RelistSignal>,
-        tap: Option<RecordTap>,
     ) -> Result<Self, KernelPlegError> {
         let cgroup2_mount = index::cgroup2_mount()
             .map_err(|source| KernelPlegError::Proc {
@@ -201,7 +215,7 @@ impl KernelPleg {
             health: health.clone(),
             commands: command_rx,
             realtime_priority: config.realtime_priority,
-            tap,
+            tap: config.tap,
         };
         let thread = std::thread::Builder::new()
             .name("evpleg-ringbuf".into())

@@ -107,7 +107,7 @@ impl Default for KernelStats {
 
 /// Called on the reader thread with every decoded record and its delay from the
 /// kernel's timestamp to receipt, in ns (metrics, tests, the benchmark).
-pub type RecordTap = Box<dyn Fn(&KernelEvent, u64) + Send>;
+pub type RecordTap = Arc<dyn Fn(&KernelEvent, u64) + Send + Sync>;
 
 /// Commands to the reader thread, applied before the next record is handled.
 #[derive(Debug)]
