@@ -158,8 +158,7 @@ impl Agent {
                 .map(|(_, _, m)| m),
         );
         let runtime_name = cri.version().await?.runtime_name;
-        let cgroup_driver =
-            crate::runtime::cgroups::resolve_driver(args.cgroup_driver, &cri).await;
+        let cgroup_driver = crate::runtime::cgroups::resolve_driver(args.cgroup_driver, &cri).await;
         let node = NodeInfo {
             name: node_name.clone(),
             host_ip: host_ip.clone(),

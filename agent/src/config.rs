@@ -73,17 +73,30 @@ pub struct Args {
     pub cgroup_driver: CgroupDriverFlag,
 
     /// Container garbage collection: how often, in seconds (the kubelet's 1 min).
-    #[arg(long, env = "EVPLEG_CONTAINER_GC_PERIOD_SECONDS", default_value_t = 60.0)]
+    #[arg(
+        long,
+        env = "EVPLEG_CONTAINER_GC_PERIOD_SECONDS",
+        default_value_t = 60.0
+    )]
     pub container_gc_period_seconds: f64,
 
     /// Container garbage collection: dead containers younger than this many
     /// seconds stay (the kubelet's `--minimum-container-ttl-duration`).
-    #[arg(long, env = "EVPLEG_MINIMUM_CONTAINER_TTL_SECONDS", default_value_t = 0.0)]
+    #[arg(
+        long,
+        env = "EVPLEG_MINIMUM_CONTAINER_TTL_SECONDS",
+        default_value_t = 0.0
+    )]
     pub minimum_container_ttl_seconds: f64,
 
     /// Container garbage collection: dead containers kept per pod and container
     /// name; negative: no limit (the kubelet's, default 1).
-    #[arg(long, env = "EVPLEG_MAXIMUM_DEAD_CONTAINERS_PER_CONTAINER", default_value_t = 1, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "EVPLEG_MAXIMUM_DEAD_CONTAINERS_PER_CONTAINER",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     pub maximum_dead_containers_per_container: i32,
 
     /// Container garbage collection: dead containers kept on the node;
@@ -92,11 +105,19 @@ pub struct Args {
     pub maximum_dead_containers: i32,
 
     /// ImagePullBackOff: first delay in seconds after a failed pull (the kubelet's 10).
-    #[arg(long, env = "EVPLEG_IMAGE_PULL_BACKOFF_INITIAL_SECONDS", default_value_t = 10.0)]
+    #[arg(
+        long,
+        env = "EVPLEG_IMAGE_PULL_BACKOFF_INITIAL_SECONDS",
+        default_value_t = 10.0
+    )]
     pub image_pull_backoff_initial_seconds: f64,
 
     /// ImagePullBackOff: longest delay in seconds (the kubelet's 300).
-    #[arg(long, env = "EVPLEG_IMAGE_PULL_BACKOFF_MAX_SECONDS", default_value_t = 300.0)]
+    #[arg(
+        long,
+        env = "EVPLEG_IMAGE_PULL_BACKOFF_MAX_SECONDS",
+        default_value_t = 300.0
+    )]
     pub image_pull_backoff_max_seconds: f64,
 
     /// Load this eBPF object instead of the one embedded at build time.

@@ -28,6 +28,14 @@ pub struct E2e {
     pub uids: Mutex<HashSet<String>>,
 }
 
+impl std::fmt::Debug for E2e {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2e")
+            .field("manifests", &self.manifests)
+            .finish_non_exhaustive()
+    }
+}
+
 impl E2e {
     pub async fn start(name: &str) -> Self {
         Self::start_with(name, &[]).await
@@ -206,7 +214,6 @@ pub fn manifest(name: &str, policy: &str, command: &str, extra: &str) -> String 
     )
 }
 
-
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -260,7 +267,6 @@ pub async fn list_sandboxes(containerd: &Containerd) -> Vec<String> {
         .map(|s| format!("{} {:?}", s.id, s.labels))
         .collect()
 }
-
 
 /// An end-to-end test: skipped (with its reason) when not privileged, else run
 /// alone with a fresh containerd and agent, finished (agent stopped) after.

@@ -30,6 +30,16 @@ impl History {
         }
     }
 
+    /// Takes the statuses already written, without waiting.
+    fn drain(&mut self) {
+        while let Ok(pod) = self.rx.try_recv() {
+            if pod.metadata.name.as_deref() == Some(self.name.as_str()) {
+                self.seen
+                    .push(serde_json::to_value(&pod).expect("pod as json"));
+            }
+        }
+    }
+
     /// Waits until a written status satisfies `check`; returns it.
     async fn until(&mut self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
         if let Some(v) = self.seen.iter().find(|v| check(v)) {
@@ -66,7 +76,10 @@ async fn runtime_containers(e: &E2e, uid: &str, name: &str) -> Vec<(String, u32,
     let filter = v1::ContainerFilter {
         label_selector: HashMap::from([
             (evpleg::runtime::labels::POD_UID.to_owned(), uid.to_owned()),
-            (evpleg::runtime::labels::CONTAINER_NAME.to_owned(), name.to_owned()),
+            (
+                evpleg::runtime::labels::CONTAINER_NAME.to_owned(),
+                name.to_owned(),
+            ),
         ]),
         ..Default::default()
     };
@@ -112,8 +125,8 @@ fn uid_of(pod: &Value) -> String {
 // 0 on SIGTERM is Completed and the pod Succeeded (it was invented as Error).
 // Its grace period of 0 becomes the kubelet's minimum of 2 s, so it gets the
 // SIGTERM (with 0, StopContainer sends SIGKILL at once: 137, Error).
-e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| Box::pin(
-    async move {
+e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| {
+    Box::pin(async move {
         let mut history = History::new(e, "polite");
         e.write(
             "polite.yaml",
@@ -123,7 +136,10 @@ e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| Box::pin(
                 "trap 'exit 0' TERM; while true; do sleep 0.1; done",
                 "",
             )
-            .replace("terminationGracePeriodSeconds: 3", "terminationGracePeriodSeconds: 0"),
+            .replace(
+                "terminationGracePeriodSeconds: 3",
+                "terminationGracePeriodSeconds: 0",
+            ),
         );
         history
             .until("running", |p| {
@@ -132,6 +148,8 @@ e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| Box::pin(
             .await;
         std::fs::remove_file(e.manifests.join("polite.yaml")).expect("remove manifest");
         e.wait_gone("polite").await;
+        // The store forgets a pod only after its last status was written.
+        history.drain();
         let last = history.seen.last().expect("statuses").clone();
         let t = &container(&last, "app")["state"]["terminated"];
         assert_eq!(
@@ -145,17 +163,27 @@ e2e_test!(a_container_exiting_0_on_sigterm_ends_completed, |e| Box::pin(
         );
         assert!(t["finishedAt"].is_string(), "{t:#}");
         // The id's scheme is the runtime's name from its Version answer.
-        let name = e.cri().client().await.version().await.expect("Version").runtime_name;
+        let name = e
+            .cri()
+            .client()
+            .await
+            .version()
+            .await
+            .expect("Version")
+            .runtime_name;
         let id = t["containerID"].as_str().expect("containerID");
         assert!(id.starts_with(&format!("{name}://")), "{id} ({name})");
-    }
-));
+    })
+});
 
 // A sandbox re-created after its pause process died: the container's attempt
 // number and restartCount continue (they started over at 0).
 e2e_test!(a_new_sandbox_continues_the_restart_count, |e| Box::pin(
     async move {
-        e.write("phoenix.yaml", &manifest("phoenix", "Always", "sleep 600", ""));
+        e.write(
+            "phoenix.yaml",
+            &manifest("phoenix", "Always", "sleep 600", ""),
+        );
         let running = |p: &Value| container(p, "app")["state"]["running"].is_object();
         let pod = e.wait_for("phoenix", "running", running).await;
         let uid = uid_of(&pod);
@@ -183,8 +211,8 @@ e2e_test!(a_new_sandbox_continues_the_restart_count, |e| Box::pin(
 
 // A restartPolicy: Never pod whose sandbox died after its container ran gets no
 // new sandbox: it is done (Failed), its container never runs again.
-e2e_test!(a_never_pod_whose_sandbox_died_is_not_started_again, |e| Box::pin(
-    async move {
+e2e_test!(a_never_pod_whose_sandbox_died_is_not_started_again, |e| {
+    Box::pin(async move {
         e.write("once.yaml", &manifest("once", "Never", "sleep 600", ""));
         let pod = e
             .wait_for("once", "running", |p| {
@@ -200,74 +228,90 @@ e2e_test!(a_never_pod_whose_sandbox_died_is_not_started_again, |e| Box::pin(
         let containers = runtime_containers(e, &uid, "app").await;
         assert_eq!(containers.len(), 1, "one container ever: {containers:?}");
         assert_eq!(sandbox_ids(e, &uid).await.len(), 1, "no new sandbox");
-    }
-));
+    })
+});
 
 // Start errors reach the status as the kubelet's waiting reasons, with the
 // image named: ErrImagePull then ImagePullBackOff, InvalidImageName,
 // ErrImageNeverPull, and RunContainerError for an entrypoint that is missing.
-e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(async move {
-    let with_image = |name: &str, image: &str, extra: &str| {
-        manifest(name, "Always", "sleep 600", "")
-            .replace("localhost/busybox:latest", image)
-            .replace(&format!("image: {image}\n"), &format!("image: {image}\n{extra}"))
-    };
-    let cases = [
-        ("absent", with_image("absent", "localhost/evpleg-absent:1", ""), "ErrImagePull"),
-        ("badname", with_image("badname", "Bad/Name:1", ""), "InvalidImageName"),
-        (
-            "neverpull",
-            with_image(
+e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(
+    async move {
+        let with_image = |name: &str, image: &str, extra: &str| {
+            manifest(name, "Always", "sleep 600", "")
+                .replace("localhost/busybox:latest", image)
+                .replace(
+                    &format!("image: {image}\n"),
+                    &format!("image: {image}\n{extra}"),
+                )
+        };
+        let cases = [
+            (
+                "absent",
+                with_image("absent", "localhost/evpleg-absent:1", ""),
+                "ErrImagePull",
+            ),
+            (
+                "badname",
+                with_image("badname", "Bad/Name:1", ""),
+                "InvalidImageName",
+            ),
+            (
                 "neverpull",
-                "localhost/evpleg-absent:2",
-                "      imagePullPolicy: Never\n",
+                with_image(
+                    "neverpull",
+                    "localhost/evpleg-absent:2",
+                    "      imagePullPolicy: Never\n",
+                ),
+                "ErrImageNeverPull",
             ),
-            "ErrImageNeverPull",
-        ),
-        (
-            "noentry",
-            manifest("noentry", "Always", "", "").replace(
-                "command: [\"sh\", \"-c\", \"\"]",
-                "command: [\"/evpleg-no-such-binary\"]",
+            (
+                "noentry",
+                manifest("noentry", "Always", "", "").replace(
+                    "command: [\"sh\", \"-c\", \"\"]",
+                    "command: [\"/evpleg-no-such-binary\"]",
+                ),
+                "RunContainerError",
             ),
-            "RunContainerError",
-        ),
-    ];
-    let mut histories: Vec<History> = cases.iter().map(|(n, _, _)| History::new(e, n)).collect();
-    for (name, yaml, _) in &cases {
-        e.write(&format!("{name}.yaml"), yaml);
-    }
-    for ((name, _, reason), history) in cases.iter().zip(histories.iter_mut()) {
-        let pod = history
-            .until(reason, |p| waiting_reason(p) == Some(*reason))
-            .await;
-        let message = container(&pod, "app")["state"]["waiting"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        assert!(!message.is_empty(), "{name}: {pod:#}");
-        eprintln!("{name}: {reason}: {message}");
-        if *name == "absent" {
-            assert!(message.contains("localhost/evpleg-absent:1"), "{message}");
-            let backoff = history
-                .until("ImagePullBackOff", |p| waiting_reason(p) == Some("ImagePullBackOff"))
+        ];
+        let mut histories: Vec<History> =
+            cases.iter().map(|(n, _, _)| History::new(e, n)).collect();
+        for (name, yaml, _) in &cases {
+            e.write(&format!("{name}.yaml"), yaml);
+        }
+        for ((name, _, reason), history) in cases.iter().zip(histories.iter_mut()) {
+            let pod = history
+                .until(reason, |p| waiting_reason(p) == Some(*reason))
                 .await;
-            assert_eq!(
-                container(&backoff, "app")["state"]["waiting"]["message"],
-                "Back-off pulling image \"localhost/evpleg-absent:1\""
+            let message = container(&pod, "app")["state"]["waiting"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(!message.is_empty(), "{name}: {pod:#}");
+            eprintln!("{name}: {reason}: {message}");
+            if *name == "absent" {
+                assert!(message.contains("localhost/evpleg-absent:1"), "{message}");
+                let backoff = history
+                    .until("ImagePullBackOff", |p| {
+                        waiting_reason(p) == Some("ImagePullBackOff")
+                    })
+                    .await;
+                assert_eq!(
+                    container(&backoff, "app")["state"]["waiting"]["message"],
+                    "Back-off pulling image \"localhost/evpleg-absent:1\""
+                );
+            }
+        }
+        // The reasons are about the containers only: the pods stay Pending or
+        // Running, none terminal.
+        for (name, _, _) in &cases {
+            let pod = e.pod(name).expect("status");
+            assert!(
+                matches!(pod["status"]["phase"].as_str(), Some("Pending" | "Running")),
+                "{name}: {pod:#}"
             );
         }
     }
-    // The reasons are about the containers only: the pods stay Pending or
-    // Running, none terminal.
-    for (name, _, _) in &cases {
-        let pod = e.pod(name).expect("status");
-        assert!(
-            matches!(pod["status"]["phase"].as_str(), Some("Pending" | "Running")),
-            "{name}: {pod:#}"
-        );
-    }
-}));
+));
 
 // CrashLoopBackOff: the waiting message shows the back-off period, so it is
 // stable from one resync to the next (it showed a count-down).
@@ -276,7 +320,9 @@ e2e_test!(crash_loop_back_off_has_a_stable_message, |e| Box::pin(
         let mut history = History::new(e, "crasher");
         e.write("crasher.yaml", &manifest("crasher", "Always", "exit 2", ""));
         let pod = history
-            .until("CrashLoopBackOff", |p| waiting_reason(p) == Some("CrashLoopBackOff"))
+            .until("CrashLoopBackOff", |p| {
+                waiting_reason(p) == Some("CrashLoopBackOff")
+            })
             .await;
         let message = container(&pod, "app")["state"]["waiting"]["message"]
             .as_str()
@@ -315,7 +361,6 @@ e2e_test!(crash_loop_back_off_has_a_stable_message, |e| Box::pin(
         );
     }
 ));
-
 
 /// Container garbage collection with the kubelet's policy (one dead instance
 /// kept per container): a crash-looping container's old instances and their
@@ -363,11 +408,19 @@ async fn dead_containers_beyond_one_per_container_are_collected() {
     let mut files: Vec<u32> = std::fs::read_dir(&dir)
         .expect("container log dir")
         .flatten()
-        .filter_map(|f| f.file_name().to_string_lossy().strip_suffix(".log")?.parse().ok())
+        .filter_map(|f| {
+            f.file_name()
+                .to_string_lossy()
+                .strip_suffix(".log")?
+                .parse()
+                .ok()
+        })
         .collect();
     files.sort();
     assert!(
-        files.iter().all(|f| attempts.contains(f) || *f > *attempts.iter().max().unwrap_or(&0)),
+        files
+            .iter()
+            .all(|f| attempts.contains(f) || *f > *attempts.iter().max().unwrap_or(&0)),
         "log files {files:?} for containers {attempts:?}"
     );
     let pod = e.pod("crasher").expect("status");

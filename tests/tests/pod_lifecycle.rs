@@ -279,4 +279,3 @@ async fn a_failed_container_creation_is_retried_without_a_new_sandbox() {
     assert_eq!(ours.len(), 1, "{ours:?}");
     e.finish().await;
 }
-

@@ -295,9 +295,8 @@ pub fn compute_pod_actions(
         let newest = latest(status, &c.name);
         if actions.create_sandbox {
             // Everything starts again, but what succeeded under OnFailure.
-            let succeeded = newest.is_some_and(|s| {
-                s.state == ContainerState::Exited && s.exit_code == Some(0)
-            });
+            let succeeded =
+                newest.is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0));
             let waits = newest.is_some_and(|s| wait_backoff(&mut actions, c, s));
             if !(succeeded && policy == RestartPolicy::OnFailure) && !waits {
                 actions.start.push(j);
@@ -521,7 +520,13 @@ mod tests {
                 retry_in: Duration::from_secs(9),
             }]
         );
-        let a2 = compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW + 4_000_000_000);
+        let a2 = compute_pod_actions(
+            &p,
+            &uid(),
+            &status(vec![c.clone()]),
+            &b,
+            NOW + 4_000_000_000,
+        );
         assert_eq!(
             (a2.backoff[0].message.as_str(), a2.backoff[0].retry_in),
             (message.as_str(), Duration::from_secs(5))
@@ -578,11 +583,23 @@ mod tests {
         let ok = |n| cs(n, "a", ContainerState::Exited, Some(0), 2);
         let failed = |n| cs(n, "b", ContainerState::Exited, Some(1), 3);
         let running = |n| cs(n, "b", ContainerState::Running, None, 3);
-        let cases: [(&str, Vec<ContainerStatus>, bool, Vec<usize>, Option<Terminal>); 6] = [
+        let cases: [(
+            &str,
+            Vec<ContainerStatus>,
+            bool,
+            Vec<usize>,
+            Option<Terminal>,
+        ); 6] = [
             ("Always", vec![ok(1), failed(2)], true, vec![0, 1], None),
             ("OnFailure", vec![ok(1), failed(2)], true, vec![1], None),
             ("OnFailure", vec![ok(1), running(2)], true, vec![1], None),
-            ("Never", vec![ok(1), running(2)], false, vec![], Some(Terminal::Failed)),
+            (
+                "Never",
+                vec![ok(1), running(2)],
+                false,
+                vec![],
+                Some(Terminal::Failed),
+            ),
             ("Never", vec![ok(1)], false, vec![], Some(Terminal::Failed)),
             // Nothing ran yet: a Never pod gets its new sandbox.
             ("Never", vec![], true, vec![0, 1], None),

@@ -218,16 +218,31 @@ mod tests {
         for t in [0, 10, 30, 70] {
             b.restarting(key(1), t * S);
         }
-        assert_eq!(b.in_backoff(&key(1), 70 * S, 70 * S).unwrap().period.as_secs(), 80);
+        assert_eq!(
+            b.in_backoff(&key(1), 70 * S, 70 * S)
+                .unwrap()
+                .period
+                .as_secs(),
+            80
+        );
         // It ran 9 min: still doubling.
         b.restarting(key(1), (70 + 540) * S);
-        assert_eq!(b.in_backoff(&key(1), 610 * S, 610 * S).unwrap().period.as_secs(), 160);
+        assert_eq!(
+            b.in_backoff(&key(1), 610 * S, 610 * S)
+                .unwrap()
+                .period
+                .as_secs(),
+            160
+        );
         // It ran 10 min 1 s: not in back-off at its exit, and the next decision
         // starts over at 10 s.
         let finish = 610 * S + 601 * S;
         assert_eq!(b.in_backoff(&key(1), finish, finish + S), None);
         b.restarting(key(1), finish);
-        assert_eq!(b.in_backoff(&key(1), finish, finish).unwrap().period, INITIAL_BACKOFF);
+        assert_eq!(
+            b.in_backoff(&key(1), finish, finish).unwrap().period,
+            INITIAL_BACKOFF
+        );
         // Another spec hash has its own entry.
         assert_eq!(b.in_backoff(&key(2), finish, finish), None);
         b.forget(&key(1).pod);

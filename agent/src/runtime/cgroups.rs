@@ -75,8 +75,14 @@ mod tests {
             linux: d.map(|cgroup_driver| v1::LinuxRuntimeConfiguration { cgroup_driver }),
         };
         let cases = [
-            (Some(v1::CgroupDriver::Systemd as i32), Some(CgroupDriver::Systemd)),
-            (Some(v1::CgroupDriver::Cgroupfs as i32), Some(CgroupDriver::Cgroupfs)),
+            (
+                Some(v1::CgroupDriver::Systemd as i32),
+                Some(CgroupDriver::Systemd),
+            ),
+            (
+                Some(v1::CgroupDriver::Cgroupfs as i32),
+                Some(CgroupDriver::Cgroupfs),
+            ),
             (Some(7), None),
             (None, None),
         ];

@@ -214,6 +214,7 @@ pub fn container_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::kuberuntime::pod_uid;
 
     fn pod() -> Pod {
         serde_json::from_value(serde_json::json!({

@@ -105,7 +105,11 @@ pub fn plan(
         }
     };
     if policy.max_per_pod_container >= 0 {
-        per_unit(&mut units, policy.max_per_pod_container as usize, &mut out.containers);
+        per_unit(
+            &mut units,
+            policy.max_per_pod_container as usize,
+            &mut out.containers,
+        );
     }
     let total = |units: &HashMap<_, Vec<Dead>>| units.values().map(Vec::len).sum::<usize>();
     if policy.max_containers >= 0 && total(&units) > policy.max_containers as usize {
@@ -227,7 +231,14 @@ mod tests {
 
     const S: i64 = 1_000_000_000;
 
-    fn container(id: &str, pod: &str, name: &str, sandbox: &str, running: bool, created_s: i64) -> v1::Container {
+    fn container(
+        id: &str,
+        pod: &str,
+        name: &str,
+        sandbox: &str,
+        running: bool,
+        created_s: i64,
+    ) -> v1::Container {
         v1::Container {
             id: id.into(),
             pod_sandbox_id: sandbox.into(),
@@ -303,7 +314,11 @@ mod tests {
             // No per-container limit, two on the node: a share of one per group.
             (policy(0, -1, 2), vec!["a1", "a2", "b1"], vec!["s1", "s2"]),
             // One on the node: the groups keep one each, then the oldest goes.
-            (policy(0, -1, 1), vec!["a1", "a2", "a3", "b1"], vec!["s1", "s2"]),
+            (
+                policy(0, -1, 1),
+                vec!["a1", "a2", "a3", "b1"],
+                vec!["s1", "s2"],
+            ),
             // Nothing to remove.
             (policy(0, 5, -1), vec![], vec![]),
         ];
@@ -312,8 +327,14 @@ mod tests {
             assert_eq!(
                 (got.containers, got.sandboxes),
                 (
-                    want_containers.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-                    want_sandboxes.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+                    want_containers
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>(),
+                    want_sandboxes
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
                 ),
                 "{p:?}"
             );

@@ -47,7 +47,8 @@ pub struct ReasonCache {
 
 impl ReasonCache {
     pub fn update(&mut self, pod: &PodUid, container: &str, error: StartError) {
-        self.entries.insert((pod.clone(), container.to_owned()), error);
+        self.entries
+            .insert((pod.clone(), container.to_owned()), error);
     }
 
     /// The container started: its error is over.
@@ -92,7 +93,9 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
     if let Some(d) = digest {
         let ok = d.split_once(':').is_some_and(|(alg, hex)| {
             !alg.is_empty()
-                && alg.chars().all(|c| c.is_ascii_alphanumeric() || "+._-".contains(c))
+                && alg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+._-".contains(c))
                 && hex.len() >= 32
                 && hex.chars().all(|c| c.is_ascii_hexdigit())
         });
@@ -110,20 +113,22 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
         let ok = !t.is_empty()
             && t.len() <= 128
             && !t.starts_with(['.', '-'])
-            && t.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
         if !ok {
             return Err(format!("invalid tag {t:?}"));
         }
     }
     let mut parts: Vec<&str> = name.split('/').collect();
     // The first component is a registry host when it looks like one.
-    if parts.len() > 1
-        && (parts[0].contains(['.', ':']) || parts[0] == "localhost")
-    {
+    if parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost") {
         let host = parts.remove(0);
-        let (h, port) = host.split_once(':').map_or((host, None), |(h, p)| (h, Some(p)));
+        let (h, port) = host
+            .split_once(':')
+            .map_or((host, None), |(h, p)| (h, Some(p)));
         let host_ok = !h.is_empty()
-            && h.chars().all(|c| c.is_ascii_alphanumeric() || ".-".contains(c))
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-".contains(c))
             && port.is_none_or(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
         if !host_ok {
             return Err(format!("invalid registry host {host:?}"));
@@ -131,7 +136,8 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
     }
     for p in &parts {
         let ok = !p.is_empty()
-            && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
             && p.starts_with(|c: char| c.is_ascii_alphanumeric())
             && p.ends_with(|c: char| c.is_ascii_alphanumeric());
         if !ok {
@@ -181,12 +187,18 @@ mod tests {
         let pod = PodUid::parse(&"a".repeat(32)).unwrap();
         let other = PodUid::parse(&"b".repeat(32)).unwrap();
         let mut cache = ReasonCache::default();
-        cache.update(&pod, "app", StartError::new(ERR_IMAGE_PULL, "failed to pull"));
+        cache.update(
+            &pod,
+            "app",
+            StartError::new(ERR_IMAGE_PULL, "failed to pull"),
+        );
         cache.update(&pod, "app", StartError::new(IMAGE_PULL_BACKOFF, "Back-off"));
         cache.update(&other, "app", StartError::new(RUN_CONTAINER_ERROR, "x"));
         let w = cache.waiting(&pod);
         assert_eq!(
-            w.iter().map(|w| (w.name.as_str(), w.reason.as_str())).collect::<Vec<_>>(),
+            w.iter()
+                .map(|w| (w.name.as_str(), w.reason.as_str()))
+                .collect::<Vec<_>>(),
             [("app", IMAGE_PULL_BACKOFF)]
         );
         cache.remove(&pod, "app");

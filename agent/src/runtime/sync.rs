@@ -15,8 +15,8 @@ use super::cri_config::{container_config, host_network, sandbox_config};
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
 use super::reasons::{
     CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR, ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL,
-    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR,
-    StartError, check_image_reference,
+    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError,
+    check_image_reference,
 };
 use crate::container::{ContainerState, PodStatus};
 use crate::pleg::PodUid;
@@ -24,7 +24,11 @@ use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
 
 impl KubeRuntime {
-    pub(super) async fn sync_pod(&self, pod: Arc<Pod>, entry: CacheEntry) -> Result<SyncResult, SyncError> {
+    pub(super) async fn sync_pod(
+        &self,
+        pod: Arc<Pod>,
+        entry: CacheEntry,
+    ) -> Result<SyncResult, SyncError> {
         let uid = pod_uid(&pod)?;
         let now = unix_now_ns();
         let actions = {

@@ -13,15 +13,15 @@ use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
-use super::actions::{PodActions, Terminal, latest};
 use super::CriRuntime;
-use crate::pleg::relist::PodRuntime;
+use super::actions::{PodActions, Terminal, latest};
 use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
 use crate::container::ContainerState;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
+use crate::pleg::relist::PodRuntime;
 use crate::pod_workers::SyncError;
 
 /// The kubelet's `minimumGracePeriodInSeconds`.
@@ -35,7 +35,11 @@ pub fn stop_grace(grace_seconds: i64) -> i64 {
 
 impl KubeRuntime {
     /// StopContainer with [`stop_grace`].
-    pub(super) async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), SyncError> {
+    pub(super) async fn stop_container(
+        &self,
+        id: &str,
+        grace_seconds: i64,
+    ) -> Result<(), SyncError> {
         self.cri
             .stop_container(id, stop_grace(grace_seconds))
             .await
@@ -108,12 +112,15 @@ impl KubeRuntime {
                 status
             }
         };
-        let apps = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+        let apps = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
         let succeeded = !apps.is_empty()
             && apps.iter().all(|c| {
-                latest(&status, &c.name).is_some_and(|s| {
-                    s.state == ContainerState::Exited && s.exit_code == Some(0)
-                })
+                latest(&status, &c.name)
+                    .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0))
             });
         let terminal = if succeeded {
             Terminal::Succeeded
@@ -145,7 +152,12 @@ impl KubeRuntime {
                 .await
                 .map_err(|e| SyncError(e.to_string()))?;
         }
-        remove_pod_cgroups(&self.node.cgroup_mounts, self.node.cgroup_driver, &pod, &uid);
+        remove_pod_cgroups(
+            &self.node.cgroup_mounts,
+            self.node.cgroup_driver,
+            &pod,
+            &uid,
+        );
         lock(&self.backoff).forget(&uid);
         lock(&self.image_backoff).retain(|(p, _)| *p != uid);
         lock(&self.reasons).forget(&uid);

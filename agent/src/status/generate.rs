@@ -339,9 +339,9 @@ fn policy_for_init(policy: RestartPolicy) -> RestartPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use crate::container::{SandboxState, SandboxStatus};
     use crate::pleg::{ContainerId, EventSource};
+    use std::time::Duration;
 
     fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
         let c = |names: &[&str]| -> serde_json::Value {
