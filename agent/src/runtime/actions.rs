@@ -298,7 +298,7 @@ pub fn compute_pod_actions(
             let succeeded =
                 newest.is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == Some(0));
             let waits = newest.is_some_and(|s| wait_backoff(&mut actions, c, s));
-            if !(succeeded && policy == RestartPolicy::OnFailure) && !waits {
+            if !(waits || succeeded && policy == RestartPolicy::OnFailure) {
                 actions.start.push(j);
             }
             continue;
@@ -583,13 +583,15 @@ mod tests {
         let ok = |n| cs(n, "a", ContainerState::Exited, Some(0), 2);
         let failed = |n| cs(n, "b", ContainerState::Exited, Some(1), 3);
         let running = |n| cs(n, "b", ContainerState::Running, None, 3);
-        let cases: [(
-            &str,
+        // (policy, containers, creates a sandbox, starts, terminal)
+        type Case = (
+            &'static str,
             Vec<ContainerStatus>,
             bool,
             Vec<usize>,
             Option<Terminal>,
-        ); 6] = [
+        );
+        let cases: [Case; 6] = [
             ("Always", vec![ok(1), failed(2)], true, vec![0, 1], None),
             ("OnFailure", vec![ok(1), failed(2)], true, vec![1], None),
             ("OnFailure", vec![ok(1), running(2)], true, vec![1], None),

@@ -96,7 +96,7 @@ pub fn plan(
         });
     }
     for unit in units.values_mut() {
-        unit.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        unit.sort_by_key(|d| std::cmp::Reverse(d.created_at));
     }
     let per_unit = |units: &mut HashMap<_, Vec<Dead>>, keep: usize, out: &mut Vec<String>| {
         for unit in units.values_mut() {
@@ -120,7 +120,7 @@ pub fn plan(
         let left = total(&units);
         if left > max {
             let mut all: Vec<Dead> = units.values().flatten().cloned().collect();
-            all.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+            all.sort_by_key(|d| std::cmp::Reverse(d.created_at));
             remove_oldest(&mut all, left - max, &mut out.containers);
         }
     }
@@ -139,7 +139,7 @@ pub fn plan(
         }
     }
     for list in by_pod.values_mut() {
-        list.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        list.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         for s in list.iter().skip(1) {
             let active = s.state == v1::PodSandboxState::SandboxReady as i32
                 || holding.contains(s.id.as_str());
