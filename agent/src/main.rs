@@ -46,8 +46,21 @@ async fn until_stopped(run_for_seconds: u64) {
             tokio::time::sleep(Duration::from_secs(run_for_seconds)).await
         }
     };
+    // SIGTERM (systemd, a container runtime) stops the agent as SIGINT does.
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot handle SIGTERM");
+                std::future::pending::<()>().await
+            }
+        }
+    };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("interrupted"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
+        () = term => info!("SIGTERM: stopping"),
         () = deadline => info!(run_for_seconds, "run time over"),
     }
 }
@@ -67,7 +80,9 @@ async fn main() -> anyhow::Result<()> {
             drop(tx);
             let agent = Agent::start(&args).await.context("starting the agent")?;
             until_stopped(args.run_for_seconds).await;
+            // Workers stop, containers keep running, pending statuses go out.
             agent.stop().await;
+            info!("agent stopped");
         }
         None => {
             let relist = Arc::new(RelistSignal::new());
