@@ -256,7 +256,9 @@ impl AgentE2e {
         std::fs::read_to_string(self.cri().log_path())
             .unwrap_or_default()
             .lines()
+            // One line when the call starts, one when it returns an id or fails.
             .filter(|l| l.contains("RunPodSandbox for") && l.contains(uid))
+            .filter(|l| l.contains("returns sandbox id") || l.contains("failed"))
             .count()
     }
 

@@ -217,6 +217,19 @@ async fn a_terminal_api_pod_is_never_started_again_after_agent_restarts() {
         );
         let now = e.api().pod("default", "job").expect("the pod");
         assert_eq!(phase(&now), Some("Failed"), "after restart {restart}");
+        let exit = now
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code);
+        assert_eq!(
+            exit,
+            Some(3),
+            "the first run's exit stays, after restart {restart}"
+        );
     }
     e.finish().await;
 }
