@@ -125,8 +125,9 @@ mod tests {
 
     #[test]
     fn terminal_phase_table() {
+        type Phase = Option<&'static str>;
         // (api, last, new, refused from)
-        let cases: &[(Option<&str>, Option<&str>, Option<&str>, Option<&str>)] = &[
+        let cases: &[(Phase, Phase, Phase, Phase)] = &[
             (None, None, Some("Pending"), None),
             (None, Some("Running"), Some("Succeeded"), None),
             (None, Some("Succeeded"), Some("Succeeded"), None),
