@@ -313,3 +313,52 @@ async fn a_port_clash_fails_the_start_at_once() {
     eprintln!("refused after {took:?}");
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
+
+/// Item 4, the restart-requested path: the manifest comes back while the pod
+/// is still terminating (its container ignores SIGTERM, so termination takes
+/// the 3 s grace period); the pod runs again once it terminated, in a new
+/// sandbox, with the same UID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pod_restored_while_terminating_runs_again_once_terminated() {
+    if !privileged("a_static_pod_restored_while_terminating_runs_again_once_terminated") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = AgentE2e::start("restore-early", false).await;
+    let yaml = manifest(
+        "stubborn",
+        "Always",
+        "trap '' TERM; while true; do sleep 0.1; done",
+    );
+    e.write("stubborn.yaml", &yaml);
+    let first = e
+        .wait_local("stubborn", "Running", |p| p["status"]["phase"] == "Running")
+        .await;
+    let pod_uid = first["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let puid = PodUid::parse(&pod_uid).unwrap();
+    let sandbox1 = e.sandboxes(&pod_uid).await;
+    assert_eq!(sandbox1.len(), 1);
+    e.remove("stubborn.yaml");
+    e.wait_until("terminating", || {
+        e.agent().worker_state(&puid) == Some(WorkerState::Terminating)
+    })
+    .await;
+    e.write("stubborn.yaml", &yaml);
+    // Running again: a new container (the first one's status may still be
+    // in /pods until the terminated pod's last status was handed in).
+    let first_container = first["status"]["containerStatuses"][0]["containerID"].clone();
+    assert!(first_container.is_string(), "{first:#}");
+    let second = e
+        .wait_local("stubborn", "Running in a new container", |p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+                && p["status"]["containerStatuses"][0]["containerID"] != first_container
+        })
+        .await;
+    assert_eq!(second["metadata"]["uid"], pod_uid);
+    let sandbox2 = e.sandboxes(&pod_uid).await;
+    assert_eq!(sandbox2.len(), 1, "{sandbox2:?}");
+    assert_ne!(sandbox2[0].id, sandbox1[0].id, "a new sandbox");
+    assert_eq!(e.run_pod_sandbox_calls(&pod_uid), 2);
+    e.finish().await;
+}
