@@ -22,7 +22,7 @@ use crate::cri::{CriClient, CriClientConfig, CriError};
 use crate::metrics::Metrics;
 use crate::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
 use crate::pleg::{Pleg, PlegError};
-use crate::pod_workers::{PodWorkers, WorkerConfig};
+use crate::pod_workers::{PodWorkers, WorkerConfig, WorkerState};
 use crate::runtime::CriRuntime;
 use crate::runtime::backoff::{CrashBackoff, ImagePullBackoff};
 use crate::runtime::gc::{self, GcPolicy};
@@ -31,7 +31,7 @@ use crate::server::{self, ServerState};
 use crate::source::SourceName;
 use crate::source::mux::PodConfig;
 use crate::status::local::LocalStore;
-use crate::status::manager::StatusManager;
+use crate::status::manager::{FLUSH_BOUND, StatusManager};
 use crate::status::{StatusWriter, WriteError};
 use crate::sync_loop::SyncLoop;
 
@@ -81,6 +81,13 @@ impl StatusWriter for Writers {
             api.forget(pod).await;
         }
     }
+
+    async fn delete(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<(), WriteError> {
+        match &self.api {
+            Some(api) => api.delete(pod).await,
+            None => Ok(()),
+        }
+    }
 }
 
 /// A running agent.
@@ -92,6 +99,8 @@ pub struct Agent {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     pleg: Option<Pleg>,
+    workers: Arc<PodWorkers<KubeRuntime>>,
+    status_task: Option<JoinHandle<()>>,
 }
 
 async fn kube_client(path: &str) -> Result<kube::Client, AgentError> {
@@ -118,6 +127,17 @@ impl Agent {
     /// Starts every part of the agent.
     pub async fn start(args: &Args) -> Result<Self, AgentError> {
         let endpoint = args.cri_endpoint.clone().ok_or(AgentError::NoRuntime)?;
+        // The HTTP port first: a clash fails before anything started.
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: args.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: args.listen,
+            source,
+        })?;
         let clock: SharedClock = Arc::new(MonotonicClock);
         let node_name = args.node_name();
         let host_ip = args.node_ip();
@@ -148,7 +168,7 @@ impl Agent {
                 .map(|c| crate::status::api::ApiStatusWriter::new(c, node_name.clone())),
         };
         let status = Arc::new(StatusManager::new());
-        tasks.push(tokio::spawn(status.clone().run(writers, shutdown.clone())));
+        let status_task = tokio::spawn(status.clone().run(writers, shutdown.clone()));
 
         let mut cgroup_mounts: Vec<PathBuf> = cgroup2_mount().ok().flatten().into_iter().collect();
         cgroup_mounts.extend(
@@ -196,7 +216,10 @@ impl Agent {
             pleg.cache.clone(),
             clock.clone(),
             Some(pleg.pod_relist.clone()),
-            WorkerConfig::default(),
+            WorkerConfig {
+                resync: Duration::from_secs_f64(args.sync_frequency_seconds),
+                ..WorkerConfig::default()
+            },
             done_tx,
         ));
 
@@ -236,7 +259,7 @@ impl Agent {
         }
         drop(source_tx);
         let sync_loop = SyncLoop::new(
-            workers,
+            workers.clone(),
             status.clone(),
             pleg.cache.clone(),
             cri,
@@ -270,16 +293,6 @@ impl Agent {
                 async move { axum::Json(store.pod_list()) }
             }),
         );
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|source| AgentError::Listen {
-                addr: args.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
-            addr: args.listen,
-            source,
-        })?;
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router)
@@ -297,6 +310,8 @@ impl Agent {
             shutdown,
             tasks,
             pleg: Some(pleg),
+            workers,
+            status_task: Some(status_task),
         })
     }
 
@@ -305,9 +320,27 @@ impl Agent {
         self.pleg.as_ref()
     }
 
-    /// Stops everything.
+    /// The state of a pod's worker (`Done` once it terminated).
+    pub fn worker_state(&self, uid: &crate::pleg::PodUid) -> Option<WorkerState> {
+        self.workers.state(uid)
+    }
+
+    /// Stops everything: the sources, the sync loop and the workers stop (the
+    /// containers keep running), pending statuses are written within
+    /// [`FLUSH_BOUND`], then the PLEG stops.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
+        self.workers.shutdown();
+        if let Some(t) = self.status_task.take() {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(FLUSH_BOUND + Duration::from_secs(1), t)
+                .await
+                .is_err()
+            {
+                warn!("the status manager did not stop within its bound");
+                abort.abort();
+            }
+        }
         for t in self.tasks.drain(..) {
             t.abort();
             let _ = t.await;

@@ -1,5 +1,8 @@
 //! The agent's configuration: command-line flags, each also read from an
 //! `EVPLEG_*` environment variable. Defaults are named constants with units.
+//! Values that cannot work (zero or negative periods, a zero channel capacity, a
+//! ring buffer that is not a power of two) are refused by the parser with a
+//! message naming the flag, never a panic later.
 
 use std::path::PathBuf;
 
@@ -24,8 +27,14 @@ pub struct Args {
     pub cri_endpoint: Option<String>,
 
     /// Relist period in seconds (default: 300 in ebpf mode, 1 in generic mode).
-    #[arg(long, env = "EVPLEG_RELIST_PERIOD_SECONDS")]
+    #[arg(long, env = "EVPLEG_RELIST_PERIOD_SECONDS", value_parser = positive_seconds)]
     pub relist_period_seconds: Option<f64>,
+
+    /// How often a pod worker syncs its pod without another reason, in seconds
+    /// (the kubelet's `--sync-frequency`, 1 min).
+    #[arg(long, env = "EVPLEG_SYNC_FREQUENCY_SECONDS", default_value_t = 60.0,
+          value_parser = positive_seconds)]
+    pub sync_frequency_seconds: f64,
 
     /// This node's name (spec.nodeName of its pods; static pod names get it as a
     /// suffix). Defaults to the host name.
@@ -59,11 +68,13 @@ pub struct Args {
     pub pod_log_dir: PathBuf,
 
     /// CrashLoopBackOff: first delay in seconds (the kubelet's 10).
-    #[arg(long, env = "EVPLEG_CRASHLOOP_INITIAL_SECONDS", default_value_t = 10.0)]
+    #[arg(long, env = "EVPLEG_CRASHLOOP_INITIAL_SECONDS", default_value_t = 10.0,
+          value_parser = positive_seconds)]
     pub crashloop_initial_seconds: f64,
 
     /// CrashLoopBackOff: longest delay in seconds (the kubelet's 300).
-    #[arg(long, env = "EVPLEG_CRASHLOOP_MAX_SECONDS", default_value_t = 300.0)]
+    #[arg(long, env = "EVPLEG_CRASHLOOP_MAX_SECONDS", default_value_t = 300.0,
+          value_parser = positive_seconds)]
     pub crashloop_max_seconds: f64,
 
     /// The cgroup driver of pod cgroups, as the kubelet's `--cgroup-driver`:
@@ -131,7 +142,8 @@ pub struct Args {
     pub cgroup_roots: Vec<String>,
 
     /// Ring buffer size in bytes (a power of two, at least a page).
-    #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES)]
+    #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES,
+          value_parser = ring_buffer_bytes)]
     pub ring_buffer_bytes: u32,
 
     /// SCHED_FIFO priority of the ring-buffer reader; 0 disables real-time.
@@ -139,7 +151,8 @@ pub struct Args {
     pub realtime_priority: i32,
 
     /// Capacity of the lifecycle event channel (the kubelet uses 1000).
-    #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000)]
+    #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000,
+          value_parser = channel_capacity)]
     pub event_channel: usize,
 
     /// Address of the HTTP endpoints (/metrics, /healthz); the kubelet's read-only
@@ -150,6 +163,51 @@ pub struct Args {
     /// Stop after this many seconds (0: run until interrupted).
     #[arg(long, env = "EVPLEG_RUN_FOR_SECONDS", default_value_t = 0)]
     pub run_for_seconds: u64,
+}
+
+/// The longest period a flag takes (a year), so that `Duration` never overflows.
+const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A period in seconds: a finite number above zero, at most a year.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("{s:?}: the period must be more than 0 seconds"));
+    }
+    if v > MAX_SECONDS {
+        return Err(format!(
+            "{s:?}: the period must be at most {MAX_SECONDS} seconds (a year)"
+        ));
+    }
+    Ok(v)
+}
+
+/// A channel capacity: at least 1 (Tokio's channels cannot have 0).
+fn channel_capacity(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("the capacity must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "{s:?} is not a capacity (a whole number of events)"
+        )),
+    }
+}
+
+/// The ring buffer's size: a power of two, at least a page (4096 bytes).
+fn ring_buffer_bytes(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    if n < 4096 || !n.is_power_of_two() {
+        return Err(format!(
+            "{n}: the ring buffer must be a power of two of at least 4096 bytes"
+        ));
+    }
+    Ok(n)
 }
 
 impl Args {
@@ -220,6 +278,49 @@ mod tests {
         .unwrap();
         assert_eq!(args.cgroup_roots, ["/a", "/b"]);
         assert_eq!(args.kernel_pleg().realtime_priority, None);
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_a_message_naming_the_flag() {
+        let cases: &[(&str, &str)] = &[
+            ("--relist-period-seconds=0", "more than 0"),
+            ("--relist-period-seconds=-1", "more than 0"),
+            ("--relist-period-seconds=NaN", "more than 0"),
+            ("--relist-period-seconds=1e300", "at most"),
+            ("--sync-frequency-seconds=0", "more than 0"),
+            ("--crashloop-initial-seconds=-0.5", "more than 0"),
+            ("--crashloop-max-seconds=abc", "not a number"),
+            ("--event-channel=0", "at least 1"),
+            ("--event-channel=-3", "not a capacity"),
+            ("--ring-buffer-bytes=5000", "power of two"),
+            ("--ring-buffer-bytes=0", "power of two"),
+        ];
+        for (flag, want) in cases {
+            let err = Args::try_parse_from(["evpleg", flag]).expect_err(flag);
+            let text = err.to_string();
+            let name = flag.split('=').next().unwrap();
+            assert!(text.contains(name) && text.contains(want), "{flag}: {text}");
+        }
+        let ok = Args::try_parse_from([
+            "evpleg",
+            "--relist-period-seconds",
+            "0.5",
+            "--sync-frequency-seconds",
+            "2",
+            "--event-channel",
+            "1",
+            "--ring-buffer-bytes",
+            "8192",
+        ])
+        .unwrap();
+        assert_eq!(ok.relist_period_seconds, Some(0.5));
+        assert_eq!(ok.sync_frequency_seconds, 2.0);
+        assert_eq!(
+            Args::try_parse_from(["evpleg"])
+                .unwrap()
+                .sync_frequency_seconds,
+            60.0
+        );
     }
 }
 

@@ -11,6 +11,7 @@ pub mod container;
 pub mod cri;
 pub mod metrics;
 pub mod pleg;
+pub mod pod_fate;
 pub mod pod_workers;
 pub mod runtime;
 pub mod server;

@@ -38,7 +38,24 @@ fn log_event(ev: &PodLifecycleEvent) {
     );
 }
 
-async fn until_stopped(run_for_seconds: u64) {
+/// SIGTERM and SIGINT, caught from the start: one that arrives while the agent
+/// starts is kept and stops it once it runs (never the default kill).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("handling SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("handling SIGINT")?,
+        })
+    }
+}
+
+async fn until_stopped(signals: &mut Signals, run_for_seconds: u64) {
     let deadline = async {
         if run_for_seconds == 0 {
             std::future::pending::<()>().await
@@ -47,7 +64,8 @@ async fn until_stopped(run_for_seconds: u64) {
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("interrupted"),
+        _ = signals.int.recv() => info!("SIGINT: stopping"),
+        _ = signals.term.recv() => info!("SIGTERM: stopping"),
         () = deadline => info!(run_for_seconds, "run time over"),
     }
 }
@@ -56,6 +74,7 @@ async fn until_stopped(run_for_seconds: u64) {
 async fn main() -> anyhow::Result<()> {
     evpleg::telemetry::init("info");
     let args = Args::parse();
+    let mut signals = Signals::install()?;
     let (tx, mut rx) = mpsc::channel(args.event_channel);
     let printer = tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
@@ -66,8 +85,10 @@ async fn main() -> anyhow::Result<()> {
         Some(_) => {
             drop(tx);
             let agent = Agent::start(&args).await.context("starting the agent")?;
-            until_stopped(args.run_for_seconds).await;
+            until_stopped(&mut signals, args.run_for_seconds).await;
+            // Workers stop, containers keep running, pending statuses go out.
             agent.stop().await;
+            info!("agent stopped");
         }
         None => {
             let relist = Arc::new(RelistSignal::new());
@@ -82,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
                 server::router(state),
                 shutdown.clone(),
             ));
-            until_stopped(args.run_for_seconds).await;
+            until_stopped(&mut signals, args.run_for_seconds).await;
             shutdown.cancel();
             server
                 .await

@@ -7,7 +7,9 @@
 //!   sync; the shortest grace period asked for wins;
 //! * a pod whose sync finds it terminal (restartPolicy Never/OnFailure, done)
 //!   terminates by itself;
-//! * once terminated, its UID is never started again;
+//! * once terminated, its UID is never started again, unless the sync loop
+//!   forgets it ([`PodWorkers::forget_finished`], the kubelet's restart of a
+//!   pod re-added with the same UID);
 //! * no worker syncs before the PLEG's first complete relist has filled the
 //!   cache (the kubelet's workers block on the cache's global time);
 //! * before each sync the worker waits for a pod status cache entry newer than
@@ -266,6 +268,24 @@ impl<S: PodSyncer> PodWorkers<S> {
     /// UIDs with a live worker.
     pub fn known(&self) -> Vec<PodUid> {
         lock(&self.workers).keys().cloned().collect()
+    }
+
+    /// Whether a worker of this UID is registered (running, or finished but not
+    /// yet reaped).
+    pub fn is_live(&self, uid: &PodUid) -> bool {
+        lock(&self.workers).contains_key(uid)
+    }
+
+    /// Forgets that a UID finished, so that it can start again (the kubelet's
+    /// purge of a finished worker before a restart-requested pod is created
+    /// again). Does nothing while a worker of that UID is registered; returns
+    /// whether the UID can now start.
+    pub fn forget_finished(&self, uid: &PodUid) -> bool {
+        if self.is_live(uid) {
+            return false;
+        }
+        lock(&self.finished).remove(uid);
+        true
     }
 
     /// Drops the bookkeeping of a finished worker.

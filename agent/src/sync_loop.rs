@@ -10,8 +10,15 @@
 //! the point is not to wait). Housekeeping, once every source has sent its first
 //! set, stops and removes sandboxes of pods that no longer exist and removes their
 //! empty pod cgroups.
+//!
+//! Before admission, [`crate::pod_fate`] decides what a new pod becomes: mirror
+//! pods never run, a pod terminal in the API server is never started, a UID
+//! re-added after (or while) it terminated starts again. When a worker finished,
+//! the status manager hears it ([`StatusManager::pod_finished`]), so that a
+//! gracefully deleted API pod is deleted for good; a pod removed from its source
+//! is forgotten (status and cache entry).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,13 +26,14 @@ use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::admission::Admission;
 use crate::cri::CriClient;
 use crate::pleg::cache::PodStatusCache;
 use crate::pleg::{PodLifecycleEvent, PodUid};
-use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType};
+use crate::pod_fate::{OnAdd, on_add};
+use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
 use crate::runtime::kuberuntime::pod_uid;
 use crate::runtime::labels;
 use crate::source::mux::SeenSources;
@@ -51,6 +59,8 @@ pub struct SyncLoop<S> {
     pub cgroup_mounts: Vec<std::path::PathBuf>,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
+    /// Re-added while their worker was terminating: started again once it ends.
+    restart_requested: HashSet<PodUid>,
 }
 
 impl<S> std::fmt::Debug for SyncLoop<S> {
@@ -90,11 +100,17 @@ impl<S: PodSyncer> SyncLoop<S> {
             cgroup_mounts,
             pods: HashMap::new(),
             rejected: HashMap::new(),
+            restart_requested: HashSet::new(),
         }
     }
 
     fn handle_update(&mut self, update: PodUpdate) {
         for pod in update.pods {
+            if crate::status::finish::is_mirror_pod(&pod) {
+                debug!(op = ?update.op, name = ?pod.metadata.name, namespace = ?pod.metadata.namespace,
+                       "mirror pod: not run (its static pod runs from its own source)");
+                continue;
+            }
             let uid = match pod_uid(&pod) {
                 Ok(u) => u,
                 Err(e) => {
@@ -112,7 +128,18 @@ impl<S: PodSyncer> SyncLoop<S> {
                     self.workers.update_pod(&uid, pod, UpdateType::Update);
                 }
                 Op::Delete => {
+                    if self.rejected.contains_key(&uid) {
+                        // Never ran: finished as it is.
+                        self.rejected.insert(uid.clone(), pod.clone());
+                        self.status.pod_finished(&uid, pod);
+                        continue;
+                    }
                     self.pods.insert(uid.clone(), pod.clone());
+                    if self.workers.state(&uid) == Some(WorkerState::Done) {
+                        // Finished before the deletion: nothing left to stop.
+                        self.status.pod_finished(&uid, pod);
+                        continue;
+                    }
                     let grace = grace_override(&pod);
                     self.workers.update_pod(
                         &uid,
@@ -125,8 +152,16 @@ impl<S: PodSyncer> SyncLoop<S> {
                 Op::Remove => {
                     info!(pod = %uid, name = ?pod.metadata.name, "pod removed from its source: terminating");
                     self.pods.remove(&uid);
+                    self.restart_requested.remove(&uid);
                     if self.rejected.remove(&uid).is_some() {
                         self.status.remove(&uid);
+                        continue;
+                    }
+                    if self.workers.state(&uid) == Some(WorkerState::Done)
+                        && !self.workers.is_live(&uid)
+                    {
+                        // Terminated earlier: forget it now.
+                        self.forget(&uid);
                         continue;
                     }
                     self.workers.update_pod(
@@ -145,6 +180,39 @@ impl<S: PodSyncer> SyncLoop<S> {
     fn add(&mut self, uid: PodUid, pod: Arc<Pod>) {
         if self.pods.contains_key(&uid) || self.rejected.contains_key(&uid) {
             return;
+        }
+        let state = self.workers.state(&uid);
+        let mut fate = on_add(&pod, state, self.workers.is_live(&uid));
+        if fate == OnAdd::Restart {
+            info!(pod = %uid, name = ?pod.metadata.name, "pod added again after it terminated: starting it again");
+            self.workers.forget_finished(&uid);
+            self.status.reset(&uid);
+            self.cache.delete(&uid);
+            fate = on_add(&pod, None, false);
+        }
+        match fate {
+            OnAdd::IgnoreMirror | OnAdd::Restart => return,
+            OnAdd::RestartWhenFinished => {
+                info!(pod = %uid, name = ?pod.metadata.name, ?state, "pod added again while terminating: it starts again once terminated");
+                self.pods.insert(uid.clone(), pod);
+                self.restart_requested.insert(uid);
+                return;
+            }
+            OnAdd::Terminate => {
+                info!(pod = %uid, name = ?pod.metadata.name,
+                      phase = ?pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                      "pod already terminal in the API server: never started, only terminated");
+                self.pods.insert(uid.clone(), pod.clone());
+                self.workers.update_pod(
+                    &uid,
+                    pod,
+                    UpdateType::Kill {
+                        grace_seconds: None,
+                    },
+                );
+                return;
+            }
+            OnAdd::Admit => {}
         }
         if let Err(r) = self.admission.admit(&uid, &pod) {
             warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
@@ -191,11 +259,25 @@ impl<S: PodSyncer> SyncLoop<S> {
     fn finished(&mut self, uid: PodUid) {
         self.admission.release(&uid);
         self.workers.reap(&uid);
-        if !self.pods.contains_key(&uid) {
-            // Removed from its source and terminated: forget it everywhere.
-            self.status.remove(&uid);
-            self.cache.delete(&uid);
+        if self.restart_requested.remove(&uid)
+            && let Some(pod) = self.pods.remove(&uid)
+        {
+            self.add(uid, pod);
+            return;
         }
+        match self.pods.get(&uid) {
+            // Removed from its source and terminated: forget it everywhere.
+            None => self.forget(&uid),
+            // Still in its source: a gracefully deleted pod can now be deleted.
+            Some(pod) => self.status.pod_finished(&uid, pod.clone()),
+        }
+    }
+
+    /// Forgets a pod that left its source and terminated: its status (once the
+    /// last one is out) and its pod status cache entry.
+    fn forget(&mut self, uid: &PodUid) {
+        self.status.remove(uid);
+        self.cache.delete(uid);
     }
 
     /// Stops and removes sandboxes whose pod is unknown, and removes empty pod

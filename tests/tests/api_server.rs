@@ -1021,8 +1021,16 @@ async fn status_manager_writes_the_newest_status_after_an_outage() {
     }
 
     fake.set_available(false);
+    // Only the last is terminal: a terminal phase is final.
     manager.set_pod_status(&uid, pod.clone(), phase("Running"));
-    manager.set_pod_status(&uid, pod.clone(), phase("Succeeded"));
+    manager.set_pod_status(
+        &uid,
+        pod.clone(),
+        PodStatus {
+            pod_ip: Some("10.0.0.7".into()),
+            ..phase("Running")
+        },
+    );
     manager.set_pod_status(&uid, pod.clone(), failed_status());
     // Retried while away (back-off from 100 ms), nothing written.
     while manager.stats().retries < 2 {

@@ -36,9 +36,12 @@
 //! - `restartPolicy: Always` and `terminationGracePeriodSeconds: 30` when unset (the
 //!   only API defaults applied), `status.phase: Pending`, and for files the
 //!   toleration of every `NoExecute` taint;
-//! - validated: a DNS-subdomain name, at least one container, every container with a
-//!   unique name and an image; no two pods of one file with the same name (a subset of
-//!   the kubelet's `ValidatePod`).
+//! - validated: a DNS-subdomain name, a `metadata.uid` (when given) the agent can use
+//!   as a pod UID (hex digits and `-`, as cgroup and label names need it), at least one
+//!   container, every container with a unique name and an image; no two pods of one
+//!   file with the same name (a subset of the kubelet's `ValidatePod`). A pod whose
+//!   name an earlier file (in name order) already has is left out, with an error on
+//!   the later file naming both files (the kubelet drops such a duplicate too).
 //!
 //! If the directory is missing (or removed), an empty set is sent and the source
 //! retries every second, backing off to 20 s, as the kubelet does.
@@ -96,6 +99,13 @@ pub enum Error {
     /// manifest directory {dir} was removed or moved away
     #[error("manifest directory {dir} was removed or moved away")]
     DirectoryGone { dir: PathBuf },
+    /// manifest {path}: pod {pod} is already defined by manifest {first}; ignored
+    #[error("manifest {path}: pod {pod} is already defined by manifest {first}; ignored")]
+    DuplicateName {
+        path: PathBuf,
+        pod: String,
+        first: PathBuf,
+    },
 }
 
 /// Why one manifest document (of a file or a URL) is not a pod evpleg can run.
@@ -206,6 +216,13 @@ fn validate(pod: &Pod) -> Result<(), DecodeError> {
     if !is_dns_subdomain(name) {
         return invalid(format!(
             "metadata.name {name:?} is not a lowercase DNS subdomain"
+        ));
+    }
+    if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty())
+        && crate::pleg::PodUid::parse(uid).is_none()
+    {
+        return invalid(format!(
+            "metadata.uid {uid:?} is not usable: a pod UID is hex digits with '-' separators, at most 64 characters (leave it out to have one derived from the manifest)"
         ));
     }
     let Some(spec) = &pod.spec else {
@@ -553,10 +570,66 @@ impl FileSource {
         }
     }
 
+    /// The pods to send: every file's, in file-name order, without a pod whose
+    /// name an earlier file already has; each such file gets an error naming
+    /// both files (and loses it when the conflict is gone).
+    fn unique_pods(&self) -> Vec<Arc<Pod>> {
+        let mut first: BTreeMap<String, &Path> = BTreeMap::new();
+        let mut duplicates: BTreeMap<PathBuf, Error> = BTreeMap::new();
+        let mut pods = Vec::new();
+        for (path, file) in &self.files {
+            for pod in &file.pods {
+                let name = format!(
+                    "{}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                );
+                match first.get(&name) {
+                    Some(earlier) if *earlier != path.as_path() => {
+                        duplicates
+                            .entry(path.clone())
+                            .or_insert(Error::DuplicateName {
+                                path: path.clone(),
+                                pod: name,
+                                first: earlier.to_path_buf(),
+                            });
+                    }
+                    _ => {
+                        first.insert(name, path);
+                        pods.push(pod.clone());
+                    }
+                }
+            }
+        }
+        let stale: Vec<PathBuf> = self
+            .errors
+            .borrow()
+            .iter()
+            .filter(|(p, e)| {
+                matches!(***e, Error::DuplicateName { .. }) && !duplicates.contains_key(*p)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in stale {
+            self.set_error(&path, None);
+        }
+        for (path, error) in duplicates {
+            let known = self
+                .errors
+                .borrow()
+                .get(&path)
+                .is_some_and(|e| e.to_string() == error.to_string());
+            if !known {
+                self.set_error(&path, Some(error));
+            }
+        }
+        pods
+    }
+
     /// Sends the current pods as a set if they changed since the last one sent (or
     /// none was sent). Returns false when the receiver is gone.
     async fn send_if_changed(&mut self, out: &mpsc::Sender<PodUpdate>) -> bool {
-        let pods = self.pods();
+        let pods = self.unique_pods();
         let unchanged = self.last_sent.as_ref().is_some_and(|last| {
             last.len() == pods.len() && last.iter().zip(&pods).all(|(a, b)| Arc::ptr_eq(a, b))
         });
@@ -838,9 +911,9 @@ mod tests {
         }
 
         // What the manifest sets is kept, and a given UID too.
-        let set = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: kube-system\n  uid: my-uid\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: c\n    image: i\n";
+        let set = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: kube-system\n  uid: 5eed-0001\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: c\n    image: i\n";
         let p = &load_static_pods(set.as_bytes(), origin, &[]).unwrap()[0];
-        assert_eq!(p.metadata.uid.as_deref(), Some("my-uid"));
+        assert_eq!(p.metadata.uid.as_deref(), Some("5eed-0001"));
         assert_eq!(p.metadata.namespace.as_deref(), Some("kube-system"));
         let spec = p.spec.as_ref().unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
@@ -1132,5 +1205,61 @@ mod tests {
             .map(|p| p.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, ["b-n"]);
+    }
+
+    #[tokio::test]
+    async fn an_unusable_uid_is_an_error_naming_the_file() {
+        let dir = TempDir::new();
+        let mut src = start(&dir.0);
+        src.until(&[]).await;
+        let bad = dir.0.join("bad.yaml");
+        write(
+            &bad,
+            &manifest("bad", "i").replace("name: bad\n", "name: bad\n  uid: not/a-uid\n"),
+        );
+        let good = dir.0.join("good.yaml");
+        write(&good, &manifest("good", "i"));
+        src.until(&["good-node-1"]).await;
+        let text = src.error_for(&bad).await.to_string();
+        assert!(
+            text.contains("bad.yaml")
+                && text.contains("metadata.uid")
+                && text.contains("not/a-uid"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_name_across_files_names_both_files() {
+        let dir = TempDir::new();
+        let mut src = start(&dir.0);
+        src.until(&[]).await;
+        let a = dir.0.join("a.yaml");
+        let b = dir.0.join("b.yaml");
+        write(&a, &manifest("web", "one"));
+        src.until(&["web-node-1"]).await;
+        write(&b, &manifest("web", "two"));
+        let text = src.error_for(&b).await.to_string();
+        assert!(
+            text.contains("a.yaml")
+                && text.contains("b.yaml")
+                && text.contains("default/web-node-1"),
+            "{text}"
+        );
+        // The first file's pod stays the one that runs.
+        assert!(!src.errors.borrow().contains_key(&a));
+        // Once the first file is gone, the second file's pod runs, error cleared.
+        std::fs::remove_file(&a).unwrap();
+        let set = src.until(&["web-node-1"]).await;
+        assert_eq!(
+            set.pods[0].spec.as_ref().unwrap().containers[0]
+                .image
+                .as_deref(),
+            Some("two")
+        );
+        tokio::time::timeout(WAIT, src.errors.wait_for(|e| !e.contains_key(&b)))
+            .await
+            .expect("the duplicate error cleared")
+            .unwrap();
     }
 }

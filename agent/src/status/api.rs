@@ -31,6 +31,8 @@
 //! a mirror pod is never touched. The mirror pod's status is then patched as
 //! above, with the mirror pod's UID as the precondition. [`StatusWriter::forget`]
 //! deletes the static pod's mirror pod (the kubelet's orphaned mirror pod cleanup).
+//! [`StatusWriter::delete`] is the status manager's final delete of a gracefully
+//! deleted API pod (see [`super::finish`]).
 //!
 //! # Errors
 //!
@@ -397,6 +399,33 @@ impl StatusWriter for ApiStatusWriter {
     async fn forget(&self, pod: &Pod) {
         if is_static(pod) {
             self.delete_orphaned_mirror(pod).await;
+        }
+    }
+
+    /// The status manager's final delete of a pod that finished terminating:
+    /// grace period 0 and the pod's UID as precondition, so that a new pod of the
+    /// same name is never deleted. Gone already: done; another UID (409): a
+    /// permanent error, the pod is not ours any more.
+    async fn delete(&self, pod: &Pod) -> Result<(), WriteError> {
+        let who = full_name(pod);
+        let (namespace, name) = names(pod);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api = self.pods(namespace);
+        match tokio::time::timeout(self.timeout, api.delete(name, &params)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if classify(&e) == ErrorClass::NotFound => Ok(()),
+            Ok(Err(e)) => Err(api_error(&who, "deleting the terminated pod", &e)),
+            Err(_) => Err(retryable(
+                &who,
+                &format!("the API server did not answer within {:?}", self.timeout),
+            )),
         }
     }
 }

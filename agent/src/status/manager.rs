@@ -7,6 +7,14 @@
 //! failure keeps the pod dirty and is retried with back-off (doubling from
 //! 100 ms to 10 s); meanwhile newer statuses replace the pending one, so when the
 //! destination returns the newest is written and nothing is lost.
+//!
+//! Terminal states are final ([`super::finish`]): a status that would move a pod
+//! out of `Succeeded`/`Failed`, or a container that terminated for good back to
+//! another state, is refused, logged and counted. A pod's `startTime` is set
+//! once: the first one handed in (or the API server's) is kept. Once a pod's
+//! worker finished ([`StatusManager::pod_finished`]) and the pod is being deleted
+//! with a terminal status written, the manager deletes it for good through
+//! [`StatusWriter::delete`] and forgets it (the kubelet's `canBeDeleted` path).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,11 +26,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{StatusWriter, WriteError};
+use super::{StatusWriter, WriteError, finish};
 use crate::pleg::PodUid;
 
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// At shutdown, pending statuses are written for at most this long.
+pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 struct Entry {
@@ -33,6 +43,8 @@ struct Entry {
     retry_delay: Duration,
     next_attempt: Option<Instant>,
     removed: bool,
+    /// The pod's worker finished terminating (the kubelet's `podIsFinished`).
+    finished: bool,
 }
 
 /// Counters of the status manager.
@@ -42,6 +54,10 @@ pub struct StatusStats {
     pub unchanged: u64,
     pub retries: u64,
     pub dropped: u64,
+    /// Statuses refused because they moved a pod out of a terminal phase.
+    pub illegal_transitions: u64,
+    /// Gracefully deleted pods deleted for good after they terminated.
+    pub deleted: u64,
 }
 
 /// The status manager.
@@ -89,11 +105,50 @@ impl StatusManager {
         Self::default()
     }
 
-    /// Hands in a pod's newest status. Returns whether it differs from the last.
-    pub fn set_pod_status(&self, uid: &PodUid, pod: Arc<Pod>, status: ApiPodStatus) -> bool {
+    /// Hands in a pod's newest status. Returns whether it differs from the last
+    /// (`false` also for a status refused because it leaves a terminal phase).
+    pub fn set_pod_status(&self, uid: &PodUid, pod: Arc<Pod>, mut status: ApiPodStatus) -> bool {
         let mut entries = lock(&self.entries);
+        // The start time is set once (the kubelet's status manager keeps the
+        // first one it had, or the API server's).
+        let first_start = entries
+            .get(uid)
+            .map(|e| &e.status)
+            .or(pod.status.as_ref())
+            .and_then(|s| s.start_time.clone());
+        if first_start.is_some() {
+            status.start_time = first_start;
+        }
         let unchanged = entries.get(uid).is_some_and(|e| e.status == status);
         if !unchanged {
+            let last = entries.get(uid).and_then(|e| e.status.phase.as_deref());
+            let api = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if let Some(from) = finish::illegal_transition(api, last, status.phase.as_deref()) {
+                warn!(
+                    pod = pod.metadata.name.as_deref().unwrap_or("-"),
+                    namespace = pod.metadata.namespace.as_deref().unwrap_or("-"),
+                    %uid,
+                    from,
+                    to = status.phase.as_deref().unwrap_or("-"),
+                    "status refused: a pod never leaves a terminal phase"
+                );
+                lock(&self.stats).illegal_transitions += 1;
+                return false;
+            }
+            let old = entries.get(uid).map(|e| &e.status).or(pod.status.as_ref());
+            if let Some(container) = old.and_then(|old| {
+                finish::illegal_container_transition(old, &status, pod.spec.as_ref())
+            }) {
+                warn!(
+                    pod = pod.metadata.name.as_deref().unwrap_or("-"),
+                    namespace = pod.metadata.namespace.as_deref().unwrap_or("-"),
+                    %uid,
+                    container,
+                    "status refused: a terminated container never leaves the terminated state"
+                );
+                lock(&self.stats).illegal_transitions += 1;
+                return false;
+            }
             info!(
                 pod = pod.metadata.name.as_deref().unwrap_or("-"),
                 phase = status.phase.as_deref().unwrap_or("-"),
@@ -120,6 +175,7 @@ impl StatusManager {
                     retry_delay: RETRY_INITIAL,
                     next_attempt: None,
                     removed: false,
+                    finished: false,
                 },
             );
         }
@@ -141,6 +197,51 @@ impl StatusManager {
         self.notify.notify_one();
     }
 
+    /// The pod's worker finished terminating (containers stopped, sandboxes
+    /// gone): a pod being deleted can now be deleted for good. `pod` is the
+    /// newest object from its source (with its `deletionTimestamp`). A pod with
+    /// no status here yet is remembered with the status its source has, when it
+    /// is being deleted.
+    pub fn pod_finished(&self, uid: &PodUid, pod: Arc<Pod>) {
+        let mut entries = lock(&self.entries);
+        match entries.get_mut(uid) {
+            Some(e) => {
+                e.finished = true;
+                e.pod = pod;
+            }
+            None if pod.metadata.deletion_timestamp.is_some() => {
+                let status = pod.status.clone().unwrap_or_default();
+                entries.insert(
+                    uid.clone(),
+                    Entry {
+                        pod,
+                        status,
+                        version: 0,
+                        written: 0,
+                        retry_delay: RETRY_INITIAL,
+                        next_attempt: None,
+                        removed: false,
+                        finished: true,
+                    },
+                );
+            }
+            None => return,
+        }
+        drop(entries);
+        self.notify.notify_one();
+    }
+
+    /// Forgets a pod at once, its pending status unwritten: the same UID starts
+    /// again from scratch (a static pod restored after its manifest was removed).
+    pub fn reset(&self, uid: &PodUid) {
+        lock(&self.entries).remove(uid);
+    }
+
+    /// Whether the manager still holds a status for the pod.
+    pub fn knows(&self, uid: &PodUid) -> bool {
+        lock(&self.entries).contains_key(uid)
+    }
+
     pub fn stats(&self) -> StatusStats {
         *lock(&self.stats)
     }
@@ -150,65 +251,55 @@ impl StatusManager {
         lock(&self.entries).values().all(|e| e.written == e.version)
     }
 
+    /// Deletes a terminated pod for good, then forgets it; on a retryable
+    /// failure returns when to try again.
+    async fn delete<W: StatusWriter>(
+        &self,
+        writer: &W,
+        uid: &PodUid,
+        pod: &Pod,
+    ) -> Option<Instant> {
+        let name = pod.metadata.name.as_deref().unwrap_or("-");
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("-");
+        match writer.delete(pod).await {
+            Ok(()) => {
+                info!(pod = name, namespace, %uid, "pod terminated and deleted from the API server");
+                lock(&self.stats).deleted += 1;
+            }
+            Err(err @ WriteError::Retryable { .. }) => {
+                let mut entries = lock(&self.entries);
+                let e = entries.get_mut(uid)?;
+                let delay = e.retry_delay;
+                e.next_attempt = Some(Instant::now() + delay);
+                e.retry_delay = (delay * 2).min(RETRY_MAX);
+                lock(&self.stats).retries += 1;
+                warn!(pod = name, namespace, %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "deleting a terminated pod failed; retrying");
+                return e.next_attempt;
+            }
+            Err(err @ WriteError::Permanent { .. }) => {
+                warn!(pod = name, namespace, %uid, error = %err, "deleting a terminated pod failed for good; forgetting it");
+            }
+        }
+        writer.forget(pod).await;
+        lock(&self.entries).remove(uid);
+        None
+    }
+
     /// Writes dirty statuses through `writer` until `shutdown`.
     pub async fn run<W: StatusWriter>(self: Arc<Self>, writer: W, shutdown: CancellationToken) {
         loop {
-            let now = Instant::now();
-            // Pick what is due: dirty and not waiting for a retry.
-            let mut due = Vec::new();
-            let mut next: Option<Instant> = None;
-            let mut forget = Vec::new();
-            {
-                let entries = lock(&self.entries);
-                for (uid, e) in entries.iter() {
-                    if e.written == e.version {
-                        if e.removed {
-                            forget.push((uid.clone(), e.pod.clone()));
-                        }
-                        continue;
-                    }
-                    match e.next_attempt {
-                        Some(t) if t > now => next = Some(next.map_or(t, |n| n.min(t))),
-                        _ => due.push((uid.clone(), e.pod.clone(), e.status.clone(), e.version)),
-                    }
-                }
-            }
-            for (uid, pod) in forget {
-                writer.forget(&pod).await;
-                lock(&self.entries).remove(&uid);
-            }
-            for (uid, pod, status, version) in due {
-                let result = writer.write(&pod, &status).await;
-                let mut entries = lock(&self.entries);
-                let Some(e) = entries.get_mut(&uid) else {
-                    continue;
-                };
-                match result {
-                    Ok(()) => {
-                        e.written = e.written.max(version);
-                        e.retry_delay = RETRY_INITIAL;
-                        e.next_attempt = None;
-                        lock(&self.stats).writes += 1;
-                        debug!(pod = %uid, phase = ?status.phase, "pod status written");
-                    }
-                    Err(WriteError::Retryable { .. }) => {
-                        let delay = e.retry_delay;
-                        e.next_attempt = Some(Instant::now() + delay);
-                        e.retry_delay = (delay * 2).min(RETRY_MAX);
-                        lock(&self.stats).retries += 1;
-                        if let Err(err) = result {
-                            warn!(pod = %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "status write failed; the newest status will be retried");
-                        }
-                        next = Some(
-                            next.map_or(Instant::now() + delay, |n| n.min(Instant::now() + delay)),
-                        );
-                    }
-                    Err(err @ WriteError::Permanent { .. }) => {
-                        e.written = e.version;
-                        lock(&self.stats).dropped += 1;
-                        warn!(pod = %uid, error = %err, "status write failed for good");
-                    }
-                }
+            // A shutdown does not wait for a write in flight: the flush writes the
+            // newest statuses within its bound.
+            let pass = tokio::select! {
+                () = shutdown.cancelled() => None,
+                pass = self.pass(&writer) => Some(pass),
+            };
+            let Some((next, again)) = pass else {
+                self.flush(&writer).await;
+                return;
+            };
+            if again {
+                continue;
             }
             let wait = async {
                 match next {
@@ -217,10 +308,131 @@ impl StatusManager {
                 }
             };
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => {
+                    self.flush(&writer).await;
+                    return;
+                }
                 () = self.notify.notified() => {}
                 () = wait => {}
             }
+        }
+    }
+
+    /// Forgets, deletes and writes what is due. Returns when the next retry is
+    /// due, and whether to look again at once (a status went out, which may let
+    /// its pod be forgotten or deleted).
+    async fn pass<W: StatusWriter>(&self, writer: &W) -> (Option<Instant>, bool) {
+        let now = Instant::now();
+        // Pick what is due: dirty and not waiting for a retry.
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        let mut forget = Vec::new();
+        let mut delete = Vec::new();
+        {
+            let entries = lock(&self.entries);
+            for (uid, e) in entries.iter() {
+                if e.written == e.version {
+                    if e.removed {
+                        forget.push((uid.clone(), e.pod.clone()));
+                    } else if finish::can_be_deleted(&e.pod, &e.status, e.finished) {
+                        match e.next_attempt {
+                            Some(t) if t > now => {
+                                next = Some(next.map_or(t, |n| n.min(t)));
+                            }
+                            _ => delete.push((uid.clone(), e.pod.clone())),
+                        }
+                    }
+                    continue;
+                }
+                match e.next_attempt {
+                    Some(t) if t > now => next = Some(next.map_or(t, |n| n.min(t))),
+                    _ => due.push((uid.clone(), e.pod.clone(), e.status.clone(), e.version)),
+                }
+            }
+        }
+        for (uid, pod) in forget {
+            writer.forget(&pod).await;
+            lock(&self.entries).remove(&uid);
+        }
+        for (uid, pod) in delete {
+            if let Some(t) = self.delete(writer, &uid, &pod).await {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        let mut again = false;
+        for (uid, pod, status, version) in due {
+            let result = writer.write(&pod, &status).await;
+            let mut entries = lock(&self.entries);
+            let Some(e) = entries.get_mut(&uid) else {
+                continue;
+            };
+            match result {
+                Ok(()) => {
+                    e.written = e.written.max(version);
+                    e.retry_delay = RETRY_INITIAL;
+                    e.next_attempt = None;
+                    again = true;
+                    lock(&self.stats).writes += 1;
+                    debug!(pod = %uid, phase = ?status.phase, "pod status written");
+                }
+                Err(WriteError::Retryable { .. }) => {
+                    let delay = e.retry_delay;
+                    e.next_attempt = Some(Instant::now() + delay);
+                    e.retry_delay = (delay * 2).min(RETRY_MAX);
+                    lock(&self.stats).retries += 1;
+                    if let Err(err) = result {
+                        warn!(pod = %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "status write failed; the newest status will be retried");
+                    }
+                    next = Some(
+                        next.map_or(Instant::now() + delay, |n| n.min(Instant::now() + delay)),
+                    );
+                }
+                Err(err @ WriteError::Permanent { .. }) => {
+                    e.written = e.version;
+                    again = true;
+                    lock(&self.stats).dropped += 1;
+                    warn!(pod = %uid, error = %err, "status write failed for good");
+                }
+            }
+        }
+        (next, again)
+    }
+
+    /// Writes every pending status once, retries ignored, within [`FLUSH_BOUND`]
+    /// (at shutdown: what the workers last handed in goes out).
+    async fn flush<W: StatusWriter>(&self, writer: &W) {
+        let pending: Vec<_> = lock(&self.entries)
+            .iter()
+            .filter(|(_, e)| e.written != e.version)
+            .map(|(uid, e)| (uid.clone(), e.pod.clone(), e.status.clone(), e.version))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let total = pending.len();
+        let mut written = 0;
+        let all = async {
+            for (uid, pod, status, version) in pending {
+                if writer.write(&pod, &status).await.is_ok() {
+                    if let Some(e) = lock(&self.entries).get_mut(&uid) {
+                        e.written = e.written.max(version);
+                    }
+                    lock(&self.stats).writes += 1;
+                    written += 1;
+                }
+            }
+        };
+        let in_time = tokio::time::timeout(FLUSH_BOUND, all).await.is_ok();
+        if written == total {
+            info!(written, "pending pod statuses written at shutdown");
+        } else {
+            warn!(
+                written,
+                left = total - written,
+                in_time,
+                bound_ms = FLUSH_BOUND.as_millis() as u64,
+                "not every pending pod status could be written at shutdown"
+            );
         }
     }
 }
@@ -330,5 +542,249 @@ mod tests {
         assert!(m.stats().retries >= 3);
         shutdown.cancel();
         task.await.unwrap();
+    }
+    /// Records writes, deletes and forgets in order.
+    #[derive(Debug, Default)]
+    struct Ops {
+        ops: Mutex<Vec<String>>,
+        down: AtomicBool,
+        notify: Notify,
+    }
+
+    impl StatusWriter for Arc<Ops> {
+        async fn write(&self, _pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
+            let r = if self.down.load(Ordering::SeqCst) {
+                Err(WriteError::Retryable {
+                    pod: "p".into(),
+                    message: "connection refused".into(),
+                })
+            } else {
+                lock(&self.ops).push(format!(
+                    "write {}",
+                    status.phase.clone().unwrap_or_default()
+                ));
+                Ok(())
+            };
+            self.notify.notify_waiters();
+            r
+        }
+
+        async fn forget(&self, _pod: &Pod) {
+            lock(&self.ops).push("forget".into());
+            self.notify.notify_waiters();
+        }
+
+        async fn delete(&self, _pod: &Pod) -> Result<(), WriteError> {
+            lock(&self.ops).push("delete".into());
+            self.notify.notify_waiters();
+            Ok(())
+        }
+    }
+
+    impl Ops {
+        fn ops(&self) -> Vec<String> {
+            lock(&self.ops).clone()
+        }
+
+        async fn wait_for(&self, n: usize) -> Vec<String> {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let notified = self.notify.notified();
+                    if self.ops().len() >= n {
+                        return self.ops();
+                    }
+                    notified.await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("fewer than {n} operations: {:?}", self.ops()))
+        }
+    }
+
+    fn deleting_pod(api_phase: Option<&str>) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                             "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "status": {"phase": api_phase},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_status_never_leaves_a_terminal_phase() {
+        let m = StatusManager::new();
+        assert!(m.set_pod_status(&uid(), pod(), status("Running")));
+        assert!(m.set_pod_status(&uid(), pod(), status("Failed")));
+        assert!(!m.set_pod_status(&uid(), pod(), status("Running")));
+        assert!(!m.set_pod_status(&uid(), pod(), status("Succeeded")));
+        assert_eq!(
+            m.get_pod_status(&uid()).unwrap().phase.as_deref(),
+            Some("Failed")
+        );
+        assert_eq!(m.stats().illegal_transitions, 2);
+        // The API server's terminal phase counts too (an agent restart: nothing
+        // handed in yet).
+        let other = PodUid::parse(&"b".repeat(32)).unwrap();
+        let api_succeeded: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "q"}, "status": {"phase": "Succeeded"}
+            }))
+            .unwrap(),
+        );
+        assert!(!m.set_pod_status(&other, api_succeeded.clone(), status("Pending")));
+        assert!(m.get_pod_status(&other).is_none());
+        assert!(m.set_pod_status(&other, api_succeeded, status("Succeeded")));
+        assert_eq!(m.stats().illegal_transitions, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_pod_is_deleted_once_finished_with_a_terminal_status_written() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Ops::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        let pod = deleting_pod(Some("Running"));
+        m.set_pod_status(&uid(), pod.clone(), status("Running"));
+        m.set_pod_status(&uid(), pod.clone(), status("Failed"));
+        // Terminal and written, but the worker has not finished: no delete.
+        assert_eq!(w.wait_for(1).await.last().unwrap(), "write Failed");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(w.ops(), ["write Failed"]);
+        assert!(m.knows(&uid()));
+        m.pod_finished(&uid(), pod);
+        assert_eq!(w.wait_for(3).await, ["write Failed", "delete", "forget"]);
+        assert!(!m.knows(&uid()));
+        assert_eq!(m.stats().deleted, 1);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_pod_is_deleted_only_after_its_terminal_status_is_out() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Ops::default());
+        w.down.store(true, Ordering::SeqCst);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        let pod = deleting_pod(Some("Running"));
+        m.set_pod_status(&uid(), pod.clone(), status("Succeeded"));
+        m.pod_finished(&uid(), pod);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(w.ops().is_empty(), "{:?}", w.ops());
+        w.down.store(false, Ordering::SeqCst);
+        assert_eq!(w.wait_for(3).await, ["write Succeeded", "delete", "forget"]);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_pod_without_a_terminal_phase_or_a_deletion_stays() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Ops::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        // Being deleted, but the last status is not terminal.
+        m.set_pod_status(&uid(), deleting_pod(None), status("Running"));
+        m.pod_finished(&uid(), deleting_pod(None));
+        // Terminal, finished, but not being deleted.
+        let other = PodUid::parse(&"b".repeat(32)).unwrap();
+        m.set_pod_status(&other, pod(), status("Failed"));
+        m.pod_finished(&other, pod());
+        w.wait_for(2).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(w.ops().len(), 2, "{:?}", w.ops());
+        assert!(w.ops().iter().all(|o| o.starts_with("write")));
+        // A pod finished before any status and deleted with a terminal API
+        // phase (it was terminal when the agent started) is deleted too.
+        let third = PodUid::parse(&"c".repeat(32)).unwrap();
+        m.pod_finished(&third, deleting_pod(Some("Succeeded")));
+        assert_eq!(&w.wait_for(4).await[2..], ["delete", "forget"]);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn the_start_time_is_set_once() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |secs| {
+            Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(secs).unwrap(),
+            ))
+        };
+        let m = StatusManager::new();
+        let with_start = |phase: &str, secs| ApiPodStatus {
+            start_time: at(secs),
+            ..status(phase)
+        };
+        m.set_pod_status(&uid(), pod(), with_start("Pending", 100));
+        m.set_pod_status(&uid(), pod(), with_start("Running", 200));
+        assert_eq!(m.get_pod_status(&uid()).unwrap().start_time, at(100));
+        // After an agent restart: the API server's start time wins.
+        let other = PodUid::parse(&"b".repeat(32)).unwrap();
+        let api_pod: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "q"},
+                "status": {"phase": "Running", "startTime": "1970-01-01T00:00:50Z"}
+            }))
+            .unwrap(),
+        );
+        m.set_pod_status(&other, api_pod, with_start("Running", 300));
+        assert_eq!(m.get_pod_status(&other).unwrap().start_time, at(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pending_statuses_are_flushed_at_shutdown_within_a_bound() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Flaky::default());
+        w.down.store(true, Ordering::SeqCst);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        m.set_pod_status(&uid(), pod(), status("Running"));
+        tokio::time::timeout(Duration::from_secs(1), w.notify.notified())
+            .await
+            .unwrap();
+        // The destination is back; the retry is 100 ms away, the shutdown now.
+        w.down.store(false, Ordering::SeqCst);
+        shutdown.cancel();
+        tokio::time::timeout(FLUSH_BOUND, task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            lock(&w.written).as_slice(),
+            &[("p".to_owned(), "Running".to_owned())]
+        );
+        assert!(m.all_written());
+        // A destination that never answers: run returns within the bound.
+        let m = Arc::new(StatusManager::new());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(Hang, shutdown.clone()));
+        m.set_pod_status(&uid(), pod(), status("Running"));
+        tokio::task::yield_now().await;
+        let start = tokio::time::Instant::now();
+        shutdown.cancel();
+        tokio::time::timeout(FLUSH_BOUND * 2, task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            start.elapsed() <= FLUSH_BOUND + Duration::from_millis(1),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(!m.all_written());
+    }
+
+    /// A destination that never answers.
+    struct Hang;
+
+    impl StatusWriter for Hang {
+        async fn write(&self, _pod: &Pod, _status: &ApiPodStatus) -> Result<(), WriteError> {
+            std::future::pending().await
+        }
+
+        async fn forget(&self, _pod: &Pod) {}
     }
 }

@@ -3,6 +3,7 @@
 //! `pkg/kubelet/status` and `generateAPIPodStatus`).
 
 pub mod api;
+pub mod finish;
 pub mod generate;
 pub mod local;
 pub mod manager;
@@ -33,4 +34,10 @@ pub trait StatusWriter: Send + Sync + 'static {
     /// The pod was removed from the node: forget it (the local store drops it; the
     /// API writer has nothing to do).
     fn forget(&self, pod: &Pod) -> impl Future<Output = ()> + Send;
+    /// Deletes a gracefully deleted pod for good once it finished terminating
+    /// (the API writer: grace period 0, the pod's UID as precondition; a pod
+    /// already gone is fine). Nothing to do without an API server.
+    fn delete(&self, _pod: &Pod) -> impl Future<Output = Result<(), WriteError>> + Send {
+        async { Ok(()) }
+    }
 }
