@@ -1,7 +1,9 @@
 //! The whole agent end to end (in process, the code the binary runs) with the
 //! kernel PLEG, against the real containerd harness: pods from a static
-//! manifest directory, statuses read from the local `/pods` store. Shared by
-//! the end-to-end test files; one test at a time per binary ([`SERIAL`]).
+//! manifest directory and, optionally, the fake API server behind
+//! `--kubeconfig`; statuses read from the local `/pods` store or the API
+//! server. Shared by the end-to-end test files; one test at a time per binary
+//! ([`SERIAL`]). Privileged: callers check [`crate::privileged`] first.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -11,9 +13,13 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::Args;
+use evpleg::runtime::labels;
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use crate::containerd::Containerd;
+use crate::fake_apiserver::FakeApiServer;
 
 pub const NODE: &str = "e2e";
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -24,6 +30,7 @@ pub struct E2e {
     pub args: Args,
     pub agent: Option<Agent>,
     pub containerd: Option<Containerd>,
+    pub api: Option<FakeApiServer>,
     pub manifests: PathBuf,
     pub uids: Mutex<HashSet<String>>,
 }
@@ -38,11 +45,12 @@ impl std::fmt::Debug for E2e {
 
 impl E2e {
     pub async fn start(name: &str) -> Self {
-        Self::start_with(name, &[]).await
+        Self::start_with(name, false, &[]).await
     }
 
-    /// [`E2e::start`] with more agent flags.
-    pub async fn start_with(name: &str, extra: &[&str]) -> Self {
+    /// [`E2e::start`], with `with_api` the fake API server (and this node's Node
+    /// object) behind `--kubeconfig` too, and more agent flags.
+    pub async fn start_with(name: &str, with_api: bool, extra: &[&str]) -> Self {
         crate::containerd::init_test_logging();
         let containerd = Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"));
         let manifests = containerd.base().join(format!("manifests-{name}"));
@@ -72,7 +80,19 @@ impl E2e {
             "--image-pull-backoff-max-seconds",
             "4",
         ];
-        let args = Args::try_parse_from(base.iter().chain(extra)).expect("args");
+        let mut flags: Vec<String> = base.iter().chain(extra).map(|s| s.to_string()).collect();
+        let api = if with_api {
+            let api = FakeApiServer::start().await;
+            api.add_node(NODE);
+            let path = containerd.base().join("kubeconfig");
+            std::fs::write(&path, kubeconfig(&api)).expect("write kubeconfig");
+            flags.push("--kubeconfig".into());
+            flags.push(path.display().to_string());
+            Some(api)
+        } else {
+            None
+        };
+        let args = Args::try_parse_from(flags).expect("args");
         let agent = Agent::start(&args)
             .await
             .unwrap_or_else(|e| panic!("agent: {e}"));
@@ -80,6 +100,7 @@ impl E2e {
             args,
             agent: Some(agent),
             containerd: Some(containerd),
+            api,
             manifests,
             uids: Mutex::new(HashSet::new()),
         }
@@ -121,12 +142,74 @@ impl E2e {
             .find(|p| p["metadata"]["name"] == format!("{name}-{NODE}"))
             .cloned()?;
         if let Some(uid) = pod["metadata"]["uid"].as_str() {
-            self.uids
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(uid.to_owned());
+            self.track(uid);
         }
         Some(pod)
+    }
+
+    /// Remembers a pod UID, for the cleanup of its cgroups.
+    pub fn track(&self, uid: &str) {
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_owned());
+    }
+
+    pub fn api(&self) -> &FakeApiServer {
+        self.api.as_ref().expect("started with the fake API server")
+    }
+
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    /// Waits until the fake API server's pod `default/name` satisfies `check`;
+    /// returns it.
+    pub async fn wait_api(&self, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
+        self.api()
+            .wait_for_pods(&format!("{name}: {what}"), DEADLINE, |pods| {
+                pods.iter()
+                    .any(|p| p.metadata.name.as_deref() == Some(name) && check(p))
+            })
+            .await;
+        let pod = self.api().pod("default", name).expect("the pod");
+        if let Some(uid) = &pod.metadata.uid {
+            self.track(uid);
+        }
+        pod
+    }
+
+    /// Waits (bounded) until `done` holds, polling every 20 ms.
+    pub async fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The sandboxes of the pod with this UID, as the runtime lists them now.
+    pub async fn sandboxes(&self, uid: &str) -> Vec<v1::PodSandbox> {
+        self.cri()
+            .client()
+            .await
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: [(labels::POD_UID.to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }))
+            .await
+            .expect("ListPodSandbox")
+    }
+
+    /// How many times containerd was asked to run a sandbox for this pod UID
+    /// (its log records every `RunPodSandbox`, also of sandboxes removed since).
+    pub fn run_pod_sandbox_calls(&self, uid: &str) -> usize {
+        self.runtime_log()
+            .lines()
+            // One line when the call starts, one when it returns an id or fails.
+            .filter(|l| l.contains("RunPodSandbox for") && l.contains(uid))
+            .filter(|l| l.contains("returns sandbox id") || l.contains("failed"))
+            .count()
     }
 
     /// Waits (polling the store every 20 ms, bounded) until `check` holds.
@@ -208,6 +291,36 @@ pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
     &Value::Null
 }
 
+/// The image every pod runs.
+pub const IMAGE: &str = "localhost/busybox:latest";
+
+/// An API pod bound to [`NODE`]: host network, busybox running `command`.
+pub fn api_pod(name: &str, policy: &str, command: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": true,
+            "restartPolicy": policy,
+            "terminationGracePeriodSeconds": 3,
+            "containers": [{"name": "app", "image": IMAGE, "command": ["sh", "-c", command]}],
+        },
+    }))
+    .expect("a valid pod")
+}
+
+/// A kubeconfig for the fake API server (plain HTTP, no credentials).
+fn kubeconfig(api: &FakeApiServer) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: agent\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\ncurrent-context: fake\n",
+        api.url()
+    )
+}
+
+/// A static pod manifest: host network, busybox running `command`, `extra`
+/// spec lines (two-space indented) before the containers.
 pub fn manifest(name: &str, policy: &str, command: &str, extra: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n{extra}  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"{command}\"]\n"

@@ -3,7 +3,6 @@
 //! pod and container layouts and are removed even when a test fails, processes
 //! started inside them, and a running kernel PLEG with a tap on its records.
 
-pub mod agent_e2e;
 pub mod cgroups;
 pub mod containerd;
 pub mod cri_pod;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use evpleg::pleg::PodUid;
 use evpleg::pod_workers::WorkerState;
 use evpleg::source::annotations;
-use evpleg_tests::agent_e2e::{AgentE2e, NODE, api_pod, manifest};
+use evpleg_tests::e2e::{E2e, NODE, api_pod, manifest};
 use evpleg_tests::privileged;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -39,9 +39,9 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = AgentE2e::start("mirror", true).await;
+    let e = E2e::start_with("mirror", true, &[]).await;
     let started = Instant::now();
-    e.write("web.yaml", &manifest("web", "Always", "sleep 600"));
+    e.write("web.yaml", &manifest("web", "Always", "sleep 600", ""));
     let name = format!("web-{NODE}");
     let mirror = e
         .wait_api(&name, "mirror pod Running", |p| {
@@ -53,7 +53,7 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
         })
         .await;
     let static_pod = e
-        .wait_local("web", "Running", |p| p["status"]["phase"] == "Running")
+        .wait_for("web", "Running", |p| p["status"]["phase"] == "Running")
         .await;
     let static_uid = static_pod["metadata"]["uid"]
         .as_str()
@@ -105,7 +105,7 @@ async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = AgentE2e::start("delete", true).await;
+    let e = E2e::start_with("delete", true, &[]).await;
     let pod = e.api().add_pod(api_pod(
         "doomed",
         "Always",
@@ -192,7 +192,7 @@ async fn a_terminal_api_pod_is_never_started_again_after_agent_restarts() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let mut e = AgentE2e::start("terminal", true).await;
+    let mut e = E2e::start_with("terminal", true, &[]).await;
     let pod = e.api().add_pod(api_pod("job", "Never", "exit 3"));
     let pod_uid = uid(&pod);
     let puid = PodUid::parse(&pod_uid).unwrap();
@@ -243,21 +243,22 @@ async fn a_static_pod_restored_with_the_same_uid_runs_again() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = AgentE2e::start("restore", false).await;
+    let e = E2e::start_with("restore", false, &[]).await;
     let yaml = manifest(
         "back",
         "Always",
         "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+        "",
     );
     e.write("back.yaml", &yaml);
     let first = e
-        .wait_local("back", "Running", |p| p["status"]["phase"] == "Running")
+        .wait_for("back", "Running", |p| p["status"]["phase"] == "Running")
         .await;
     let pod_uid = first["metadata"]["uid"].as_str().expect("uid").to_owned();
     let sandbox1 = e.sandboxes(&pod_uid).await;
     assert_eq!(sandbox1.len(), 1);
     e.remove("back.yaml");
-    e.wait_local_gone("back").await;
+    e.wait_gone("back").await;
     assert!(
         e.sandboxes(&pod_uid).await.is_empty(),
         "stopped and removed"
@@ -265,7 +266,7 @@ async fn a_static_pod_restored_with_the_same_uid_runs_again() {
     let restored = Instant::now();
     e.write("back.yaml", &yaml);
     let second = e
-        .wait_local("back", "Running again", |p| {
+        .wait_for("back", "Running again", |p| {
             p["status"]["phase"] == "Running"
         })
         .await;
@@ -324,15 +325,16 @@ async fn a_static_pod_restored_while_terminating_runs_again_once_terminated() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = AgentE2e::start("restore-early", false).await;
+    let e = E2e::start_with("restore-early", false, &[]).await;
     let yaml = manifest(
         "stubborn",
         "Always",
         "trap '' TERM; while true; do sleep 0.1; done",
+        "",
     );
     e.write("stubborn.yaml", &yaml);
     let first = e
-        .wait_local("stubborn", "Running", |p| p["status"]["phase"] == "Running")
+        .wait_for("stubborn", "Running", |p| p["status"]["phase"] == "Running")
         .await;
     let pod_uid = first["metadata"]["uid"].as_str().expect("uid").to_owned();
     let puid = PodUid::parse(&pod_uid).unwrap();
@@ -349,7 +351,7 @@ async fn a_static_pod_restored_while_terminating_runs_again_once_terminated() {
     let first_container = first["status"]["containerStatuses"][0]["containerID"].clone();
     assert!(first_container.is_string(), "{first:#}");
     let second = e
-        .wait_local("stubborn", "Running in a new container", |p| {
+        .wait_for("stubborn", "Running in a new container", |p| {
             p["status"]["phase"] == "Running"
                 && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
                 && p["status"]["containerStatuses"][0]["containerID"] != first_container

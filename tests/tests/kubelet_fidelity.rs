@@ -372,7 +372,7 @@ async fn dead_containers_beyond_one_per_container_are_collected() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with("gc", &["--container-gc-period-seconds", "0.3"]).await;
+    let e = E2e::start_with("gc", false, &["--container-gc-period-seconds", "0.3"]).await;
     e.write("crasher.yaml", &manifest("crasher", "Always", "exit 1", ""));
     let pod = e
         .wait_for("crasher", "restartCount >= 4", |p| {
@@ -428,5 +428,71 @@ async fn dead_containers_beyond_one_per_container_are_collected() {
     assert!(c["restartCount"].as_i64().unwrap_or(0) >= 4, "{pod:#}");
     assert_eq!(c["lastState"]["terminated"]["exitCode"], 1, "{pod:#}");
     assert_eq!(sandbox_ids(&e, &uid).await.len(), 1);
+    e.finish().await;
+}
+
+/// Finished static pods are not run again after agent restarts: `restartPolicy:
+/// Never` pods that exited 42, 0 and 5 keep their dead containers (they ran
+/// again after each restart when termination removed them), their phases stay
+/// and no new container or sandbox is made, through two restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_static_pods_are_not_run_again_after_agent_restarts() {
+    if !evpleg_tests::privileged("finished_static_pods_are_not_run_again_after_agent_restarts") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut e = E2e::start("finished").await;
+    let pods = [
+        ("job42", 42, "Failed"),
+        ("job0", 0, "Succeeded"),
+        ("job5", 5, "Failed"),
+    ];
+    for (name, code, _) in pods {
+        e.write(
+            &format!("{name}.yaml"),
+            &manifest(name, "Never", &format!("exit {code}"), ""),
+        );
+    }
+    let mut uids = Vec::new();
+    for (name, code, phase) in pods {
+        let pod = e
+            .wait_for(name, phase, |p| p["status"]["phase"] == phase)
+            .await;
+        assert_eq!(
+            container(&pod, "app")["state"]["terminated"]["exitCode"],
+            code,
+            "{pod:#}"
+        );
+        uids.push(uid_of(&pod));
+    }
+    // Termination is over once the pods finished: their containers stay.
+    for uid in &uids {
+        e.wait_until("the finished pod's worker is done", || {
+            e.agent()
+                .worker_state(&evpleg::pleg::PodUid::parse(uid).expect("uid"))
+                .is_none_or(|s| {
+                    use evpleg::pod_workers::WorkerState::{Done, Terminated};
+                    matches!(s, Terminated | Done)
+                })
+        })
+        .await;
+        assert_eq!(runtime_containers(&e, uid, "app").await.len(), 1, "{uid}");
+    }
+    for round in 1..=2 {
+        e.restart_agent().await;
+        for ((name, code, phase), uid) in pods.iter().zip(&uids) {
+            let pod = e
+                .wait_for(name, phase, |p| p["status"]["phase"] == *phase)
+                .await;
+            assert_eq!(
+                container(&pod, "app")["state"]["terminated"]["exitCode"],
+                *code,
+                "round {round}: {pod:#}"
+            );
+            let containers = runtime_containers(&e, uid, "app").await;
+            assert_eq!(containers.len(), 1, "round {round}, {name}: {containers:?}");
+            assert_eq!(e.run_pod_sandbox_calls(uid), 1, "round {round}, {name}");
+        }
+    }
     e.finish().await;
 }

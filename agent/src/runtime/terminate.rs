@@ -2,9 +2,12 @@
 //! (`kubelet.go`) with `killPodWithSyncResult` (`kuberuntime_manager.go`): stop
 //! the containers with the grace period (StopContainer sends SIGTERM, then
 //! SIGKILL), stop the sandbox, publish the final status; once terminated, remove
-//! the sandboxes and the pod's cgroup, as the kubelet does after RemovePodSandbox
-//! leaves it. Every stop gives the container at least the kubelet's minimum
-//! grace period of 2 s between SIGTERM and SIGKILL.
+//! the pod's cgroup, and the sandboxes of a pod that did not finish by its
+//! restart policy (it was removed); a finished pod keeps its dead containers
+//! until it is removed (then housekeeping removes them, as the kubelet's
+//! garbage collection of a deleted pod's content). Every stop gives the
+//! container at least the kubelet's minimum grace period of 2 s between SIGTERM
+//! and SIGKILL.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::CriRuntime;
-use super::actions::{PodActions, Terminal, latest};
+use super::actions::{PodActions, Terminal, compute_pod_actions, latest};
 use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
@@ -138,6 +141,29 @@ impl KubeRuntime {
         _entry: CacheEntry,
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
+        // A pod that finished by its restart policy keeps its dead containers
+        // and sandbox until it is removed (housekeeping) or collected: they are
+        // what tells a restarted agent that it finished (the kubelet removes a
+        // pod's content only once the pod is deleted).
+        let finished = match CriRuntime::new(self.cri.clone()).pod_status(&uid).await {
+            Ok(status) => {
+                let backoff = lock(&self.backoff);
+                compute_pod_actions(&pod, &uid, &status, &backoff, 0)
+                    .terminal
+                    .is_some()
+            }
+            Err(e) => return Err(SyncError(e.to_string())),
+        };
+        if finished {
+            remove_pod_cgroups(
+                &self.node.cgroup_mounts,
+                self.node.cgroup_driver,
+                &pod,
+                &uid,
+            );
+            info!(pod = %uid, "pod finished: its dead containers stay until it is removed");
+            return Ok(());
+        }
         let sandboxes = self
             .cri
             .list_pod_sandboxes(Some(v1::PodSandboxFilter {
