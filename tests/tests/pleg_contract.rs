@@ -12,6 +12,7 @@ use evpleg::metrics::Metrics;
 use evpleg::pleg::relist::GENERIC_PERIOD;
 use evpleg::pleg::{EventKind, EventSource, PlegMode};
 use evpleg::server::{ServerState, router};
+use evpleg_tests::containerd::wait_container_status;
 use evpleg_tests::cri_pod::*;
 use evpleg_tests::privileged;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -216,25 +217,12 @@ fn a_stopped_reader_is_visible_and_the_generic_relist_takes_over() {
 }
 
 /// The runtime's own answer for container `id` once it reports it exited: its
-/// exit code (polled, with a timeout).
+/// exit code.
 async fn runtime_exit_code(client: &evpleg::cri::CriClient, id: &str) -> i32 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = client
-            .container_status(id, false)
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
-            .status
-            .unwrap_or_else(|| panic!("ContainerStatus {id}: no status"));
-        if status.state == evpleg_cri_api::v1::ContainerState::ContainerExited as i32 {
-            return status.exit_code;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the runtime never reported {id} exited: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let exited = evpleg_cri_api::v1::ContainerState::ContainerExited as i32;
+    wait_container_status(client, id, "exited", |s| s.state == exited)
+        .await
+        .exit_code
 }
 
 /// The host pid of container `id`'s main process, from the runtime.
