@@ -33,7 +33,7 @@ use crate::source::mux::PodConfig;
 use crate::status::local::LocalStore;
 use crate::status::manager::{FLUSH_BOUND, StatusManager};
 use crate::status::{StatusWriter, WriteError};
-use crate::sync_loop::SyncLoop;
+use crate::sync_loop::{SyncLoop, SyncLoopParts};
 
 /// Errors of starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -258,17 +258,17 @@ impl Agent {
             );
         }
         drop(source_tx);
-        let sync_loop = SyncLoop::new(
-            workers.clone(),
-            status.clone(),
-            pleg.cache.clone(),
+        let sync_loop = SyncLoop::new(SyncLoopParts {
+            workers: workers.clone(),
+            status: status.clone(),
+            cache: pleg.cache.clone(),
             cri,
-            Admission::new(Allocatable::of_host()),
+            admission: Admission::new(Allocatable::of_host()),
             seen,
             sources,
             host_ip,
             cgroup_mounts,
-        );
+        });
         tasks.push(tokio::spawn(sync_loop.run(
             update_rx,
             pleg_rx,

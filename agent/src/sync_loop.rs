@@ -44,8 +44,8 @@ use crate::status::manager::StatusManager;
 /// The kubelet's housekeeping period.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
-/// The sync loop and what it drives.
-pub struct SyncLoop<S> {
+/// What the sync loop drives, handed to [`SyncLoop::new`].
+pub struct SyncLoopParts<S> {
     pub workers: Arc<PodWorkers<S>>,
     pub status: Arc<StatusManager>,
     pub cache: Arc<PodStatusCache>,
@@ -57,10 +57,32 @@ pub struct SyncLoop<S> {
     pub host_ip: String,
     /// Cgroup mounts whose orphaned pod cgroups housekeeping removes.
     pub cgroup_mounts: Vec<std::path::PathBuf>,
+}
+
+/// The sync loop and what it drives.
+pub struct SyncLoop<S> {
+    workers: Arc<PodWorkers<S>>,
+    status: Arc<StatusManager>,
+    cache: Arc<PodStatusCache>,
+    cri: CriClient,
+    admission: Admission,
+    seen: SeenSources,
+    sources: Vec<SourceName>,
+    host_ip: String,
+    cgroup_mounts: Vec<std::path::PathBuf>,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
     restart_requested: HashSet<PodUid>,
+}
+
+impl<S> std::fmt::Debug for SyncLoopParts<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncLoopParts")
+            .field("sources", &self.sources)
+            .field("host_ip", &self.host_ip)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> std::fmt::Debug for SyncLoop<S> {
@@ -76,18 +98,18 @@ fn grace_override(pod: &Pod) -> Option<i64> {
 }
 
 impl<S: PodSyncer> SyncLoop<S> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        workers: Arc<PodWorkers<S>>,
-        status: Arc<StatusManager>,
-        cache: Arc<PodStatusCache>,
-        cri: CriClient,
-        admission: Admission,
-        seen: SeenSources,
-        sources: Vec<SourceName>,
-        host_ip: String,
-        cgroup_mounts: Vec<std::path::PathBuf>,
-    ) -> Self {
+    pub fn new(parts: SyncLoopParts<S>) -> Self {
+        let SyncLoopParts {
+            workers,
+            status,
+            cache,
+            cri,
+            admission,
+            seen,
+            sources,
+            host_ip,
+            cgroup_mounts,
+        } = parts;
         Self {
             workers,
             status,
@@ -157,10 +179,13 @@ impl<S: PodSyncer> SyncLoop<S> {
                         self.status.remove(&uid);
                         continue;
                     }
-                    if self.workers.state(&uid) == Some(WorkerState::Done)
-                        && !self.workers.is_live(&uid)
+                    let state = self.workers.state(&uid);
+                    if state.is_none()
+                        || (state == Some(WorkerState::Done) && !self.workers.is_live(&uid))
                     {
-                        // Terminated earlier: forget it now.
+                        // Terminated earlier (or never started): nothing to kill,
+                        // forget it now.
+                        self.workers.reap(&uid);
                         self.forget(&uid);
                         continue;
                     }
@@ -280,13 +305,21 @@ impl<S: PodSyncer> SyncLoop<S> {
         self.cache.delete(uid);
     }
 
-    /// Stops and removes sandboxes whose pod is unknown, and removes empty pod
-    /// cgroups of unknown pods.
+    /// Forgets the cache entries of unknown pods, stops and removes their
+    /// sandboxes, and removes their empty pod cgroups.
     async fn housekeeping(&mut self) {
         if !self.seen.seen_all(&self.sources) {
             return;
         }
         let known = |uid: &PodUid| self.pods.contains_key(uid) || self.workers.state(uid).is_some();
+        // A pod relist that was under way when a pod was forgotten writes its
+        // (empty) status again: entries of unknown pods go here (the kubelet's
+        // relist deletes the entry of a pod the runtime no longer lists).
+        for uid in self.cache.uids() {
+            if !known(&uid) {
+                self.cache.delete(&uid);
+            }
+        }
         match self.cri.list_pod_sandboxes(None).await {
             Ok(sandboxes) => {
                 for s in sandboxes {

@@ -228,6 +228,11 @@ impl PodStatusCache {
         self.lock().exits.len()
     }
 
+    /// The pods the cache holds an entry for.
+    pub fn uids(&self) -> Vec<PodUid> {
+        self.lock().pods.keys().cloned().collect()
+    }
+
     /// Forgets a pod (it was removed from the node).
     pub fn delete(&self, uid: &PodUid) {
         let mut inner = self.lock();

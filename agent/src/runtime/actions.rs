@@ -12,8 +12,9 @@
 //! * Init containers run one at a time, in order, each to completion before the
 //!   next; app containers start once all succeeded.
 //! * A running container whose spec hash changed is killed and started again.
-//! * A container in Created or Unknown state is started again (an Unknown one is
-//!   killed first, so that two instances never run), as `ShouldContainerBeRestarted`.
+//! * A container in Created state (its start failed) is started again, as
+//!   `ShouldContainerBeRestarted`; an Unknown one is waited for (the kubelet
+//!   kills and restarts it).
 //! * An exited container restarts per `restartPolicy` (Always; OnFailure when the
 //!   exit code is not 0; Never), after its CrashLoopBackOff ([`super::backoff`]).
 //! * With Never (all containers exited) or OnFailure (all exited 0) the pod is
@@ -333,22 +334,13 @@ pub fn compute_pod_actions(
     actions
 }
 
-/// A container left Created (its start failed) or Unknown is started again, as
-/// the kubelet's `ShouldContainerBeRestarted` says whatever the policy; an
-/// Unknown one may still run, so it is killed first. True when it must start.
-fn restart_stuck(actions: &mut PodActions, c: &Container, s: &ContainerStatus) -> bool {
-    match s.state {
-        ContainerState::Created => true,
-        ContainerState::Unknown => {
-            actions.kill.push(Kill {
-                id: s.id.clone(),
-                name: c.name.clone(),
-                reason: "unknown state",
-            });
-            true
-        }
-        ContainerState::Running | ContainerState::Exited => false,
-    }
+/// A container left Created (its start failed) is started again, as the
+/// kubelet's `ShouldContainerBeRestarted` says whatever the policy. True when
+/// it must start. Difference: the kubelet also kills and restarts an Unknown
+/// container; here it is waited for (the runtime's next answer), because a
+/// transient Unknown must never cost a running container its life.
+fn restart_stuck(_actions: &mut PodActions, _c: &Container, s: &ContainerStatus) -> bool {
+    s.state == ContainerState::Created
 }
 
 #[cfg(test)]
@@ -618,10 +610,10 @@ mod tests {
         }
     }
 
-    /// Created (a failed start) and Unknown containers start again, an Unknown
-    /// one killed first, whatever the policy.
+    /// Created (a failed start) containers start again whatever the policy;
+    /// Unknown ones are waited for.
     #[test]
-    fn created_and_unknown_containers_are_restarted() {
+    fn created_containers_are_restarted_unknown_ones_waited_for() {
         let b = CrashBackoff::default();
         for policy in ["Always", "Never"] {
             let p = pod(policy, &[], &["app"]);
@@ -630,20 +622,15 @@ mod tests {
             assert_eq!((a.start.clone(), a.kill.len()), (vec![0], 0), "{policy}");
             let unknown = status(vec![cs(1, "app", ContainerState::Unknown, None, 0)]);
             let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
-            assert_eq!(a.start, vec![0], "{policy}");
-            assert_eq!(
-                a.kill,
-                [Kill {
-                    id: id(1),
-                    name: "app".into(),
-                    reason: "unknown state"
-                }]
-            );
+            assert!(!a.does_runtime_work(), "{policy}: {a:?}");
         }
         let p = pod("Always", &["init"], &["app"]);
+        let created = status(vec![cs(1, "init", ContainerState::Created, None, 0)]);
+        let a = compute_pod_actions(&p, &uid(), &created, &b, NOW);
+        assert_eq!((a.start_init, a.kill.len()), (Some(0), 0));
         let unknown = status(vec![cs(1, "init", ContainerState::Unknown, None, 0)]);
         let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
-        assert_eq!((a.start_init, a.kill.len()), (Some(0), 1));
+        assert!(!a.does_runtime_work(), "{a:?}");
     }
 
     /// The newest instance is the last created, even when a new sandbox once
