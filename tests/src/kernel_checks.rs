@@ -59,7 +59,8 @@ pub fn proc_stat(pid: u32) -> (u32, u64) {
 }
 
 /// The state letter of `/proc/<pid>/stat` (`Z` for a zombie), if the process exists.
-fn proc_state(pid: u32) -> Option<char> {
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `Z`...), if the process exists.
+pub fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?
         .1

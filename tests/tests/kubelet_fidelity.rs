@@ -99,12 +99,7 @@ async fn runtime_containers(e: &E2e, uid: &str, name: &str) -> Vec<(String, u32,
 
 /// The ids of the pod's sandboxes.
 async fn sandbox_ids(e: &E2e, uid: &str) -> Vec<String> {
-    list_sandboxes(e.cri())
-        .await
-        .into_iter()
-        .filter(|s| s.contains(uid))
-        .filter_map(|s| s.split_whitespace().next().map(str::to_owned))
-        .collect()
+    e.sandboxes(uid).await.into_iter().map(|s| s.id).collect()
 }
 
 /// Kills the pod's sandbox from outside: SIGKILL to its pause process.

@@ -236,14 +236,8 @@ async fn main_pid(client: &evpleg::cri::CriClient, id: &str) -> u32 {
 
 /// `/proc/<pid>/stat`'s state letter and `/proc/<pid>/task`'s thread count.
 fn proc_state(pid: u32) -> (Option<char>, usize) {
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.trim().chars().next())
-        });
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
-    (state, threads)
+    (evpleg_tests::kernel_checks::proc_state(pid), threads)
 }
 
 /// Waits until `done` holds for `pid`'s `/proc` state.
