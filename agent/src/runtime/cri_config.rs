@@ -1,9 +1,11 @@
 //! The CRI configs of a pod's sandbox and containers: the kubelet's
 //! `generatePodSandboxConfig` and `generateContainerConfig`
 //! (`kuberuntime_sandbox.go`, `kuberuntime_container.go`): labels and annotations
-//! the agent finds its objects by, namespaces, log paths, command, env and
-//! CPU/memory resources. Differences: no DNS config, port mappings, security
-//! context or mounts yet (docs/pod-lifecycle.md lists what is supported).
+//! the agent finds its objects by, namespaces, log paths, command, env,
+//! CPU/memory resources, port mappings, sysctls, stdin/tty and security
+//! contexts ([`super::security_context`]). Differences: no DNS config or
+//! mounts yet; what a pod may not use is refused at admission
+//! ([`crate::admission::fields`]).
 
 use std::collections::HashMap;
 
@@ -15,6 +17,8 @@ use super::kuberuntime::NodeInfo;
 use super::labels;
 use super::qos::qos_class;
 use super::quantity::{parse_milli, parse_units};
+use super::security_context::{container_security_context, sandbox_security_context};
+use crate::admission::host_ports::pod_ports;
 use crate::pleg::PodUid;
 use crate::pleg::kernel::cgroup_path::pod_cgroup_path;
 use crate::pod_workers::{SyncError, spec_grace_seconds};
@@ -58,15 +62,6 @@ pub fn sandbox_config(
     sandbox_labels.insert(labels::POD_NAME.into(), name.clone());
     sandbox_labels.insert(labels::POD_NAMESPACE.into(), namespace.clone());
     sandbox_labels.insert(labels::POD_UID.into(), uid.to_string());
-    let mode = |node_wide: bool, shared: bool| {
-        if node_wide {
-            v1::NamespaceMode::Node as i32
-        } else if shared {
-            v1::NamespaceMode::Pod as i32
-        } else {
-            v1::NamespaceMode::Container as i32
-        }
-    };
     let host_net = spec.host_network.unwrap_or(false);
     v1::PodSandboxConfig {
         metadata: Some(v1::PodSandboxMetadata {
@@ -96,20 +91,54 @@ pub fn sandbox_config(
             .collect(),
         linux: Some(v1::LinuxPodSandboxConfig {
             cgroup_parent: pod_cgroup_path(node.cgroup_driver, qos_class(pod), uid),
-            security_context: Some(v1::LinuxSandboxSecurityContext {
-                namespace_options: Some(v1::NamespaceOption {
-                    network: mode(host_net, true),
-                    pid: mode(
-                        spec.host_pid.unwrap_or(false),
-                        spec.share_process_namespace.unwrap_or(false),
-                    ),
-                    ipc: mode(spec.host_ipc.unwrap_or(false), true),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(sandbox_security_context(pod, namespace_options(pod))),
+            sysctls: spec
+                .security_context
+                .iter()
+                .flat_map(|s| s.sysctls.iter().flatten())
+                .map(|s| (s.name.clone(), s.value.clone()))
+                .collect(),
             ..Default::default()
         }),
+        port_mappings: pod_ports(pod)
+            .into_iter()
+            .map(|p| v1::PortMapping {
+                protocol: match p.protocol.as_str() {
+                    "UDP" => v1::Protocol::Udp,
+                    "SCTP" => v1::Protocol::Sctp,
+                    _ => v1::Protocol::Tcp,
+                } as i32,
+                container_port: p.container_port,
+                host_port: p.host_port,
+                host_ip: p.host_ip,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The pod's namespaces (the kubelet's `NamespacesForPod`), for the sandbox
+/// and each container: the node's with hostNetwork/hostPID/hostIPC, else the
+/// pod's (network, IPC; PID with `shareProcessNamespace`), else the
+/// container's own PID namespace.
+pub fn namespace_options(pod: &Pod) -> v1::NamespaceOption {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mode = |node_wide: bool, shared: bool| {
+        if node_wide {
+            v1::NamespaceMode::Node as i32
+        } else if shared {
+            v1::NamespaceMode::Pod as i32
+        } else {
+            v1::NamespaceMode::Container as i32
+        }
+    };
+    v1::NamespaceOption {
+        network: mode(spec.host_network.unwrap_or(false), true),
+        pid: mode(
+            spec.host_pid.unwrap_or(false),
+            spec.share_process_namespace.unwrap_or(false),
+        ),
+        ipc: mode(spec.host_ipc.unwrap_or(false), true),
         ..Default::default()
     }
 }
@@ -203,9 +232,12 @@ pub fn container_config(
         labels: container_labels,
         annotations,
         log_path: format!("{}/{attempt}.log", c.name),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
         linux: Some(v1::LinuxContainerConfig {
             resources: Some(resources),
-            ..Default::default()
+            security_context: Some(container_security_context(pod, c, namespace_options(pod))),
         }),
         ..Default::default()
     })

@@ -17,6 +17,7 @@ pub mod labels;
 pub mod qos;
 pub mod quantity;
 pub mod reasons;
+pub mod security_context;
 mod sync;
 mod terminate;
 

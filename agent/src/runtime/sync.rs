@@ -18,6 +18,7 @@ use super::reasons::{
     IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError,
     check_image_reference,
 };
+use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
@@ -176,6 +177,31 @@ impl KubeRuntime {
         }
     }
 
+    /// `runAsNonRoot` without `runAsUser`: the image's user decides, read
+    /// from the runtime (the kubelet's `verifyRunAsNonRoot`).
+    async fn verify_run_as_non_root(
+        &self,
+        pod: &Pod,
+        uid: &PodUid,
+        c: &Container,
+    ) -> Result<(), StartError> {
+        let image = if needs_image_user(pod, c) {
+            let spec = v1::ImageSpec {
+                image: c.image.clone().unwrap_or_default(),
+                ..Default::default()
+            };
+            self.cri
+                .image_status(&spec, false)
+                .await
+                .map_err(|e| StartError::new(IMAGE_INSPECT_ERROR, e.to_string()))?
+                .image
+        } else {
+            None
+        };
+        verify_run_as_non_root(pod, c, &format_pod(pod, uid), image.as_ref())
+            .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e))
+    }
+
     async fn start_container(
         &self,
         pod: &Pod,
@@ -193,6 +219,7 @@ impl KubeRuntime {
             lock(&self.backoff).restarting(backoff_key(uid, c), p.finished_at.unwrap_or(0));
         }
         self.ensure_image(uid, c).await?;
+        self.verify_run_as_non_root(pod, uid, c).await?;
         let config = container_config(pod, uid, c, attempt)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
         let id = self

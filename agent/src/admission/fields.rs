@@ -1,0 +1,347 @@
+//! Spec fields the agent does not implement yet. The kubelet implements every
+//! field of a pod's spec; evpleg does not yet, and a field it would silently
+//! ignore could make a pod run differently from what its author asked (a
+//! probe that never runs, a volume that is not there, a deadline never
+//! enforced). Such a pod is refused at admission, with reason
+//! [`UNSUPPORTED_REASON`] and a message naming every such field, rather than
+//! run half-right.
+//!
+//! Accepted without effect, because on a kubelet node they are the
+//! scheduler's (the kubelet only re-checks some of them, evpleg has no Node to
+//! check against yet): `affinity`, `nodeSelector`, `tolerations`,
+//! `topologySpreadConstraints`, `schedulerName`, `schedulingGates`,
+//! `priority`, `priorityClassName`, `preemptionPolicy`, `nodeName` (the API
+//! source already selects by node). Also accepted: what the API server sets on
+//! every pod and only matters with a feature that is refused here
+//! (`enableServiceLinks`, `automountServiceAccountToken`,
+//! `serviceAccountName`, `fsGroupChangePolicy`, a container's `resizePolicy`,
+//! and the default `terminationMessagePath`/`terminationMessagePolicy`, whose
+//! file is not read back into the status yet).
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext};
+
+/// The rejection reason of a pod using fields the agent does not implement.
+pub const UNSUPPORTED_REASON: &str = "UnsupportedPodSpec";
+
+/// The kubelet's default termination message path.
+const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+/// The spec fields of `pod` that the agent does not implement, as paths
+/// (`spec.containers[app].livenessProbe`); empty when it can run as asked.
+pub fn unsupported(pod: &Pod) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(spec) = &pod.spec else {
+        return out;
+    };
+    pod_spec(spec, &mut out);
+    for c in spec.init_containers.iter().flatten() {
+        let path = format!("spec.initContainers[{}]", c.name);
+        container(c, &path, &mut out);
+        match c.restart_policy.as_deref() {
+            None | Some("Always") => {}
+            Some(other) => out.push(format!("{path}.restartPolicy={other}")),
+        }
+    }
+    for c in &spec.containers {
+        let path = format!("spec.containers[{}]", c.name);
+        container(c, &path, &mut out);
+        if c.restart_policy.is_some() {
+            out.push(format!("{path}.restartPolicy"));
+        }
+    }
+    out
+}
+
+fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
+    let mut set = |present: bool, field: &str| {
+        if present {
+            out.push(format!("spec.{field}"));
+        }
+    };
+    set(s.active_deadline_seconds.is_some(), "activeDeadlineSeconds");
+    set(s.dns_config.is_some(), "dnsConfig");
+    set(s.dns_policy.as_deref() == Some("None"), "dnsPolicy=None");
+    set(non_empty(&s.ephemeral_containers), "ephemeralContainers");
+    set(non_empty(&s.host_aliases), "hostAliases");
+    set(s.host_users == Some(false), "hostUsers=false");
+    set(s.hostname.is_some(), "hostname");
+    set(s.hostname_override.is_some(), "hostnameOverride");
+    set(s.subdomain.is_some(), "subdomain");
+    set(s.set_hostname_as_fqdn == Some(true), "setHostnameAsFQDN");
+    set(non_empty(&s.image_pull_secrets), "imagePullSecrets");
+    set(s.overhead.is_some(), "overhead");
+    set(non_empty(&s.readiness_gates), "readinessGates");
+    set(non_empty(&s.resource_claims), "resourceClaims");
+    set(s.resources.is_some(), "resources");
+    set(
+        s.runtime_class_name
+            .as_deref()
+            .is_some_and(|r| !r.is_empty()),
+        "runtimeClassName",
+    );
+    set(non_empty(&s.volumes), "volumes");
+    if let Some(sc) = &s.security_context {
+        set(
+            sc.app_armor_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ != "Unconfined"),
+            "securityContext.appArmorProfile",
+        );
+        set(
+            sc.se_linux_options.is_some(),
+            "securityContext.seLinuxOptions",
+        );
+        set(
+            sc.se_linux_change_policy.is_some(),
+            "securityContext.seLinuxChangePolicy",
+        );
+        set(
+            sc.seccomp_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ == "Localhost"),
+            "securityContext.seccompProfile=Localhost",
+        );
+        set(
+            sc.supplemental_groups_policy.as_deref() == Some("Strict"),
+            "securityContext.supplementalGroupsPolicy=Strict",
+        );
+        set(
+            sc.windows_options.is_some(),
+            "securityContext.windowsOptions",
+        );
+    }
+    if let Some(os) = &s.os
+        && os.name != "linux"
+    {
+        out.push(format!("spec.os.name={}", os.name));
+    }
+}
+
+fn container(c: &Container, path: &str, out: &mut Vec<String>) {
+    let mut set = |present: bool, field: &str| {
+        if present {
+            out.push(format!("{path}.{field}"));
+        }
+    };
+    set(c.lifecycle.is_some(), "lifecycle");
+    set(c.liveness_probe.is_some(), "livenessProbe");
+    set(c.readiness_probe.is_some(), "readinessProbe");
+    set(c.startup_probe.is_some(), "startupProbe");
+    set(non_empty(&c.env_from), "envFrom");
+    set(non_empty(&c.volume_mounts), "volumeMounts");
+    set(non_empty(&c.volume_devices), "volumeDevices");
+    set(non_empty(&c.restart_policy_rules), "restartPolicyRules");
+    set(
+        c.termination_message_path
+            .as_deref()
+            .is_some_and(|p| p != DEFAULT_TERMINATION_MESSAGE_PATH),
+        "terminationMessagePath",
+    );
+    set(
+        c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError"),
+        "terminationMessagePolicy=FallbackToLogsOnError",
+    );
+    for e in c.env.iter().flatten() {
+        set(
+            e.value_from.is_some(),
+            &format!("env[{}].valueFrom", e.name),
+        );
+    }
+    if let Some(r) = &c.resources {
+        set(non_empty(&r.claims), "resources.claims");
+        let names: std::collections::BTreeSet<&String> = r
+            .requests
+            .iter()
+            .chain(r.limits.iter())
+            .flat_map(|m| m.keys())
+            .filter(|n| *n != "cpu" && *n != "memory")
+            .collect();
+        for name in names {
+            out.push(format!("{path}.resources[{name}]"));
+        }
+    }
+    if let Some(sc) = &c.security_context {
+        security_context(sc, path, out);
+    }
+}
+
+fn security_context(sc: &SecurityContext, path: &str, out: &mut Vec<String>) {
+    let mut set = |present: bool, field: &str| {
+        if present {
+            out.push(format!("{path}.securityContext.{field}"));
+        }
+    };
+    set(
+        sc.app_armor_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ != "Unconfined"),
+        "appArmorProfile",
+    );
+    set(sc.se_linux_options.is_some(), "seLinuxOptions");
+    set(sc.windows_options.is_some(), "windowsOptions");
+    set(
+        sc.proc_mount.as_deref().is_some_and(|m| m != "Default"),
+        "procMount",
+    );
+    set(
+        sc.seccomp_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "Localhost"),
+        "seccompProfile=Localhost",
+    );
+}
+
+fn non_empty<T>(v: &Option<Vec<T>>) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn what_the_agent_runs_is_accepted() {
+        let p = pod(serde_json::json!({
+            "hostNetwork": true, "restartPolicy": "Never", "dnsPolicy": "ClusterFirstWithHostNet",
+            "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "fsGroup": 5,
+                                "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
+            "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always"}],
+            "containers": [{
+                "name": "app", "image": "i", "imagePullPolicy": "Always", "ports": [{"containerPort": 80}],
+                "env": [{"name": "A", "value": "1"}], "stdin": true, "tty": true,
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "resources": {"requests": {"cpu": "1", "memory": "1Mi"}},
+                "securityContext": {"privileged": false, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
+                                    "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                                    "procMount": "Default", "seccompProfile": {"type": "Unconfined"}}
+            }]
+        }));
+        assert_eq!(unsupported(&p), Vec::<String>::new());
+    }
+
+    #[test]
+    fn every_unimplemented_field_is_named() {
+        let cases = [
+            (
+                serde_json::json!({"activeDeadlineSeconds": 5}),
+                "spec.activeDeadlineSeconds",
+            ),
+            (
+                serde_json::json!({"volumes": [{"name": "v", "emptyDir": {}}]}),
+                "spec.volumes",
+            ),
+            (
+                serde_json::json!({"readinessGates": [{"conditionType": "x"}]}),
+                "spec.readinessGates",
+            ),
+            (
+                serde_json::json!({"hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}]}),
+                "spec.hostAliases",
+            ),
+            (
+                serde_json::json!({"runtimeClassName": "gvisor"}),
+                "spec.runtimeClassName",
+            ),
+            (
+                serde_json::json!({"imagePullSecrets": [{"name": "s"}]}),
+                "spec.imagePullSecrets",
+            ),
+            (
+                serde_json::json!({"os": {"name": "windows"}}),
+                "spec.os.name=windows",
+            ),
+            (
+                serde_json::json!({"securityContext": {"seLinuxOptions": {"level": "s0"}}}),
+                "spec.securityContext.seLinuxOptions",
+            ),
+            (
+                serde_json::json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "x"}}}),
+                "spec.securityContext.seccompProfile=Localhost",
+            ),
+        ];
+        for (extra, field) in cases {
+            let mut spec = serde_json::json!({"containers": [{"name": "app", "image": "i"}]});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            assert_eq!(unsupported(&pod(spec)), vec![field.to_owned()], "{field}");
+        }
+        let containers = [
+            (
+                serde_json::json!({"livenessProbe": {"exec": {"command": ["true"]}}}),
+                "livenessProbe",
+            ),
+            (
+                serde_json::json!({"readinessProbe": {"tcpSocket": {"port": 1}}}),
+                "readinessProbe",
+            ),
+            (
+                serde_json::json!({"startupProbe": {"tcpSocket": {"port": 1}}}),
+                "startupProbe",
+            ),
+            (
+                serde_json::json!({"lifecycle": {"preStop": {"sleep": {"seconds": 1}}}}),
+                "lifecycle",
+            ),
+            (
+                serde_json::json!({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}),
+                "volumeMounts",
+            ),
+            (
+                serde_json::json!({"envFrom": [{"configMapRef": {"name": "c"}}]}),
+                "envFrom",
+            ),
+            (
+                serde_json::json!({"env": [{"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
+                "env[N].valueFrom",
+            ),
+            (
+                serde_json::json!({"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}}),
+                "resources[nvidia.com/gpu]",
+            ),
+            (
+                serde_json::json!({"terminationMessagePolicy": "FallbackToLogsOnError"}),
+                "terminationMessagePolicy=FallbackToLogsOnError",
+            ),
+            (
+                serde_json::json!({"securityContext": {"procMount": "Unmasked"}}),
+                "securityContext.procMount",
+            ),
+            (
+                serde_json::json!({"restartPolicy": "Always"}),
+                "restartPolicy",
+            ),
+        ];
+        for (extra, field) in containers {
+            let mut c = serde_json::json!({"name": "app", "image": "i"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let p = pod(serde_json::json!({"containers": [c]}));
+            assert_eq!(
+                unsupported(&p),
+                vec![format!("spec.containers[app].{field}")],
+                "{field}"
+            );
+        }
+        // Init containers are checked too; only Always is a restart policy there.
+        let p = pod(serde_json::json!({
+            "initContainers": [{"name": "i", "image": "i", "restartPolicy": "OnFailure",
+                                "startupProbe": {"tcpSocket": {"port": 1}}}],
+            "containers": [{"name": "app", "image": "i"}]
+        }));
+        assert_eq!(
+            unsupported(&p),
+            [
+                "spec.initContainers[i].startupProbe",
+                "spec.initContainers[i].restartPolicy=OnFailure"
+            ]
+        );
+    }
+}

@@ -1,0 +1,287 @@
+//! Pod admission: the kubelet's admit handlers (`lifecycle/predicate.go`).
+//! In order:
+//! 1. fields the agent does not implement yet refuse the pod ([`fields`],
+//!    reason `UnsupportedPodSpec`: a difference, the kubelet implements them);
+//! 2. the scheduler's NodeResourcesFit: CPU and memory requests must fit in
+//!    the node's allocatable minus what admitted pods request (`OutOfcpu`,
+//!    `OutOfmemory`);
+//! 3. the scheduler's NodePorts: no host port of an admitted pod
+//!    ([`host_ports`], `NodePorts`).
+//!
+//! A rejected pod's status says Failed with the reason and message. Node
+//! labels, taints and affinity are not checked: there is no Node object yet.
+
+pub mod fields;
+pub mod host_ports;
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use self::host_ports::{PodPort, pod_ports};
+use crate::pleg::PodUid;
+use crate::runtime::quantity::{parse_milli, parse_units};
+
+/// What the node offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocatable {
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+}
+
+impl Allocatable {
+    /// This host's CPUs and memory (`available_parallelism`, `/proc/meminfo`).
+    pub fn of_host() -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1) as i64;
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(0);
+        Self {
+            cpu_milli: cpus * 1000,
+            memory_bytes: memory,
+        }
+    }
+}
+
+/// A pod's requests, as the kubelet's `PodRequests`: app containers and
+/// sidecars (init containers with `restartPolicy: Always`) together, or, if
+/// larger, an init container plus the sidecars started before it (init
+/// containers run one at a time, sidecars keep running).
+pub fn requests(pod: &Pod) -> (i64, i64) {
+    let one = |c: &Container| -> (i64, i64) {
+        let req = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        let lim = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+        let get = |name: &str, parse: fn(&str) -> Result<i64, _>| -> i64 {
+            req.and_then(|m| m.get(name))
+                .or_else(|| lim.and_then(|m| m.get(name)))
+                .and_then(|q| parse(&q.0).ok())
+                .unwrap_or(0)
+        };
+        (get("cpu", parse_milli), get("memory", parse_units))
+    };
+    let Some(spec) = &pod.spec else { return (0, 0) };
+    let (mut cpu, mut mem) = spec
+        .containers
+        .iter()
+        .map(one)
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+    let (mut sidecars, mut init_peak) = ((0, 0), (0, 0));
+    for c in spec.init_containers.iter().flatten() {
+        let (c_cpu, c_mem) = one(c);
+        let during = if c.restart_policy.as_deref() == Some("Always") {
+            sidecars = (sidecars.0 + c_cpu, sidecars.1 + c_mem);
+            (cpu, mem) = (cpu + c_cpu, mem + c_mem);
+            sidecars
+        } else {
+            (sidecars.0 + c_cpu, sidecars.1 + c_mem)
+        };
+        init_peak = (init_peak.0.max(during.0), init_peak.1.max(during.1));
+    }
+    (cpu.max(init_peak.0), mem.max(init_peak.1))
+}
+
+/// A refusal: the kubelet's reason and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Admitted pods and what they request.
+#[derive(Debug)]
+pub struct Admission {
+    allocatable: Allocatable,
+    admitted: HashMap<PodUid, Admitted>,
+}
+
+/// What an admitted pod holds.
+#[derive(Debug)]
+struct Admitted {
+    cpu: i64,
+    memory: i64,
+    ports: Vec<PodPort>,
+}
+
+impl Admission {
+    pub fn new(allocatable: Allocatable) -> Self {
+        Self {
+            allocatable,
+            admitted: HashMap::new(),
+        }
+    }
+
+    /// Admits `pod` or says why not. Admitting the same UID again is a no-op.
+    pub fn admit(&mut self, uid: &PodUid, pod: &Pod) -> Result<(), Rejection> {
+        if self.admitted.contains_key(uid) {
+            return Ok(());
+        }
+        let missing = fields::unsupported(pod);
+        if !missing.is_empty() {
+            return Err(Rejection {
+                reason: fields::UNSUPPORTED_REASON.into(),
+                message: format!(
+                    "Pod was rejected: evpleg does not implement {} yet",
+                    missing.join(", ")
+                ),
+            });
+        }
+        let (cpu, mem) = requests(pod);
+        let (used_cpu, used_mem) = self
+            .admitted
+            .values()
+            .fold((0, 0), |(a, b), p| (a + p.cpu, b + p.memory));
+        let check = |name: &str, requested: i64, used: i64, capacity: i64| {
+            (used + requested > capacity).then(|| Rejection {
+                reason: format!("OutOf{name}"),
+                message: format!(
+                    "Pod was rejected: Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
+                ),
+            })
+        };
+        if let Some(r) = check("cpu", cpu, used_cpu, self.allocatable.cpu_milli) {
+            return Err(r);
+        }
+        if let Some(r) = check("memory", mem, used_mem, self.allocatable.memory_bytes) {
+            return Err(r);
+        }
+        let ports = pod_ports(pod);
+        let taken = self.admitted.values().flat_map(|p| p.ports.iter());
+        if taken
+            .flat_map(|t| ports.iter().map(move |p| (t, p)))
+            .any(|(t, p)| p.conflicts_with(t))
+        {
+            return Err(Rejection {
+                reason: host_ports::NODE_PORTS_REASON.into(),
+                message: host_ports::NODE_PORTS_MESSAGE.into(),
+            });
+        }
+        self.admitted.insert(
+            uid.clone(),
+            Admitted {
+                cpu,
+                memory: mem,
+                ports,
+            },
+        );
+        Ok(())
+    }
+
+    /// Frees what a terminated or removed pod requested.
+    pub fn release(&mut self, uid: &PodUid) {
+        self.admitted.remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cpu: &str, mem: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
+                     "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1500m"}}}]}
+        }))
+        .unwrap()
+    }
+
+    fn uid(n: u8) -> PodUid {
+        PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
+    }
+
+    #[test]
+    fn requests_fit_or_are_rejected_with_the_kubelet_reason() {
+        assert_eq!(
+            requests(&pod("500m", "1Mi")),
+            (1500, 1 << 20),
+            "the init container's cpu is larger"
+        );
+        let mut a = Admission::new(Allocatable {
+            cpu_milli: 4000,
+            memory_bytes: 100 << 20,
+        });
+        assert!(a.admit(&uid(1), &pod("100m", "60Mi")).is_ok());
+        let r = a.admit(&uid(2), &pod("100m", "60Mi")).unwrap_err();
+        assert_eq!(r.reason, "OutOfmemory");
+        assert!(
+            r.message.contains("requested: 62914560, used: 62914560"),
+            "{}",
+            r.message
+        );
+        let r = a.admit(&uid(3), &pod("3", "1Mi")).unwrap_err();
+        assert_eq!(r.reason, "OutOfcpu");
+        a.release(&uid(1));
+        assert!(a.admit(&uid(2), &pod("100m", "60Mi")).is_ok());
+        assert!(Allocatable::of_host().memory_bytes > 0);
+    }
+
+    fn any_pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn sidecars_add_to_the_app_containers_and_to_later_init_containers() {
+        let p = any_pod(serde_json::json!({
+            "initContainers": [
+                {"name": "i1", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "s", "restartPolicy": "Always", "resources": {"requests": {"cpu": "300m", "memory": "1Mi"}}},
+                {"name": "i2", "resources": {"requests": {"cpu": "900m"}}},
+            ],
+            "containers": [{"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "2Mi"}}}]
+        }));
+        // cpu: max(apps 100 + sidecar 300, i1 1000, sidecar 300 + i2 900) = 1200.
+        assert_eq!(requests(&p), (1200, 3 << 20));
+    }
+
+    fn big() -> Admission {
+        Admission::new(Allocatable {
+            cpu_milli: 64_000,
+            memory_bytes: 1 << 40,
+        })
+    }
+
+    #[test]
+    fn an_unimplemented_field_is_refused_naming_it() {
+        let p = any_pod(serde_json::json!({
+            "volumes": [{"name": "v", "emptyDir": {}}],
+            "containers": [{"name": "a", "livenessProbe": {"tcpSocket": {"port": 1}}}]
+        }));
+        let r = big().admit(&uid(1), &p).unwrap_err();
+        assert_eq!(r.reason, "UnsupportedPodSpec");
+        assert_eq!(
+            r.message,
+            "Pod was rejected: evpleg does not implement spec.volumes, spec.containers[a].livenessProbe yet"
+        );
+    }
+
+    #[test]
+    fn a_host_port_is_held_until_its_pod_is_released() {
+        let web = |port: i32| {
+            any_pod(serde_json::json!({
+                "hostNetwork": true,
+                "containers": [{"name": "a", "ports": [{"containerPort": port}]}]
+            }))
+        };
+        let mut a = big();
+        assert!(a.admit(&uid(1), &web(8080)).is_ok());
+        assert!(a.admit(&uid(2), &web(8081)).is_ok());
+        let r = a.admit(&uid(3), &web(8080)).unwrap_err();
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (
+                host_ports::NODE_PORTS_REASON,
+                host_ports::NODE_PORTS_MESSAGE
+            )
+        );
+        a.release(&uid(1));
+        assert!(a.admit(&uid(3), &web(8080)).is_ok());
+    }
+}
