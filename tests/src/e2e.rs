@@ -279,6 +279,60 @@ impl Drop for E2e {
     }
 }
 
+/// Statuses written for one pod, in order, as JSON.
+#[derive(Debug)]
+pub struct History {
+    rx: tokio::sync::broadcast::Receiver<Pod>,
+    name: String,
+    pub seen: Vec<Value>,
+}
+
+impl History {
+    pub fn new(e: &E2e, name: &str) -> Self {
+        Self {
+            rx: e.agent().local.subscribe(),
+            name: format!("{name}-{NODE}"),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Takes the statuses already written, without waiting.
+    pub fn drain(&mut self) {
+        while let Ok(pod) = self.rx.try_recv() {
+            if pod.metadata.name.as_deref() == Some(self.name.as_str()) {
+                self.seen
+                    .push(serde_json::to_value(&pod).expect("pod as json"));
+            }
+        }
+    }
+
+    /// Waits until a written status satisfies `check`; returns it.
+    pub async fn until(&mut self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        if let Some(v) = self.seen.iter().find(|v| check(v)) {
+            return v.clone();
+        }
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Ok(pod)) if pod.metadata.name.as_deref() == Some(self.name.as_str()) => {
+                    let v = serde_json::to_value(&pod).expect("pod as json");
+                    self.seen.push(v.clone());
+                    if check(&v) {
+                        return v;
+                    }
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("{}: the status subscription failed: {e}", self.name),
+                Err(_) => panic!(
+                    "{}: {what} never written within {DEADLINE:?}; written: {:#?}",
+                    self.name,
+                    self.seen.iter().map(|v| &v["status"]).collect::<Vec<_>>()
+                ),
+            }
+        }
+    }
+}
+
 pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
     for key in ["containerStatuses", "initContainerStatuses"] {
         if let Some(c) = pod["status"][key]

@@ -433,6 +433,17 @@ impl Model {
             }
             let uid = ev.pod_uid.clone().expect("every event names its pod");
             if let Some(e) = self.cache.get(&uid) {
+                if std::env::var_os("MODEL_TRACE").is_some() {
+                    eprintln!(
+                        "    view of {}: {:?}",
+                        &uid.as_str()[..2],
+                        e.status
+                            .containers
+                            .iter()
+                            .map(|c| (&c.id.as_str()[60..], c.state, c.exit_code))
+                            .collect::<Vec<_>>()
+                    );
+                }
                 self.views.insert(uid, e.status.clone());
             }
         }
@@ -523,7 +534,8 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                     prop_assert_eq!(
                         (seen.state, seen.exit_code),
                         (ContainerState::Exited, Some(code)),
-                        "the workers' last view of a dead container"
+                        "the workers' last view of a dead container: {:?}",
+                        c
                     );
                 }
                 None => {
@@ -619,5 +631,42 @@ fn a_death_dropped_on_a_full_channel_still_reaches_the_worker() {
         certain: true,
     });
     steps.push(Step::Deliver { count: 1 });
+    run(&steps).unwrap();
+}
+
+/// Found by the model (session 4): a pod whose dropped event was owed a
+/// re-inspection, where the only change then found (its sandbox's death) had
+/// been delivered by the kernel already, woke no worker, so the death of its
+/// container, which the runtime meanwhile reported, never reached the workers.
+/// A re-inspection now always wakes them (a PodSync if nothing else did).
+#[test]
+fn a_reinspection_whose_events_the_kernel_delivered_still_wakes_the_workers() {
+    use Step::*;
+    let steps = [
+        Start { pod: 1 },
+        Deliver { count: 2 },
+        FullRelist,
+        Die {
+            n: 1,
+            code: 0,
+            certain: false,
+        },
+        CatchUp,
+        Die {
+            n: 0,
+            code: 0,
+            certain: true,
+        },
+        Start { pod: 0 },
+        Deliver { count: 3 },
+        Die {
+            n: 6,
+            code: 0,
+            certain: false,
+        },
+        Drain,
+        Start { pod: 0 },
+        Serve,
+    ];
     run(&steps).unwrap();
 }

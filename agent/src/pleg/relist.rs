@@ -702,17 +702,12 @@ impl<R: PodRuntime> RelistPleg<R> {
                 pid: None,
             });
         }
-        if to_send.is_empty() && (inspect == Inspect::Reinspect || contradicted) {
-            to_send.push(PodLifecycleEvent {
-                pod_uid: Some(uid.clone()),
-                kind: EventKind::PodSync,
-                container_id: None,
-                at_ns: timestamp,
-                source: EventSource::Relist,
-                exit: None,
-                pid: None,
-            });
-        }
+        // A re-inspection owes the workers a wake-up (an event of this pod was
+        // dropped before, or the kernel was contradicted): if none of the
+        // events above reaches them (none, or all delivered already by the
+        // kernel), a PodSync does.
+        let owes_wake_up = inspect == Inspect::Reinspect || contradicted;
+        let mut woken = false;
         for event in to_send {
             let delivery = match event.container_id.clone() {
                 Some(id) => {
@@ -722,7 +717,27 @@ impl<R: PodRuntime> RelistPleg<R> {
                 None if self.send(event) => Delivery::Sent,
                 None => Delivery::Dropped,
             };
-            if delivery == Delivery::Dropped {
+            match delivery {
+                Delivery::Sent => woken = true,
+                Delivery::Dropped => {
+                    // Redelivered by the re-check.
+                    woken = true;
+                    self.recheck_soon(uid, true);
+                }
+                Delivery::AlreadyDelivered => {}
+            }
+        }
+        if owes_wake_up && !woken {
+            let sync = PodLifecycleEvent {
+                pod_uid: Some(uid.clone()),
+                kind: EventKind::PodSync,
+                container_id: None,
+                at_ns: timestamp,
+                source: EventSource::Relist,
+                exit: None,
+                pid: None,
+            };
+            if !self.send(sync) {
                 self.recheck_soon(uid, true);
             }
         }

@@ -10,7 +10,16 @@
 //!   (Failed unless every container exited 0; the kubelet leaves it to the
 //!   status, evpleg says it at once).
 //! * Init containers run one at a time, in order, each to completion before the
-//!   next; app containers start once all succeeded.
+//!   next; app containers start once all succeeded. A sidecar (an init
+//!   container with `restartPolicy: Always`, KEP-753) is started in its turn
+//!   and the next init container starts once it runs (there are no startup
+//!   probes yet: running is started); it keeps running next to the app
+//!   containers, is restarted whenever it exits (with its back-off), whatever
+//!   the pod's policy, and does not count for the pod's end: once the app
+//!   containers are done the pod is terminal and its sidecars are stopped,
+//!   after the app containers, in reverse order ([`super::terminate`]). Once
+//!   app containers have run, plain init containers are not run again in the
+//!   same sandbox (the kubelet's `isPreviouslyInitialized`).
 //! * A running container whose spec hash changed is killed and started again.
 //! * A container in Created state (its start failed) is started again, as
 //!   `ShouldContainerBeRestarted`; an Unknown one is waited for (the kubelet
@@ -90,8 +99,9 @@ pub struct PodActions {
     pub sandbox: Option<ContainerId>,
     /// Attempt number of a new sandbox.
     pub sandbox_attempt: u32,
-    /// The init container (index in `initContainers`) to start.
-    pub start_init: Option<usize>,
+    /// Init containers (indices in `initContainers`) to start, in order: at
+    /// most one plain init container, and sidecars.
+    pub start_init: Vec<usize>,
     /// App containers (indices in `containers`) to start.
     pub start: Vec<usize>,
     pub kill: Vec<Kill>,
@@ -105,7 +115,7 @@ impl PodActions {
     pub fn does_runtime_work(&self) -> bool {
         self.kill_pod
             || self.create_sandbox
-            || self.start_init.is_some()
+            || !self.start_init.is_empty()
             || !self.start.is_empty()
             || !self.kill.is_empty()
     }
@@ -120,6 +130,11 @@ pub fn container_hash(c: &Container) -> u64 {
     u64::from_be_bytes([
         digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
     ])
+}
+
+/// Whether `c` is a sidecar: an init container with `restartPolicy: Always`.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// The newest status of the container named `name`: the last created, as the
@@ -170,7 +185,7 @@ pub fn compute_pod_actions(
     let apps = spec.containers.clone();
 
     // Terminal pods first: nothing more runs.
-    let init_failed = init.iter().any(|c| {
+    let init_failed = init.iter().filter(|c| !is_sidecar(c)).any(|c| {
         latest(status, &c.name)
             .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code != Some(0))
     });
@@ -263,27 +278,57 @@ pub fn compute_pod_actions(
     if actions.create_sandbox {
         if let Some(c) = init.first() {
             if !latest(status, &c.name).is_some_and(|s| wait_backoff(&mut actions, c, s)) {
-                actions.start_init = Some(0);
+                actions.start_init.push(0);
             }
             return actions;
         }
     } else {
+        // App containers ran: the pod was initialized, plain init containers
+        // are done; sidecars are kept running.
+        let initialized = apps.iter().any(|c| latest(status, &c.name).is_some());
         for (i, c) in init.iter().enumerate() {
-            match latest(status, &c.name) {
+            let newest = latest(status, &c.name);
+            if is_sidecar(c) {
+                match newest {
+                    Some(s) if s.state == ContainerState::Running => continue,
+                    Some(s) if s.state == ContainerState::Unknown => return actions,
+                    Some(s) if s.state == ContainerState::Exited => {
+                        if !wait_backoff(&mut actions, c, s) {
+                            actions.start_init.push(i);
+                        }
+                        if initialized {
+                            continue;
+                        }
+                        return actions;
+                    }
+                    // Never started, or Created (its start failed).
+                    _ => {
+                        actions.start_init.push(i);
+                        if initialized {
+                            continue;
+                        }
+                        return actions;
+                    }
+                }
+            }
+            if initialized {
+                continue;
+            }
+            match newest {
                 None => {
-                    actions.start_init = Some(i);
+                    actions.start_init.push(i);
                     return actions;
                 }
                 Some(s) if s.state == ContainerState::Exited && s.exit_code == Some(0) => continue,
                 Some(s) if s.state == ContainerState::Exited => {
                     // Failed: restarted (policy Never was terminal above).
                     if !wait_backoff(&mut actions, c, s) {
-                        actions.start_init = Some(i);
+                        actions.start_init.push(i);
                     }
                     return actions;
                 }
                 Some(s) if restart_stuck(&mut actions, c, s) => {
-                    actions.start_init = Some(i);
+                    actions.start_init.push(i);
                     return actions;
                 }
                 Some(_) => return actions, // running: wait for it
@@ -356,6 +401,8 @@ mod tests {
                 .map(|n| Container {
                     name: (*n).into(),
                     image: Some("localhost/busybox:latest".into()),
+                    // Test convention: init containers named side* are sidecars.
+                    restart_policy: n.starts_with("side").then(|| "Always".into()),
                     ..Container::default()
                 })
                 .collect()
@@ -425,7 +472,7 @@ mod tests {
             NOW,
         );
         assert!(a.create_sandbox && !a.kill_pod);
-        assert_eq!((a.start_init, a.start.clone()), (Some(0), vec![]));
+        assert_eq!((a.start_init, a.start.clone()), (vec![0], vec![]));
         let p = pod("Always", &[], &["a", "b"]);
         let a = compute_pod_actions(
             &p,
@@ -447,14 +494,14 @@ mod tests {
         let i1_done = status(vec![cs(1, "i1", ContainerState::Exited, Some(0), 0)]);
         assert_eq!(
             compute_pod_actions(&p, &uid(), &i1_done, &b, NOW).start_init,
-            Some(1)
+            [1]
         );
         let both = status(vec![
             cs(1, "i1", ContainerState::Exited, Some(0), 0),
             cs(2, "i2", ContainerState::Exited, Some(0), 0),
         ]);
         let a = compute_pod_actions(&p, &uid(), &both, &b, NOW);
-        assert_eq!((a.start_init, a.start), (None, vec![0]));
+        assert_eq!((a.start_init, a.start), (vec![], vec![0]));
     }
 
     /// The actions table for every restart policy and exit.
@@ -627,7 +674,7 @@ mod tests {
         let p = pod("Always", &["init"], &["app"]);
         let created = status(vec![cs(1, "init", ContainerState::Created, None, 0)]);
         let a = compute_pod_actions(&p, &uid(), &created, &b, NOW);
-        assert_eq!((a.start_init, a.kill.len()), (Some(0), 0));
+        assert_eq!((a.start_init, a.kill.len()), (vec![0], 0));
         let unknown = status(vec![cs(1, "init", ContainerState::Unknown, None, 0)]);
         let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
         assert!(!a.does_runtime_work(), "{a:?}");
@@ -654,5 +701,148 @@ mod tests {
         assert_eq!(latest(&s, "app").unwrap().id, id(2));
         assert_eq!(restart_count(&s, "app"), 1);
         assert_eq!(restart_count(&s, "other"), 0);
+    }
+
+    /// Sidecars, step by step: started in their turn, the next init container
+    /// waits until the sidecar runs, restarted whatever the pod's policy,
+    /// not counted for the pod's end.
+    #[test]
+    fn sidecar_table() {
+        use ContainerState::*;
+        let b = CrashBackoff::default();
+        // (policy, observed (name, state, exit), init to start, apps to start, terminal)
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, ContainerState, Option<i32>)>,
+            Vec<usize>,
+            Vec<usize>,
+            Option<Terminal>,
+        );
+        let cases: Vec<Case> = vec![
+            // Nothing yet: the sidecar first, nothing else.
+            ("Always", vec![], vec![0], vec![], None),
+            // The sidecar was created but runs not yet: wait.
+            (
+                "Always",
+                vec![("side", Unknown, None)],
+                vec![],
+                vec![],
+                None,
+            ),
+            // It runs: the plain init container is next.
+            (
+                "Always",
+                vec![("side", Running, None)],
+                vec![1],
+                vec![],
+                None,
+            ),
+            // The init container runs: wait for it.
+            (
+                "Always",
+                vec![("side", Running, None), ("init", Running, None)],
+                vec![],
+                vec![],
+                None,
+            ),
+            // The init container is done: the app starts, the sidecar keeps running.
+            (
+                "Never",
+                vec![("side", Running, None), ("init", Exited, Some(0))],
+                vec![],
+                vec![0],
+                None,
+            ),
+            // The sidecar crashed before initialization finished: restarted
+            // (whatever the pod's policy), and the next waits.
+            (
+                "Never",
+                vec![("side", Exited, Some(1))],
+                vec![0],
+                vec![],
+                None,
+            ),
+            // The sidecar crashed while the app runs: restarted, the app stays.
+            (
+                "Never",
+                vec![
+                    ("side", Exited, Some(1)),
+                    ("init", Exited, Some(0)),
+                    ("app", Running, None),
+                ],
+                vec![0],
+                vec![],
+                None,
+            ),
+            // Initialized: a plain init container whose record is gone is not run again.
+            (
+                "Always",
+                vec![("side", Running, None), ("app", Running, None)],
+                vec![],
+                vec![],
+                None,
+            ),
+            // The app is done under Never: terminal while the sidecar runs
+            // (termination stops it); its exit code does not count.
+            (
+                "Never",
+                vec![
+                    ("side", Running, None),
+                    ("init", Exited, Some(0)),
+                    ("app", Exited, Some(0)),
+                ],
+                vec![],
+                vec![],
+                Some(Terminal::Succeeded),
+            ),
+            (
+                "OnFailure",
+                vec![
+                    ("side", Exited, Some(137)),
+                    ("init", Exited, Some(0)),
+                    ("app", Exited, Some(0)),
+                ],
+                vec![],
+                vec![],
+                Some(Terminal::Succeeded),
+            ),
+            (
+                "Never",
+                vec![
+                    ("side", Running, None),
+                    ("init", Exited, Some(0)),
+                    ("app", Exited, Some(2)),
+                ],
+                vec![],
+                vec![],
+                Some(Terminal::Failed),
+            ),
+        ];
+        let p = |policy| pod(policy, &["side", "init"], &["app"]);
+        for (n, (policy, observed, init, apps, terminal)) in cases.into_iter().enumerate() {
+            let containers = observed
+                .iter()
+                .enumerate()
+                .map(|(i, (name, state, exit))| cs(i as u8 + 1, name, *state, *exit, 0))
+                .collect();
+            let a = compute_pod_actions(&p(policy), &uid(), &status(containers), &b, NOW);
+            assert_eq!(
+                (a.start_init.clone(), a.start.clone(), a.terminal),
+                (init, apps, terminal),
+                "case {n}: {policy} {observed:?}"
+            );
+        }
+        // A crashing sidecar waits out its back-off like any container.
+        let mut b = CrashBackoff::default();
+        let side = &p("Always").spec.unwrap().init_containers.unwrap()[0];
+        b.restarting(backoff_key(&uid(), side), NOW - 1_000_000_000);
+        let mut crashed = cs(1, "side", Exited, Some(1), 1);
+        crashed.finished_at = Some(NOW - 1_000_000_000);
+        let a = compute_pod_actions(&p("Always"), &uid(), &status(vec![crashed]), &b, NOW);
+        assert_eq!(
+            (a.start_init.clone(), a.backoff.len()),
+            (vec![], 1),
+            "{a:?}"
+        );
     }
 }

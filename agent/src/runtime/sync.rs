@@ -45,7 +45,7 @@ impl KubeRuntime {
         }
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
-            self.kill_pod(&uid, grace).await?;
+            self.kill_pod(&uid, &pod, grace).await?;
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
@@ -73,14 +73,13 @@ impl KubeRuntime {
         };
         // Attempts continue from the newest container, whatever its sandbox.
         let status = &entry.status;
-        let init = actions
-            .start_init
-            .and_then(|i| spec.init_containers.as_ref().map(|v| &v[i]));
+        let inits = spec.init_containers.as_deref().unwrap_or_default();
+        let init = actions.start_init.iter().map(|i| &inits[*i]);
         let apps = actions.start.iter().map(|j| &spec.containers[*j]);
         // As the kubelet: every container is tried, each error recorded for its
         // status, and the sync fails if one did.
         let mut failed = Vec::new();
-        for c in init.into_iter().chain(apps) {
+        for c in init.chain(apps) {
             let started = self
                 .start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status)
                 .await;

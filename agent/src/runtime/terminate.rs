@@ -7,7 +7,8 @@
 //! until it is removed (then housekeeping removes them, as the kubelet's
 //! garbage collection of a deleted pod's content). Every stop gives the
 //! container at least the kubelet's minimum grace period of 2 s between SIGTERM
-//! and SIGKILL.
+//! and SIGKILL. Sidecars are stopped after the app containers, in reverse
+//! order, with what is left of the grace period (never less than the minimum).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::CriRuntime;
-use super::actions::{PodActions, Terminal, compute_pod_actions, latest};
+use super::actions::{PodActions, Terminal, compute_pod_actions, is_sidecar, latest};
 use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
@@ -26,6 +27,11 @@ use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::relist::PodRuntime;
 use crate::pod_workers::SyncError;
+
+/// A CRI container's name (from its metadata).
+fn name(c: &v1::Container) -> &str {
+    c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("")
+}
 
 /// The kubelet's `minimumGracePeriodInSeconds`.
 pub const MINIMUM_GRACE_SECONDS: i64 = 2;
@@ -49,8 +55,17 @@ impl KubeRuntime {
             .map_err(|e| SyncError(e.to_string()))
     }
 
-    /// Stops every container and sandbox of the pod, as the runtime lists them now.
-    pub(super) async fn kill_pod(&self, uid: &PodUid, grace: i64) -> Result<(), SyncError> {
+    /// Stops every container and sandbox of the pod, as the runtime lists them
+    /// now: the app containers in parallel, then the sidecars one by one in
+    /// reverse order, within what is left of the grace period (the kubelet's
+    /// termination ordering of restartable init containers).
+    pub(super) async fn kill_pod(
+        &self,
+        uid: &PodUid,
+        pod: &Pod,
+        grace: i64,
+    ) -> Result<(), SyncError> {
+        let started = tokio::time::Instant::now();
         let selector: HashMap<String, String> =
             HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]);
         let containers = self
@@ -61,13 +76,31 @@ impl KubeRuntime {
             }))
             .await
             .map_err(|e| SyncError(e.to_string()))?;
-        let stops = containers
+        let sidecars: Vec<&str> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .filter(|c| is_sidecar(c))
+            .map(|c| c.name.as_str())
+            .collect();
+        let running: Vec<&v1::Container> = containers
             .iter()
             .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
+            .collect();
+        let stops = running
+            .iter()
+            .filter(|c| !sidecars.contains(&name(c)))
             .map(|c| self.stop_container(&c.id, grace));
         // In parallel, as the kubelet stops a pod's containers.
         for r in futures::future::join_all(stops).await {
             r?;
+        }
+        for sidecar in sidecars.iter().rev() {
+            let left = grace - started.elapsed().as_secs() as i64;
+            for c in running.iter().filter(|c| name(c) == *sidecar) {
+                info!(pod = %uid, container = sidecar, grace_seconds = left.max(0), "stopping sidecar after the app containers");
+                self.stop_container(&c.id, left.max(0)).await?;
+            }
         }
         let sandboxes = self
             .cri
@@ -97,7 +130,7 @@ impl KubeRuntime {
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         info!(pod = %uid, grace_seconds, "terminating pod");
-        self.kill_pod(&uid, grace_seconds).await?;
+        self.kill_pod(&uid, &pod, grace_seconds).await?;
         // The final status is the runtime's, read again after the kill: exit
         // codes, reasons and finish times as the runtime recorded them (a
         // container that exits 0 on SIGTERM is Completed). If the runtime cannot

@@ -5,6 +5,9 @@
 //! Phase: Pending while init containers run or a container waits to be created;
 //! Running while a container runs (or restarts, with restartPolicy Always);
 //! Succeeded / Failed when every container terminated and none will restart.
+//! Sidecars (init containers with `restartPolicy: Always`) always restart, are
+//! part of Initialized once started and of ContainersReady while running, and
+//! never decide the phase by their exit.
 //! Conditions: PodScheduled, Initialized, ContainersReady, Ready (no probes: a
 //! running container is ready). Container statuses carry the state, the last
 //! termination, the exit code and reason (Completed, Error, OOMKilled), the
@@ -19,7 +22,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::container::{ContainerState, ContainerStatus, PodStatus};
-use crate::runtime::actions::{RestartPolicy, Terminal, Waiting, latest};
+use crate::runtime::actions::{RestartPolicy, Terminal, Waiting, is_sidecar, latest};
 
 /// Unix nanoseconds as an API time.
 pub fn time(unix_ns: i64) -> Option<Time> {
@@ -173,9 +176,29 @@ fn condition(kind: &str, ok: bool, reason: Option<&str>) -> PodCondition {
     }
 }
 
-/// The kubelet's `getPhase` from container statuses.
+/// A plain init container finished with exit code 0.
+fn init_succeeded(c: &ApiContainerStatus) -> bool {
+    c.state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0)
+}
+
+/// A sidecar started at least once (it runs, or it ran and waits to restart).
+fn sidecar_started(c: &ApiContainerStatus) -> bool {
+    let state = c.state.clone().unwrap_or_default();
+    state.running.is_some()
+        || state.terminated.is_some()
+        || c.last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
+}
+
+/// The kubelet's `getPhase` from container statuses; `init` holds the plain
+/// init containers' statuses, `sidecars` the sidecars'.
 fn phase(
-    init: &[ApiContainerStatus],
+    init: &[&ApiContainerStatus],
+    sidecars: &[&ApiContainerStatus],
     apps: &[ApiContainerStatus],
     policy: RestartPolicy,
     terminal: Option<Terminal>,
@@ -186,16 +209,14 @@ fn phase(
             Terminal::Failed => "Failed",
         };
     }
-    let init_done = init.iter().all(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)
-    });
-    if !init_done {
+    if !init.iter().all(|c| init_succeeded(c)) || !sidecars.iter().all(|c| sidecar_started(c)) {
         return "Pending";
     }
     let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    running += sidecars
+        .iter()
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .count();
     for c in apps {
         let state = c.state.clone().unwrap_or_default();
         if state.running.is_some() {
@@ -243,27 +264,28 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             ..ApiPodStatus::default()
         };
     }
-    let init: Vec<ApiContainerStatus> = spec
-        .init_containers
+    let init_specs = spec.init_containers.clone().unwrap_or_default();
+    let init: Vec<ApiContainerStatus> = init_specs
         .iter()
-        .flatten()
         .map(|c| {
             container_status(
                 &c.name,
                 c.image.as_deref().unwrap_or_default(),
                 runtime,
-                policy_for_init(policy),
+                policy_for_init(policy, is_sidecar(c)),
                 ctx,
                 "PodInitializing",
             )
         })
         .collect();
-    let init_done = init.iter().all(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)
-    });
+    let (sidecars, plain): (Vec<_>, Vec<_>) = init
+        .iter()
+        .zip(&init_specs)
+        .partition(|(_, c)| is_sidecar(c));
+    let sidecars: Vec<&ApiContainerStatus> = sidecars.into_iter().map(|(s, _)| s).collect();
+    let plain: Vec<&ApiContainerStatus> = plain.into_iter().map(|(s, _)| s).collect();
+    let init_done =
+        plain.iter().all(|c| init_succeeded(c)) && sidecars.iter().all(|c| sidecar_started(c));
     let apps: Vec<ApiContainerStatus> = spec
         .containers
         .iter()
@@ -283,8 +305,9 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             )
         })
         .collect();
-    let phase = phase(&init, &apps, policy, ctx.terminal);
-    let all_ready = !apps.is_empty() && apps.iter().all(|c| c.ready);
+    let phase = phase(&plain, &sidecars, &apps, policy, ctx.terminal);
+    let all_ready =
+        !apps.is_empty() && apps.iter().all(|c| c.ready) && sidecars.iter().all(|c| c.ready);
     let completed = matches!(phase, "Succeeded" | "Failed").then_some("PodCompleted");
     let not_ready = if completed.is_some() {
         completed
@@ -328,9 +351,10 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
     }
 }
 
-/// Init containers restart unless the pod's policy is Never.
-fn policy_for_init(policy: RestartPolicy) -> RestartPolicy {
+/// Init containers restart unless the pod's policy is Never; sidecars always.
+fn policy_for_init(policy: RestartPolicy, sidecar: bool) -> RestartPolicy {
     match policy {
+        _ if sidecar => RestartPolicy::Always,
         RestartPolicy::Never => RestartPolicy::Never,
         _ => RestartPolicy::OnFailure,
     }
@@ -347,7 +371,11 @@ mod tests {
         let c = |names: &[&str]| -> serde_json::Value {
             names
                 .iter()
-                .map(|n| serde_json::json!({"name": n, "image": "localhost/busybox:latest"}))
+                .map(|n| {
+                    // Test convention: init containers named side* are sidecars.
+                    let policy = n.starts_with("side").then_some("Always");
+                    serde_json::json!({"name": n, "image": "localhost/busybox:latest", "restartPolicy": policy})
+                })
                 .collect()
         };
         serde_json::from_value(serde_json::json!({
@@ -571,5 +599,90 @@ mod tests {
             time(1_700_000_000_000_000_000).unwrap().0.as_second(),
             1_700_000_000
         );
+    }
+
+    #[test]
+    fn sidecars_initialize_run_along_and_restart() {
+        use ContainerState::*;
+        let p = pod("Never", &["side", "init"], &["app"]);
+        let state = |s: &ApiPodStatus, name: &str| -> &'static str {
+            let c = s
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+                .find(|c| c.name == name)
+                .unwrap();
+            let st = c.state.clone().unwrap_or_default();
+            match () {
+                _ if st.running.is_some() => "running",
+                _ if st.terminated.is_some() => "terminated",
+                _ => "waiting",
+            }
+        };
+        // (observed, phase, Initialized, ContainersReady, the sidecar's state)
+        let cases = [
+            (vec![], "Pending", "False", "False", "waiting"),
+            (
+                vec![cs(1, "side", Running, None, 0)],
+                "Pending",
+                "False",
+                "False",
+                "running",
+            ),
+            (
+                vec![
+                    cs(1, "side", Running, None, 0),
+                    cs(2, "init", Exited, Some(0), 0),
+                    cs(3, "app", Running, None, 0),
+                ],
+                "Running",
+                "True",
+                "True",
+                "running",
+            ),
+            // The sidecar crashed: it restarts even under Never; not ready meanwhile.
+            (
+                vec![
+                    cs(1, "side", Exited, Some(1), 0),
+                    cs(2, "init", Exited, Some(0), 0),
+                    cs(3, "app", Running, None, 0),
+                ],
+                "Running",
+                "True",
+                "False",
+                "waiting",
+            ),
+        ];
+        for (n, (observed, phase, initialized, ready, side)) in cases.into_iter().enumerate() {
+            let s = generate(&p, &runtime(observed), &ctx());
+            assert_eq!(
+                (
+                    s.phase.as_deref().unwrap(),
+                    cond(&s, "Initialized").as_str(),
+                    cond(&s, "ContainersReady").as_str(),
+                    state(&s, "side")
+                ),
+                (phase, initialized, ready, side),
+                "case {n}"
+            );
+        }
+        // The app done, the sidecar stopped by termination (137): the pod
+        // succeeded by its app container alone.
+        let rt = runtime(vec![
+            cs(1, "side", Exited, Some(137), 0),
+            cs(2, "init", Exited, Some(0), 0),
+            cs(3, "app", Exited, Some(0), 0),
+        ]);
+        let s = generate(
+            &p,
+            &rt,
+            &Context {
+                terminal: Some(Terminal::Succeeded),
+                ..ctx()
+            },
+        );
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(state(&s, "side"), "terminated");
     }
 }
