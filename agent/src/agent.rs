@@ -34,6 +34,7 @@ use crate::status::local::LocalStore;
 use crate::status::manager::{FLUSH_BOUND, StatusManager};
 use crate::status::{StatusWriter, WriteError};
 use crate::sync_loop::{SyncLoop, SyncLoopParts};
+use crate::tasks::TaskHealth;
 
 /// Errors of starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -168,7 +169,12 @@ impl Agent {
                 .map(|c| crate::status::api::ApiStatusWriter::new(c, node_name.clone())),
         };
         let status = Arc::new(StatusManager::new());
-        let status_task = tokio::spawn(status.clone().run(writers, shutdown.clone()));
+        let health = TaskHealth::new(clock.clone());
+        let status_task = health.spawn(
+            "status manager",
+            shutdown.clone(),
+            status.clone().run(writers, shutdown.clone()),
+        );
 
         let mut cgroup_mounts: Vec<PathBuf> = cgroup2_mount().ok().flatten().into_iter().collect();
         cgroup_mounts.extend(
@@ -200,12 +206,16 @@ impl Agent {
             max_per_pod_container: args.maximum_dead_containers_per_container,
             max_containers: args.maximum_dead_containers,
         };
-        tasks.push(tokio::spawn(gc::run(
-            cri.clone(),
-            gc_policy,
-            Duration::from_secs_f64(args.container_gc_period_seconds),
+        tasks.push(health.spawn(
+            "container gc",
             shutdown.clone(),
-        )));
+            gc::run(
+                cri.clone(),
+                gc_policy,
+                Duration::from_secs_f64(args.container_gc_period_seconds),
+                shutdown.clone(),
+            ),
+        ));
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
                 .with_image_pull_backoff(image_backoff),
@@ -228,14 +238,14 @@ impl Agent {
         let (update_tx, update_rx) = mpsc::channel(64);
         let mux = PodConfig::new();
         let seen = mux.seen_sources();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(health.spawn("pod config", shutdown.clone(), async move {
             mux.run(source_rx, update_tx).await;
         }));
         let mut sources = Vec::new();
         if let Some(dir) = &args.manifest_dir {
             sources.push(SourceName::File);
             let file = crate::source::file::FileSource::new(dir.clone(), node_name.clone());
-            tasks.push(tokio::spawn(file.run(source_tx.clone())));
+            tasks.push(health.spawn("file source", shutdown.clone(), file.run(source_tx.clone())));
             info!(dir = %dir.display(), "static pod manifests watched");
         }
         if let Some(url) = &args.manifest_url {
@@ -245,12 +255,12 @@ impl Agent {
                 url: url.clone(),
                 message: e.to_string(),
             })?;
-            tasks.push(tokio::spawn(src.run(source_tx.clone())));
+            tasks.push(health.spawn("url source", shutdown.clone(), src.run(source_tx.clone())));
         }
         if let Some(client) = kube {
             sources.push(SourceName::Api);
             let api = crate::source::api::ApiSource::new(client, node_name.clone());
-            tasks.push(tokio::spawn(api.run(source_tx.clone())));
+            tasks.push(health.spawn("api source", shutdown.clone(), api.run(source_tx.clone())));
         }
         if sources.is_empty() {
             warn!(
@@ -269,22 +279,23 @@ impl Agent {
             host_ip,
             cgroup_mounts,
         });
-        tasks.push(tokio::spawn(sync_loop.run(
-            update_rx,
-            pleg_rx,
-            done_rx,
+        tasks.push(health.spawn(
+            "sync loop",
             shutdown.clone(),
-        )));
+            sync_loop.run(update_rx, pleg_rx, done_rx, shutdown.clone()),
+        ));
 
         // HTTP: /metrics, /healthz, /pods.
-        let metrics = Arc::new(Metrics::new(Some(&pleg), None));
+        let essential = vec![health.clone(), pleg.task_health.clone()];
+        let metrics = Arc::new(Metrics::new(Some(&pleg), None).with_task_health(essential.clone()));
         let state = ServerState::new(
             metrics,
             Some(pleg.relist_stats.clone()),
             clock,
             pleg.relist_period(),
         )
-        .with_path_health(pleg.path_health.clone());
+        .with_path_health(pleg.path_health.clone())
+        .with_tasks(essential);
         let pods_store = local.clone();
         let router = server::router(state).route(
             "/pods",

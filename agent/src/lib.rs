@@ -18,4 +18,5 @@ pub mod server;
 pub mod source;
 pub mod status;
 pub mod sync_loop;
+pub mod tasks;
 pub mod telemetry;

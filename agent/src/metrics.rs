@@ -13,6 +13,7 @@
 //! | `evpleg_pleg_kernel_exits_confirmed_total`, `evpleg_pleg_kernel_contradictions_total` | none: runtime confirmation of kernel exits |
 //! | `evpleg_pleg_kernel_hints_total`, `evpleg_pleg_kernel_events_deferred_total` | none: uncertain kernel observations, events before a snapshot |
 //! | `evpleg_pleg_kernel_degradations_total` | none: the kernel path stopped, 1 s relist since |
+//! | `evpleg_essential_task_failures_total` | none: an essential loop stopped (the kubelet would have crashed) |
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -51,6 +52,26 @@ fn counter(
 ) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(value);
     c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Reads the essential tasks' failures at scrape time.
+#[derive(Debug)]
+struct TaskCollector(Vec<Arc<crate::tasks::TaskHealth>>);
+
+impl Collector for TaskCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let failures = self
+            .0
+            .iter()
+            .map(|h| h.failures.load(Ordering::Relaxed))
+            .sum();
+        counter(
+            &mut encoder,
+            "essential_task_failures",
+            "Essential tasks (sync loop, relist, status manager...) that stopped before shutdown",
+            failures,
+        )
+    }
 }
 
 impl Collector for PlegCollector {
@@ -233,6 +254,13 @@ impl Metrics {
                 .map(|p| p.path_health.clone()),
         }));
         Self { registry }
+    }
+
+    /// Also counts the essential tasks that stopped ([`crate::tasks`]).
+    pub fn with_task_health(mut self, health: Vec<Arc<crate::tasks::TaskHealth>>) -> Self {
+        self.registry
+            .register_collector(Box::new(TaskCollector(health)));
+        self
     }
 
     /// The text exposition format.

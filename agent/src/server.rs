@@ -14,6 +14,7 @@ use crate::clock::SharedClock;
 use crate::metrics::Metrics;
 use crate::pleg::PathHealth;
 use crate::pleg::relist::{GENERIC_PERIOD, RELIST_THRESHOLD, RelistStats};
+use crate::tasks::TaskHealth;
 
 /// What the endpoints read.
 #[derive(Clone, Debug)]
@@ -23,6 +24,8 @@ pub struct ServerState {
     /// The kernel path's health, in `ebpf` mode.
     pub path: Option<Arc<PathHealth>>,
     pub clock: SharedClock,
+    /// The essential tasks ([`crate::tasks`]): one that died fails `/healthz`.
+    pub tasks: Vec<Arc<TaskHealth>>,
     /// The health threshold: at least the kubelet's 3 min, and twice the period.
     pub threshold: std::time::Duration,
 }
@@ -39,8 +42,15 @@ impl ServerState {
             relist,
             path: None,
             clock,
+            tasks: Vec::new(),
             threshold: RELIST_THRESHOLD.max(period * 2),
         }
+    }
+
+    /// Fails `/healthz` when one of these essential tasks died.
+    pub fn with_tasks(mut self, tasks: Vec<Arc<TaskHealth>>) -> Self {
+        self.tasks = tasks;
+        self
     }
 
     /// Also reports the kernel path's degradation on `/healthz`.
@@ -54,16 +64,38 @@ async fn metrics(State(s): State<ServerState>) -> String {
     s.metrics.render()
 }
 
-/// The kubelet's PLEG health rule decides the status code; a degraded kernel path
-/// is reported in the body (which part, since when) but keeps 200: the fallback
-/// relist keeps the agent correct (docs/pleg.md, contract clause 5).
+/// The kubelet's PLEG health rule decides the status code, and an essential
+/// task that died fails it too (naming the task, since when, why); a degraded
+/// kernel path is reported in the body (which part, since when) but keeps
+/// 200: the fallback relist keeps the agent correct (docs/pleg.md, contract
+/// clause 5).
 async fn healthz(State(s): State<ServerState>) -> (StatusCode, String) {
     let now = s.clock.now_ns();
+    let dead: Vec<String> = s
+        .tasks
+        .iter()
+        .flat_map(|t| t.dead())
+        .map(|d| {
+            format!(
+                "essential task {} stopped {:.1}s ago ({})",
+                d.name,
+                std::time::Duration::from_nanos(now.saturating_sub(d.since_ns)).as_secs_f64(),
+                d.reason
+            )
+        })
+        .collect();
     let health = s
         .relist
         .as_ref()
         .map(|r| r.healthy(now, s.threshold))
-        .unwrap_or(Ok(()));
+        .unwrap_or(Ok(()))
+        .and_then(|()| {
+            if dead.is_empty() {
+                Ok(())
+            } else {
+                Err(dead.join("\n"))
+            }
+        });
     let degraded = s.path.as_ref().and_then(|p| p.degraded()).map(|d| {
         format!(
             "kernel pleg degraded: {} stopped {:.1}s ago ({}); relisting every {}s\n",
@@ -103,4 +135,46 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use tokio_util::sync::CancellationToken;
+
+    #[tokio::test]
+    async fn a_dead_essential_task_fails_healthz_naming_it() {
+        let clock = ManualClock::new(1_000_000_000);
+        let shared: SharedClock = Arc::new(clock.clone());
+        let tasks = TaskHealth::new(shared.clone());
+        let state = ServerState::new(
+            Arc::new(Metrics::new(None, None).with_task_health(vec![tasks.clone()])),
+            None,
+            shared,
+            std::time::Duration::from_secs(1),
+        )
+        .with_tasks(vec![tasks.clone()]);
+        let (code, body) = healthz(State(state.clone())).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "ok\n"));
+        let dead = tasks.spawn("sync loop", CancellationToken::new(), async {
+            panic!("the sync loop broke")
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(10), dead)
+            .await
+            .expect("the task ended")
+            .expect("its supervisor did not fail");
+        clock.advance(2_500_000_000);
+        let (code, body) = healthz(State(state.clone())).await;
+        assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            body,
+            "essential task sync loop stopped 2.5s ago (panicked: the sync loop broke)\n"
+        );
+        assert!(
+            metrics(State(state))
+                .await
+                .contains("evpleg_essential_task_failures_total 1")
+        );
+    }
 }

@@ -389,6 +389,9 @@ pub struct Pleg {
     pub path_health: std::sync::Arc<PathHealth>,
     /// The CRI event stream's counters, in `evented-cri` mode.
     pub evented_stats: Option<std::sync::Arc<evented_cri::EventedCriStats>>,
+    /// The relist task's (and the CRI event stream's) health: one that stops
+    /// before [`Pleg::stop`] fails `/healthz` at once.
+    pub task_health: std::sync::Arc<crate::tasks::TaskHealth>,
     shutdown: tokio_util::sync::CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -411,6 +414,7 @@ impl Pleg {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let pod_relist = Arc::new(on_demand::PodRelistQueue::new(clock.clone()));
         let path_health = Arc::new(PathHealth::default());
+        let task_health = crate::tasks::TaskHealth::new(clock.clone());
         // evented-cri keeps the generic 1 s (see `evented_cri` for why not 300 s).
         let period = relist_period.unwrap_or(match mode {
             PlegMode::Ebpf => relist::EBPF_PERIOD,
@@ -469,7 +473,11 @@ impl Pleg {
                     clock.clone(),
                     evented_cri::EventedCriConfig::default(),
                 );
-                tasks.push(tokio::spawn(stream.run(shutdown.clone())));
+                tasks.push(task_health.spawn(
+                    "cri event stream",
+                    shutdown.clone(),
+                    stream.run(shutdown.clone()),
+                ));
                 evented_stats = Some(stats);
                 (None, None)
             }
@@ -480,12 +488,16 @@ impl Pleg {
             relister = relister.with_reconciler(Box::new(move |view| k.reconcile(view)));
         }
         let relist_stats = relister.stats();
-        tasks.push(tokio::spawn(relister.run(
-            period_rx,
-            relist_signal.clone(),
-            pod_relist.clone(),
+        tasks.push(task_health.spawn(
+            "pleg relist",
             shutdown.clone(),
-        )));
+            relister.run(
+                period_rx,
+                relist_signal.clone(),
+                pod_relist.clone(),
+                shutdown.clone(),
+            ),
+        ));
         Ok(Self {
             mode,
             period,
@@ -497,6 +509,7 @@ impl Pleg {
             merge_stats,
             path_health,
             evented_stats,
+            task_health,
             shutdown,
             tasks,
         })

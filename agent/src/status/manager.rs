@@ -2,7 +2,9 @@
 //! `pkg/kubelet/status/status_manager.go`).
 //!
 //! Pod workers hand it the status they generated; it keeps the newest per pod and
-//! writes it through a [`StatusWriter`] (the API server or the local store). A
+//! writes it through a [`StatusWriter`] (the API server or the local store):
+//! concurrently across pods, one operation at a time per pod, so a pod whose
+//! write hangs does not hold back the others. A
 //! status equal to the last one handed in is not written again. A retryable
 //! failure keeps the pod dirty and is retried with back-off (doubling from
 //! 100 ms to 10 s); meanwhile newer statuses replace the pending one, so when the
@@ -16,10 +18,13 @@
 //! with a terminal status written, the manager deletes it for good through
 //! [`StatusWriter::delete`] and forgets it (the kubelet's `canBeDeleted` path).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -30,9 +35,31 @@ use super::{StatusWriter, WriteError, finish};
 use crate::pleg::PodUid;
 
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
+/// Pods whose operation is in flight at once.
+pub const MAX_IN_FLIGHT: usize = 32;
 const RETRY_MAX: Duration = Duration::from_secs(10);
 /// At shutdown, pending statuses are written for at most this long.
 pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
+
+/// What is done for one pod.
+#[derive(Debug)]
+enum Op {
+    Write {
+        version: u64,
+        status: Box<ApiPodStatus>,
+    },
+    Delete,
+    Forget,
+}
+
+/// An operation done, with its outcome.
+#[derive(Debug)]
+struct Done {
+    uid: PodUid,
+    pod: Arc<Pod>,
+    op: Op,
+    result: Result<(), WriteError>,
+}
 
 #[derive(Debug)]
 struct Entry {
@@ -251,56 +278,15 @@ impl StatusManager {
         lock(&self.entries).values().all(|e| e.written == e.version)
     }
 
-    /// Deletes a terminated pod for good, then forgets it; on a retryable
-    /// failure returns when to try again.
-    async fn delete<W: StatusWriter>(
-        &self,
-        writer: &W,
-        uid: &PodUid,
-        pod: &Pod,
-    ) -> Option<Instant> {
-        let name = pod.metadata.name.as_deref().unwrap_or("-");
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("-");
-        match writer.delete(pod).await {
-            Ok(()) => {
-                info!(pod = name, namespace, %uid, "pod terminated and deleted from the API server");
-                lock(&self.stats).deleted += 1;
-            }
-            Err(err @ WriteError::Retryable { .. }) => {
-                let mut entries = lock(&self.entries);
-                let e = entries.get_mut(uid)?;
-                let delay = e.retry_delay;
-                e.next_attempt = Some(Instant::now() + delay);
-                e.retry_delay = (delay * 2).min(RETRY_MAX);
-                lock(&self.stats).retries += 1;
-                warn!(pod = name, namespace, %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "deleting a terminated pod failed; retrying");
-                return e.next_attempt;
-            }
-            Err(err @ WriteError::Permanent { .. }) => {
-                warn!(pod = name, namespace, %uid, error = %err, "deleting a terminated pod failed for good; forgetting it");
-            }
-        }
-        writer.forget(pod).await;
-        lock(&self.entries).remove(uid);
-        None
-    }
-
-    /// Writes dirty statuses through `writer` until `shutdown`.
+    /// Writes, deletes and forgets until `shutdown`, then flushes what is
+    /// pending. Pods are served concurrently (at most [`MAX_IN_FLIGHT`] at a
+    /// time), each pod's operations one after the other: a slow or hanging
+    /// destination for one pod does not hold back another's status.
     pub async fn run<W: StatusWriter>(self: Arc<Self>, writer: W, shutdown: CancellationToken) {
+        let mut in_flight: FuturesUnordered<BoxFuture<'_, Done>> = FuturesUnordered::new();
+        let mut busy: HashSet<PodUid> = HashSet::new();
         loop {
-            // A shutdown does not wait for a write in flight: the flush writes the
-            // newest statuses within its bound.
-            let pass = tokio::select! {
-                () = shutdown.cancelled() => None,
-                pass = self.pass(&writer) => Some(pass),
-            };
-            let Some((next, again)) = pass else {
-                self.flush(&writer).await;
-                return;
-            };
-            if again {
-                continue;
-            }
+            let next = self.start_due(&writer, &mut in_flight, &mut busy);
             let wait = async {
                 match next {
                     Some(t) => tokio::time::sleep_until(t).await,
@@ -308,97 +294,147 @@ impl StatusManager {
                 }
             };
             tokio::select! {
-                () = shutdown.cancelled() => {
-                    self.flush(&writer).await;
-                    return;
+                // A shutdown does not wait for operations in flight: the flush
+                // writes the newest statuses within its bound.
+                () = shutdown.cancelled() => break,
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    busy.remove(&done.uid);
+                    self.complete(done);
                 }
                 () = self.notify.notified() => {}
                 () = wait => {}
             }
         }
+        drop(in_flight);
+        self.flush(&writer).await;
     }
 
-    /// Forgets, deletes and writes what is due. Returns when the next retry is
-    /// due, and whether to look again at once (a status went out, which may let
-    /// its pod be forgotten or deleted).
-    async fn pass<W: StatusWriter>(&self, writer: &W) -> (Option<Instant>, bool) {
+    /// Starts what is due for pods with nothing in flight: forget a removed
+    /// pod whose last status is out, delete a finished one that can be
+    /// deleted, write a dirty status. Returns when the next retry is due.
+    fn start_due<'a, W: StatusWriter>(
+        &self,
+        writer: &'a W,
+        in_flight: &mut FuturesUnordered<BoxFuture<'a, Done>>,
+        busy: &mut HashSet<PodUid>,
+    ) -> Option<Instant> {
         let now = Instant::now();
-        // Pick what is due: dirty and not waiting for a retry.
-        let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        let mut forget = Vec::new();
-        let mut delete = Vec::new();
-        {
-            let entries = lock(&self.entries);
-            for (uid, e) in entries.iter() {
-                if e.written == e.version {
-                    if e.removed {
-                        forget.push((uid.clone(), e.pod.clone()));
-                    } else if finish::can_be_deleted(&e.pod, &e.status, e.finished) {
-                        match e.next_attempt {
-                            Some(t) if t > now => {
-                                next = Some(next.map_or(t, |n| n.min(t)));
-                            }
-                            _ => delete.push((uid.clone(), e.pod.clone())),
-                        }
-                    }
+        let mut later = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        let entries = lock(&self.entries);
+        for (uid, e) in entries.iter() {
+            if in_flight.len() >= MAX_IN_FLIGHT {
+                break;
+            }
+            if busy.contains(uid) {
+                continue;
+            }
+            let op = if e.written == e.version {
+                if e.removed {
+                    Op::Forget
+                } else if finish::can_be_deleted(&e.pod, &e.status, e.finished) {
+                    Op::Delete
+                } else {
                     continue;
                 }
-                match e.next_attempt {
-                    Some(t) if t > now => next = Some(next.map_or(t, |n| n.min(t))),
-                    _ => due.push((uid.clone(), e.pod.clone(), e.status.clone(), e.version)),
+            } else {
+                Op::Write {
+                    version: e.version,
+                    status: Box::new(e.status.clone()),
                 }
-            }
-        }
-        for (uid, pod) in forget {
-            writer.forget(&pod).await;
-            lock(&self.entries).remove(&uid);
-        }
-        for (uid, pod) in delete {
-            if let Some(t) = self.delete(writer, &uid, &pod).await {
-                next = Some(next.map_or(t, |n| n.min(t)));
-            }
-        }
-        let mut again = false;
-        for (uid, pod, status, version) in due {
-            let result = writer.write(&pod, &status).await;
-            let mut entries = lock(&self.entries);
-            let Some(e) = entries.get_mut(&uid) else {
-                continue;
             };
-            match result {
-                Ok(()) => {
-                    e.written = e.written.max(version);
-                    e.retry_delay = RETRY_INITIAL;
-                    e.next_attempt = None;
-                    again = true;
-                    lock(&self.stats).writes += 1;
-                    debug!(pod = %uid, phase = ?status.phase, "pod status written");
-                }
-                Err(WriteError::Retryable { .. }) => {
-                    let delay = e.retry_delay;
-                    e.next_attempt = Some(Instant::now() + delay);
-                    e.retry_delay = (delay * 2).min(RETRY_MAX);
-                    lock(&self.stats).retries += 1;
-                    if let Err(err) = result {
-                        warn!(pod = %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "status write failed; the newest status will be retried");
-                    }
-                    next = Some(
-                        next.map_or(Instant::now() + delay, |n| n.min(Instant::now() + delay)),
-                    );
-                }
-                Err(err @ WriteError::Permanent { .. }) => {
-                    e.written = e.version;
-                    again = true;
-                    lock(&self.stats).dropped += 1;
-                    warn!(pod = %uid, error = %err, "status write failed for good");
-                }
+            if !matches!(op, Op::Forget)
+                && let Some(t) = e.next_attempt.filter(|t| *t > now)
+            {
+                later(t);
+                continue;
             }
+            busy.insert(uid.clone());
+            let (uid, pod) = (uid.clone(), e.pod.clone());
+            in_flight.push(Box::pin(async move {
+                let result = match &op {
+                    Op::Write { status, .. } => writer.write(&pod, status).await,
+                    Op::Delete => {
+                        let r = writer.delete(&pod).await;
+                        if !matches!(r, Err(WriteError::Retryable { .. })) {
+                            writer.forget(&pod).await;
+                        }
+                        r
+                    }
+                    Op::Forget => {
+                        writer.forget(&pod).await;
+                        Ok(())
+                    }
+                };
+                Done {
+                    uid,
+                    pod,
+                    op,
+                    result,
+                }
+            }));
         }
-        (next, again)
+        next
     }
 
-    /// Writes every pending status once, retries ignored, within [`FLUSH_BOUND`]
+    /// Records the outcome of an operation.
+    fn complete(&self, done: Done) {
+        let Done {
+            uid,
+            pod,
+            op,
+            result,
+        } = done;
+        let name = pod.metadata.name.as_deref().unwrap_or("-");
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("-");
+        let mut entries = lock(&self.entries);
+        let Some(e) = entries.get_mut(&uid) else {
+            return;
+        };
+        let mut stats = lock(&self.stats);
+        match (op, result) {
+            (Op::Forget, _) => {
+                if e.removed {
+                    entries.remove(&uid);
+                }
+            }
+            (Op::Write { version, status }, Ok(())) => {
+                e.written = e.written.max(version);
+                e.retry_delay = RETRY_INITIAL;
+                e.next_attempt = None;
+                stats.writes += 1;
+                debug!(pod = %uid, phase = ?status.phase, "pod status written");
+            }
+            (Op::Delete, Ok(())) => {
+                info!(pod = name, namespace, %uid, "pod terminated and deleted from the API server");
+                stats.deleted += 1;
+                entries.remove(&uid);
+            }
+            (op, Err(err @ WriteError::Retryable { .. })) => {
+                let delay = e.retry_delay;
+                e.next_attempt = Some(Instant::now() + delay);
+                e.retry_delay = (delay * 2).min(RETRY_MAX);
+                stats.retries += 1;
+                let what = match op {
+                    Op::Delete => "deleting a terminated pod failed; retrying",
+                    _ => "status write failed; the newest status will be retried",
+                };
+                warn!(pod = name, namespace, %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "{what}");
+            }
+            (Op::Write { version, .. }, Err(err @ WriteError::Permanent { .. })) => {
+                // This status will never be taken; a newer one still is tried.
+                e.written = e.written.max(version);
+                stats.dropped += 1;
+                warn!(pod = name, namespace, %uid, error = %err, "status write failed for good");
+            }
+            (Op::Delete, Err(err @ WriteError::Permanent { .. })) => {
+                warn!(pod = name, namespace, %uid, error = %err, "deleting a terminated pod failed for good; forgetting it");
+                entries.remove(&uid);
+            }
+        }
+    }
+
+    /// Writes every pending status once (concurrently), retries ignored, within [`FLUSH_BOUND`]
     /// (at shutdown: what the workers last handed in goes out).
     async fn flush<W: StatusWriter>(&self, writer: &W) {
         let pending: Vec<_> = lock(&self.entries)
@@ -412,8 +448,14 @@ impl StatusManager {
         let total = pending.len();
         let mut written = 0;
         let all = async {
-            for (uid, pod, status, version) in pending {
-                if writer.write(&pod, &status).await.is_ok() {
+            let mut writes = futures::stream::iter(pending)
+                .map(|(uid, pod, status, version)| async move {
+                    let ok = writer.write(&pod, &status).await.is_ok();
+                    (uid, version, ok)
+                })
+                .buffer_unordered(MAX_IN_FLIGHT);
+            while let Some((uid, version, ok)) = writes.next().await {
+                if ok {
                     if let Some(e) = lock(&self.entries).get_mut(&uid) {
                         e.written = e.written.max(version);
                     }
@@ -786,5 +828,102 @@ mod tests {
         }
 
         async fn forget(&self, _pod: &Pod) {}
+    }
+
+    /// Hangs for the pod named "slow"; takes 10 ms for the others, counting
+    /// how many writes of each pod, and of all pods, are in flight at once.
+    #[derive(Debug, Default)]
+    struct Concurrency {
+        written: Mutex<Vec<(String, String)>>,
+        in_flight: Mutex<HashMap<String, usize>>,
+        max_per_pod: Mutex<usize>,
+        max_total: Mutex<usize>,
+        notify: Notify,
+    }
+
+    impl StatusWriter for Arc<Concurrency> {
+        async fn write(&self, pod: &Pod, status: &ApiPodStatus) -> Result<(), WriteError> {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if name == "slow" {
+                std::future::pending::<()>().await;
+            }
+            {
+                let mut f = lock(&self.in_flight);
+                *f.entry(name.clone()).or_default() += 1;
+                let per_pod = f[&name];
+                let total: usize = f.values().sum();
+                let mut m = lock(&self.max_per_pod);
+                *m = (*m).max(per_pod);
+                let mut t = lock(&self.max_total);
+                *t = (*t).max(total);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            *lock(&self.in_flight).get_mut(&name).unwrap() -= 1;
+            lock(&self.written).push((name, status.phase.clone().unwrap_or_default()));
+            self.notify.notify_waiters();
+            Ok(())
+        }
+
+        async fn forget(&self, _pod: &Pod) {}
+    }
+
+    fn named(name: &str) -> Arc<Pod> {
+        Arc::new(serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap())
+    }
+
+    fn uid_n(n: u8) -> PodUid {
+        PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_are_written_concurrently_each_pod_in_order() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Concurrency::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        // A pod whose write never returns holds back no other pod.
+        m.set_pod_status(&uid_n(0), named("slow"), status("Pending"));
+        for n in 1..=5 {
+            m.set_pod_status(&uid_n(n), named(&format!("p{n}")), status("Pending"));
+        }
+        // Newer statuses of the same pods arrive while their writes are in flight.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for n in 1..=5 {
+            m.set_pod_status(&uid_n(n), named(&format!("p{n}")), status("Running"));
+        }
+        let written = |w: &Concurrency| {
+            lock(&w.written)
+                .iter()
+                .filter(|(_, phase)| phase == "Running")
+                .count()
+        };
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while written(&w) < 5 {
+                w.notify.notified().await;
+            }
+        })
+        .await
+        .expect("every fast pod's newest status written while another pod hangs");
+        assert_eq!(*lock(&w.max_per_pod), 1, "one write per pod at a time");
+        assert!(*lock(&w.max_total) > 1, "pods are written concurrently");
+        // Each pod's statuses went out in order.
+        for n in 1..=5 {
+            let name = format!("p{n}");
+            let phases: Vec<String> = lock(&w.written)
+                .iter()
+                .filter(|(p, _)| *p == name)
+                .map(|(_, phase)| phase.clone())
+                .collect();
+            assert_eq!(
+                phases.last().map(String::as_str),
+                Some("Running"),
+                "{name}: {phases:?}"
+            );
+        }
+        shutdown.cancel();
+        tokio::time::timeout(FLUSH_BOUND * 2, task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
