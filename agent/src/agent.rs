@@ -287,7 +287,11 @@ impl Agent {
 
         // HTTP: /metrics, /healthz, /pods.
         let essential = vec![health.clone(), pleg.task_health.clone()];
-        let metrics = Arc::new(Metrics::new(Some(&pleg), None).with_task_health(essential.clone()));
+        let metrics = Arc::new(
+            Metrics::new(Some(&pleg), None)
+                .with_task_health(essential.clone())
+                .with_status(status.clone()),
+        );
         let state = ServerState::new(
             metrics,
             Some(pleg.relist_stats.clone()),

@@ -14,6 +14,8 @@
 //! | `evpleg_pleg_kernel_hints_total`, `evpleg_pleg_kernel_events_deferred_total` | none: uncertain kernel observations, events before a snapshot |
 //! | `evpleg_pleg_kernel_degradations_total` | none: the kernel path stopped, 1 s relist since |
 //! | `evpleg_essential_task_failures_total` | none: an essential loop stopped (the kubelet would have crashed) |
+//! | `evpleg_status_writes_total`, `evpleg_status_write_retries_total`, `evpleg_status_write_errors_total`, `evpleg_status_unchanged_total` | none: the status manager's writes, retried failures, failures for good, statuses equal to the last |
+//! | `evpleg_status_illegal_transitions_total`, `evpleg_status_pods_deleted_total` | none: statuses refused because they left a terminal phase; gracefully deleted pods deleted for good |
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -52,6 +54,48 @@ fn counter(
 ) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(value);
     c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Reads the status manager's counters at scrape time.
+#[derive(Debug)]
+struct StatusCollector(Arc<crate::status::manager::StatusManager>);
+
+impl Collector for StatusCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.stats();
+        let counters = [
+            ("status_writes", "Pod statuses written", s.writes),
+            (
+                "status_write_retries",
+                "Status writes or deletions that failed and are retried",
+                s.retries,
+            ),
+            (
+                "status_write_errors",
+                "Status writes that failed for good",
+                s.dropped,
+            ),
+            (
+                "status_unchanged",
+                "Statuses handed in equal to the last, not written",
+                s.unchanged,
+            ),
+            (
+                "status_illegal_transitions",
+                "Statuses refused because they left a terminal phase or state",
+                s.illegal_transitions,
+            ),
+            (
+                "status_pods_deleted",
+                "Gracefully deleted pods deleted for good once terminated",
+                s.deleted,
+            ),
+        ];
+        for (name, help, value) in counters {
+            counter(&mut encoder, name, help, value)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads the essential tasks' failures at scrape time.
@@ -254,6 +298,13 @@ impl Metrics {
                 .map(|p| p.path_health.clone()),
         }));
         Self { registry }
+    }
+
+    /// Also exports the status manager's counters.
+    pub fn with_status(mut self, status: Arc<crate::status::manager::StatusManager>) -> Self {
+        self.registry
+            .register_collector(Box::new(StatusCollector(status)));
+        self
     }
 
     /// Also counts the essential tasks that stopped ([`crate::tasks`]).

@@ -177,4 +177,25 @@ mod tests {
                 .contains("evpleg_essential_task_failures_total 1")
         );
     }
+
+    #[tokio::test]
+    async fn the_status_manager_s_counters_are_exported() {
+        use crate::status::manager::StatusManager;
+        let status = Arc::new(StatusManager::new());
+        let uid = crate::pleg::PodUid::parse(&"a".repeat(32)).unwrap();
+        let pod: Arc<k8s_openapi::api::core::v1::Pod> = Arc::new(Default::default());
+        let phase = |p: &str| k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(p.into()),
+            ..Default::default()
+        };
+        status.set_pod_status(&uid, pod.clone(), phase("Succeeded"));
+        // Refused: a pod never leaves a terminal phase.
+        status.set_pod_status(&uid, pod, phase("Running"));
+        let text = Metrics::new(None, None).with_status(status).render();
+        assert!(
+            text.contains("evpleg_status_illegal_transitions_total 1"),
+            "{text}"
+        );
+        assert!(text.contains("evpleg_status_writes_total 0"), "{text}");
+    }
 }
