@@ -9,7 +9,7 @@
 //! kubelet also waits for the next sync tick for some events; with kernel events
 //! the point is not to wait). Housekeeping, once every source has sent its first
 //! set, stops and removes sandboxes of pods that no longer exist and removes their
-//! empty pod cgroups.
+//! empty pod cgroups (cgroupfs and systemd names).
 //!
 //! Before admission, [`crate::pod_fate`] decides what a new pod becomes: mirror
 //! pods never run, a pod terminal in the API server is never started, a UID
@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 use crate::admission::Admission;
 use crate::cri::CriClient;
 use crate::pleg::cache::PodStatusCache;
+use crate::pleg::kernel::cgroup_path::{CgroupClass, classify};
 use crate::pleg::{PodLifecycleEvent, PodUid};
 use crate::pod_fate::{OnAdd, on_add};
 use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
@@ -345,23 +346,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             Err(e) => warn!(error = %e, "housekeeping: listing sandboxes failed"),
         }
         for mount in &self.cgroup_mounts {
-            for parent in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
-                let Ok(entries) = std::fs::read_dir(mount.join(parent)) else {
-                    continue;
-                };
-                for e in entries.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let Some(uid) = name.strip_prefix("pod").and_then(PodUid::parse) else {
-                        continue;
-                    };
-                    if !known(&uid) {
-                        // Fails while processes remain: then it is not empty yet.
-                        if std::fs::remove_dir(e.path()).is_ok() {
-                            info!(path = %e.path().display(), "housekeeping: removed an orphaned pod cgroup");
-                        }
-                    }
-                }
-            }
+            remove_orphaned_pod_cgroups(mount, &known);
         }
     }
 
@@ -385,5 +370,73 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
         }
         self.workers.shutdown();
+    }
+}
+
+/// Removes the empty pod cgroups under `mount` (both drivers' names, as the
+/// kernel index classifies them) of pods `known` does not know. A cgroup that
+/// still holds a process cannot be removed: it is left for the next round.
+fn remove_orphaned_pod_cgroups(mount: &std::path::Path, known: &dyn Fn(&PodUid) -> bool) {
+    for parent in [
+        "kubepods",
+        "kubepods/burstable",
+        "kubepods/besteffort",
+        "kubepods.slice",
+        "kubepods.slice/kubepods-burstable.slice",
+        "kubepods.slice/kubepods-besteffort.slice",
+    ] {
+        let Ok(entries) = std::fs::read_dir(mount.join(parent)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(CgroupClass::Pod { uid, .. }) = classify(&format!("/{parent}/{name}")) else {
+                continue;
+            };
+            if !known(&uid) && std::fs::remove_dir(e.path()).is_ok() {
+                info!(path = %e.path().display(), "housekeeping: removed an orphaned pod cgroup");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphaned_pod_cgroups_of_both_drivers_are_removed_known_and_busy_ones_kept() {
+        let mount = tempfile::tempdir().unwrap();
+        let known_uid = "11111111-2222-3333-4444-555555555555";
+        let orphan = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+        let dirs = [
+            format!("kubepods/burstable/pod{orphan}"),
+            format!("kubepods/pod{known_uid}"),
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+                orphan.replace('-', "_")
+            ),
+            format!(
+                "kubepods.slice/kubepods-pod{}.slice",
+                known_uid.replace('-', "_")
+            ),
+            // Not a pod cgroup: left alone.
+            "kubepods.slice/kubepods-burstable.slice/other.slice".to_owned(),
+        ];
+        for d in &dirs {
+            std::fs::create_dir_all(mount.path().join(d)).unwrap();
+        }
+        // A pod cgroup that is not empty (a child left) cannot be removed.
+        let busy = format!("kubepods/besteffort/pod{orphan}");
+        std::fs::create_dir_all(mount.path().join(&busy).join("child")).unwrap();
+        let known = PodUid::parse(known_uid).unwrap();
+        remove_orphaned_pod_cgroups(mount.path(), &|uid: &PodUid| *uid == known);
+        let exists = |d: &str| mount.path().join(d).exists();
+        assert!(!exists(&dirs[0]), "the orphan's cgroupfs cgroup");
+        assert!(exists(&dirs[1]), "a known pod's cgroup");
+        assert!(!exists(&dirs[2]), "the orphan's systemd slice");
+        assert!(exists(&dirs[3]), "a known pod's slice");
+        assert!(exists(&dirs[4]), "not a pod cgroup");
+        assert!(exists(&busy), "a cgroup that is not empty");
     }
 }

@@ -765,33 +765,17 @@ impl FileSource {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
 
     const WAIT: Duration = Duration::from_secs(10);
 
-    /// A directory removed on drop (no tempfile crate in the dependencies).
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new() -> Self {
-            static N: AtomicU32 = AtomicU32::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "evpleg-file-source-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).expect("create the temp dir");
-            Self(path)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    /// A directory removed on drop.
+    fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("evpleg-file-source-")
+            .tempdir()
+            .expect("create the temp dir")
     }
 
     fn manifest(name: &str, image: &str) -> String {
@@ -1024,26 +1008,26 @@ mod tests {
 
     #[tokio::test]
     async fn added_file_gives_a_set_with_its_pod() {
-        let dir = TempDir::new();
-        let mut src = start(&dir.0);
+        let dir = temp_dir();
+        let mut src = start(&dir.path());
         assert!(src.next().await.pods.is_empty(), "the first set is empty");
-        write(&dir.0.join("web.yaml"), &manifest("web", "nginx"));
+        write(&dir.path().join("web.yaml"), &manifest("web", "nginx"));
         let set = src.until(&["web-node-1"]).await;
         let annots = set.pods[0].metadata.annotations.as_ref().unwrap();
         assert_eq!(annots[annotations::CONFIG_SOURCE], "file");
         // Dotfiles and editor files are ignored.
-        write(&dir.0.join(".hidden.yaml"), &manifest("hidden", "x"));
-        write(&dir.0.join("web.yaml~"), &manifest("backup", "x"));
-        write(&dir.0.join("z.yaml"), &manifest("z", "nginx"));
+        write(&dir.path().join(".hidden.yaml"), &manifest("hidden", "x"));
+        write(&dir.path().join("web.yaml~"), &manifest("backup", "x"));
+        write(&dir.path().join("z.yaml"), &manifest("z", "nginx"));
         src.until(&["web-node-1", "z-node-1"]).await;
     }
 
     #[tokio::test]
     async fn changed_file_is_a_new_pod() {
-        let dir = TempDir::new();
-        let path = dir.0.join("web.yaml");
+        let dir = temp_dir();
+        let path = dir.path().join("web.yaml");
         write(&path, &manifest("web", "nginx:1"));
-        let mut src = start(&dir.0);
+        let mut src = start(&dir.path());
         let first = src.until(&["web-node-1"]).await;
         write(&path, &manifest("web", "nginx:2"));
         let second = src.next().await;
@@ -1055,55 +1039,55 @@ mod tests {
 
     #[tokio::test]
     async fn two_documents_in_one_file() {
-        let dir = TempDir::new();
-        let mut src = start(&dir.0);
+        let dir = temp_dir();
+        let mut src = start(&dir.path());
         src.next().await;
         let text = format!("{}---\n{}", manifest("a", "i"), manifest("b", "i"));
-        write(&dir.0.join("pods.yaml"), &text);
+        write(&dir.path().join("pods.yaml"), &text);
         src.until(&["a-node-1", "b-node-1"]).await;
         // JSON too.
         let json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#;
-        write(&dir.0.join("q.json"), json);
+        write(&dir.path().join("q.json"), json);
         src.until(&["a-node-1", "b-node-1", "j-node-1"]).await;
     }
 
     #[tokio::test]
     async fn renames_in_and_out_of_the_directory() {
-        let dir = TempDir::new();
-        let outside = TempDir::new();
-        let staged = outside.0.join("web.yaml");
+        let dir = temp_dir();
+        let outside = temp_dir();
+        let staged = outside.path().join("web.yaml");
         write(&staged, &manifest("web", "nginx"));
-        let mut src = start(&dir.0);
+        let mut src = start(&dir.path());
         src.next().await;
-        std::fs::rename(&staged, dir.0.join("web.yaml")).unwrap();
+        std::fs::rename(&staged, dir.path().join("web.yaml")).unwrap();
         src.until(&["web-node-1"]).await;
-        std::fs::rename(dir.0.join("web.yaml"), &staged).unwrap();
+        std::fs::rename(dir.path().join("web.yaml"), &staged).unwrap();
         assert!(src.next().await.pods.is_empty());
         // An editor's atomic save: write a dotfile, rename it over the manifest.
-        std::fs::rename(&staged, dir.0.join("web.yaml")).unwrap();
+        std::fs::rename(&staged, dir.path().join("web.yaml")).unwrap();
         let before = src.until(&["web-node-1"]).await;
-        let tmp = dir.0.join(".web.yaml.tmp");
+        let tmp = dir.path().join(".web.yaml.tmp");
         write(&tmp, &manifest("web", "nginx:2"));
-        std::fs::rename(&tmp, dir.0.join("web.yaml")).unwrap();
+        std::fs::rename(&tmp, dir.path().join("web.yaml")).unwrap();
         let after = src.until(&["web-node-1"]).await;
         assert_ne!(before.pods[0].metadata.uid, after.pods[0].metadata.uid);
     }
 
     #[tokio::test]
     async fn removed_file_removes_its_pod() {
-        let dir = TempDir::new();
-        write(&dir.0.join("a.yaml"), &manifest("a", "i"));
-        write(&dir.0.join("b.yaml"), &manifest("b", "i"));
-        let mut src = start(&dir.0);
+        let dir = temp_dir();
+        write(&dir.path().join("a.yaml"), &manifest("a", "i"));
+        write(&dir.path().join("b.yaml"), &manifest("b", "i"));
+        let mut src = start(&dir.path());
         src.until(&["a-node-1", "b-node-1"]).await;
-        std::fs::remove_file(dir.0.join("a.yaml")).unwrap();
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         assert_eq!(names(&src.next().await), ["b-node-1"]);
     }
 
     #[tokio::test]
     async fn invalid_file_next_to_a_valid_one() {
-        let dir = TempDir::new();
-        let bad = dir.0.join("bad.yaml");
+        let dir = temp_dir();
+        let bad = dir.path().join("bad.yaml");
         write(
             &bad,
             &format!(
@@ -1111,8 +1095,8 @@ mod tests {
                 manifest("x", "i")
             ),
         );
-        write(&dir.0.join("good.yaml"), &manifest("good", "i"));
-        let mut src = start(&dir.0);
+        write(&dir.path().join("good.yaml"), &manifest("good", "i"));
+        let mut src = start(&dir.path());
         src.until(&["good-node-1"]).await;
         let e = src.error_for(&bad).await;
         let msg = e.to_string();
@@ -1121,7 +1105,7 @@ mod tests {
             "{msg}"
         );
         // Another invalid file while running: still only an error.
-        let worse = dir.0.join("worse.json");
+        let worse = dir.path().join("worse.json");
         write(&worse, "{\"kind\": ");
         let msg = src.error_for(&worse).await.to_string();
         assert!(
@@ -1137,10 +1121,10 @@ mod tests {
 
     #[tokio::test]
     async fn valid_file_made_invalid_keeps_its_last_pods() {
-        let dir = TempDir::new();
-        let path = dir.0.join("web.yaml");
+        let dir = temp_dir();
+        let path = dir.path().join("web.yaml");
         write(&path, &manifest("web", "nginx"));
-        let mut src = start(&dir.0);
+        let mut src = start(&dir.path());
         let good = src.until(&["web-node-1"]).await;
         // A half-written save.
         write(
@@ -1170,8 +1154,8 @@ mod tests {
 
     #[tokio::test]
     async fn missing_directory_is_an_empty_set_then_retried() {
-        let parent = TempDir::new();
-        let dir = parent.0.join("manifests");
+        let parent = temp_dir();
+        let dir = parent.path().join("manifests");
         let mut src = start(&dir);
         assert!(src.next().await.pods.is_empty());
         src.error_for(&dir).await;
@@ -1186,9 +1170,9 @@ mod tests {
 
     #[tokio::test]
     async fn rescan_reads_what_changed_and_forgets_what_went() {
-        let dir = TempDir::new();
-        write(&dir.0.join("a.yaml"), &manifest("a", "i"));
-        let mut source = FileSource::new(&dir.0, "n");
+        let dir = temp_dir();
+        write(&dir.path().join("a.yaml"), &manifest("a", "i"));
+        let mut source = FileSource::new(&dir.path(), "n");
         source.rescan().await.unwrap();
         let a = source.pods();
         source.rescan().await.unwrap();
@@ -1196,8 +1180,8 @@ mod tests {
             Arc::ptr_eq(&a[0], &source.pods()[0]),
             "unchanged files are not re-parsed"
         );
-        std::fs::remove_file(dir.0.join("a.yaml")).unwrap();
-        write(&dir.0.join("b.yaml"), &manifest("b", "i"));
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        write(&dir.path().join("b.yaml"), &manifest("b", "i"));
         source.rescan().await.unwrap();
         let names: Vec<_> = source
             .pods()
@@ -1209,15 +1193,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_unusable_uid_is_an_error_naming_the_file() {
-        let dir = TempDir::new();
-        let mut src = start(&dir.0);
+        let dir = temp_dir();
+        let mut src = start(&dir.path());
         src.until(&[]).await;
-        let bad = dir.0.join("bad.yaml");
+        let bad = dir.path().join("bad.yaml");
         write(
             &bad,
             &manifest("bad", "i").replace("name: bad\n", "name: bad\n  uid: not/a-uid\n"),
         );
-        let good = dir.0.join("good.yaml");
+        let good = dir.path().join("good.yaml");
         write(&good, &manifest("good", "i"));
         src.until(&["good-node-1"]).await;
         let text = src.error_for(&bad).await.to_string();
@@ -1231,11 +1215,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_duplicate_name_across_files_names_both_files() {
-        let dir = TempDir::new();
-        let mut src = start(&dir.0);
+        let dir = temp_dir();
+        let mut src = start(&dir.path());
         src.until(&[]).await;
-        let a = dir.0.join("a.yaml");
-        let b = dir.0.join("b.yaml");
+        let a = dir.path().join("a.yaml");
+        let b = dir.path().join("b.yaml");
         write(&a, &manifest("web", "one"));
         src.until(&["web-node-1"]).await;
         write(&b, &manifest("web", "two"));
