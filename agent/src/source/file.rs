@@ -1009,7 +1009,7 @@ mod tests {
     #[tokio::test]
     async fn added_file_gives_a_set_with_its_pod() {
         let dir = temp_dir();
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         assert!(src.next().await.pods.is_empty(), "the first set is empty");
         write(&dir.path().join("web.yaml"), &manifest("web", "nginx"));
         let set = src.until(&["web-node-1"]).await;
@@ -1027,7 +1027,7 @@ mod tests {
         let dir = temp_dir();
         let path = dir.path().join("web.yaml");
         write(&path, &manifest("web", "nginx:1"));
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         let first = src.until(&["web-node-1"]).await;
         write(&path, &manifest("web", "nginx:2"));
         let second = src.next().await;
@@ -1040,7 +1040,7 @@ mod tests {
     #[tokio::test]
     async fn two_documents_in_one_file() {
         let dir = temp_dir();
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.next().await;
         let text = format!("{}---\n{}", manifest("a", "i"), manifest("b", "i"));
         write(&dir.path().join("pods.yaml"), &text);
@@ -1057,7 +1057,7 @@ mod tests {
         let outside = temp_dir();
         let staged = outside.path().join("web.yaml");
         write(&staged, &manifest("web", "nginx"));
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.next().await;
         std::fs::rename(&staged, dir.path().join("web.yaml")).unwrap();
         src.until(&["web-node-1"]).await;
@@ -1078,7 +1078,7 @@ mod tests {
         let dir = temp_dir();
         write(&dir.path().join("a.yaml"), &manifest("a", "i"));
         write(&dir.path().join("b.yaml"), &manifest("b", "i"));
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.until(&["a-node-1", "b-node-1"]).await;
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         assert_eq!(names(&src.next().await), ["b-node-1"]);
@@ -1096,7 +1096,7 @@ mod tests {
             ),
         );
         write(&dir.path().join("good.yaml"), &manifest("good", "i"));
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.until(&["good-node-1"]).await;
         let e = src.error_for(&bad).await;
         let msg = e.to_string();
@@ -1124,7 +1124,7 @@ mod tests {
         let dir = temp_dir();
         let path = dir.path().join("web.yaml");
         write(&path, &manifest("web", "nginx"));
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         let good = src.until(&["web-node-1"]).await;
         // A half-written save.
         write(
@@ -1194,7 +1194,7 @@ mod tests {
     #[tokio::test]
     async fn an_unusable_uid_is_an_error_naming_the_file() {
         let dir = temp_dir();
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.until(&[]).await;
         let bad = dir.path().join("bad.yaml");
         write(
@@ -1216,7 +1216,7 @@ mod tests {
     #[tokio::test]
     async fn a_duplicate_name_across_files_names_both_files() {
         let dir = temp_dir();
-        let mut src = start(&dir.path());
+        let mut src = start(dir.path());
         src.until(&[]).await;
         let a = dir.path().join("a.yaml");
         let b = dir.path().join("b.yaml");
