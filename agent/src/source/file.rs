@@ -1011,14 +1011,14 @@ mod tests {
         let dir = temp_dir();
         let mut src = start(dir.path());
         assert!(src.next().await.pods.is_empty(), "the first set is empty");
-        write(dir.path().join("web.yaml"), &manifest("web", "nginx"));
+        write(&dir.path().join("web.yaml"), &manifest("web", "nginx"));
         let set = src.until(&["web-node-1"]).await;
         let annots = set.pods[0].metadata.annotations.as_ref().unwrap();
         assert_eq!(annots[annotations::CONFIG_SOURCE], "file");
         // Dotfiles and editor files are ignored.
-        write(dir.path().join(".hidden.yaml"), &manifest("hidden", "x"));
-        write(dir.path().join("web.yaml~"), &manifest("backup", "x"));
-        write(dir.path().join("z.yaml"), &manifest("z", "nginx"));
+        write(&dir.path().join(".hidden.yaml"), &manifest("hidden", "x"));
+        write(&dir.path().join("web.yaml~"), &manifest("backup", "x"));
+        write(&dir.path().join("z.yaml"), &manifest("z", "nginx"));
         src.until(&["web-node-1", "z-node-1"]).await;
     }
 
@@ -1043,11 +1043,11 @@ mod tests {
         let mut src = start(dir.path());
         src.next().await;
         let text = format!("{}---\n{}", manifest("a", "i"), manifest("b", "i"));
-        write(dir.path().join("pods.yaml"), &text);
+        write(&dir.path().join("pods.yaml"), &text);
         src.until(&["a-node-1", "b-node-1"]).await;
         // JSON too.
         let json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#;
-        write(dir.path().join("q.json"), json);
+        write(&dir.path().join("q.json"), json);
         src.until(&["a-node-1", "b-node-1", "j-node-1"]).await;
     }
 
@@ -1076,8 +1076,8 @@ mod tests {
     #[tokio::test]
     async fn removed_file_removes_its_pod() {
         let dir = temp_dir();
-        write(dir.path().join("a.yaml"), &manifest("a", "i"));
-        write(dir.path().join("b.yaml"), &manifest("b", "i"));
+        write(&dir.path().join("a.yaml"), &manifest("a", "i"));
+        write(&dir.path().join("b.yaml"), &manifest("b", "i"));
         let mut src = start(dir.path());
         src.until(&["a-node-1", "b-node-1"]).await;
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
@@ -1095,7 +1095,7 @@ mod tests {
                 manifest("x", "i")
             ),
         );
-        write(dir.path().join("good.yaml"), &manifest("good", "i"));
+        write(&dir.path().join("good.yaml"), &manifest("good", "i"));
         let mut src = start(dir.path());
         src.until(&["good-node-1"]).await;
         let e = src.error_for(&bad).await;
@@ -1171,7 +1171,7 @@ mod tests {
     #[tokio::test]
     async fn rescan_reads_what_changed_and_forgets_what_went() {
         let dir = temp_dir();
-        write(dir.path().join("a.yaml"), &manifest("a", "i"));
+        write(&dir.path().join("a.yaml"), &manifest("a", "i"));
         let mut source = FileSource::new(dir.path(), "n");
         source.rescan().await.unwrap();
         let a = source.pods();
@@ -1181,7 +1181,7 @@ mod tests {
             "unchanged files are not re-parsed"
         );
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
-        write(dir.path().join("b.yaml"), &manifest("b", "i"));
+        write(&dir.path().join("b.yaml"), &manifest("b", "i"));
         source.rescan().await.unwrap();
         let names: Vec<_> = source
             .pods()
