@@ -143,6 +143,7 @@ impl Agent {
         let node_name = args.node_name();
         let host_ip = args.node_ip();
         let cri = CriClient::connect(&endpoint, CriClientConfig::default()).await?;
+        let cri_metrics = cri.metrics();
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
 
@@ -290,7 +291,8 @@ impl Agent {
         let metrics = Arc::new(
             Metrics::new(Some(&pleg), None)
                 .with_task_health(essential.clone())
-                .with_status(status.clone()),
+                .with_status(status.clone())
+                .with_cri(cri_metrics),
         );
         let state = ServerState::new(
             metrics,

@@ -4,6 +4,8 @@
 //!
 //! | metric | kubelet counterpart |
 //! |---|---|
+//! | `evpleg_runtime_operations_total{operation_type}`, `evpleg_runtime_operations_duration_seconds{operation_type}` (histogram), `evpleg_runtime_operations_errors_total{operation_type}` | the kubelet's of the same names |
+//! | `evpleg_running_pods`, `evpleg_running_containers{container_state}` | the kubelet's of the same names, from the PLEG's cache |
 //! | `evpleg_pleg_relist_duration_seconds` (histogram) | `kubelet_pleg_relist_duration_seconds` |
 //! | `evpleg_pleg_relist_interval_seconds` (histogram) | `kubelet_pleg_relist_interval_seconds` |
 //! | `evpleg_pleg_discard_events_total` | `kubelet_pleg_discard_events` |
@@ -54,6 +56,57 @@ fn counter(
 ) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(value);
     c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Counts running pods (a ready sandbox) and containers by state in the
+/// PLEG's cache at scrape time, as the kubelet's relist sets its gauges.
+#[derive(Debug)]
+struct RunningCollector(Arc<crate::pleg::cache::PodStatusCache>);
+
+impl Collector for RunningCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::container::{ContainerState, SandboxState};
+        let (mut pods, mut by_state) = (0i64, [0i64; 4]);
+        for uid in self.0.uids() {
+            let Some(entry) = self.0.get(&uid) else {
+                continue;
+            };
+            let status = &entry.status;
+            pods += status
+                .sandboxes
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready)
+                .count() as i64;
+            for c in &status.containers {
+                by_state[c.state as usize] += 1;
+            }
+        }
+        let g = ConstGauge::new(pods);
+        g.encode(encoder.encode_descriptor(
+            "running_pods",
+            "Number of pods that have a running pod sandbox",
+            None,
+            g.metric_type(),
+        )?)?;
+        let mut family = encoder.encode_descriptor(
+            "running_containers",
+            "Number of containers currently running, by state",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let states = [
+            (ContainerState::Created, "created"),
+            (ContainerState::Running, "running"),
+            (ContainerState::Exited, "exited"),
+            (ContainerState::Unknown, "unknown"),
+        ];
+        for (state, name) in states {
+            let labels = [("container_state", name)];
+            let g = ConstGauge::new(by_state[state as usize]);
+            g.encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads the status manager's counters at scrape time.
@@ -289,6 +342,9 @@ impl Metrics {
                 k.latency_seconds.clone(),
             );
         }
+        if let Some(p) = pleg {
+            registry.register_collector(Box::new(RunningCollector(p.cache.clone())));
+        }
         registry.register_collector(Box::new(PlegCollector {
             relist: pleg.map(|p| p.relist_stats.clone()),
             kernel,
@@ -298,6 +354,27 @@ impl Metrics {
                 .map(|p| p.path_health.clone()),
         }));
         Self { registry }
+    }
+
+    /// Also exports the CRI client's runtime operation metrics
+    /// ([`crate::cri::metrics`]).
+    pub fn with_cri(mut self, cri: Arc<crate::cri::metrics::CriMetrics>) -> Self {
+        self.registry.register(
+            "runtime_operations",
+            "Cumulative number of runtime operations by operation type",
+            cri.operations.clone(),
+        );
+        self.registry.register(
+            "runtime_operations_duration_seconds",
+            "Duration in seconds of runtime operations, by operation type",
+            cri.duration.clone(),
+        );
+        self.registry.register(
+            "runtime_operations_errors",
+            "Cumulative number of runtime operation errors by operation type",
+            cri.errors.clone(),
+        );
+        self
     }
 
     /// Also exports the status manager's counters.
@@ -346,5 +423,73 @@ mod tests {
             text.contains("evpleg_pleg_kernel_records_dropped_total 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn runtime_operations_are_counted_with_the_kubelet_s_names() {
+        let cri = Arc::new(crate::cri::metrics::CriMetrics::default());
+        cri.observe("StartContainer", 0.02, false);
+        cri.observe("StartContainer", 0.03, true);
+        cri.observe("PodSandboxStatus", 0.001, false);
+        let text = Metrics::new(None, None).with_cri(cri).render();
+        for line in [
+            "evpleg_runtime_operations_total{operation_type=\"start_container\"} 2",
+            "evpleg_runtime_operations_total{operation_type=\"podsandbox_status\"} 1",
+            "evpleg_runtime_operations_errors_total{operation_type=\"start_container\"} 1",
+            "evpleg_runtime_operations_duration_seconds_count{operation_type=\"start_container\"} 2",
+            "evpleg_runtime_operations_duration_seconds_bucket{le=\"0.005\",operation_type=\"podsandbox_status\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn running_pods_and_containers_come_from_the_cache() {
+        use crate::container::{
+            ContainerState, ContainerStatus, PodStatus, SandboxState, SandboxStatus,
+        };
+        use crate::pleg::{ContainerId, EventSource, PodUid};
+        let cache = Arc::new(crate::pleg::cache::PodStatusCache::new());
+        let id = |n: u8| ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap();
+        let sandbox = |n: u8, state| SandboxStatus {
+            id: id(n),
+            state,
+            attempt: 0,
+            created_at: None,
+            ip: None,
+            pid: None,
+        };
+        let c = |n: u8, state| ContainerStatus::new(id(n), "c", state, EventSource::Relist);
+        let pod = |n: u8| PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap();
+        cache.set(
+            &pod(1),
+            PodStatus {
+                sandboxes: vec![sandbox(1, SandboxState::Ready)],
+                containers: vec![c(2, ContainerState::Running), c(3, ContainerState::Exited)],
+                ..PodStatus::default()
+            },
+            1,
+        );
+        cache.set(
+            &pod(2),
+            PodStatus {
+                sandboxes: vec![sandbox(4, SandboxState::NotReady)],
+                containers: vec![c(5, ContainerState::Exited)],
+                ..PodStatus::default()
+            },
+            1,
+        );
+        let mut registry = Registry::with_prefix("evpleg");
+        registry.register_collector(Box::new(RunningCollector(cache)));
+        let metrics = Metrics { registry };
+        let text = metrics.render();
+        for line in [
+            "evpleg_running_pods 1",
+            "evpleg_running_containers{container_state=\"running\"} 1",
+            "evpleg_running_containers{container_state=\"exited\"} 2",
+            "evpleg_running_containers{container_state=\"created\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }

@@ -13,6 +13,13 @@ use serde_json::Value;
 
 e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(
     async move {
+        let metric = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        };
+        let before = http_get(e.agent().addr, "/metrics").await;
+        assert_eq!(metric(&before, "evpleg_running_pods"), 0.0);
         let extra = "  initContainers:\n    - name: init\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"sleep 0.3\"]\n";
         e.write("web.yaml", &manifest("web", "Always", "sleep 600", extra));
         let pod = e
@@ -52,6 +59,31 @@ e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(
         assert!(
             body.contains("\"kind\":\"PodList\"") && body.contains("web-e2e"),
             "{body}"
+        );
+        // The kubelet's metrics followed: one running pod, its app running and
+        // its init container exited, two containers started through the CRI.
+        let after = http_get(e.agent().addr, "/metrics").await;
+        assert_eq!(metric(&after, "evpleg_running_pods"), 1.0);
+        assert_eq!(
+            metric(
+                &after,
+                "evpleg_running_containers{container_state=\"running\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            metric(
+                &after,
+                "evpleg_running_containers{container_state=\"exited\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            metric(
+                &after,
+                "evpleg_runtime_operations_total{operation_type=\"start_container\"}"
+            ),
+            2.0
         );
     }
 ));

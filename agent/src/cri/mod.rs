@@ -54,6 +54,7 @@
 
 mod config;
 mod error;
+pub mod metrics;
 
 use std::future::Future;
 use std::path::Path;
@@ -85,6 +86,7 @@ pub struct CriClient {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     config: CriClientConfig,
+    metrics: Arc<metrics::CriMetrics>,
 }
 
 /// Which failed attempts may be repeated.
@@ -137,6 +139,7 @@ impl CriClient {
             runtime,
             images,
             config,
+            metrics: Arc::default(),
         })
     }
 
@@ -654,6 +657,27 @@ impl CriClient {
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let started = Instant::now();
+        let result = self
+            .call_with_retries(call, target, timeout, retry, started, &mut attempt)
+            .await;
+        self.metrics
+            .observe(call, started.elapsed().as_secs_f64(), result.is_err());
+        result
+    }
+
+    async fn call_with_retries<T, F, Fut>(
+        &self,
+        call: &'static str,
+        target: Target,
+        timeout: Duration,
+        retry: Retry,
+        started: Instant,
+        attempt: &mut F,
+    ) -> Result<T>
+    where
+        F: FnMut(&Self, Duration) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
         let deadline = deadline_after(started, timeout);
         let mut backoff = Backoff::new(self.config.backoff);
         let mut attempts = 0u32;
@@ -691,6 +715,11 @@ impl CriClient {
             }
             return Err(CriError::from_status(call, target, &status));
         }
+    }
+
+    /// The runtime operation counters, shared by every clone.
+    pub fn metrics(&self) -> Arc<metrics::CriMetrics> {
+        self.metrics.clone()
     }
 
     fn invalid(&self, call: &'static str, target: Target, reason: &'static str) -> CriError {
