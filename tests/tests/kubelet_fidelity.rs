@@ -12,60 +12,6 @@ use evpleg_cri_api::v1;
 use evpleg_tests::e2e::*;
 use evpleg_tests::e2e_test;
 use serde_json::Value;
-use tokio::sync::broadcast;
-
-/// Statuses written for one pod, in order, as JSON.
-struct History {
-    rx: broadcast::Receiver<k8s_openapi::api::core::v1::Pod>,
-    name: String,
-    seen: Vec<Value>,
-}
-
-impl History {
-    fn new(e: &E2e, name: &str) -> Self {
-        Self {
-            rx: e.agent().local.subscribe(),
-            name: format!("{name}-{NODE}"),
-            seen: Vec::new(),
-        }
-    }
-
-    /// Takes the statuses already written, without waiting.
-    fn drain(&mut self) {
-        while let Ok(pod) = self.rx.try_recv() {
-            if pod.metadata.name.as_deref() == Some(self.name.as_str()) {
-                self.seen
-                    .push(serde_json::to_value(&pod).expect("pod as json"));
-            }
-        }
-    }
-
-    /// Waits until a written status satisfies `check`; returns it.
-    async fn until(&mut self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        if let Some(v) = self.seen.iter().find(|v| check(v)) {
-            return v.clone();
-        }
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Ok(pod)) if pod.metadata.name.as_deref() == Some(self.name.as_str()) => {
-                    let v = serde_json::to_value(&pod).expect("pod as json");
-                    self.seen.push(v.clone());
-                    if check(&v) {
-                        return v;
-                    }
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => panic!("{}: the status subscription failed: {e}", self.name),
-                Err(_) => panic!(
-                    "{}: {what} never written within {DEADLINE:?}; written: {:#?}",
-                    self.name,
-                    self.seen.iter().map(|v| &v["status"]).collect::<Vec<_>>()
-                ),
-            }
-        }
-    }
-}
 
 fn waiting_reason(pod: &Value) -> Option<&str> {
     container(pod, "app")["state"]["waiting"]["reason"].as_str()
@@ -233,7 +179,7 @@ e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(
     async move {
         let with_image = |name: &str, image: &str, extra: &str| {
             manifest(name, "Always", "sleep 600", "")
-                .replace("localhost/busybox:latest", image)
+                .replace("localhost/busybox:local", image)
                 .replace(
                     &format!("image: {image}\n"),
                     &format!("image: {image}\n{extra}"),
