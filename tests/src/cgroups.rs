@@ -21,6 +21,11 @@ pub enum Layout {
     Cgroupfs,
     /// `/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid_>.slice/cri-containerd-<id>.scope`
     Systemd,
+    /// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope`
+    SystemdBurstable,
+    /// `/kubepods.slice/kubepods-pod<uid_>.slice/cri-containerd-<id>.scope` (a
+    /// guaranteed pod: no QoS level)
+    SystemdGuaranteed,
     /// `/k8s.io/<id>` (containerd without a cgroup parent)
     ContainerdNoParent,
 }
@@ -95,6 +100,20 @@ impl ContainerCgroup {
                 vec!["kubepods.slice".into(), "kubepods-besteffort.slice".into()],
                 vec![
                     format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
+                    format!("cri-containerd-{id}.scope"),
+                ],
+            ),
+            Layout::SystemdBurstable => (
+                vec!["kubepods.slice".into(), "kubepods-burstable.slice".into()],
+                vec![
+                    format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+                    format!("cri-containerd-{id}.scope"),
+                ],
+            ),
+            Layout::SystemdGuaranteed => (
+                vec!["kubepods.slice".into()],
+                vec![
+                    format!("kubepods-pod{}.slice", uid.replace('-', "_")),
                     format!("cri-containerd-{id}.scope"),
                 ],
             ),

@@ -29,10 +29,14 @@ use evpleg_cri_api::v1;
 use evpleg_cri_api::{ImageServiceClient, RuntimeServiceClient};
 use tonic::transport::{Channel, Endpoint};
 
+/// The tag of the locally built images. Not `latest`: a pod's unset
+/// `imagePullPolicy` means Always for `:latest` (the kubelet's defaulting), and
+/// these images are imported, not pulled.
+pub const LOCAL_TAG: &str = "local";
 /// The busybox image, as the CRI plugin knows it after the import.
-pub const BUSYBOX_IMAGE: &str = "localhost/busybox:latest";
+pub const BUSYBOX_IMAGE: &str = "localhost/busybox:local";
 /// The pause image, the CRI plugin's `sandbox_image`.
-pub const PAUSE_IMAGE: &str = "localhost/pause:latest";
+pub const PAUSE_IMAGE: &str = "localhost/pause:local";
 /// The containerd namespace of the CRI plugin.
 pub const CRI_NAMESPACE: &str = "k8s.io";
 
@@ -55,7 +59,7 @@ const TEARDOWN_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 const IMAGE_VISIBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bump when the way images are built changes, to rebuild cached ones.
-const IMAGE_RECIPE: u32 = 1;
+const IMAGE_RECIPE: u32 = 2;
 
 /// An error of the harness; each names the command or path that failed.
 #[derive(Debug, thiserror::Error)]
@@ -274,6 +278,12 @@ impl Containerd {
     /// containerd's configuration file.
     pub fn config_path(&self) -> PathBuf {
         self.base.join("config.toml")
+    }
+
+    /// The CRI plugin's registry `config_path`: one `<host>/hosts.toml` per
+    /// registry ([`crate::registry::Registry::configure_containerd`]).
+    pub fn registry_config_dir(&self) -> PathBuf {
+        self.base.join("certs.d")
     }
 
     /// The `containerd` binary this instance runs.
@@ -524,7 +534,7 @@ impl Containerd {
     fn wait_images_visible(&self, images: &[BuiltImage]) -> Result<()> {
         let socket = self.socket.clone();
         for image in images {
-            let reference = format!("localhost/{}:latest", image.name);
+            let reference = format!("localhost/{}:{LOCAL_TAG}", image.name);
             let deadline = Instant::now() + IMAGE_VISIBLE_TIMEOUT;
             loop {
                 let detail = match block_on(cri_image_present(&socket, &reference)) {
@@ -789,6 +799,11 @@ disabled_plugins = [
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "{b}/cni/bin"
       conf_dir = "{b}/cni/conf"
+
+    # Registry hosts (hosts.toml per host, read at each pull): the private
+    # test registry's (tests/src/registry.rs), never the system's.
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "{b}/certs.d"
 "#
     )
 }
@@ -1318,7 +1333,7 @@ impl PrivateApt {
 /// An OCI image archive ready for `ctr images import`.
 #[derive(Debug, Clone)]
 struct BuiltImage {
-    /// `busybox` or `pause`: imported as `localhost/<name>:latest`.
+    /// `busybox` or `pause`: imported as `localhost/<name>:`[`LOCAL_TAG`].
     name: &'static str,
     archive: PathBuf,
 }
@@ -1331,6 +1346,85 @@ pub fn image_cache_dir() -> PathBuf {
         .unwrap_or(manifest)
         .join("target")
         .join("evpleg-images")
+}
+
+/// The archive of the locally built image `name` (`busybox` or `pause`; an OCI
+/// layout in a tar, its image tagged [`LOCAL_TAG`]), built if needed.
+pub fn local_image_archive(name: &str) -> Result<PathBuf> {
+    build_images()?
+        .into_iter()
+        .find(|i| i.name == name)
+        .map(|i| i.archive)
+        .ok_or_else(|| HarnessError::Unavailable {
+            what: format!("the local image {name:?}"),
+            detail: "the harness builds busybox and pause only".to_owned(),
+        })
+}
+
+/// The file only the registry's image has ([`registry_busybox_archive`]).
+pub const REGISTRY_MARKER: &str = "/evpleg-registry";
+
+/// An image that is never imported, only pushed to the test registry
+/// (tests/src/registry.rs): busybox with one more layer holding
+/// [`REGISTRY_MARKER`], so that its manifest, config and that layer are not in
+/// containerd's content store and a pull really transfers them. Tagged
+/// [`LOCAL_TAG`] in an OCI archive; built from the busybox archive once and
+/// cached beside it.
+pub fn registry_busybox_archive() -> Result<PathBuf> {
+    let busybox = local_image_archive("busybox")?;
+    let cache = image_cache_dir();
+    let lock_path = cache.join(".lock");
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err("open", &lock_path))?;
+    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
+    }
+    let base_key_path = cache.join("busybox.tar.key");
+    let base_key = fs::read_to_string(&base_key_path).map_err(io_err("read", &base_key_path))?;
+    let key = format!("{base_key}; plus {REGISTRY_MARKER}, recipe 1");
+    let archive = cache.join("busybox-registry.tar");
+    let key_path = cache.join("busybox-registry.tar.key");
+    if archive.exists() && fs::read_to_string(&key_path).is_ok_and(|k| k == key) {
+        return Ok(archive);
+    }
+    let started = Instant::now();
+    let work = cache.join("busybox-registry.build");
+    if work.exists() {
+        fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
+    }
+    let layout = work.join("layout");
+    fs::create_dir_all(&layout).map_err(io_err("create", &layout))?;
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-xf")
+        .arg(&busybox))?;
+    let marker = work.join("marker");
+    fs::write(&marker, "pulled from evpleg's test registry\n").map_err(io_err("write", &marker))?;
+    let image = format!("{}:{LOCAL_TAG}", layout.display());
+    run(Command::new(UMOCI)
+        .args(["insert", "--image", &image])
+        .arg(&marker)
+        .arg(REGISTRY_MARKER))?;
+    run(Command::new(UMOCI).arg("gc").arg("--layout").arg(&layout))?;
+    let partial = archive.with_extension("tar.partial");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&partial)
+        .args(["oci-layout", "index.json", "blobs"]))?;
+    fs::rename(&partial, &archive).map_err(io_err("rename into place", &archive))?;
+    fs::write(&key_path, &key).map_err(io_err("write", &key_path))?;
+    fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
+    tracing::info!(archive = %archive.display(), elapsed = ?started.elapsed(), "image built");
+    drop(lock);
+    Ok(archive)
 }
 
 /// The pause program's source.
@@ -1426,7 +1520,7 @@ fn build_image(
     fs::create_dir(&work).map_err(io_err("create", &work))?;
     let layout = work.join("layout");
     let bundle = work.join("bundle");
-    let image = format!("{}:latest", layout.display());
+    let image = format!("{}:{LOCAL_TAG}", layout.display());
 
     run(Command::new(UMOCI).arg("init").arg("--layout").arg(&layout))?;
     run(Command::new(UMOCI).args(["new", "--image", &image]))?;
@@ -1562,7 +1656,8 @@ mod tests {
         }
         assert!(toml.contains("restrict_oom_score_adj = true"));
         assert!(toml.contains("SystemdCgroup = false"));
-        assert!(toml.contains(r#"sandbox_image = "localhost/pause:latest""#));
+        assert!(toml.contains(r#"sandbox_image = "localhost/pause:local""#));
+        assert!(toml.contains(r#"config_path = "/tmp/evpleg-x/certs.d""#));
     }
 
     #[test]

@@ -17,9 +17,11 @@ use evpleg::runtime::labels;
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
+use tokio::sync::broadcast;
 
-use crate::containerd::Containerd;
+use crate::containerd::{Containerd, LOCAL_TAG, registry_busybox_archive};
 use crate::fake_apiserver::FakeApiServer;
+use crate::registry::Registry;
 
 pub const NODE: &str = "e2e";
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -31,6 +33,8 @@ pub struct E2e {
     pub agent: Option<Agent>,
     pub containerd: Option<Containerd>,
     pub api: Option<FakeApiServer>,
+    /// The private image registry, when started with [`E2e::start_with_registry`].
+    pub registry: Option<Registry>,
     pub manifests: PathBuf,
     pub uids: Mutex<HashSet<String>>,
 }
@@ -51,8 +55,44 @@ impl E2e {
     /// [`E2e::start`], with `with_api` the fake API server (and this node's Node
     /// object) behind `--kubeconfig` too, and more agent flags.
     pub async fn start_with(name: &str, with_api: bool, extra: &[&str]) -> Self {
+        let containerd = Self::containerd();
+        Self::start_on(containerd, None, name, with_api, extra).await
+    }
+
+    /// [`E2e::start`] with a private image registry ([`Registry`]) that
+    /// containerd pulls from over plain http, holding busybox with one more
+    /// layer ([`registry_busybox_archive`]: the file
+    /// [`crate::containerd::REGISTRY_MARKER`]) as
+    /// [`REGISTRY_REPO`]`:`[`REGISTRY_TAGS`] (each tag pushed; none of them,
+    /// nor that layer, is in containerd until pulled).
+    pub async fn start_with_registry(name: &str, extra: &[&str]) -> Self {
+        let containerd = Self::containerd();
+        let registry = Registry::start(&containerd.base().join("registry"))
+            .unwrap_or_else(|e| panic!("registry: {e}"));
+        registry
+            .configure_containerd(&containerd.registry_config_dir())
+            .unwrap_or_else(|e| panic!("registry: {e}"));
+        let archive = registry_busybox_archive().unwrap_or_else(|e| panic!("image: {e}"));
+        for tag in REGISTRY_TAGS {
+            registry
+                .push(&archive, LOCAL_TAG, REGISTRY_REPO, tag)
+                .unwrap_or_else(|e| panic!("registry: {e}"));
+        }
+        Self::start_on(containerd, Some(registry), name, false, extra).await
+    }
+
+    fn containerd() -> Containerd {
         crate::containerd::init_test_logging();
-        let containerd = Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"));
+        Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"))
+    }
+
+    async fn start_on(
+        containerd: Containerd,
+        registry: Option<Registry>,
+        name: &str,
+        with_api: bool,
+        extra: &[&str],
+    ) -> Self {
         let manifests = containerd.base().join(format!("manifests-{name}"));
         std::fs::create_dir_all(&manifests).expect("manifest dir");
         let logs = containerd.base().join("pod-logs");
@@ -101,6 +141,7 @@ impl E2e {
             agent: Some(agent),
             containerd: Some(containerd),
             api,
+            registry,
             manifests,
             uids: Mutex::new(HashSet::new()),
         }
@@ -245,6 +286,12 @@ impl E2e {
         self.containerd.as_ref().expect("running")
     }
 
+    pub fn registry(&self) -> &Registry {
+        self.registry
+            .as_ref()
+            .expect("started with E2e::start_with_registry")
+    }
+
     pub async fn finish(mut self) {
         if let Some(a) = self.agent.take() {
             a.stop().await;
@@ -257,6 +304,7 @@ impl Drop for E2e {
         // Pods, containerd and its files go first, then the pod cgroups the agent
         // made (RemovePodSandbox leaves them; the agent's removal may not have run).
         drop(self.agent.take());
+        drop(self.registry.take());
         drop(self.containerd.take());
         let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
             .map(|d| d.flatten().map(|e| e.path()).collect())
@@ -282,7 +330,7 @@ impl Drop for E2e {
 /// Statuses written for one pod, in order, as JSON.
 #[derive(Debug)]
 pub struct History {
-    rx: tokio::sync::broadcast::Receiver<Pod>,
+    rx: broadcast::Receiver<k8s_openapi::api::core::v1::Pod>,
     name: String,
     pub seen: Vec<Value>,
 }
@@ -346,7 +394,13 @@ pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
 }
 
 /// The image every pod runs.
-pub const IMAGE: &str = "localhost/busybox:latest";
+pub const IMAGE: &str = crate::containerd::BUSYBOX_IMAGE;
+
+/// The repository of the busybox image in the registry of
+/// [`E2e::start_with_registry`].
+pub const REGISTRY_REPO: &str = "evpleg/busybox";
+/// Its tags there.
+pub const REGISTRY_TAGS: [&str; 2] = ["v1", "latest"];
 
 /// An API pod bound to [`NODE`]: host network, busybox running `command`.
 pub fn api_pod(name: &str, policy: &str, command: &str) -> Pod {
@@ -377,7 +431,7 @@ fn kubeconfig(api: &FakeApiServer) -> String {
 /// spec lines (two-space indented) before the containers.
 pub fn manifest(name: &str, policy: &str, command: &str, extra: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n{extra}  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"{command}\"]\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n{extra}  containers:\n    - name: app\n      image: {IMAGE}\n      command: [\"sh\", \"-c\", \"{command}\"]\n"
     )
 }
 
@@ -437,8 +491,25 @@ pub async fn list_sandboxes(containerd: &Containerd) -> Vec<String> {
 
 /// An end-to-end test: skipped (with its reason) when not privileged, else run
 /// alone with a fresh containerd and agent, finished (agent stopped) after.
+/// `e2e_test!(name, registry, body)` starts the private image registry too
+/// ([`E2e::start_with_registry`]).
 #[macro_export]
 macro_rules! e2e_test {
+    ($name:ident, registry, $body:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if !$crate::privileged(stringify!($name)) {
+                return;
+            }
+            let _serial = $crate::e2e::SERIAL.lock().await;
+            let e = $crate::e2e::E2e::start_with_registry(stringify!($name), &[]).await;
+            let f: fn(
+                &$crate::e2e::E2e,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> = $body;
+            f(&e).await;
+            e.finish().await;
+        }
+    };
     ($name:ident, $body:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {

@@ -10,6 +10,7 @@ pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;
 pub mod pleg;
+pub mod registry;
 pub mod threads;
 
 use std::path::Path;

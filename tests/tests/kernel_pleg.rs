@@ -104,6 +104,56 @@ fn systemd_and_containerd_layouts_are_attributed() {
     assert_eq!(died.exit.map(|e| e.code), Some(3));
 }
 
+// The systemd cgroup driver's names (issue #10, "Cgroup driver"): runc's
+// systemd driver needs systemd as PID 1, which these machines lack, so the
+// slices are made by hand, as systemd would name them for a burstable and a
+// guaranteed pod. The kernel PLEG attributes a process's start and exit in
+// each to the right pod and container.
+#[test]
+fn hand_made_systemd_slices_of_burstable_and_guaranteed_pods_are_attributed() {
+    if !privileged("hand_made_systemd_slices_of_burstable_and_guaranteed_pods_are_attributed") {
+        return;
+    }
+    let burstable = ContainerCgroup::new(Layout::SystemdBurstable);
+    let guaranteed = ContainerCgroup::new(Layout::SystemdGuaranteed);
+    assert!(
+        burstable
+            .path
+            .starts_with("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod")
+            && burstable
+                .path
+                .ends_with(&format!("/cri-containerd-{}.scope", burstable.container_id)),
+        "{}",
+        burstable.path
+    );
+    let mut pleg = PlegUnderTest::start(|_| {});
+    for (cg, code) in [(&burstable, "5"), (&guaranteed, "6")] {
+        let status = cg
+            .command("/bin/sh")
+            .args(["-c", &format!("exit {code}")])
+            .status()
+            .expect("run sh");
+        assert_eq!(status.code().map(|c| c.to_string()).as_deref(), Some(code));
+    }
+    for (cg, code) in [(&burstable, 5), (&guaranteed, 6)] {
+        let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+        assert_eq!(
+            started.pod_uid.map(|u| u.to_string()),
+            Some(cg.pod_uid.clone()),
+            "{}",
+            cg.path
+        );
+        let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+        assert_eq!(
+            died.pod_uid.map(|u| u.to_string()),
+            Some(cg.pod_uid.clone()),
+            "{}",
+            cg.path
+        );
+        assert_eq!(died.exit.map(|e| e.code), Some(code), "{}", cg.path);
+    }
+}
+
 #[test]
 fn died_by_sigkill() {
     if !privileged("died_by_sigkill") {

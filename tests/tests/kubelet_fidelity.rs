@@ -179,7 +179,7 @@ e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(
     async move {
         let with_image = |name: &str, image: &str, extra: &str| {
             manifest(name, "Always", "sleep 600", "")
-                .replace("localhost/busybox:latest", image)
+                .replace("localhost/busybox:local", image)
                 .replace(
                     &format!("image: {image}\n"),
                     &format!("image: {image}\n{extra}"),

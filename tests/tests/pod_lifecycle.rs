@@ -20,7 +20,7 @@ e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(
         };
         let before = http_get(e.agent().addr, "/metrics").await;
         assert_eq!(metric(&before, "evpleg_running_pods"), 0.0);
-        let extra = "  initContainers:\n    - name: init\n      image: localhost/busybox:latest\n      command: [\"sh\", \"-c\", \"sleep 0.3\"]\n";
+        let extra = "  initContainers:\n    - name: init\n      image: localhost/busybox:local\n      command: [\"sh\", \"-c\", \"sleep 0.3\"]\n";
         e.write("web.yaml", &manifest("web", "Always", "sleep 600", extra));
         let pod = e
             .wait_for("web", "phase Running", |p| {
@@ -149,7 +149,7 @@ e2e_test!(a_container_killed_from_outside_is_restarted, |e| Box::pin(
 
 e2e_test!(a_container_over_its_memory_limit_is_oom_killed, |e| {
     Box::pin(async move {
-        let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n    - name: app\n      image: localhost/busybox:latest\n      command: [\"dd\", \"if=/dev/zero\", \"of=/dev/null\", \"bs=256M\", \"count=1\"]\n      resources:\n        limits: {memory: 32Mi}\n";
+        let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n    - name: app\n      image: localhost/busybox:local\n      command: [\"dd\", \"if=/dev/zero\", \"of=/dev/null\", \"bs=256M\", \"count=1\"]\n      resources:\n        limits: {memory: 32Mi}\n";
         e.write("hog.yaml", yaml);
         let pod = e
             .wait_for("hog", "phase Failed", |p| p["status"]["phase"] == "Failed")
@@ -274,7 +274,7 @@ async fn a_failed_container_creation_is_retried_without_a_new_sandbox() {
     let _serial = SERIAL.lock().await;
     let e = E2e::start("noimage").await;
     let yaml = manifest("noimage", "Always", "sleep 600", "")
-        .replace("localhost/busybox:latest", "localhost/evpleg-absent:1");
+        .replace("localhost/busybox:local", "localhost/evpleg-absent:1");
     e.write("noimage.yaml", &yaml);
     let deadline = Instant::now() + DEADLINE;
     loop {

@@ -58,7 +58,7 @@ spec:
       type: RuntimeDefault
   containers:
     - name: locked
-      image: localhost/busybox:latest
+      image: localhost/busybox:local
       command: [sleep, '600']
       securityContext:
         readOnlyRootFilesystem: true
@@ -67,7 +67,7 @@ spec:
           drop: [ALL]
           add: [NET_BIND_SERVICE]
     - name: root
-      image: localhost/busybox:latest
+      image: localhost/busybox:local
       command: [sleep, '600']
       securityContext:
         runAsUser: 0

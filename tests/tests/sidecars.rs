@@ -23,15 +23,15 @@ spec:
   terminationGracePeriodSeconds: 6
   initContainers:
     - name: side
-      image: localhost/busybox:latest
+      image: localhost/busybox:local
       restartPolicy: Always
       command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 0.1; done\"]
     - name: init
-      image: localhost/busybox:latest
+      image: localhost/busybox:local
       command: [sh, -c, 'exit 0']
   containers:
     - name: app
-      image: localhost/busybox:latest
+      image: localhost/busybox:local
       command: [sh, -c, \"{app_command}\"]
 "
     )

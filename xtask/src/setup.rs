@@ -8,6 +8,10 @@
 //! * LLVM 22's development packages and bpf-linker [`BPF_LINKER_VERSION`] built
 //!   against them, installed under `.tools/` (not committed);
 //! * containerd, runc, umoci and busybox-static for the runtime tests;
+//! * docker-registry (distribution 2.8) and skopeo for the image pull tests: the
+//!   harness starts its own registry on loopback (tests/src/registry.rs). The
+//!   package's own service is not used (Debian's policy-rc.d on these machines
+//!   keeps it from starting at install time; elsewhere it listens on :5000);
 //! * qemu-system-x86 and cpio for the kernel matrix (busybox-static too);
 //! * a kernel with BTF and a cgroup2 hierarchy. No tracefs: the programs are BTF
 //!   tracepoints.
@@ -36,6 +40,9 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "umoci",
     "busybox-static",
+    // the tests' private image registry (loopback only) and the push into it
+    "docker-registry",
+    "skopeo",
     // the kernel matrix: guests under QEMU, their initramfs
     "qemu-system-x86",
     "cpio",

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::actions::{backoff_key, compute_pod_actions, format_pod, latest};
 use super::cri_config::{container_config, host_network, sandbox_config};
+use super::images::PullPolicy;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
 use super::reasons::{
     CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR, ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL,
@@ -108,9 +109,8 @@ impl KubeRuntime {
     }
 
     /// Makes the container's image present as its pull policy says (the
-    /// kubelet's `EnsureImageExists`), with the pull back-off. Differences: with
-    /// no policy, IfNotPresent, also for `:latest` (the kubelet's default there is
-    /// Always; the test images are not in a registry yet).
+    /// kubelet's `EnsureImageExists`), with the pull back-off. An unset policy
+    /// is defaulted from the image's tag ([`PullPolicy::of`]).
     async fn ensure_image(&self, uid: &PodUid, c: &Container) -> Result<(), StartError> {
         let image = c.image.as_deref().unwrap_or_default();
         check_image_reference(image).map_err(|e| {
@@ -119,6 +119,8 @@ impl KubeRuntime {
                 format!("Failed to apply default image tag {image:?}: {e}"),
             )
         })?;
+        let policy =
+            PullPolicy::of(c).map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e))?;
         let spec = v1::ImageSpec {
             image: image.to_owned(),
             ..Default::default()
@@ -135,16 +137,16 @@ impl KubeRuntime {
             })?
             .image
             .is_some();
-        let pull = match c.image_pull_policy.as_deref() {
-            Some("Always") => true,
-            Some("Never") if !present => {
+        let pull = match policy {
+            PullPolicy::Always => true,
+            PullPolicy::Never if !present => {
                 return Err(StartError::new(
                     ERR_IMAGE_NEVER_PULL,
                     format!("Container image {image:?} is not present with pull policy of Never"),
                 ));
             }
-            Some("Never") => false,
-            _ => !present,
+            PullPolicy::Never => false,
+            PullPolicy::IfNotPresent => !present,
         };
         if !pull {
             return Ok(());

@@ -33,12 +33,14 @@
 //!   `spec.nodeName` the node;
 //! - annotations `kubernetes.io/config.hash` (the UID), `config.source` (`file` or
 //!   `http`), `config.seen` (first read, RFC 3339 in UTC, kept while the UID stays);
-//! - `restartPolicy: Always` and `terminationGracePeriodSeconds: 30` when unset (the
-//!   only API defaults applied), `status.phase: Pending`, and for files the
-//!   toleration of every `NoExecute` taint;
+//! - `restartPolicy: Always`, `terminationGracePeriodSeconds: 30` and each
+//!   container's `imagePullPolicy` (Always for `:latest` or no tag, IfNotPresent
+//!   otherwise) when unset (the only API defaults applied), `status.phase:
+//!   Pending`, and for files the toleration of every `NoExecute` taint;
 //! - validated: a DNS-subdomain name, a `metadata.uid` (when given) the agent can use
 //!   as a pod UID (hex digits and `-`, as cgroup and label names need it), at least one
-//!   container, every container with a unique name and an image; no two pods of one
+//!   container, every container with a unique name, an image and a known
+//!   `imagePullPolicy` when it has one; no two pods of one
 //!   file with the same name (a subset of the kubelet's `ValidatePod`). A pod whose
 //!   name an earlier file (in name order) already has is left out, with an error on
 //!   the later file naming both files (the kubelet drops such a duplicate too).
@@ -247,6 +249,11 @@ fn validate(pod: &Pod) -> Result<(), DecodeError> {
         if c.image.as_deref().unwrap_or_default().is_empty() {
             return invalid(format!("container {:?} has no image", c.name));
         }
+        if let Some(policy) = c.image_pull_policy.as_deref().filter(|p| !p.is_empty())
+            && let Err(e) = crate::runtime::images::PullPolicy::parse(policy)
+        {
+            return invalid(format!("container {:?}: {e}", c.name));
+        }
     }
     Ok(())
 }
@@ -303,6 +310,7 @@ fn apply_static_defaults(pod: &mut Pod, origin: Origin<'_>, seen: &str) {
     spec.node_name = Some(origin.node_name.into());
     spec.restart_policy.get_or_insert_with(|| "Always".into());
     spec.termination_grace_period_seconds.get_or_insert(30);
+    crate::runtime::images::apply_default_pull_policies(spec);
     if origin.source == SourceName::File {
         let tolerate_no_execute = Toleration {
             operator: Some("Exists".into()),
@@ -870,6 +878,11 @@ mod tests {
         assert_eq!(spec.node_name.as_deref(), Some("Node-1"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
         assert_eq!(spec.termination_grace_period_seconds, Some(30));
+        // `nginx` has no tag: the runtime pulls `latest`, so Always.
+        assert_eq!(
+            spec.containers[0].image_pull_policy.as_deref(),
+            Some("Always")
+        );
         assert_eq!(spec.tolerations.as_ref().unwrap().len(), 1);
         assert_eq!(
             pod.status.as_ref().unwrap().phase.as_deref(),
@@ -902,6 +915,37 @@ mod tests {
         let spec = p.spec.as_ref().unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.termination_grace_period_seconds, Some(5));
+
+        // Another tag defaults to IfNotPresent; a set policy is kept; an unknown
+        // one is refused, naming the container and the value.
+        let tagged = |policy: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\nspec:\n  containers:\n  - name: c\n    image: i:v1\n{policy}"
+            )
+        };
+        let policy_of = |yaml: String| {
+            load_static_pods(yaml.as_bytes(), origin, &[]).map(|p| {
+                p[0].spec.as_ref().unwrap().containers[0]
+                    .image_pull_policy
+                    .clone()
+            })
+        };
+        assert_eq!(
+            policy_of(tagged("")).unwrap().as_deref(),
+            Some("IfNotPresent")
+        );
+        assert_eq!(
+            policy_of(tagged("    imagePullPolicy: Never\n"))
+                .unwrap()
+                .as_deref(),
+            Some("Never")
+        );
+        let refused = policy_of(tagged("    imagePullPolicy: Sometimes\n")).unwrap_err();
+        let message = refused.1.to_string();
+        assert!(
+            message.contains("container \"c\"") && message.contains("\"Sometimes\""),
+            "{message}"
+        );
     }
 
     #[test]

@@ -1,0 +1,332 @@
+//! Image pulls end to end (issue #10, "a real image registry"; docs/pod-lifecycle.md's
+//! table "kubelet behaviour -> evpleg"): the whole agent against the real
+//! containerd, which pulls from a private `docker-registry` on loopback holding
+//! the busybox image as `evpleg/busybox:{v1,latest}` (tests/src/registry.rs).
+//! Every pull is seen twice: in containerd's log (one `PullImage` line per
+//! call) and in the registry's access log (one resolution of the tag per pull).
+//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
+//! failure under `CI=true`.
+
+use std::time::{Duration, Instant};
+
+use evpleg_cri_api::v1;
+use evpleg_tests::containerd::REGISTRY_MARKER;
+use evpleg_tests::e2e::*;
+use evpleg_tests::e2e_test;
+use serde_json::Value;
+
+/// A static pod whose containers each run `command` (`name`, image, pull
+/// policy or none).
+fn pod(
+    name: &str,
+    restart: &str,
+    command: &str,
+    containers: &[(&str, &str, Option<&str>)],
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 3\n  containers:\n"
+    );
+    for (c, image, policy) in containers {
+        yaml.push_str(&format!(
+            "    - name: {c}\n      image: {image}\n      command: [\"sh\", \"-c\", \"{command}\"]\n"
+        ));
+        if let Some(p) = policy {
+            yaml.push_str(&format!("      imagePullPolicy: {p}\n"));
+        }
+    }
+    yaml
+}
+
+/// `PullImage` calls of `image` that containerd finished (with an image or
+/// an error), from its log.
+fn runtime_pulls(e: &E2e, image: &str, outcome: &str) -> usize {
+    e.runtime_log()
+        .lines()
+        .filter(|l| l.contains("PullImage") && l.contains(&format!("{image}\\\"")))
+        .filter(|l| l.contains(outcome))
+        .count()
+}
+
+const PULLED: &str = "returns image reference";
+const FAILED: &str = "failed";
+
+/// Containers named `name` that containerd created (its log records every
+/// `CreateContainer`, also of containers removed since).
+fn creates(e: &E2e, name: &str) -> usize {
+    e.runtime_log()
+        .lines()
+        .filter(|l| l.contains("CreateContainer within sandbox"))
+        .filter(|l| l.contains(&format!("Name:{name},")) && l.contains("returns container id"))
+        .count()
+}
+
+async fn image_present(e: &E2e, image: &str) -> bool {
+    let spec = v1::ImageSpec {
+        image: image.to_owned(),
+        ..Default::default()
+    };
+    e.cri()
+        .client()
+        .await
+        .image_status(&spec, false)
+        .await
+        .expect("ImageStatus")
+        .image
+        .is_some()
+}
+
+fn restart_count(pod: &Value, name: &str) -> u64 {
+    container(pod, name)["restartCount"].as_u64().unwrap_or(0)
+}
+
+fn waiting(pod: &Value) -> (&str, &str) {
+    let w = &container(pod, "app")["state"]["waiting"];
+    (
+        w["reason"].as_str().unwrap_or_default(),
+        w["message"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Removes the pod and waits until it is gone: no start (and so no pull)
+/// happens after that.
+async fn remove_and_wait(e: &E2e, name: &str) {
+    e.remove(&format!("{name}.yaml"));
+    e.wait_gone(name).await;
+}
+
+// IfNotPresent with an image only in the registry: the first start pulls it
+// (containerd did not have it), the restarts do not.
+e2e_test!(
+    if_not_present_pulls_an_image_only_in_the_registry_once,
+    registry,
+    |e| Box::pin(async move {
+        let image = e.registry().image(REGISTRY_REPO, "v1");
+        assert!(
+            !image_present(e, &image).await,
+            "{image} is only in the registry"
+        );
+        e.write(
+            "once.yaml",
+            &pod(
+                "once",
+                "Always",
+                // Exit 1 in the registry's image, 2 in any other.
+                &format!("test -f {REGISTRY_MARKER} || exit 2; exit 1"),
+                &[("app", &image, Some("IfNotPresent"))],
+            ),
+        );
+        let pod = e
+            .wait_for("once", "two restarts", |p| restart_count(p, "app") >= 2)
+            .await;
+        assert_eq!(container(&pod, "app")["image"], image.as_str(), "{pod:#}");
+        assert_eq!(
+            container(&pod, "app")["lastState"]["terminated"]["exitCode"],
+            1,
+            "the container ran the registry's image: {pod:#}"
+        );
+        assert!(image_present(e, &image).await, "{image} pulled");
+        // The pull transferred what containerd did not have: the manifest, the
+        // config and the marker's layer (busybox's own layer was imported).
+        let requests = e.registry().requests();
+        let gets = |what: &str| {
+            requests
+                .iter()
+                .filter(|(m, p, s)| m == "GET" && p.contains(what) && *s == 200)
+                .count()
+        };
+        assert_eq!(
+            (gets("/manifests/sha256:"), gets("/blobs/sha256:")),
+            (1, 2),
+            "{requests:?}"
+        );
+        assert!(creates(e, "app") >= 3, "three starts at least");
+        assert_eq!(runtime_pulls(e, &image, PULLED), 1, "one PullImage");
+        assert_eq!(
+            e.registry().manifest_requests(REGISTRY_REPO, "v1"),
+            1,
+            "the registry resolved the tag once: {:?}",
+            e.registry().requests()
+        );
+    })
+);
+
+// Always: every container start pulls, restarts included.
+e2e_test!(always_pulls_at_every_container_start, registry, |e| {
+    Box::pin(async move {
+        let image = e.registry().image(REGISTRY_REPO, "v1");
+        e.write(
+            "always.yaml",
+            &pod(
+                "always",
+                "Always",
+                "exit 1",
+                &[("app", &image, Some("Always"))],
+            ),
+        );
+        e.wait_for("always", "two restarts", |p| restart_count(p, "app") >= 2)
+            .await;
+        remove_and_wait(e, "always").await;
+        let starts = creates(e, "app");
+        assert!(starts >= 3, "three starts at least, not {starts}");
+        assert_eq!(
+            runtime_pulls(e, &image, PULLED),
+            starts,
+            "a PullImage per start"
+        );
+        assert_eq!(
+            e.registry().manifest_requests(REGISTRY_REPO, "v1"),
+            starts,
+            "the registry resolved the tag once per start: {:?}",
+            e.registry().requests()
+        );
+    })
+});
+
+// An unset policy is the kubelet's default: Always for `:latest`, IfNotPresent
+// for another tag; the static pod's spec shows it.
+e2e_test!(
+    an_unset_policy_is_always_for_latest_and_if_not_present_otherwise,
+    registry,
+    |e| Box::pin(async move {
+        let latest = e.registry().image(REGISTRY_REPO, "latest");
+        let tagged = e.registry().image(REGISTRY_REPO, "v1");
+        e.write(
+            "defaults.yaml",
+            &pod(
+                "defaults",
+                "Always",
+                "exit 1",
+                &[("latest", &latest, None), ("tagged", &tagged, None)],
+            ),
+        );
+        let pod = e
+            .wait_for("defaults", "two restarts of each", |p| {
+                restart_count(p, "latest") >= 2 && restart_count(p, "tagged") >= 2
+            })
+            .await;
+        let policies: Vec<&str> = pod["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .map(|c| c["imagePullPolicy"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(policies, ["Always", "IfNotPresent"], "{pod:#}");
+        remove_and_wait(e, "defaults").await;
+        let (latest_starts, tagged_starts) = (creates(e, "latest"), creates(e, "tagged"));
+        assert!(
+            latest_starts >= 3 && tagged_starts >= 3,
+            "{latest_starts}, {tagged_starts}"
+        );
+        let registry = e.registry();
+        assert_eq!(
+            registry.manifest_requests(REGISTRY_REPO, "latest"),
+            latest_starts,
+            ":latest pulled at every start: {:?}",
+            registry.requests()
+        );
+        assert_eq!(
+            registry.manifest_requests(REGISTRY_REPO, "v1"),
+            1,
+            ":v1 pulled once: {:?}",
+            registry.requests()
+        );
+        assert_eq!(runtime_pulls(e, &latest, PULLED), latest_starts);
+        assert_eq!(runtime_pulls(e, &tagged, PULLED), 1);
+    })
+);
+
+// Never with an image the runtime does not have: ErrImageNeverPull naming the
+// image, and no pull at all.
+e2e_test!(
+    never_with_an_absent_image_is_err_image_never_pull_without_a_pull,
+    registry,
+    |e| Box::pin(async move {
+        let image = e.registry().image(REGISTRY_REPO, "v1");
+        let mut history = History::new(e, "never");
+        e.write(
+            "never.yaml",
+            &pod(
+                "never",
+                "Always",
+                "sleep 600",
+                &[("app", &image, Some("Never"))],
+            ),
+        );
+        let pod = history
+            .until("ErrImageNeverPull", |p| waiting(p).0 == "ErrImageNeverPull")
+            .await;
+        assert_eq!(
+            waiting(&pod).1,
+            format!("Container image {image:?} is not present with pull policy of Never"),
+            "{pod:#}"
+        );
+        assert_eq!(pod["status"]["phase"], "Pending", "{pod:#}");
+        assert_eq!(runtime_pulls(e, &image, ""), 0, "no PullImage");
+        assert_eq!(
+            e.registry().repo_requests(REGISTRY_REPO),
+            0,
+            "the registry was not asked: {:?}",
+            e.registry().requests()
+        );
+        assert!(!image_present(e, &image).await);
+        assert_eq!(creates(e, "app"), 0);
+    })
+);
+
+// An image the registry does not have: ErrImagePull naming it, then
+// ImagePullBackOff; the next pull waits for the back-off (2 s here, where the
+// worker's own error back-off alone would retry after 0.5 s).
+e2e_test!(
+    an_image_missing_from_the_registry_is_err_image_pull_then_back_off,
+    registry,
+    |e| Box::pin(async move {
+        let image = e.registry().image("evpleg/absent", "v1");
+        let mut history = History::new(e, "missing");
+        e.write(
+            "missing.yaml",
+            &pod("missing", "Always", "sleep 600", &[("app", &image, None)]),
+        );
+        let first = wait_pulls(e, &image, 1).await;
+        let pod = history
+            .until("ErrImagePull", |p| waiting(p).0 == "ErrImagePull")
+            .await;
+        let message = waiting(&pod).1;
+        assert!(
+            message.starts_with(&format!("Failed to pull image {image:?}")),
+            "{message}"
+        );
+        assert!(
+            e.registry().manifest_requests("evpleg/absent", "v1") >= 1,
+            "the registry was asked: {:?}",
+            e.registry().requests()
+        );
+        let pod = history
+            .until("ImagePullBackOff", |p| waiting(p).0 == "ImagePullBackOff")
+            .await;
+        assert_eq!(waiting(&pod).1, format!("Back-off pulling image {image:?}"));
+        let second = wait_pulls(e, &image, 2).await;
+        let gap = second - first;
+        assert!(
+            gap >= Duration::from_millis(1500),
+            "the second pull came {gap:?} after the first, inside the 2 s back-off"
+        );
+        assert_eq!(creates(e, "app"), 0, "nothing to create without the image");
+    })
+);
+
+/// Waits until containerd finished `n` failed pulls of `image`; returns when
+/// the harness saw the n-th (within 20 ms of it).
+async fn wait_pulls(e: &E2e, image: &str, n: usize) -> Instant {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let done = runtime_pulls(e, image, FAILED);
+        if done >= n {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} failed pulls of {image} not within {DEADLINE:?}: {done}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
