@@ -9,6 +9,8 @@
 
 mod death;
 mod floor;
+mod idle;
+mod plots;
 mod report;
 mod results;
 mod stats;
@@ -33,6 +35,9 @@ struct Cli {
     /// Where `docs/benchmarks.md` and `bench/results/` are written.
     #[arg(long)]
     out: PathBuf,
+    /// Render the report and plots from this results file instead of measuring.
+    #[arg(long)]
+    from_json: Option<PathBuf>,
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
@@ -44,6 +49,10 @@ fn progress(msg: &str) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(json) = &cli.from_json {
+        let results: Results = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+        return write(&cli.out, &results);
+    }
     let started = Instant::now();
     let (reps, n, window) = if cli.quick {
         (2, 4, Duration::from_millis(500))
@@ -147,6 +156,7 @@ fn main() -> Result<()> {
             }
         }
     }
+    idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
     drop(client);
     drop(rt);
     drop(containerd);
@@ -157,6 +167,58 @@ fn main() -> Result<()> {
     ));
     write(&cli.out, &results)?;
     progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Idle cost per mode at growing container counts (containers kept across
+/// modes and counts).
+fn idle_cost(
+    rt: &tokio::runtime::Runtime,
+    containerd: &evpleg_tests::containerd::Containerd,
+    client: &evpleg::cri::CriClient,
+    quick: bool,
+    results: &mut Results,
+) -> Result<()> {
+    let (counts, windows, each): (&[usize], usize, Duration) = if quick {
+        (&[10], 3, Duration::from_secs(2))
+    } else {
+        (&[10, 50, 100], 3, Duration::from_secs(20))
+    };
+    let containerd_pid = containerd.pid().context("containerd's pid")?;
+    let mut pods = idle::IdlePods::new();
+    for &n in counts {
+        progress(&format!("idle cost: starting containers up to {n}"));
+        rt.block_on(pods.grow_to(containerd, client, n));
+        for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+            progress(&format!(
+                "idle cost: {} with {n} containers, {windows} windows of {} s",
+                Observer::Pleg(mode).name(),
+                each.as_secs()
+            ));
+            let w = rt.block_on(idle::measure(mode, client, containerd_pid, windows, each))?;
+            let spread = |f: fn(&idle::Window) -> f64| {
+                stats::Spread::of(&w.iter().map(f).collect::<Vec<_>>()).context("no window")
+            };
+            let i = results::Idle {
+                mode: Observer::Pleg(mode).name().into(),
+                containers: n,
+                seconds: (each * windows as u32).as_secs_f64(),
+                agent_cpu_pct: spread(|w| w.agent_cpu_pct)?,
+                containerd_cpu_pct: spread(|w| w.containerd_cpu_pct)?,
+                agent_rss_mib: spread(|w| w.rss_mib)?,
+                relists_per_s: spread(|w| w.relists_per_s)?,
+            };
+            progress(&format!(
+                "  PLEG process {:.3} % of a core, containerd {:.3} %, RSS {:.1} MiB, {:.2} relists/s",
+                i.agent_cpu_pct.median,
+                i.containerd_cpu_pct.median,
+                i.agent_rss_mib.median,
+                i.relists_per_s.median
+            ));
+            results.idle.push(i);
+        }
+    }
+    rt.block_on(pods.remove(client));
     Ok(())
 }
 
@@ -173,7 +235,8 @@ fn write(out: &std::path::Path, results: &Results) -> Result<()> {
     let docs = out.join("docs");
     std::fs::create_dir_all(&docs)?;
     let md = docs.join("benchmarks.md");
-    std::fs::write(&md, report::render(results, &[]))?;
+    let plots = plots::all(results, &dir)?;
+    std::fs::write(&md, report::render(results, &plots))?;
     progress(&format!("wrote {} and {}", json.display(), md.display()));
     Ok(())
 }

@@ -207,12 +207,12 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
         let _ = writeln!(out, "## Idle cost\n");
         let _ = writeln!(
             out,
-            "| mode | containers | seconds | PLEG process CPU (% of a core) | containerd CPU (% of a core) | PLEG process RSS (MiB) |\n|---|---|---|---|---|---|"
+            "| mode | containers | seconds | PLEG process CPU (% of a core) | containerd CPU (% of a core) | PLEG process RSS (MiB) | relists/s |\n|---|---|---|---|---|---|---|"
         );
         for i in &r.idle {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {:.3} ({:.3}-{:.3}) | {:.3} ({:.3}-{:.3}) | {:.1} |",
+                "| {} | {} | {:.0} | {:.3} ({:.3}-{:.3}) | {:.3} ({:.3}-{:.3}) | {:.1} | {:.2} |",
                 i.mode,
                 i.containers,
                 i.seconds,
@@ -222,7 +222,8 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
                 i.containerd_cpu_pct.median,
                 i.containerd_cpu_pct.min,
                 i.containerd_cpu_pct.max,
-                i.agent_rss_mib.median
+                i.agent_rss_mib.median,
+                i.relists_per_s.median
             );
         }
         let _ = writeln!(out);
@@ -302,6 +303,7 @@ mod tests {
                     agent_cpu_pct: spread(0.1),
                     containerd_cpu_pct: spread(1.0),
                     agent_rss_mib: spread(30.0),
+                    relists_per_s: spread(1.0),
                 },
                 Idle {
                     mode: "generic".into(),
@@ -310,6 +312,7 @@ mod tests {
                     agent_cpu_pct: spread(0.5),
                     containerd_cpu_pct: spread(2.0),
                     agent_rss_mib: spread(30.0),
+                    relists_per_s: spread(1.0),
                 },
             ],
             notes: vec!["a note".into()],

@@ -75,6 +75,8 @@ pub struct Idle {
     pub agent_cpu_pct: Spread,
     pub containerd_cpu_pct: Spread,
     pub agent_rss_mib: Spread,
+    /// Full relists per second (each a ListPodSandbox and a ListContainers).
+    pub relists_per_s: Spread,
 }
 
 /// A whole run.
