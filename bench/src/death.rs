@@ -312,3 +312,85 @@ fn note_death(
         seen.entry(c.as_str().to_owned()).or_insert(now);
     }
 }
+
+/// Churn: for `duration`, a container started every `1 / rate` s in one pod,
+/// each exiting by itself `lifetime` after it starts. Samples from the kernel's
+/// exit to the reader and to the PLEG's event; a death without an event within
+/// the bound is lost.
+pub async fn churn(
+    containerd: &Containerd,
+    client: &CriClient,
+    running: &mut Running,
+    rate: f64,
+    duration: Duration,
+    lifetime: Duration,
+) -> RepSamples {
+    let pod = TestPod::new(
+        containerd,
+        &format!("bench-churn-{}", running.observer.name()),
+    );
+    let sandbox = run_sandbox(client, &pod).await;
+    let starter = {
+        let client = client.clone();
+        let sandbox = sandbox.clone();
+        let script = format!("sleep {}; exit 3", lifetime.as_secs_f64());
+        tokio::spawn(async move {
+            let mut targets = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let end = tokio::time::Instant::now() + duration;
+            let mut i = 0;
+            while tokio::time::Instant::now() < end {
+                tick.tick().await;
+                let name = format!("churn{i}");
+                i += 1;
+                let config = pod.container(&name, &["sh", "-c", &script]);
+                let id = run_container(&client, &pod, &sandbox, &config).await;
+                let pid = client
+                    .container_status(&id, true)
+                    .await
+                    .ok()
+                    .and_then(|s| verbose_pid(&s.info))
+                    .unwrap_or(0);
+                targets.push(Target { name, id, pid });
+            }
+            (pod, targets)
+        })
+    };
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let rx = running.events.as_mut().expect("churn runs a pleg");
+    let bound = tokio::time::Instant::now() + duration + lifetime + Duration::from_secs(5);
+    while let Ok(Some(e)) = tokio::time::timeout_at(bound, rx.recv()).await {
+        if e.kind == EventKind::ContainerDied
+            && let Some(c) = &e.container_id
+        {
+            seen.entry(c.as_str().to_owned()).or_insert(monotonic_ns());
+        }
+    }
+    let (_pod, targets) = starter.await.expect("the starter task");
+    let reads = running.floor_reads();
+    let mut out = RepSamples::default();
+    for t in &targets {
+        let read = reads.iter().rev().find(|r| r.0 == t.pid).copied();
+        if let Some((_, k, r)) = read {
+            out.reader_us.push(r.saturating_sub(k) as f64 / 1000.0);
+        }
+        let kernel_ns = match (&mut running.clock, read) {
+            (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
+            (None, Some((_, k, _))) => Some(k),
+            (None, None) => None,
+        };
+        match (kernel_ns, seen.get(&t.id)) {
+            (Some(k), Some(&at)) => out.event_us.push(at.saturating_sub(k) as f64 / 1000.0),
+            _ => out.lost_events += 1,
+        }
+    }
+    running
+        .reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
+    let _ = client.stop_pod_sandbox(&sandbox).await;
+    let _ = client.remove_pod_sandbox(&sandbox).await;
+    out
+}

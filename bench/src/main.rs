@@ -156,6 +156,7 @@ fn main() -> Result<()> {
             }
         }
     }
+    churn(&rt, &containerd, &client, cli.quick, &mut results)?;
     idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
     drop(client);
     drop(rt);
@@ -167,6 +168,74 @@ fn main() -> Result<()> {
     ));
     write(&cli.out, &results)?;
     progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Churn per mode: containers starting at a steady rate and dying by
+/// themselves; one repetition per mode.
+fn churn(
+    rt: &tokio::runtime::Runtime,
+    containerd: &evpleg_tests::containerd::Containerd,
+    client: &evpleg::cri::CriClient,
+    quick: bool,
+    results: &mut Results,
+) -> Result<()> {
+    let rate = 2.0;
+    let duration = if quick {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(30)
+    };
+    let lifetime = Duration::from_millis(500);
+    results.notes.push(format!(
+        "Churn: one pod, a container started every {:.0} ms for {} s, each exiting by \
+         itself {} ms after it starts (one repetition per mode: the spread is that of \
+         one run).",
+        1000.0 / rate,
+        duration.as_secs(),
+        lifetime.as_millis()
+    ));
+    for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+        let observer = Observer::Pleg(mode);
+        progress(&format!(
+            "churn: {} at {rate} containers/s for {} s",
+            observer.name(),
+            duration.as_secs()
+        ));
+        let s = rt.block_on(async {
+            let mut running = Running::start(observer, client)?;
+            let s = death::churn(containerd, client, &mut running, rate, duration, lifetime).await;
+            running.stop().await;
+            anyhow::Ok(s)
+        })?;
+        progress(&format!(
+            "  {} deaths seen, {} lost",
+            s.event_us.len(),
+            s.lost_events
+        ));
+        if !s.reader_us.is_empty() {
+            results.latency.push(Latency {
+                mode: observer.name().into(),
+                workload: "churn".into(),
+                stage: "reader".into(),
+                summary: Summary::of(
+                    &Percentiles::of(&s.reader_us)
+                        .into_iter()
+                        .collect::<Vec<_>>(),
+                ),
+                lost: 0,
+                samples_us: s.reader_us,
+            });
+        }
+        results.latency.push(Latency {
+            mode: observer.name().into(),
+            workload: "churn".into(),
+            stage: "event".into(),
+            summary: Summary::of(&Percentiles::of(&s.event_us).into_iter().collect::<Vec<_>>()),
+            lost: s.lost_events,
+            samples_us: s.event_us,
+        });
+    }
     Ok(())
 }
 

@@ -149,7 +149,10 @@ pub fn all(r: &Results, dir: &Path) -> Result<Vec<(String, String)>> {
     std::fs::create_dir_all(dir)?;
     let rel = |name: &str| format!("../bench/results/{name}");
     let mut out = Vec::new();
-    for workload in ["self-exit", "killed"] {
+    for workload in ["self-exit", "killed", "churn"] {
+        if !r.latency.iter().any(|l| l.workload == workload) {
+            continue;
+        }
         let name = format!("latency-cdf-{workload}.svg");
         latency_cdf(r, workload, &dir.join(&name))?;
         out.push((format!("Death latency CDF, {workload}"), rel(&name)));
