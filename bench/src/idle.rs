@@ -97,37 +97,45 @@ pub struct Window {
     pub relists_per_s: f64,
 }
 
-/// Runs `mode` for `windows` windows of `each` after a settling period.
+/// Runs `mode` (or no PLEG at all: the baseline of the benchmark's own process)
+/// for `windows` windows of `each` after a settling period.
 pub async fn measure(
-    mode: PlegMode,
+    mode: Option<PlegMode>,
     client: &CriClient,
     containerd_pid: u32,
     windows: usize,
     each: Duration,
 ) -> anyhow::Result<Vec<Window>> {
     let (tx, mut rx) = mpsc::channel(10_000);
-    let pleg = Pleg::start(
-        mode,
-        evpleg::runtime::CriRuntime::new(client.clone()),
-        KernelPlegConfig::default(),
-        tx,
-        Arc::new(evpleg::clock::MonotonicClock),
-        None,
-    )?;
+    let pleg = match mode {
+        Some(mode) => Some(Pleg::start(
+            mode,
+            evpleg::runtime::CriRuntime::new(client.clone()),
+            KernelPlegConfig::default(),
+            tx,
+            Arc::new(evpleg::clock::MonotonicClock),
+            None,
+        )?),
+        None => None,
+    };
+    let relists = |p: &Option<Pleg>| {
+        p.as_ref()
+            .map_or(0, |p| p.relist_stats.relists.load(Ordering::Relaxed))
+    };
     // The events are drained (as the sync loop would) by a task of their own.
     let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
     // Settle: the first relist and the start-up scan are not idle cost.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let me = std::process::id();
     let mut out = Vec::new();
     for _ in 0..windows {
         let started = Instant::now();
         let (a0, c0) = (cpu_seconds(me), cpu_seconds(containerd_pid));
-        let r0 = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        let r0 = relists(&pleg);
         tokio::time::sleep(each).await;
         let secs = started.elapsed().as_secs_f64();
         let (a1, c1) = (cpu_seconds(me), cpu_seconds(containerd_pid));
-        let r1 = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        let r1 = relists(&pleg);
         let pct = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => 100.0 * (b - a) / secs,
             _ => f64::NAN,
@@ -139,7 +147,9 @@ pub async fn measure(
             relists_per_s: (r1 - r0) as f64 / secs,
         });
     }
-    pleg.stop().await;
+    if let Some(pleg) = pleg {
+        pleg.stop().await;
+    }
     drain.abort();
     Ok(out)
 }

@@ -57,7 +57,7 @@ fn main() -> Result<()> {
     let (reps, n, window) = if cli.quick {
         (2, 4, Duration::from_millis(500))
     } else {
-        (5, 10, Duration::from_secs(2))
+        (5, 10, Duration::from_millis(1500))
     };
     let machine = Machine::here();
     progress(&format!(
@@ -184,7 +184,7 @@ fn churn(
     let duration = if quick {
         Duration::from_secs(5)
     } else {
-        Duration::from_secs(30)
+        Duration::from_secs(20)
     };
     let lifetime = Duration::from_millis(500);
     results.notes.push(format!(
@@ -251,17 +251,23 @@ fn idle_cost(
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
         (&[10], 3, Duration::from_secs(2))
     } else {
-        (&[10, 50, 100], 3, Duration::from_secs(20))
+        (&[10, 50, 100], 3, Duration::from_secs(19))
     };
     let containerd_pid = containerd.pid().context("containerd's pid")?;
     let mut pods = idle::IdlePods::new();
     for &n in counts {
         progress(&format!("idle cost: starting containers up to {n}"));
         rt.block_on(pods.grow_to(containerd, client, n));
-        for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+        // The baseline (no PLEG: the benchmark's own process) at the highest count.
+        let baseline = (n == *counts.last().expect("counts")).then_some(None);
+        let modes = [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic]
+            .map(Some)
+            .into_iter()
+            .chain(baseline);
+        for mode in modes {
+            let name = mode.map_or("baseline", |m| Observer::Pleg(m).name());
             progress(&format!(
-                "idle cost: {} with {n} containers, {windows} windows of {} s",
-                Observer::Pleg(mode).name(),
+                "idle cost: {name} with {n} containers, {windows} windows of {} s",
                 each.as_secs()
             ));
             let w = rt.block_on(idle::measure(mode, client, containerd_pid, windows, each))?;
@@ -269,7 +275,7 @@ fn idle_cost(
                 stats::Spread::of(&w.iter().map(f).collect::<Vec<_>>()).context("no window")
             };
             let i = results::Idle {
-                mode: Observer::Pleg(mode).name().into(),
+                mode: name.into(),
                 containers: n,
                 seconds: (each * windows as u32).as_secs_f64(),
                 agent_cpu_pct: spread(|w| w.agent_cpu_pct)?,
