@@ -6,7 +6,8 @@
 //! * `test`: builds and runs every test tier, privileged ones included, and the
 //!   format and lint checks, then the kernel matrix;
 //! * `matrix`: only the kernel matrix (privileged checks in QEMU guests booting
-//!   Debian's kernels, docs/kernels.md).
+//!   Debian's kernels, docs/kernels.md);
+//! * `bench`: the PLEG latency and cost benchmark (`bench/`, docs/benchmarks.md).
 
 mod matrix;
 mod setup;
@@ -65,6 +66,18 @@ enum Command {
         #[arg(long, default_value_t = matrix::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
     },
+    /// The PLEG benchmark: every mode against the same containerd; writes
+    /// docs/benchmarks.md and bench/results/ (needs root).
+    Bench {
+        /// A short run (under 2 minutes); written under target/bench-quick unless
+        /// `--out` says otherwise.
+        #[arg(long)]
+        quick: bool,
+        /// Directory receiving docs/benchmarks.md and bench/results/ (default:
+        /// the workspace, or target/bench-quick with `--quick`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -85,6 +98,10 @@ fn main() -> Result<()> {
         Command::Test { kernels, args } => {
             setup::run(&root)?;
             test(&root, &args, kernels)
+        }
+        Command::Bench { quick, out } => {
+            setup::run(&root)?;
+            bench(&root, quick, out)
         }
         Command::Matrix {
             kernels,
@@ -253,4 +270,31 @@ fn test(root: &std::path::Path, args: &[String], kernels: matrix::Selection) -> 
             timeout: matrix::DEFAULT_TIMEOUT,
         },
     )
+}
+
+/// Builds the eBPF object and the benchmark, then runs it (as the tests are
+/// built: the dev profile, so that no second full build is needed).
+fn bench(root: &std::path::Path, quick: bool, out: Option<PathBuf>) -> Result<()> {
+    build_ebpf(root)?;
+    util::step("building the benchmark");
+    util::run(util::cargo(root).args(["build", "--package", "evpleg-bench"]))?;
+    let out = match out {
+        Some(out) => std::path::absolute(out)?,
+        None if quick => root.join("target/bench-quick"),
+        None => root.to_path_buf(),
+    };
+    let mut command = String::from("cargo xtask bench");
+    if quick {
+        command.push_str(" --quick");
+    }
+    util::step(&format!(
+        "running the benchmark (results under {})",
+        out.display()
+    ));
+    let mut cmd = std::process::Command::new(root.join("target/debug/evpleg-bench"));
+    cmd.arg("--out").arg(&out).arg("--command").arg(&command);
+    if quick {
+        cmd.arg("--quick");
+    }
+    util::run(&mut cmd)
 }

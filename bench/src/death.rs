@@ -1,0 +1,396 @@
+//! Death latency: containers on the real containerd that exit by themselves at
+//! random times, or are killed from the host at random times, measured from the
+//! kernel's exit timestamp to the ring-buffer reader and to the PLEG's
+//! ContainerDied event.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use evpleg::cri::CriClient;
+use evpleg::pleg::kernel::event::KernelEvent;
+use evpleg::pleg::kernel::{KernelPlegConfig, monotonic_ns};
+use evpleg::pleg::{EventKind, Pleg, PlegMode, PodLifecycleEvent};
+use evpleg_tests::containerd::Containerd;
+use evpleg_tests::cri_pod::{ExitClock, TestPod, run_container, run_sandbox, verbose_pid};
+use tokio::sync::mpsc;
+
+use crate::floor::{BareReader, ExitRead};
+
+/// How deaths are caused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// The container's shell exits once its signal file appears.
+    SelfExit,
+    /// SIGKILL to the container's main process from the host.
+    Killed,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SelfExit => "self-exit",
+            Self::Killed => "killed",
+        }
+    }
+}
+
+/// What observes the deaths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observer {
+    Pleg(PlegMode),
+    /// The bare reader alone.
+    Floor,
+}
+
+impl Observer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pleg(PlegMode::Ebpf) => "ebpf",
+            Self::Pleg(PlegMode::Generic) => "generic",
+            Self::Pleg(PlegMode::EventedCri) => "evented-cri",
+            Self::Floor => "floor",
+        }
+    }
+}
+
+/// One repetition's samples, in microseconds.
+#[derive(Debug, Default)]
+pub struct RepSamples {
+    pub reader_us: Vec<f64>,
+    pub event_us: Vec<f64>,
+    /// Deaths with no event within the bound.
+    pub lost_events: usize,
+    pub lost_reader: usize,
+}
+
+/// One started container.
+struct Target {
+    name: String,
+    id: String,
+    pid: u32,
+}
+
+/// The exit records a tap or the bare reader saw: (pid, kernel ns, read ns).
+type Reads = Arc<Mutex<Vec<ExitRead>>>;
+
+/// The observer running for the repetitions of one mode.
+pub struct Running {
+    observer: Observer,
+    pleg: Option<Pleg>,
+    events: Option<mpsc::Receiver<PodLifecycleEvent>>,
+    reads: Reads,
+    clock: Option<ExitClock>,
+    floor: Option<BareReader>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("observer", &self.observer)
+            .finish()
+    }
+}
+
+impl Running {
+    /// Starts the observer (inside a tokio runtime).
+    pub fn start(observer: Observer, client: &CriClient) -> anyhow::Result<Self> {
+        let reads: Reads = Arc::new(Mutex::new(Vec::new()));
+        let mut this = Self {
+            observer,
+            pleg: None,
+            events: None,
+            reads: reads.clone(),
+            clock: None,
+            floor: None,
+        };
+        match observer {
+            // Started by each repetition, once its sandbox made /kubepods.
+            Observer::Floor => {}
+            Observer::Pleg(mode) => {
+                let mut kernel = KernelPlegConfig::default();
+                if mode == PlegMode::Ebpf {
+                    kernel.tap = Some(Arc::new(move |ev: &KernelEvent, delay: u64| {
+                        if let KernelEvent::Exit(e) = ev {
+                            let read = e.at_ns + delay;
+                            if let Ok(mut r) = reads.lock() {
+                                r.push((e.process.pid, e.at_ns, read));
+                            }
+                        }
+                    }));
+                } else {
+                    this.clock = Some(ExitClock::start());
+                }
+                let (tx, rx) = mpsc::channel(1000);
+                this.pleg = Some(Pleg::start(
+                    mode,
+                    evpleg::runtime::CriRuntime::new(client.clone()),
+                    kernel,
+                    tx,
+                    Arc::new(evpleg::clock::MonotonicClock),
+                    None,
+                )?);
+                this.events = Some(rx);
+            }
+        }
+        Ok(this)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(p) = self.pleg.take() {
+            p.stop().await;
+        }
+        if let Some(f) = self.floor.take() {
+            let reads = f.stop();
+            self.reads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(reads);
+        }
+    }
+
+    fn floor_reads(&self) -> Vec<ExitRead> {
+        // The bare reader keeps its records on its thread until it stops: it is
+        // stopped and started again around each repetition by the caller.
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A random duration below `max`.
+fn random_below(max: Duration) -> Duration {
+    let us = max.as_micros().max(1) as u64;
+    Duration::from_micros(evpleg_tests::unique_u64() % us)
+}
+
+/// One repetition: `n` containers in a fresh pod, their deaths at random times
+/// over `window`, then the pod removed.
+pub async fn repetition(
+    containerd: &Containerd,
+    client: &CriClient,
+    running: &mut Running,
+    workload: Workload,
+    n: usize,
+    window: Duration,
+    rep: usize,
+) -> RepSamples {
+    let pod = TestPod::new(
+        containerd,
+        &format!(
+            "bench-{}-{}-{rep}",
+            running.observer.name(),
+            workload.name()
+        ),
+    );
+    let sandbox = run_sandbox(client, &pod).await;
+    if running.observer == Observer::Floor && running.floor.is_none() {
+        running.floor = Some(BareReader::start().unwrap_or_else(|e| panic!("floor reader: {e:#}")));
+    }
+    let mut targets = Vec::new();
+    for i in 0..n {
+        let name = format!("c{i}");
+        let id = run_container(client, &pod, &sandbox, &pod.waiting_container(&name)).await;
+        let status = client
+            .container_status(&id, true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pid = verbose_pid(&status.info).unwrap_or_else(|| panic!("no pid for {id}"));
+        targets.push(Target { name, id, pid });
+    }
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut pending: Vec<PodLifecycleEvent> = Vec::new();
+    // Every container known to be running by the PLEG before it dies.
+    if let Some(rx) = running.events.as_mut() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut started: Vec<&str> = Vec::new();
+        while started.len() < targets.len() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(e)) => {
+                    if e.kind == EventKind::ContainerStarted
+                        && let Some(c) = &e.container_id
+                        && let Some(t) = targets.iter().find(|t| t.id == c.as_str())
+                        && !started.contains(&t.id.as_str())
+                    {
+                        started.push(t.id.as_str());
+                    } else {
+                        pending.push(e);
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+    // The deaths, at random times.
+    let start = tokio::time::Instant::now();
+    let mut killers = Vec::new();
+    for t in &targets {
+        let at = start + random_below(window);
+        let signal_file = pod.signal_dir.join(&t.name);
+        let pid = t.pid;
+        killers.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            match workload {
+                Workload::SelfExit => {
+                    let _ = std::fs::write(signal_file, b"");
+                }
+                // SAFETY: kill has no memory preconditions; the pid is the
+                // container's main process, alive until this signal.
+                Workload::Killed => unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                },
+            }
+        }));
+    }
+    // Deaths as the PLEG reports them.
+    let bound = start + window + Duration::from_secs(5);
+    for e in pending.drain(..) {
+        note_death(&e, &targets, &mut seen, monotonic_ns());
+    }
+    if let Some(rx) = running.events.as_mut() {
+        while seen.len() < targets.len() {
+            match tokio::time::timeout_at(bound, rx.recv()).await {
+                Ok(Some(e)) => {
+                    let now = monotonic_ns();
+                    note_death(&e, &targets, &mut seen, now);
+                }
+                _ => break,
+            }
+        }
+    } else {
+        tokio::time::sleep_until(start + window + Duration::from_millis(200)).await;
+    }
+    for k in killers {
+        let _ = k.await;
+    }
+    // The kernel's side.
+    let mut out = RepSamples::default();
+    let floor_reads = if let Some(f) = running.floor.take() {
+        f.stop()
+    } else {
+        running.floor_reads()
+    };
+    for t in &targets {
+        let read = floor_reads.iter().rev().find(|r| r.0 == t.pid).copied();
+        let kernel_ns = match (&mut running.clock, read) {
+            (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
+            (None, Some((_, k, _))) => Some(k),
+            (None, None) => None,
+        };
+        if let Some((_, k, r)) = read {
+            out.reader_us.push((r.saturating_sub(k)) as f64 / 1000.0);
+        } else if running.clock.is_none() {
+            out.lost_reader += 1;
+        }
+        if running.events.is_some() {
+            match (kernel_ns, seen.get(&t.id)) {
+                (Some(k), Some(&at)) => out.event_us.push(at.saturating_sub(k) as f64 / 1000.0),
+                _ => out.lost_events += 1,
+            }
+        }
+    }
+    running
+        .reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
+    let _ = client.stop_pod_sandbox(&sandbox).await;
+    let _ = client.remove_pod_sandbox(&sandbox).await;
+    out
+}
+
+fn note_death(
+    e: &PodLifecycleEvent,
+    targets: &[Target],
+    seen: &mut HashMap<String, u64>,
+    now: u64,
+) {
+    if e.kind != EventKind::ContainerDied {
+        return;
+    }
+    if let Some(c) = &e.container_id
+        && targets.iter().any(|t| t.id == c.as_str())
+    {
+        seen.entry(c.as_str().to_owned()).or_insert(now);
+    }
+}
+
+/// Churn: for `duration`, a container started every `1 / rate` s in one pod,
+/// each exiting by itself `lifetime` after it starts. Samples from the kernel's
+/// exit to the reader and to the PLEG's event; a death without an event within
+/// the bound is lost.
+pub async fn churn(
+    containerd: &Containerd,
+    client: &CriClient,
+    running: &mut Running,
+    rate: f64,
+    duration: Duration,
+    lifetime: Duration,
+) -> RepSamples {
+    let pod = TestPod::new(
+        containerd,
+        &format!("bench-churn-{}", running.observer.name()),
+    );
+    let sandbox = run_sandbox(client, &pod).await;
+    let starter = {
+        let client = client.clone();
+        let sandbox = sandbox.clone();
+        let script = format!("sleep {}; exit 3", lifetime.as_secs_f64());
+        tokio::spawn(async move {
+            let mut targets = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let end = tokio::time::Instant::now() + duration;
+            let mut i = 0;
+            while tokio::time::Instant::now() < end {
+                tick.tick().await;
+                let name = format!("churn{i}");
+                i += 1;
+                let config = pod.container(&name, &["sh", "-c", &script]);
+                let id = run_container(&client, &pod, &sandbox, &config).await;
+                let pid = client
+                    .container_status(&id, true)
+                    .await
+                    .ok()
+                    .and_then(|s| verbose_pid(&s.info))
+                    .unwrap_or(0);
+                targets.push(Target { name, id, pid });
+            }
+            (pod, targets)
+        })
+    };
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let rx = running.events.as_mut().expect("churn runs a pleg");
+    let bound = tokio::time::Instant::now() + duration + lifetime + Duration::from_secs(5);
+    while let Ok(Some(e)) = tokio::time::timeout_at(bound, rx.recv()).await {
+        if e.kind == EventKind::ContainerDied
+            && let Some(c) = &e.container_id
+        {
+            seen.entry(c.as_str().to_owned()).or_insert(monotonic_ns());
+        }
+    }
+    let (_pod, targets) = starter.await.expect("the starter task");
+    let reads = running.floor_reads();
+    let mut out = RepSamples::default();
+    for t in &targets {
+        let read = reads.iter().rev().find(|r| r.0 == t.pid).copied();
+        if let Some((_, k, r)) = read {
+            out.reader_us.push(r.saturating_sub(k) as f64 / 1000.0);
+        }
+        let kernel_ns = match (&mut running.clock, read) {
+            (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
+            (None, Some((_, k, _))) => Some(k),
+            (None, None) => None,
+        };
+        match (kernel_ns, seen.get(&t.id)) {
+            (Some(k), Some(&at)) => out.event_us.push(at.saturating_sub(k) as f64 / 1000.0),
+            _ => out.lost_events += 1,
+        }
+    }
+    running
+        .reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
+    let _ = client.stop_pod_sandbox(&sandbox).await;
+    let _ = client.remove_pod_sandbox(&sandbox).await;
+    out
+}

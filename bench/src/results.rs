@@ -1,0 +1,102 @@
+//! What a run measured, as written to `bench/results/*.json` and read by the
+//! report.
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{Spread, Summary};
+
+/// The machine the run was made on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub kernel: String,
+    pub cpu_model: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+}
+
+impl Machine {
+    /// Reads `/proc` (and the clock) of this machine.
+    pub fn here() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, m)| m.trim().to_owned())
+            .unwrap_or_else(|| "unknown".to_owned());
+        let cores = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        let date = std::process::Command::new("date")
+            .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default();
+        Self {
+            cores,
+            kernel,
+            cpu_model,
+            date,
+        }
+    }
+}
+
+/// Latencies of one mode, workload and stage, in microseconds from the kernel's
+/// exit timestamp.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// `ebpf`, `generic`, `evented-cri`, or `floor` (the bare reader).
+    pub mode: String,
+    /// `self-exit` or `killed`.
+    pub workload: String,
+    /// `reader` (the record read from the ring buffer) or `event` (the
+    /// lifecycle event taken from the PLEG's channel).
+    pub stage: String,
+    pub summary: Option<Summary>,
+    /// Deaths never seen at this stage within the bound.
+    pub lost: usize,
+    /// Every sample of every repetition (for the CDF).
+    pub samples_us: Vec<f64>,
+}
+
+/// CPU and memory with `containers` running and nothing happening.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Idle {
+    pub mode: String,
+    pub containers: usize,
+    pub seconds: f64,
+    /// CPU seconds per second of the process running the PLEG (the benchmark
+    /// itself idles meanwhile), as a percentage of one core.
+    pub agent_cpu_pct: Spread,
+    pub containerd_cpu_pct: Spread,
+    pub agent_rss_mib: Spread,
+    /// Full relists per second (each a ListPodSandbox and a ListContainers).
+    pub relists_per_s: Spread,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub command: String,
+    pub quick: bool,
+    pub containerd: String,
+    pub repetitions: usize,
+    pub containers_per_repetition: usize,
+    pub latency: Vec<Latency>,
+    pub idle: Vec<Idle>,
+    pub notes: Vec<String>,
+}
+
+impl Results {
+    pub fn latency(&self, mode: &str, workload: &str, stage: &str) -> Option<&Latency> {
+        self.latency
+            .iter()
+            .find(|l| l.mode == mode && l.workload == workload && l.stage == stage)
+    }
+}
