@@ -1148,6 +1148,22 @@ pub fn containerd_17_dir() -> PathBuf {
         .join("containerd-1.7")
 }
 
+/// Opens `lock_path` and holds an exclusive `flock` on it until the returned
+/// file drops: one process at a time builds or fetches into a shared cache.
+fn lock_exclusive(lock_path: &Path) -> Result<fs::File> {
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)
+        .map_err(io_err("open", lock_path))?;
+    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err("lock", lock_path)(io::Error::last_os_error()));
+    }
+    Ok(lock)
+}
+
 /// Fetches containerd 1.7 from Debian trixie once and returns the path of its
 /// `containerd` binary (with `ctr` and `containerd-shim-runc-v2` beside it).
 ///
@@ -1163,16 +1179,7 @@ pub fn fetch_containerd_17() -> Result<PathBuf> {
     let dir = containerd_17_dir();
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
     let lock_path = dir.join(".lock");
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err("open", &lock_path))?;
-    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
-    }
+    let lock = lock_exclusive(&lock_path)?;
     let binary = dir.join("root/usr/bin/containerd");
     let stamp = dir.join("version");
     if binary.is_file() && fs::read_to_string(&stamp).is_ok_and(|v| v.trim().starts_with("1.7.")) {
@@ -1374,16 +1381,7 @@ pub fn registry_busybox_archive() -> Result<PathBuf> {
     let busybox = local_image_archive("busybox")?;
     let cache = image_cache_dir();
     let lock_path = cache.join(".lock");
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err("open", &lock_path))?;
-    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
-    }
+    let lock = lock_exclusive(&lock_path)?;
     let base_key_path = cache.join("busybox.tar.key");
     let base_key = fs::read_to_string(&base_key_path).map_err(io_err("read", &base_key_path))?;
     let key = format!("{base_key}; plus {REGISTRY_MARKER}, recipe 1");
@@ -1440,16 +1438,7 @@ fn build_images() -> Result<Vec<BuiltImage>> {
     let cache = image_cache_dir();
     fs::create_dir_all(&cache).map_err(io_err("create", &cache))?;
     let lock_path = cache.join(".lock");
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err("open", &lock_path))?;
-    // SAFETY: flock on an fd we own; the lock goes with the fd when `lock` drops.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io_err("lock", &lock_path)(io::Error::last_os_error()));
-    }
+    let lock = lock_exclusive(&lock_path)?;
 
     let busybox_meta = fs::metadata(BUSYBOX).map_err(io_err("stat", BUSYBOX))?;
     let busybox_key = format!(
