@@ -181,7 +181,7 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
         || std::env::var_os("EVPLEG_CRI_ENDPOINT").is_some()
     {
         util::step("running the agent against the given runtime (Ctrl-C stops it)");
-        return util::run(std::process::Command::new(&agent).args(args));
+        return util::run(std::process::Command::new(&agent).arg("run").args(args));
     }
     // No runtime given: a private containerd, and the example pods.
     util::step("building the containerd harness");
@@ -224,6 +224,7 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
          statuses at http://127.0.0.1:10255/pods (Ctrl-C stops it)"
     ));
     let status = std::process::Command::new(&agent)
+        .arg("run")
         .arg("--cri-endpoint")
         .arg(&endpoint)
         .arg("--manifest-dir")
