@@ -141,12 +141,22 @@ fn observe_runs_with_cap_bpf_cap_perfmon_and_cap_sys_nice_only() {
         }
     });
     let logs_now = || logs.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if started_rx.recv_timeout(BOUND).is_err() {
-        let _ = child.kill();
-        panic!(
-            "evpleg observe did not start within {BOUND:?}:\n{}",
-            logs_now()
-        );
+    match started_rx.recv_timeout(BOUND) {
+        Ok(()) => {}
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            let status = child.wait().expect("wait");
+            panic!(
+                "evpleg observe exited ({status}) before it started:\n{}",
+                logs_now()
+            );
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let _ = child.kill();
+            panic!(
+                "evpleg observe did not start within {BOUND:?}:\n{}",
+                logs_now()
+            );
+        }
     }
     assert_eq!(
         cap_eff(child.id()),
