@@ -218,9 +218,17 @@ impl Agent {
                 shutdown.clone(),
             ),
         ));
+        let (probe_results, probe_changes) = crate::prober::Results::new();
+        let prober = Arc::new(crate::prober::ProberManager::new(
+            probe_results.clone(),
+            pleg.cache.clone(),
+            cri.clone(),
+            host_ip.clone(),
+        ));
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
-                .with_image_pull_backoff(image_backoff),
+                .with_image_pull_backoff(image_backoff)
+                .with_probes(probe_results),
         );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(
@@ -281,6 +289,7 @@ impl Agent {
             host_ip,
             cgroup_mounts,
             event_latency: pleg.event_latency.clone(),
+            prober: Some((prober, probe_changes)),
         });
         tasks.push(health.spawn(
             "sync loop",

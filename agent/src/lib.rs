@@ -14,6 +14,7 @@ pub mod observe;
 pub mod pleg;
 pub mod pod_fate;
 pub mod pod_workers;
+pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod source;

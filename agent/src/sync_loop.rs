@@ -60,6 +60,11 @@ pub struct SyncLoopParts<S> {
     pub cgroup_mounts: Vec<std::path::PathBuf>,
     /// `pleg_event_latency_seconds`, observed as events are taken.
     pub event_latency: Arc<crate::pleg::latency::EventLatency>,
+    /// The prober manager and the pods whose probe results changed.
+    pub prober: Option<(
+        Arc<crate::prober::ProberManager>,
+        mpsc::UnboundedReceiver<PodUid>,
+    )>,
 }
 
 /// The sync loop and what it drives.
@@ -74,6 +79,8 @@ pub struct SyncLoop<S> {
     host_ip: String,
     cgroup_mounts: Vec<std::path::PathBuf>,
     event_latency: Arc<crate::pleg::latency::EventLatency>,
+    prober: Option<Arc<crate::prober::ProberManager>>,
+    probe_results: Option<mpsc::UnboundedReceiver<PodUid>>,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
@@ -114,7 +121,9 @@ impl<S: PodSyncer> SyncLoop<S> {
             host_ip,
             cgroup_mounts,
             event_latency,
+            prober,
         } = parts;
+        let (prober, probe_results) = prober.unzip();
         Self {
             workers,
             status,
@@ -126,6 +135,8 @@ impl<S: PodSyncer> SyncLoop<S> {
             host_ip,
             cgroup_mounts,
             event_latency,
+            prober,
+            probe_results,
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
@@ -262,6 +273,9 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         info!(pod = %uid, name = ?pod.metadata.name, "pod added");
         self.pods.insert(uid.clone(), pod.clone());
+        if let Some(p) = &self.prober {
+            p.add_pod(&uid, &pod);
+        }
         self.workers.update_pod(&uid, pod, UpdateType::Create);
     }
 
@@ -289,6 +303,9 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     fn finished(&mut self, uid: PodUid) {
+        if let Some(p) = &self.prober {
+            p.remove_pod(&uid);
+        }
         self.admission.release(&uid);
         self.workers.reap(&uid);
         if self.restart_requested.remove(&uid)
@@ -366,10 +383,23 @@ impl<S: PodSyncer> SyncLoop<S> {
     ) {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probes = self.probe_results.take();
         loop {
+            let probe = async {
+                match probes.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 Some(u) = updates.recv() => self.handle_update(u),
+                // A probe result changed: sync the pod, as a PLEG event does.
+                Some(uid) = probe => {
+                    if let Some(pod) = self.pods.get(&uid) {
+                        self.workers.update_pod(&uid, pod.clone(), UpdateType::Sync);
+                    }
+                }
                 Some(ev) = pleg.recv() => self.handle_pleg(ev),
                 Some(uid) = done.recv() => self.finished(uid),
                 _ = housekeeping.tick() => self.housekeeping().await,

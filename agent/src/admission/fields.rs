@@ -36,7 +36,7 @@ pub fn unsupported(pod: &Pod) -> Vec<String> {
     pod_spec(spec, &mut out);
     for c in spec.init_containers.iter().flatten() {
         let path = format!("spec.initContainers[{}]", c.name);
-        container(c, &path, &mut out);
+        container(c, &path, false, &mut out);
         match c.restart_policy.as_deref() {
             None | Some("Always") => {}
             Some(other) => out.push(format!("{path}.restartPolicy={other}")),
@@ -44,7 +44,7 @@ pub fn unsupported(pod: &Pod) -> Vec<String> {
     }
     for c in &spec.containers {
         let path = format!("spec.containers[{}]", c.name);
-        container(c, &path, &mut out);
+        container(c, &path, true, &mut out);
         if c.restart_policy.is_some() {
             out.push(format!("{path}.restartPolicy"));
         }
@@ -70,7 +70,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     set(s.set_hostname_as_fqdn == Some(true), "setHostnameAsFQDN");
     set(non_empty(&s.image_pull_secrets), "imagePullSecrets");
     set(s.overhead.is_some(), "overhead");
-    set(non_empty(&s.readiness_gates), "readinessGates");
     set(non_empty(&s.resource_claims), "resourceClaims");
     set(s.resources.is_some(), "resources");
     set(
@@ -117,16 +116,27 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     }
 }
 
-fn container(c: &Container, path: &str, out: &mut Vec<String>) {
+/// `app`: a regular container, whose exec, httpGet and tcpSocket probes run
+/// ([`crate::prober`]); init containers' (sidecars') probes do not yet.
+fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
     let mut set = |present: bool, field: &str| {
         if present {
             out.push(format!("{path}.{field}"));
         }
     };
     set(c.lifecycle.is_some(), "lifecycle");
-    set(c.liveness_probe.is_some(), "livenessProbe");
-    set(c.readiness_probe.is_some(), "readinessProbe");
-    set(c.startup_probe.is_some(), "startupProbe");
+    let probes = [
+        (&c.liveness_probe, "livenessProbe"),
+        (&c.readiness_probe, "readinessProbe"),
+        (&c.startup_probe, "startupProbe"),
+    ];
+    for (probe, name) in probes {
+        match probe {
+            Some(p) if app => set(p.grpc.is_some(), &format!("{name}.grpc")),
+            Some(_) => set(true, name),
+            None => {}
+        }
+    }
     set(non_empty(&c.env_from), "envFrom");
     set(non_empty(&c.volume_mounts), "volumeMounts");
     set(non_empty(&c.volume_devices), "volumeDevices");
@@ -237,10 +247,6 @@ mod tests {
                 "spec.volumes",
             ),
             (
-                serde_json::json!({"readinessGates": [{"conditionType": "x"}]}),
-                "spec.readinessGates",
-            ),
-            (
                 serde_json::json!({"hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}]}),
                 "spec.hostAliases",
             ),
@@ -274,16 +280,16 @@ mod tests {
         }
         let containers = [
             (
-                serde_json::json!({"livenessProbe": {"exec": {"command": ["true"]}}}),
-                "livenessProbe",
+                serde_json::json!({"livenessProbe": {"grpc": {"port": 1}}}),
+                "livenessProbe.grpc",
             ),
             (
-                serde_json::json!({"readinessProbe": {"tcpSocket": {"port": 1}}}),
-                "readinessProbe",
+                serde_json::json!({"readinessProbe": {"grpc": {"port": 1}}}),
+                "readinessProbe.grpc",
             ),
             (
-                serde_json::json!({"startupProbe": {"tcpSocket": {"port": 1}}}),
-                "startupProbe",
+                serde_json::json!({"startupProbe": {"grpc": {"port": 1}}}),
+                "startupProbe.grpc",
             ),
             (
                 serde_json::json!({"lifecycle": {"preStop": {"sleep": {"seconds": 1}}}}),

@@ -76,7 +76,12 @@ pub enum Terminal {
 pub struct Kill {
     pub id: ContainerId,
     pub name: String,
-    pub reason: &'static str,
+    /// Why, as the kubelet says it ("Container app failed liveness probe,
+    /// will be restarted").
+    pub reason: String,
+    /// The grace period, when not the pod's (a probe's own
+    /// `terminationGracePeriodSeconds`).
+    pub grace_seconds: Option<i64>,
 }
 
 /// A container that should run but waits: its waiting reason and message in
@@ -359,7 +364,11 @@ pub fn compute_pod_actions(
                     actions.kill.push(Kill {
                         id: s.id.clone(),
                         name: c.name.clone(),
-                        reason: "spec changed",
+                        reason: format!(
+                            "Container {} definition changed, will be restarted",
+                            c.name
+                        ),
+                        grace_seconds: None,
                     });
                     actions.start.push(j);
                 }

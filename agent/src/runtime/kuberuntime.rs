@@ -65,6 +65,8 @@ pub struct KubeRuntime {
     pub(super) image_backoff: Mutex<ImagePullBackoff>,
     pub(super) reasons: Mutex<ReasonCache>,
     pub(super) start_times: Mutex<HashMap<PodUid, i64>>,
+    /// The probes' results ([`crate::prober`]).
+    pub(super) probes: Arc<crate::prober::Results>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,7 +88,14 @@ impl KubeRuntime {
             image_backoff: Mutex::new(ImagePullBackoff::default()),
             reasons: Mutex::new(ReasonCache::default()),
             start_times: Mutex::new(HashMap::new()),
+            probes: crate::prober::Results::new().0,
         }
+    }
+
+    /// Uses these probe results (the prober manager's).
+    pub fn with_probes(mut self, probes: Arc<crate::prober::Results>) -> Self {
+        self.probes = probes;
+        self
     }
 
     /// Replaces the image pull back-off (the kubelet's 10 s to 5 min).
@@ -127,6 +136,7 @@ impl KubeRuntime {
             runtime: &self.node.runtime_name,
             start_time: Some(self.start_time(uid)),
             rejected: None,
+            probes: Some(&self.probes),
         };
         self.status
             .set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));

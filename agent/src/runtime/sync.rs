@@ -33,10 +33,11 @@ impl KubeRuntime {
     ) -> Result<SyncResult, SyncError> {
         let uid = pod_uid(&pod)?;
         let now = unix_now_ns();
-        let actions = {
+        let mut actions = {
             let backoff = lock(&self.backoff);
             compute_pod_actions(&pod, &uid, &entry.status, &backoff, now)
         };
+        crate::prober::probe_kills(&pod, &entry.status, &self.probes, &mut actions);
         self.publish(&pod, &uid, &entry.status, &actions, actions.terminal);
         if actions.terminal.is_some() {
             return Ok(SyncResult {
@@ -49,7 +50,8 @@ impl KubeRuntime {
             self.kill_pod(&uid, &pod, grace).await?;
         }
         for k in &actions.kill {
-            info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
+            info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
+            let grace = k.grace_seconds.unwrap_or(grace);
             self.stop_container(k.id.as_str(), grace).await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();

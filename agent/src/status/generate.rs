@@ -8,8 +8,11 @@
 //! Sidecars (init containers with `restartPolicy: Always`) always restart, are
 //! part of Initialized once started and of ContainersReady while running, and
 //! never decide the phase by their exit.
-//! Conditions: PodScheduled, Initialized, ContainersReady, Ready (no probes: a
-//! running container is ready). Container statuses carry the state, the last
+//! Conditions: PodScheduled, Initialized, ContainersReady, Ready (a running
+//! container is ready when its readiness probe succeeded, or it has none, and
+//! its startup probe succeeded: [`crate::prober`]; Ready also needs every
+//! readiness gate's condition True, and conditions others set are kept).
+//! lastTransitionTime is the status manager's. Container statuses carry the state, the last
 //! termination, the exit code and reason (Completed, Error, OOMKilled), the
 //! restart count and the times. An exit the kernel saw first is already in the
 //! runtime status given here (the PLEG merged it).
@@ -47,6 +50,9 @@ pub struct Context<'a> {
     pub start_time: Option<i64>,
     /// Admission refused the pod: (reason, message).
     pub rejected: Option<(&'a str, &'a str)>,
+    /// The probes' results (`ready`, `started`); without them a running
+    /// container is ready.
+    pub probes: Option<&'a crate::prober::Results>,
 }
 
 fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
@@ -84,13 +90,14 @@ fn waiting(reason: &str, message: Option<String>) -> ApiState {
 
 /// The status of one container of the spec.
 fn container_status(
-    name: &str,
-    image: &str,
+    spec: &k8s_openapi::api::core::v1::Container,
     status: &PodStatus,
     policy: RestartPolicy,
     ctx: &Context<'_>,
     pending_reason: &str,
 ) -> ApiContainerStatus {
+    let name = spec.name.as_str();
+    let image = spec.image.as_deref().unwrap_or_default();
     let newest = latest(status, name);
     let previous = newest.and_then(|n| {
         status
@@ -132,8 +139,9 @@ fn container_status(
     }
     out.state = Some(match s.state {
         ContainerState::Running => {
-            out.ready = true;
-            out.started = Some(true);
+            // Probes decide (a container without them is ready once running).
+            out.ready = ctx.probes.is_none_or(|p| p.ready(spec, &s.id));
+            out.started = Some(ctx.probes.is_none_or(|p| p.started(spec, &s.id)));
             ApiState {
                 running: Some(ContainerStateRunning {
                     started_at: s.started_at.and_then(time),
@@ -166,6 +174,16 @@ fn container_status(
     });
     out
 }
+
+/// The conditions the kubelet owns; any other is someone else's (a readiness
+/// gate's) and kept.
+const KUBELET_CONDITIONS: [&str; 5] = [
+    "PodScheduled",
+    "Initialized",
+    "ContainersReady",
+    "Ready",
+    "PodReadyToStartContainers",
+];
 
 fn condition(kind: &str, ok: bool, reason: Option<&str>) -> PodCondition {
     PodCondition {
@@ -269,8 +287,7 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         .iter()
         .map(|c| {
             container_status(
-                &c.name,
-                c.image.as_deref().unwrap_or_default(),
+                c,
                 runtime,
                 policy_for_init(policy, is_sidecar(c)),
                 ctx,
@@ -295,14 +312,7 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             } else {
                 "PodInitializing"
             };
-            container_status(
-                &c.name,
-                c.image.as_deref().unwrap_or_default(),
-                runtime,
-                policy,
-                ctx,
-                reason,
-            )
+            container_status(c, runtime, policy, ctx, reason)
         })
         .collect();
     let phase = phase(&plain, &sidecars, &apps, policy, ctx.terminal);
@@ -322,22 +332,49 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
     } else {
         runtime.ips.clone()
     };
+    // Readiness gates: conditions others set on the pod, kept as they are.
+    let others: Vec<PodCondition> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+        .cloned()
+        .collect();
+    let gate_missing = spec.readiness_gates.iter().flatten().find(|g| {
+        !others
+            .iter()
+            .any(|c| c.type_ == g.condition_type && c.status == "True")
+    });
+    let mut ready = condition(
+        "Ready",
+        all_ready && completed.is_none() && gate_missing.is_none(),
+        not_ready,
+    );
+    if let (Some(g), None) = (gate_missing, not_ready) {
+        ready.reason = Some("ReadinessGatesNotReady".into());
+        ready.message = Some(format!(
+            "corresponding condition of pod readiness gate {:?} does not exist or is not True.",
+            g.condition_type
+        ));
+    }
+    let mut conditions = vec![
+        condition("PodScheduled", true, None),
+        condition(
+            "Initialized",
+            init_done,
+            (!init_done).then_some("ContainersNotInitialized"),
+        ),
+        condition(
+            "ContainersReady",
+            all_ready && completed.is_none(),
+            not_ready,
+        ),
+        ready,
+    ];
+    conditions.extend(others);
     ApiPodStatus {
         phase: Some(phase.into()),
-        conditions: Some(vec![
-            condition("PodScheduled", true, None),
-            condition(
-                "Initialized",
-                init_done,
-                (!init_done).then_some("ContainersNotInitialized"),
-            ),
-            condition(
-                "ContainersReady",
-                all_ready && completed.is_none(),
-                not_ready,
-            ),
-            condition("Ready", all_ready && completed.is_none(), not_ready),
-        ]),
+        conditions: Some(conditions),
         host_ip: host_ip.clone(),
         host_ips: host_ip.map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]),
         pod_ip: pod_ips.first().cloned(),
@@ -684,5 +721,92 @@ mod tests {
         );
         assert_eq!(s.phase.as_deref(), Some("Succeeded"));
         assert_eq!(state(&s, "side"), "terminated");
+    }
+
+    #[test]
+    fn probes_decide_ready_and_started_and_readiness_gates_hold_ready() {
+        use crate::prober::{ProbeKind, ProbeResult, Results};
+        let mut p = pod("Always", &[], &["app"]);
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].readiness_probe = Some(Default::default());
+        spec.containers[0].startup_probe = Some(Default::default());
+        spec.readiness_gates = Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+            condition_type: "example.com/lb".into(),
+        }]);
+        let running = cs(1, "app", ContainerState::Running, None, 0);
+        let id = running.id.clone();
+        let rt = runtime(vec![running]);
+        let uid = crate::pleg::PodUid::parse(&"a".repeat(32)).unwrap();
+        let (results, _changes) = Results::new();
+        let gate = |status: &str| {
+            Some(ApiPodStatus {
+                conditions: Some(vec![PodCondition {
+                    type_: "example.com/lb".into(),
+                    status: status.into(),
+                    ..PodCondition::default()
+                }]),
+                ..ApiPodStatus::default()
+            })
+        };
+        // (startup, readiness, gate) -> (started, ready, Ready, Ready's reason)
+        let cases = [
+            (
+                ProbeResult::Unknown,
+                ProbeResult::Success,
+                "True",
+                (false, false, "False", "ContainersNotReady"),
+            ),
+            (
+                ProbeResult::Success,
+                ProbeResult::Failure,
+                "True",
+                (true, false, "False", "ContainersNotReady"),
+            ),
+            (
+                ProbeResult::Success,
+                ProbeResult::Success,
+                "False",
+                (true, true, "False", "ReadinessGatesNotReady"),
+            ),
+            (
+                ProbeResult::Success,
+                ProbeResult::Success,
+                "True",
+                (true, true, "True", ""),
+            ),
+        ];
+        for (startup, readiness, gate_status, want) in cases {
+            results.set(&uid, &id, ProbeKind::Startup, startup);
+            results.set(&uid, &id, ProbeKind::Readiness, readiness);
+            p.status = gate(gate_status);
+            let s = generate(
+                &p,
+                &rt,
+                &Context {
+                    probes: Some(&results),
+                    ..ctx()
+                },
+            );
+            let c = &s.container_statuses.as_ref().unwrap()[0];
+            let ready = s
+                .conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .unwrap();
+            assert_eq!(
+                (
+                    c.started.unwrap(),
+                    c.ready,
+                    ready.status.as_str(),
+                    ready.reason.as_deref().unwrap_or("")
+                ),
+                want,
+                "{startup:?} {readiness:?} gate {gate_status}"
+            );
+            // The gate's own condition is kept.
+            assert_eq!(cond(&s, "example.com/lb"), gate_status);
+        }
     }
 }

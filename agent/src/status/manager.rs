@@ -148,6 +148,28 @@ impl StatusManager {
         if first_start.is_some() {
             status.start_time = first_start;
         }
+        // A condition's lastTransitionTime moves only when its status does
+        // (the kubelet's status manager).
+        let old_conditions = entries
+            .get(uid)
+            .map(|e| &e.status)
+            .or(pod.status.as_ref())
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        for c in status.conditions.iter_mut().flatten() {
+            let same = old_conditions
+                .iter()
+                .find(|o| o.type_ == c.type_ && o.status == c.status);
+            let now = || {
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+            };
+            c.last_transition_time = Some(
+                same.and_then(|o| o.last_transition_time.clone())
+                    .unwrap_or_else(now),
+            );
+        }
         let unchanged = entries.get(uid).is_some_and(|e| e.status == status);
         if !unchanged {
             let last = entries.get(uid).and_then(|e| e.status.phase.as_deref());

@@ -1,0 +1,218 @@
+//! The probe handlers, as the kubelet's `prober.go`: `exec` runs the command in
+//! the container (CRI `ExecSync`, exit code 0 is success, a timeout is a
+//! failure), `httpGet` asks `http://host:port/path` with the probe's headers
+//! (200 to 399 is success; the kubelet's `User-Agent: kube-probe/…`), and
+//! `tcpSocket` opens a connection. Each is bounded by `timeoutSeconds`. A
+//! probe that could not be run (the runtime did not answer) is an error, and
+//! the worker throws its result away, as the kubelet does.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::ProbeResult;
+use crate::cri::CriClient;
+use crate::pleg::ContainerId;
+
+/// Why a probe could not run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProbeError {
+    #[error("probe of container {container}: no handler (exec, httpGet or tcpSocket)")]
+    NoHandler { container: String },
+    #[error("probe of container {container}: port {port:?} is not a port of the container")]
+    Port { container: String, port: String },
+    #[error("exec probe of container {container} failed (retryable): {message}")]
+    Exec { container: String, message: String },
+}
+
+/// What the handlers need.
+#[derive(Clone, Debug)]
+pub struct Handlers {
+    pub cri: CriClient,
+    /// Where a host-network pod's ports are (the node's IP).
+    pub host_ip: String,
+}
+
+/// The probe's timeout (`timeoutSeconds`, 1 by default, at least 1).
+pub fn timeout(probe: &Probe) -> Duration {
+    Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64)
+}
+
+/// A port by number, or by the name of one of the container's ports.
+fn port(c: &Container, port: &IntOrString) -> Result<u16, ProbeError> {
+    let bad = || ProbeError::Port {
+        container: c.name.clone(),
+        port: match port {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => s.clone(),
+        },
+    };
+    match port {
+        IntOrString::Int(n) => u16::try_from(*n).ok().filter(|p| *p > 0).ok_or_else(bad),
+        IntOrString::String(name) => c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name.as_str()))
+            .and_then(|p| u16::try_from(p.container_port).ok())
+            .or_else(|| name.parse().ok())
+            .ok_or_else(bad),
+    }
+}
+
+impl Handlers {
+    /// Runs `probe` against the container once.
+    pub async fn run(
+        &self,
+        c: &Container,
+        id: &ContainerId,
+        probe: &Probe,
+    ) -> Result<ProbeResult, ProbeError> {
+        let limit = timeout(probe);
+        if let Some(exec) = &probe.exec {
+            let cmd: Vec<&str> = exec.command.iter().flatten().map(String::as_str).collect();
+            return match self.cri.exec_sync(id.as_str(), &cmd, limit).await {
+                Ok(r) if r.exit_code == 0 => Ok(ProbeResult::Success),
+                Ok(_) => Ok(ProbeResult::Failure),
+                // The runtime's own timeout: the kubelet counts it a failure.
+                Err(e)
+                    if e.code() == Some(tonic::Code::DeadlineExceeded)
+                        || e.to_string().contains("timeout") =>
+                {
+                    Ok(ProbeResult::Failure)
+                }
+                Err(e) => Err(ProbeError::Exec {
+                    container: c.name.clone(),
+                    message: e.to_string(),
+                }),
+            };
+        }
+        if let Some(http) = &probe.http_get {
+            let host = http.host.clone().unwrap_or_else(|| self.host_ip.clone());
+            let port = port(c, &http.port)?;
+            let path = http.path.clone().unwrap_or_else(|| "/".into());
+            let headers: Vec<(String, String)> = http
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect();
+            return Ok(
+                match tokio::time::timeout(limit, http_get(&host, port, &path, &headers)).await {
+                    Ok(Ok(code)) if (200..400).contains(&code) => ProbeResult::Success,
+                    _ => ProbeResult::Failure,
+                },
+            );
+        }
+        if let Some(tcp) = &probe.tcp_socket {
+            let host = tcp.host.clone().unwrap_or_else(|| self.host_ip.clone());
+            let port = port(c, &tcp.port)?;
+            let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+            return Ok(match tokio::time::timeout(limit, connect).await {
+                Ok(Ok(_)) => ProbeResult::Success,
+                _ => ProbeResult::Failure,
+            });
+        }
+        Err(ProbeError::NoHandler {
+            container: c.name.clone(),
+        })
+    }
+}
+
+/// `GET path` over HTTP/1.1; the response's status code.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> std::io::Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect((host, port)).await?;
+    let mut request = format!("GET {path} HTTP/1.1\r\n");
+    let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+    if !has("host") {
+        request.push_str(&format!("Host: {host}:{port}\r\n"));
+    }
+    if !has("user-agent") {
+        request.push_str(concat!(
+            "User-Agent: kube-probe/evpleg-",
+            env!("CARGO_PKG_VERSION"),
+            "\r\n"
+        ));
+    }
+    if !has("accept") {
+        request.push_str("Accept: */*\r\n");
+    }
+    for (n, v) in headers {
+        request.push_str(&format!("{n}: {v}\r\n"));
+    }
+    request.push_str("Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut head = Vec::with_capacity(64);
+    let mut buf = [0u8; 256];
+    while !head.contains(&b'\n') {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .filter(|_| line.starts_with("HTTP/"))
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {line:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_by_number_or_name() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "app", "ports": [{"name": "http", "containerPort": 8080}]
+        }))
+        .unwrap();
+        assert_eq!(port(&c, &IntOrString::Int(80)), Ok(80));
+        assert_eq!(port(&c, &IntOrString::String("http".into())), Ok(8080));
+        assert_eq!(port(&c, &IntOrString::String("9090".into())), Ok(9090));
+        let err = port(&c, &IntOrString::String("grpc".into())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "probe of container app: port \"grpc\" is not a port of the container"
+        );
+        assert!(port(&c, &IntOrString::Int(0)).is_err());
+        assert!(port(&c, &IntOrString::Int(70000)).is_err());
+    }
+
+    #[tokio::test]
+    async fn http_status_codes_and_headers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            for code in [204, 302, 500] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut req = vec![0u8; 1024];
+                let n = s.read(&mut req).await.unwrap();
+                let req = String::from_utf8_lossy(&req[..n]).to_string();
+                assert!(req.starts_with("GET /healthz HTTP/1.1\r\n"), "{req}");
+                assert!(req.contains("X-Probe: yes\r\n"), "{req}");
+                assert!(req.contains("User-Agent: kube-probe/"), "{req}");
+                s.write_all(format!("HTTP/1.1 {code} X\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+        });
+        let headers = [("X-Probe".to_owned(), "yes".to_owned())];
+        for want in [204, 302, 500] {
+            let code = http_get("127.0.0.1", addr.port(), "/healthz", &headers)
+                .await
+                .unwrap();
+            assert_eq!(code, want);
+        }
+        server.await.unwrap();
+    }
+}

@@ -1,0 +1,251 @@
+//! Probes end to end (issue #13; the kubelet's `pkg/kubelet/prober`): the
+//! whole agent against the real containerd, pods from static manifests, every
+//! status observed through the local store. The test flips a probe's outcome
+//! by creating or removing a file in the container's root
+//! (`/proc/<pid>/root`), so no timing is assumed. Privileged: skipped with a
+//! reason without root/BTF/the eBPF object, a failure under `CI=true`.
+
+use evpleg_tests::e2e::*;
+use evpleg_tests::e2e_test;
+use serde_json::Value;
+
+fn condition<'a>(pod: &'a Value, kind: &str) -> &'a Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == kind))
+        .unwrap_or(&Value::Null)
+}
+
+fn ready(pod: &Value, name: &str) -> bool {
+    container(pod, name)["ready"] == true
+}
+
+fn restarts(pod: &Value, name: &str) -> i64 {
+    container(pod, name)["restartCount"].as_i64().unwrap_or(-1)
+}
+
+/// The host path of `path` inside the running container `name` of `pod`.
+fn in_container(pod: &Value, name: &str, path: &str) -> std::path::PathBuf {
+    let id = container(pod, name)["containerID"]
+        .as_str()
+        .and_then(|s| s.split("://").nth(1))
+        .unwrap_or_else(|| panic!("{name} has an id: {pod:#}"));
+    let pid = find_container_pid(id).unwrap_or_else(|| panic!("{name}'s main process"));
+    std::path::PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// A port for this test run's servers (host network: unique per process).
+fn port(offset: u16) -> u16 {
+    20_000 + (std::process::id() % 20_000) as u16 + offset
+}
+
+fn pod(name: &str, containers: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n{containers}"
+    )
+}
+
+// Readiness follows an exec probe both ways, and Ready's lastTransitionTime
+// moves with it; the exec probes' processes are never taken for the
+// container's death.
+e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
+    e.write(
+        "ready.yaml",
+        &pod(
+            "ready",
+            &format!(
+                "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      readinessProbe:\n        exec:\n          command: [test, -f, /tmp/ready]\n        periodSeconds: 1\n        failureThreshold: 1\n"
+            ),
+        ),
+    );
+    let p = e
+        .wait_for("ready", "running, not ready", |p| {
+            container(p, "app")["state"]["running"].is_object()
+                && !ready(p, "app")
+                && condition(p, "Ready")["status"] == "False"
+        })
+        .await;
+    let flag = in_container(&p, "app", "/tmp/ready");
+    std::fs::write(&flag, "").expect("create the flag");
+    let p = e
+        .wait_for("ready", "ready", |p| {
+            ready(p, "app") && condition(p, "Ready")["status"] == "True"
+        })
+        .await;
+    let became_ready = condition(&p, "Ready")["lastTransitionTime"].clone();
+    assert!(became_ready.is_string(), "{p:#}");
+    std::fs::remove_file(&flag).expect("remove the flag");
+    let p = e
+        .wait_for("ready", "not ready again", |p| {
+            !ready(p, "app") && condition(p, "Ready")["status"] == "False"
+        })
+        .await;
+    assert_eq!(condition(&p, "Ready")["reason"], "ContainersNotReady");
+    assert_ne!(condition(&p, "Ready")["lastTransitionTime"], became_ready);
+    // Many exec probes ran; the container never died nor restarted.
+    assert_eq!(restarts(&p, "app"), 0, "{p:#}");
+    assert!(
+        container(&p, "app")["state"]["running"].is_object(),
+        "{p:#}"
+    );
+    let metrics = http_get(e.agent().addr, "/metrics").await;
+    assert!(
+        metrics.contains("evpleg_pleg_kernel_contradictions_total 0\n"),
+        "no kernel death was contradicted: {metrics}"
+    );
+}));
+
+// A failed liveness probe kills the container, which restarts under the pod's
+// policy with its restart count; the new one is probed afresh.
+e2e_test!(
+    a_failed_liveness_probe_restarts_the_container,
+    |e| Box::pin(async move {
+        e.write(
+            "live.yaml",
+            &pod(
+                "live",
+                &format!(
+                    "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'touch /tmp/alive; exec sleep 1000']\n      livenessProbe:\n        exec:\n          command: [test, -f, /tmp/alive]\n        periodSeconds: 1\n        failureThreshold: 2\n        terminationGracePeriodSeconds: 2\n"
+                ),
+            ),
+        );
+        let p = e
+            .wait_for("live", "running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        let first = container(&p, "app")["containerID"].clone();
+        std::fs::remove_file(in_container(&p, "app", "/tmp/alive")).expect("remove");
+        let p = e
+            .wait_for("live", "restarted and running", |p| {
+                restarts(p, "app") == 1
+                    && container(p, "app")["state"]["running"].is_object()
+                    && container(p, "app")["containerID"] != first
+            })
+            .await;
+        let last = &container(&p, "app")["lastState"]["terminated"];
+        assert!(last.is_object(), "the killed container: {p:#}");
+        // The new container has its file: it stays alive.
+        assert_eq!(restarts(&p, "app"), 1);
+    })
+);
+
+// httpGet (200 ready, 404 not), tcpSocket (open ready, closed not) and an exec
+// probe slower than its timeout (never ready).
+e2e_test!(http_tcp_and_timed_out_probes, |e| Box::pin(async move {
+    let (web, closed) = (port(0), port(1));
+    let containers = format!(
+        "    - name: web
+      image: {IMAGE}
+      command: [sh, -c, 'mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p {web} -h /www']
+      ports:
+        - name: http
+          containerPort: {web}
+      readinessProbe:
+        httpGet: {{path: /index.html, port: http}}
+        periodSeconds: 1
+      livenessProbe:
+        tcpSocket: {{port: {web}}}
+        periodSeconds: 1
+        failureThreshold: 1
+    - name: missing
+      image: {IMAGE}
+      command: [sh, -c, 'exec sleep 1000']
+      readinessProbe:
+        httpGet: {{path: /missing, port: {web}}}
+        periodSeconds: 1
+    - name: closed
+      image: {IMAGE}
+      command: [sh, -c, 'exec sleep 1000']
+      readinessProbe:
+        tcpSocket: {{port: {closed}}}
+        periodSeconds: 1
+    - name: slow
+      image: {IMAGE}
+      command: [sh, -c, 'exec sleep 1000']
+      readinessProbe:
+        exec:
+          command: [sh, -c, 'sleep 3']
+        timeoutSeconds: 1
+        periodSeconds: 1
+"
+    );
+    e.write("web.yaml", &pod("web", &containers));
+    e.wait_for("web", "web ready", |p| ready(p, "web")).await;
+    // Every other probe runs a few times meanwhile (the web one keeps
+    // succeeding).
+    let seen = std::time::Instant::now();
+    let p = e
+        .wait_for("web", "a few periods later", |q| {
+            seen.elapsed() > std::time::Duration::from_secs(4) && ready(q, "web")
+        })
+        .await;
+    for name in ["missing", "closed", "slow"] {
+        assert!(
+            container(&p, name)["state"]["running"].is_object() && !ready(&p, name),
+            "{name} runs and is not ready: {p:#}"
+        );
+    }
+    assert_eq!(
+        restarts(&p, "web"),
+        0,
+        "the tcp liveness probe passed: {p:#}"
+    );
+    assert_eq!(condition(&p, "ContainersReady")["status"], "False");
+}));
+
+// A startup probe holds the liveness probe back until it succeeded.
+e2e_test!(a_startup_probe_holds_liveness_back, |e| Box::pin(
+    async move {
+        e.write(
+        "slowstart.yaml",
+        &pod(
+            "slowstart",
+            &format!(
+                "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      startupProbe:\n        exec:\n          command: [test, -f, /tmp/started]\n        periodSeconds: 1\n        failureThreshold: 60\n      livenessProbe:\n        exec:\n          command: ['false']\n        periodSeconds: 1\n        failureThreshold: 1\n"
+            ),
+        ),
+    );
+        let p = e
+            .wait_for("slowstart", "running, not started", |p| {
+                container(p, "app")["state"]["running"].is_object()
+                    && container(p, "app")["started"] == false
+            })
+            .await;
+        // Several liveness periods pass: held back, no restart.
+        let since = std::time::Instant::now();
+        let held = e
+            .wait_for("slowstart", "3 s without a restart", |_| {
+                since.elapsed() > std::time::Duration::from_secs(3)
+            })
+            .await;
+        assert_eq!(restarts(&held, "app"), 0, "liveness held back: {held:#}");
+        assert_eq!(container(&held, "app")["started"], false);
+        std::fs::write(in_container(&p, "app", "/tmp/started"), "").expect("flag");
+        // Started; then the failing liveness probe runs and restarts it.
+        let p = e
+            .wait_for("slowstart", "restarted by liveness", |p| {
+                restarts(p, "app") >= 1
+            })
+            .await;
+        assert!(
+            container(&p, "app")["lastState"]["terminated"].is_object(),
+            "{p:#}"
+        );
+    }
+));
+
+// examples/probed.yaml, as `cargo xtask run` runs it, becomes Ready.
+e2e_test!(the_example_with_probes_becomes_ready, |e| Box::pin(
+    async move {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/probed.yaml");
+        let yaml = std::fs::read_to_string(example).expect("examples/probed.yaml");
+        e.write("probed.yaml", &yaml);
+        let p = e
+            .wait_for("probed", "Ready", |p| {
+                condition(p, "Ready")["status"] == "True"
+            })
+            .await;
+        assert!(ready(&p, "server"), "{p:#}");
+    }
+));
