@@ -124,7 +124,12 @@ fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
             out.push(format!("{path}.{field}"));
         }
     };
-    set(c.lifecycle.is_some(), "lifecycle");
+    set(
+        c.lifecycle
+            .as_ref()
+            .is_some_and(|l| l.stop_signal.is_some()),
+        "lifecycle.stopSignal",
+    );
     let probes = [
         (&c.liveness_probe, "livenessProbe"),
         (&c.readiness_probe, "readinessProbe"),
@@ -292,8 +297,8 @@ mod tests {
                 "startupProbe.grpc",
             ),
             (
-                serde_json::json!({"lifecycle": {"preStop": {"sleep": {"seconds": 1}}}}),
-                "lifecycle",
+                serde_json::json!({"lifecycle": {"stopSignal": "SIGUSR1"}}),
+                "lifecycle.stopSignal",
             ),
             (
                 serde_json::json!({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}),

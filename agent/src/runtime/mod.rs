@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod cgroups;
 pub mod cri_config;
 pub mod gc;
+pub mod hooks;
 pub mod images;
 pub mod kuberuntime;
 pub mod labels;

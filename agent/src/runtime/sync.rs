@@ -52,7 +52,17 @@ impl KubeRuntime {
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
             let grace = k.grace_seconds.unwrap_or(grace);
-            self.stop_container(k.id.as_str(), grace).await?;
+            let spec = pod
+                .spec
+                .iter()
+                .flat_map(|s| {
+                    s.containers
+                        .iter()
+                        .chain(s.init_containers.iter().flatten())
+                })
+                .find(|c| c.name == k.name);
+            self.stop_with_pre_stop(&format_pod(&pod, &uid), spec, k.id.as_str(), grace)
+                .await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
         let sandbox_config = sandbox_config(&pod, &uid, actions.sandbox_attempt, &self.node);
@@ -239,6 +249,28 @@ impl KubeRuntime {
             .await
             .map_err(|e| StartError::new(RUN_CONTAINER_ERROR, e.to_string()))?;
         info!(pod = %uid, container = %c.name, attempt, id = %id, "container started");
+        if let Some(post_start) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let hook = self
+                .run_hook(
+                    "PostStart",
+                    c,
+                    &id,
+                    post_start,
+                    super::hooks::POST_START_BOUND,
+                )
+                .await;
+            if let Err(e) = hook {
+                // The kubelet: kill it (FailedPostStartHook); the start failed.
+                warn!(pod = %uid, container = %c.name, reason = "FailedPostStartHook", error = %e, "postStart hook failed: killing the container");
+                if let Err(stop) = self.stop_container(&id, spec_grace_seconds(pod)).await {
+                    warn!(pod = %uid, container = %c.name, error = %stop, "stopping the container after its failed postStart hook");
+                }
+                return Err(StartError::new(
+                    super::hooks::POST_START_HOOK_ERROR,
+                    e.to_string(),
+                ));
+            }
+        }
         Ok(())
     }
 }
