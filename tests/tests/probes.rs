@@ -249,3 +249,48 @@ e2e_test!(the_example_with_probes_becomes_ready, |e| Box::pin(
         assert!(ready(&p, "server"), "{p:#}");
     }
 ));
+
+// A gRPC readiness probe asks the health protocol's Check: SERVING is ready,
+// NOT_SERVING is not. The server is tonic-health in this test process, on the
+// host network the pod shares.
+e2e_test!(a_grpc_probe_follows_the_health_service, |e| Box::pin(
+    async move {
+        let grpc = port(2);
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status("app", tonic_health::ServingStatus::NotServing)
+            .await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_shutdown(([0, 0, 0, 0], grpc).into(), async {
+                    let _ = stopped.await;
+                }),
+        );
+        e.write(
+        "grpc.yaml",
+        &pod(
+            "grpc",
+            &format!(
+                "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      readinessProbe:\n        grpc: {{port: {grpc}, service: app}}\n        periodSeconds: 1\n        failureThreshold: 1\n"
+            ),
+        ),
+    );
+        e.wait_for("grpc", "running, not ready", |p| {
+            container(p, "app")["state"]["running"].is_object() && !ready(p, "app")
+        })
+        .await;
+        reporter
+            .set_service_status("app", tonic_health::ServingStatus::Serving)
+            .await;
+        e.wait_for("grpc", "ready", |p| ready(p, "app")).await;
+        reporter
+            .set_service_status("app", tonic_health::ServingStatus::NotServing)
+            .await;
+        e.wait_for("grpc", "not ready again", |p| !ready(p, "app"))
+            .await;
+        let _ = stop.send(());
+        server.await.expect("server task").expect("server");
+    }
+));

@@ -116,8 +116,8 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     }
 }
 
-/// `app`: a regular container, whose exec, httpGet and tcpSocket probes run
-/// ([`crate::prober`]); init containers' (sidecars') probes do not yet.
+/// `app`: a regular container, whose probes run ([`crate::prober`]); init
+/// containers' (sidecars') probes do not yet.
 fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
     let mut set = |present: bool, field: &str| {
         if present {
@@ -136,11 +136,7 @@ fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
         (&c.startup_probe, "startupProbe"),
     ];
     for (probe, name) in probes {
-        match probe {
-            Some(p) if app => set(p.grpc.is_some(), &format!("{name}.grpc")),
-            Some(_) => set(true, name),
-            None => {}
-        }
+        set(probe.is_some() && !app, name);
     }
     set(non_empty(&c.env_from), "envFrom");
     set(non_empty(&c.volume_mounts), "volumeMounts");
@@ -284,18 +280,6 @@ mod tests {
             assert_eq!(unsupported(&pod(spec)), vec![field.to_owned()], "{field}");
         }
         let containers = [
-            (
-                serde_json::json!({"livenessProbe": {"grpc": {"port": 1}}}),
-                "livenessProbe.grpc",
-            ),
-            (
-                serde_json::json!({"readinessProbe": {"grpc": {"port": 1}}}),
-                "readinessProbe.grpc",
-            ),
-            (
-                serde_json::json!({"startupProbe": {"grpc": {"port": 1}}}),
-                "startupProbe.grpc",
-            ),
             (
                 serde_json::json!({"lifecycle": {"stopSignal": "SIGUSR1"}}),
                 "lifecycle.stopSignal",

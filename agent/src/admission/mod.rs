@@ -252,13 +252,13 @@ mod tests {
     fn an_unimplemented_field_is_refused_naming_it() {
         let p = any_pod(serde_json::json!({
             "volumes": [{"name": "v", "emptyDir": {}}],
-            "containers": [{"name": "a", "livenessProbe": {"grpc": {"port": 1}}}]
+            "containers": [{"name": "a", "envFrom": [{"configMapRef": {"name": "c"}}]}]
         }));
         let r = big().admit(&uid(1), &p).unwrap_err();
         assert_eq!(r.reason, "UnsupportedPodSpec");
         assert_eq!(
             r.message,
-            "Pod was rejected: evpleg does not implement spec.volumes, spec.containers[a].livenessProbe.grpc yet"
+            "Pod was rejected: evpleg does not implement spec.volumes, spec.containers[a].envFrom yet"
         );
     }
 

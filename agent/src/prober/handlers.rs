@@ -1,8 +1,9 @@
 //! The probe handlers, as the kubelet's `prober.go`: `exec` runs the command in
 //! the container (CRI `ExecSync`, exit code 0 is success, a timeout is a
 //! failure), `httpGet` asks `http://host:port/path` with the probe's headers
-//! (200 to 399 is success; the kubelet's `User-Agent: kube-probe/…`), and
-//! `tcpSocket` opens a connection. Each is bounded by `timeoutSeconds`. A
+//! (200 to 399 is success; the kubelet's `User-Agent: kube-probe/…`),
+//! `tcpSocket` opens a connection, and `grpc` asks the gRPC health protocol's
+//! `Check` for the probe's service (SERVING is success). Each is bounded by `timeoutSeconds`. A
 //! probe that could not be run (the runtime did not answer) is an error, and
 //! the worker throws its result away, as the kubelet does.
 
@@ -19,7 +20,7 @@ use crate::pleg::ContainerId;
 /// Why a probe could not run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProbeError {
-    #[error("probe of container {container}: no handler (exec, httpGet or tcpSocket)")]
+    #[error("probe of container {container}: no handler (exec, httpGet, tcpSocket or grpc)")]
     NoHandler { container: String },
     #[error("probe of container {container}: port {port:?} is not a port of the container")]
     Port { container: String, port: String },
@@ -106,6 +107,21 @@ impl Handlers {
                 },
             );
         }
+        if let Some(grpc) = &probe.grpc {
+            let port = u16::try_from(grpc.port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ProbeError::Port {
+                    container: c.name.clone(),
+                    port: grpc.port.to_string(),
+                })?;
+            let service = grpc.service.clone().unwrap_or_default();
+            let check = grpc_check(&self.host_ip, port, service, limit);
+            return Ok(match tokio::time::timeout(limit, check).await {
+                Ok(Ok(true)) => ProbeResult::Success,
+                _ => ProbeResult::Failure,
+            });
+        }
         if let Some(tcp) = &probe.tcp_socket {
             let host = tcp.host.clone().unwrap_or_else(|| self.host_ip.clone());
             let port = port(c, &tcp.port)?;
@@ -119,6 +135,32 @@ impl Handlers {
             container: c.name.clone(),
         })
     }
+}
+
+/// The gRPC health protocol's `Check` (`grpc.health.v1`): whether the
+/// service (empty: the server) is SERVING.
+async fn grpc_check(
+    host: &str,
+    port: u16,
+    service: String,
+    limit: Duration,
+) -> Result<bool, tonic::Status> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+        .connect_timeout(limit)
+        .timeout(limit)
+        .user_agent(concat!("kube-probe/evpleg-", env!("CARGO_PKG_VERSION")))
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let response = HealthClient::new(channel)
+        .check(HealthCheckRequest { service })
+        .await?;
+    Ok(response.into_inner().status == ServingStatus::Serving as i32)
 }
 
 /// `GET path` over HTTP/1.1; the response's status code.

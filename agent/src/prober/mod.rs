@@ -10,10 +10,8 @@
 //! startup gates liveness and readiness until it succeeded; a result only
 //! changes after `successThreshold` / `failureThreshold` equal results in a
 //! row; after a liveness or startup failure the worker holds until the
-//! container is replaced. Differences: the worker reads the container from
-//! the PLEG's cache (the runtime's view), not from the status manager; the
-//! `grpc` handler is not implemented yet (a pod using it is refused at
-//! admission).
+//! container is replaced. Difference: the worker reads the container from
+//! the PLEG's cache (the runtime's view), not from the status manager.
 
 pub mod handlers;
 pub mod worker;
