@@ -65,6 +65,10 @@ async fn next_event(
 /// call that changes the runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothing() {
+    if !evpleg_tests::privileged("observe_reports_a_death") {
+        return;
+    }
+    let _serial = evpleg_tests::e2e::SERIAL.lock().await;
     let e = E2e::start_with("observe", false, &["--pleg", "generic"]).await;
     let (mut observer, interceptor) = observer(&e).await;
     e.write(
@@ -155,6 +159,10 @@ fn served_metrics(text: &str) -> BTreeSet<String> {
 /// and `observe` (the kernel PLEG) beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_metric_is_served_and_every_served_one_documented() {
+    if !evpleg_tests::privileged("every_documented_metric_is_served") {
+        return;
+    }
+    let _serial = evpleg_tests::e2e::SERIAL.lock().await;
     let e = E2e::start_with("metrics", false, &["--pleg", "evented-cri"]).await;
     let (observer, _interceptor) = observer(&e).await;
     e.write("done.yaml", &manifest("done", "Never", "exit 0", ""));
