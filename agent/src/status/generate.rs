@@ -8,7 +8,8 @@
 //! Sidecars (init containers with `restartPolicy: Always`) always restart, are
 //! part of Initialized once started and of ContainersReady while running, and
 //! never decide the phase by their exit.
-//! Conditions: PodScheduled, Initialized, ContainersReady, Ready (a running
+//! Conditions: PodReadyToStartContainers (a ready sandbox), PodScheduled,
+//! Initialized, ContainersReady, Ready (a running
 //! container is ready when its readiness probe succeeded, or it has none, and
 //! its startup probe succeeded: [`crate::prober`]; Ready also needs every
 //! readiness gate's condition True, and conditions others set are kept).
@@ -357,7 +358,14 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             g.condition_type
         ));
     }
+    // The kubelet's PodReadyToStartContainers: a ready sandbox (its network
+    // set up by the runtime).
+    let sandbox_ready = runtime
+        .sandboxes
+        .iter()
+        .any(|s| s.state == crate::container::SandboxState::Ready);
     let mut conditions = vec![
+        condition("PodReadyToStartContainers", sandbox_ready, None),
         condition("PodScheduled", true, None),
         condition(
             "Initialized",
@@ -503,7 +511,13 @@ mod tests {
         ]);
         let s = generate(&p, &rt, &ctx());
         assert_eq!(s.phase.as_deref(), Some("Running"));
-        for c in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        for c in [
+            "PodReadyToStartContainers",
+            "PodScheduled",
+            "Initialized",
+            "ContainersReady",
+            "Ready",
+        ] {
             assert_eq!(cond(&s, c), "True", "{c}");
         }
         assert_eq!(
