@@ -5,6 +5,8 @@
 //! runs SCHED_FIFO. Needs root (to set the process up) and BTF; without them
 //! the test says why and returns, and under `CI=true` that is a failure.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -14,23 +16,6 @@ use std::time::{Duration, Instant};
 const BOUND: Duration = Duration::from_secs(30);
 /// CAP_SYS_NICE (23), CAP_PERFMON (38), CAP_BPF (39).
 const CAPS: u64 = (1 << 23) | (1 << 38) | (1 << 39);
-
-fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    let setpriv = std::path::Path::new("/usr/bin/setpriv").exists();
-    if root && btf && setpriv {
-        return true;
-    }
-    let why = "least_privilege: needs root, kernel BTF and setpriv";
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{why}; CI=true, so this is a failure"
-    );
-    eprintln!("SKIPPED {why}");
-    false
-}
 
 /// A pod and container cgroup under `/kubepods/besteffort`, removed on drop
 /// (only the levels it created).
@@ -98,7 +83,10 @@ fn cap_eff(pid: u32) -> u64 {
 
 #[test]
 fn observe_runs_with_cap_bpf_cap_perfmon_and_cap_sys_nice_only() {
-    if !can_run() {
+    if !common::can_run(
+        "least_privilege",
+        &[("setpriv", std::path::Path::new("/usr/bin/setpriv").exists())],
+    ) {
         return;
     }
     let cgroup = Cgroup::new();

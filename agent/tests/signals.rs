@@ -4,6 +4,8 @@
 //! that is a failure). Its logs go to stderr, apart from observe's events on
 //! stdout.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -11,22 +13,6 @@ use std::time::{Duration, Instant};
 
 /// Bound of the start and of the stop.
 const BOUND: Duration = Duration::from_secs(20);
-
-fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    if root && btf {
-        return true;
-    }
-    let why = "signals: needs root and kernel BTF";
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{why}; CI=true, so this is a failure"
-    );
-    eprintln!("SKIPPED {why}");
-    false
-}
 
 /// Starts the binary, waits until it runs, sends `signal`, and returns its exit
 /// status, the time the stop took and its output.
@@ -95,7 +81,7 @@ fn run_and_signal(signal: libc::c_int) -> (std::process::ExitStatus, Duration, S
 
 #[test]
 fn sigterm_and_sigint_stop_the_binary_gracefully() {
-    if !can_run() {
+    if !common::can_run("signals", &[]) {
         return;
     }
     for (signal, said) in [

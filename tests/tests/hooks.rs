@@ -97,82 +97,63 @@ e2e_test!(post_start_runs_and_its_failure_kills_and_restarts, |e| {
     })
 });
 
+/// Runs a pod whose preStop hook logs "prestop" and sleeps `hook_seconds`,
+/// removes it once it runs, and returns how long after the hook began the
+/// main process logged SIGTERM, with the log.
+async fn sigterm_after_pre_stop(
+    e: &E2e,
+    name: &str,
+    grace: u32,
+    hook_seconds: u32,
+) -> (f64, Vec<(f64, String)>) {
+    let file = format!("{name}.yaml");
+    let hook = format!(
+        "        preStop:\n          exec:\n            command: [sh, -c, 'echo prestop > /proc/1/fd/1; sleep {hook_seconds}']\n"
+    );
+    e.write(&file, &pod(name, grace, &hook, TRAPS_TERM));
+    let p = e
+        .wait_for(name, "running", |p| {
+            container(p, "app")["state"]["running"].is_object()
+        })
+        .await;
+    e.wait_until("the container logged its start", || {
+        at(&log_lines(e, &p), "started").is_some()
+    })
+    .await;
+    e.remove(&file);
+    e.wait_until("the container logged SIGTERM", || {
+        at(&log_lines(e, &p), "term").is_some()
+    })
+    .await;
+    let lines = log_lines(e, &p);
+    let pre = at(&lines, "prestop").expect("prestop logged");
+    let term = at(&lines, "term").expect("term logged");
+    eprintln!(
+        "{name}: a {hook_seconds} s preStop began, SIGTERM {:.2} s later (grace {grace} s)",
+        term - pre
+    );
+    (term - pre, lines)
+}
+
 // preStop runs before SIGTERM and its time is taken from the grace period.
 e2e_test!(pre_stop_runs_before_sigterm_within_the_grace_period, |e| {
     Box::pin(async move {
-        e.write(
-            "prestop.yaml",
-            &pod(
-                "prestop",
-                10,
-                "        preStop:\n          exec:\n            command: [sh, -c, 'echo prestop > /proc/1/fd/1; sleep 2']\n",
-                TRAPS_TERM,
-            ),
-        );
-        let p = e
-            .wait_for("prestop", "running", |p| {
-                container(p, "app")["state"]["running"].is_object()
-            })
-            .await;
-        e.wait_until("the container logged its start", || {
-            at(&log_lines(e, &p), "started").is_some()
-        })
-        .await;
-        e.remove("prestop.yaml");
-        e.wait_until("the container logged SIGTERM", || {
-            at(&log_lines(e, &p), "term").is_some()
-        })
-        .await;
-        let lines = log_lines(e, &p);
-        let (pre, term) = (
-            at(&lines, "prestop").expect("prestop logged"),
-            at(&lines, "term").unwrap(),
-        );
+        let (after, lines) = sigterm_after_pre_stop(e, "prestop", 10, 2).await;
         assert!(
-            term - pre >= 1.9 && term - pre < 5.0,
-            "SIGTERM {:.2} s after the preStop hook began (it sleeps 2 s): {lines:?}",
-            term - pre
+            (1.9..5.0).contains(&after),
+            "SIGTERM {after:.2} s after the preStop hook began (it sleeps 2 s): {lines:?}"
         );
     })
 });
 
 // A preStop hook longer than the grace period is cut at the grace period;
 // the container then gets SIGTERM with the 2 s minimum.
-e2e_test!(
-    a_pre_stop_longer_than_the_grace_period_is_cut,
-    |e| Box::pin(async move {
-        e.write(
-            "longstop.yaml",
-            &pod(
-                "longstop",
-                3,
-                "        preStop:\n          exec:\n            command: [sh, -c, 'echo prestop > /proc/1/fd/1; sleep 60']\n",
-                TRAPS_TERM,
-            ),
-        );
-        let p = e
-            .wait_for("longstop", "running", |p| {
-                container(p, "app")["state"]["running"].is_object()
-            })
-            .await;
-        e.wait_until("the container logged its start", || {
-            at(&log_lines(e, &p), "started").is_some()
-        })
-        .await;
-        e.remove("longstop.yaml");
-        e.wait_until("the container logged SIGTERM", || {
-            at(&log_lines(e, &p), "term").is_some()
-        })
-        .await;
-        let lines = log_lines(e, &p);
-        let (pre, term) = (
-            at(&lines, "prestop").expect("prestop logged"),
-            at(&lines, "term").unwrap(),
-        );
+e2e_test!(a_pre_stop_longer_than_the_grace_period_is_cut, |e| {
+    Box::pin(async move {
+        let (after, lines) = sigterm_after_pre_stop(e, "longstop", 3, 60).await;
         assert!(
-            (2.5..6.0).contains(&(term - pre)),
-            "SIGTERM {:.2} s after a 60 s preStop began, with a 3 s grace period: {lines:?}",
-            term - pre
+            (2.5..6.0).contains(&after),
+            "SIGTERM {after:.2} s after a 60 s preStop began, with a 3 s grace period: {lines:?}"
         );
     })
-);
+});

@@ -102,6 +102,15 @@ enum State {
     },
 }
 
+/// Who reported a transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The PLEG under observation.
+    Pleg,
+    /// The comparison relist.
+    Relist,
+}
+
 /// How long each side is waited for.
 #[derive(Clone, Copy, Debug)]
 pub struct Patience {
@@ -166,38 +175,38 @@ impl Correlator {
 
     /// The PLEG reported a transition at `now_ns`.
     pub fn pleg(&mut self, seen: Seen, now_ns: u64) -> Option<Compared> {
-        let key = Self::key(&seen);
-        match self.states.remove(&key) {
-            None => {
-                self.states.insert(key, State::PlegOnly(seen));
-                None
-            }
-            Some(State::RelistOnly(relist)) => {
-                self.reported(key, now_ns);
-                Some(compare(seen, relist))
-            }
-            // A second report from the same side: keep the first.
-            Some(s @ (State::PlegOnly(_) | State::Reported { .. })) => {
-                self.states.insert(key, s);
-                None
-            }
-        }
+        self.report(Side::Pleg, seen, now_ns)
     }
 
     /// The comparison relist reported a transition at `now_ns`.
     pub fn relist(&mut self, seen: Seen, now_ns: u64) -> Option<Compared> {
+        self.report(Side::Relist, seen, now_ns)
+    }
+
+    /// `side` reported a transition: the first report waits for the other
+    /// side's, the other side's completes the comparison, a second report from
+    /// the same side (or after the comparison) is dropped.
+    pub fn report(&mut self, side: Side, seen: Seen, now_ns: u64) -> Option<Compared> {
         let key = Self::key(&seen);
-        match self.states.remove(&key) {
-            None => {
+        match (side, self.states.remove(&key)) {
+            (Side::Pleg, None) => {
+                self.states.insert(key, State::PlegOnly(seen));
+                None
+            }
+            (Side::Relist, None) => {
                 self.states.insert(key, State::RelistOnly(seen));
                 None
             }
-            Some(State::PlegOnly(pleg)) => {
+            (Side::Pleg, Some(State::RelistOnly(relist))) => {
+                self.reported(key, now_ns);
+                Some(compare(seen, relist))
+            }
+            (Side::Relist, Some(State::PlegOnly(pleg))) => {
                 self.reported(key, now_ns);
                 Some(compare(pleg, seen))
             }
-            Some(s @ (State::RelistOnly(_) | State::Reported { .. })) => {
-                self.states.insert(key, s);
+            (_, Some(kept)) => {
+                self.states.insert(key, kept);
                 None
             }
         }

@@ -38,7 +38,7 @@ use crate::pleg::kernel::{KernelPleg, KernelPlegError};
 use crate::pleg::{EventSource, Pleg, PlegError, PlegMode, PodLifecycleEvent, RelistSignal};
 use crate::runtime::CriRuntime;
 use crate::server::{self, ServerState};
-use correlate::{Compared, Correlator, Patience, Seen, Transition};
+use correlate::{Compared, Correlator, Patience, Seen, Side, Transition};
 pub use output::ObservedEvent;
 
 /// Errors of starting `observe`.
@@ -301,11 +301,11 @@ impl Compare {
         loop {
             let done = tokio::select! {
                 ev = pleg_rx.recv() => match ev {
-                    Some(ev) => self.pleg_event(&ev).await,
+                    Some(ev) => self.event(Side::Pleg, &ev).await,
                     None => false,
                 },
                 ev = compare_rx.recv() => match ev {
-                    Some(ev) => self.compare_event(&ev).await,
+                    Some(ev) => self.event(Side::Relist, &ev).await,
                     None => false,
                 },
                 _ = tick.tick() => {
@@ -346,35 +346,23 @@ impl Compare {
         at.is_some_and(|at| at > 0 && at < self.start_wall_ns)
     }
 
-    async fn pleg_event(&mut self, ev: &PodLifecycleEvent) -> bool {
+    /// One side's event; false once nobody reads the output.
+    async fn event(&mut self, side: Side, ev: &PodLifecycleEvent) -> bool {
         let Some(t) = Transition::of(ev.kind) else {
             return true;
         };
-        if self.before_start(&self.pleg.cache, ev, t) {
+        let cache = match side {
+            Side::Pleg => &self.pleg.cache,
+            Side::Relist => &self.compare.cache,
+        };
+        if self.before_start(cache, ev, t) {
             return true;
         }
-        let status = ev.pod_uid.as_ref().and_then(|u| self.pleg.cache.get(u));
+        let status = ev.pod_uid.as_ref().and_then(|u| cache.get(u));
         let Some(seen) = seen_of(ev, t, status.as_ref().map(|e| &*e.status)) else {
             return true;
         };
-        match self.correlator.pleg(seen, self.clock.now_ns()) {
-            Some(c) => self.emit(c).await,
-            None => true,
-        }
-    }
-
-    async fn compare_event(&mut self, ev: &PodLifecycleEvent) -> bool {
-        let Some(t) = Transition::of(ev.kind) else {
-            return true;
-        };
-        if self.before_start(&self.compare.cache, ev, t) {
-            return true;
-        }
-        let status = ev.pod_uid.as_ref().and_then(|u| self.compare.cache.get(u));
-        let Some(seen) = seen_of(ev, t, status.as_ref().map(|e| &*e.status)) else {
-            return true;
-        };
-        match self.correlator.relist(seen, self.clock.now_ns()) {
+        match self.correlator.report(side, seen, self.clock.now_ns()) {
             Some(c) => self.emit(c).await,
             None => true,
         }
