@@ -182,6 +182,7 @@ impl StatusManager {
                 containers = %summary(&status),
                 "pod status"
             );
+            crate::pleg::stages::status_held(&status);
         }
         if let Some(e) = entries.get_mut(uid) {
             e.pod = pod;
