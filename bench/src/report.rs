@@ -62,6 +62,85 @@ fn p50(r: &Results, mode: &str, workload: &str) -> Option<f64> {
         .map(|s| s.p50.median)
 }
 
+/// The ebpf path stage by stage (p50 from the kernel's exit, and the step from
+/// the stage before).
+fn stage_by_stage(out: &mut String, r: &Results, workload: &str) {
+    let stages: Vec<(&str, f64)> = r
+        .latency
+        .iter()
+        .filter(|l| l.mode == "ebpf" && l.workload == workload)
+        .filter_map(|l| Some((l.stage.as_str(), l.summary.as_ref()?.p50.median)))
+        .collect();
+    if stages.len() < 2 {
+        return;
+    }
+    let _ = write!(
+        out,
+        "\nWhere the ebpf path's time goes (p50 from the kernel's exit; the step from the stage before in brackets):"
+    );
+    let mut before = 0.0;
+    for (i, (stage, p50)) in stages.iter().enumerate() {
+        let sep = if i == 0 { " " } else { ", " };
+        let _ = write!(
+            out,
+            "{sep}{stage} {} (+{})",
+            human_us(*p50),
+            human_us((p50 - before).max(0.0))
+        );
+        before = *p50;
+    }
+    let _ = writeln!(
+        out,
+        ". Medians of different stages come from different deaths, so the steps are \
+         approximate."
+    );
+}
+
+/// Start latency through the full agent.
+fn starts(out: &mut String, r: &Results) {
+    if r.starts.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Start latency (full agent)\n");
+    let _ = writeln!(
+        out,
+        "From the manifest written to the status manager holding the container Running \
+         (ms; per pod, pods started one at a time).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| mode | pods | part | p50 | p90 | max |\n|---|---|---|---|---|---|"
+    );
+    let ms = |s: &Spread| {
+        if s.min == s.max {
+            format!("{:.0}", s.median)
+        } else {
+            format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max)
+        }
+    };
+    for st in &r.starts {
+        for (part, sum) in [
+            ("total", &st.total_ms),
+            ("runtime (start CRI calls)", &st.runtime_ms),
+            ("agent (total - runtime)", &st.agent_ms),
+            ("inspection CRI calls meanwhile", &st.inspection_ms),
+        ] {
+            if let Some(s) = sum {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {part} | {} | {} | {} |",
+                    st.mode,
+                    st.pods,
+                    ms(&s.p50),
+                    ms(&s.p90),
+                    ms(&s.max)
+                );
+            }
+        }
+    }
+    let _ = writeln!(out);
+}
+
 /// The issue's targets against this run's numbers.
 fn targets(out: &mut String, r: &Results) {
     let _ = writeln!(out, "## Targets (issue #11)\n");
@@ -75,20 +154,28 @@ fn targets(out: &mut String, r: &Results) {
         let _ = writeln!(out, "| {target} | {measured} | {met} |");
     };
     for workload in ["self-exit", "killed"] {
-        let ebpf = r
-            .latency("ebpf", workload, "event")
-            .and_then(|l| l.summary.as_ref());
-        row(
-            &format!("ebpf p50 <= 30 us, p99 <= 150 us ({workload}, single deaths, not 1 000/s)"),
-            ebpf.map_or("-".into(), |s| {
-                format!(
-                    "p50 {}, p99 {}",
-                    human_us(s.p50.median),
-                    human_us(s.p99.median)
-                )
-            }),
-            ebpf.map(|s| s.p50.median <= 30.0 && s.p99.median <= 150.0),
-        );
+        for (stage, what) in [
+            ("delivered", "PLEG event: taken by the pod workers' channel"),
+            ("event", "event taken from that channel by a tokio task, its wake-up included"),
+        ] {
+            let Some(l) = r.latency("ebpf", workload, stage) else {
+                continue;
+            };
+            let s = l.summary.as_ref();
+            row(
+                &format!(
+                    "ebpf p50 <= 30 us, p99 <= 150 us ({workload}, {what}; single deaths, not 1 000/s)"
+                ),
+                s.map_or("-".into(), |s| {
+                    format!(
+                        "p50 {}, p99 {}",
+                        human_us(s.p50.median),
+                        human_us(s.p99.median)
+                    )
+                }),
+                s.map(|s| s.p50.median <= 30.0 && s.p99.median <= 150.0),
+            );
+        }
         let e = p50(r, "ebpf", workload);
         let g = p50(r, "generic", workload);
         let c = p50(r, "evented-cri", workload);
@@ -159,10 +246,8 @@ fn targets(out: &mut String, r: &Results) {
 
 /// What issue #11 asks that this benchmark does not measure yet.
 const NOT_YET: &str = "## Not measured yet (issue #11)\n\n\
-- Death latency to the pod worker's sync start and to the status manager holding the \
-terminated status (the PLEG runs without the sync loop here), and the per-stage \
-timestamps inside the agent after the reader (decode, merge, delivery).\n\
-- Start latency (manifest written to status Running, runtime and agent time).\n\
+- Worker sync start and status-held stages in the `generic` and `evented-cri` modes \
+(the full agent runs in `ebpf` mode only).\n\
 - Churn at the issue's length (60 s) and at higher rates than containerd starts \
 containers here.\n\
 - The scale workload (1 000 to 10 000 container-like cgroups, 1 000/2 000/5 000 \
@@ -194,22 +279,29 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
         out,
         "## How it measures\n\n\
          Each PLEG runs in-process (the `evpleg` library, as `tests/` run it) against the \
-         same private containerd, with the same workload; the agent's pod workers and \
-         status manager are not part of this run. Latencies start at the kernel's exit \
+         same private containerd, with the same workload; in the `agent-killed` workload the \
+         whole agent runs (`ebpf` mode: file source, sync loop, pod workers, status manager). \
+         Latencies start at the kernel's exit \
          timestamp (`bpf_ktime_get_ns` in the `sched_process_exit` record, CLOCK_MONOTONIC): \
          in `ebpf` mode the PLEG's own record, in the other modes a kernel PLEG run alongside \
-         as a stopwatch. Stages: `reader` is the record read by the ring-buffer thread \
-         (the record tap), `event` the ContainerDied taken from the PLEG's channel by a \
-         tokio task (it includes that task's wake-up). `floor` is a bare reader: the same \
+         as a stopwatch. Stages (from the agent's opt-in stage log, `evpleg::pleg::stages`, \
+         and the record tap): `reader` the record read by the ring-buffer thread, \
+         `attributed` decoded and attributed to a container by the tracker, `cached` the \
+         death laid on the pod's snapshot in the cache, `delivered` the ContainerDied taken \
+         by the pod workers' channel (the PLEG event), `event` that event taken from the \
+         channel by a tokio task (it includes that task's wake-up), `worker-sync` a pod \
+         worker starting a sync whose cache entry holds the death, `status-held` the status \
+         manager holding the container terminated. `floor` is a bare reader: the same \
          tracepoint, a thread at the same SCHED_FIFO priority blocked in epoll, reading \
          only the header and pid, run alone on the same workload.\n\n\
          Workloads: `self-exit`, containers whose shell exits once a file appears, \
          released at random times over a window; `killed`, the main process killed with \
          SIGKILL from the host at random times; `churn`, containers started at a steady \
-         rate that exit by themselves (see the notes).\n"
+         rate that exit by themselves; `agent-killed`, static pods of the full agent killed \
+         from the host at random times (see the notes).\n"
     );
     targets(&mut out, r);
-    for workload in ["self-exit", "killed", "churn"] {
+    for workload in ["self-exit", "killed", "churn", "agent-killed"] {
         if !r.latency.iter().any(|l| l.workload == workload) {
             continue;
         }
@@ -235,25 +327,10 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
                 human_us(f)
             );
         }
-        if let (Some(e), Some(read)) = (
-            p50(r, "ebpf", workload),
-            r.latency("ebpf", workload, "reader")
-                .and_then(|l| l.summary.as_ref())
-                .map(|s| s.p50.median),
-        ) {
-            let _ = writeln!(
-                out,
-                "
-Where the ebpf path's time goes (p50): {} from the kernel's exit to the \
-                 reader thread's read, {} from there to the event taken from the channel \
-                 (decode, tracker, channel to the merge task, merge into the cache, delivery, \
-                 the consumer's wake-up).",
-                human_us(read),
-                human_us((e - read).max(0.0))
-            );
-        }
+        stage_by_stage(&mut out, r, workload);
         let _ = writeln!(out);
     }
+    starts(&mut out, r);
     if !r.idle.is_empty() {
         let _ = writeln!(out, "## Idle cost\n");
         let _ = writeln!(
@@ -332,8 +409,9 @@ mod tests {
             repetitions: 1,
             containers_per_repetition: 3,
             latency: vec![
-                latency("ebpf", "self-exit", "event", &[20.0, 25.0, 100.0]),
                 latency("ebpf", "self-exit", "reader", &[5.0, 10.0, 15.0]),
+                latency("ebpf", "self-exit", "delivered", &[15.0, 20.0, 40.0]),
+                latency("ebpf", "self-exit", "event", &[20.0, 25.0, 100.0]),
                 latency(
                     "generic",
                     "self-exit",
@@ -368,6 +446,7 @@ mod tests {
                     relists_per_s: spread(1.0),
                 },
             ],
+            starts: vec![],
             notes: vec!["a note".into()],
         }
     }
@@ -402,7 +481,8 @@ mod tests {
             "{md}"
         );
         // p99 100 us <= 150, p50 25 <= 30.
-        assert!(md.contains("| ebpf p50 <= 30 us, p99 <= 150 us (self-exit, single deaths, not 1 000/s) | p50 25 us, p99 100 us | yes |"), "{md}");
+        assert!(md.contains("| ebpf p50 <= 30 us, p99 <= 150 us (self-exit, PLEG event: taken by the pod workers' channel; single deaths, not 1 000/s) | p50 20 us, p99 40 us | yes |"), "{md}");
+        assert!(md.contains("| ebpf p50 <= 30 us, p99 <= 150 us (self-exit, event taken from that channel by a tokio task, its wake-up included; single deaths, not 1 000/s) | p50 25 us, p99 100 us | yes |"), "{md}");
         // killed was not run: not measured, never "yes".
         assert!(
             md.contains("| p50 >= 100x lower than generic (killed) | - | not measured |"),
@@ -421,7 +501,7 @@ mod tests {
         assert!(md.contains("## Not measured yet"));
         assert!(
             md.contains(
-                "(p50): 10 us from the kernel's exit to the reader thread's read, 15 us from there"
+                "in brackets): reader 10 us (+10 us), delivered 20 us (+10 us), event 25 us (+5 us)."
             ),
             "{md}"
         );
