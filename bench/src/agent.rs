@@ -49,7 +49,12 @@ struct Pod {
 
 /// Runs the workload; the agent is stopped and every pod removed also when it
 /// fails.
-pub async fn run(containerd: &Containerd, reps: usize, n: usize, window: Duration) -> Result<AgentRun> {
+pub async fn run(
+    containerd: &Containerd,
+    reps: usize,
+    n: usize,
+    window: Duration,
+) -> Result<AgentRun> {
     let base = containerd.base().join("bench-agent");
     let manifests = base.join("manifests");
     let logs = base.join("pod-logs");
@@ -77,7 +82,11 @@ pub async fn run(containerd: &Containerd, reps: usize, n: usize, window: Duratio
     let outcome = measure(&agent, &manifests, reps, n, window, &mut uids).await;
     // Clean-up, whatever happened: the pods removed through the agent, then
     // the agent stopped and the pod cgroups runc leaves removed.
-    for f in std::fs::read_dir(&manifests).into_iter().flatten().flatten() {
+    for f in std::fs::read_dir(&manifests)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let _ = std::fs::remove_file(f.path());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -85,9 +94,20 @@ pub async fn run(containerd: &Containerd, reps: usize, n: usize, window: Duratio
         tokio::time::sleep(POLL).await;
     }
     agent.stop().await;
+    // Under every hierarchy (hybrid hosts mount cgroup2 at /sys/fs/cgroup/unified).
+    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    roots.extend(
+        std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path()),
+    );
     for uid in uids {
-        for qos in ["kubepods/besteffort", "kubepods/burstable", "kubepods"] {
-            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{qos}/pod{uid}"));
+        for root in &roots {
+            for qos in ["kubepods/besteffort", "kubepods/burstable", "kubepods"] {
+                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
+            }
         }
     }
     outcome
@@ -95,7 +115,11 @@ pub async fn run(containerd: &Containerd, reps: usize, n: usize, window: Duratio
 
 fn pod_items(agent: &Agent) -> impl Iterator<Item = Value> {
     let list = agent.local.pod_list();
-    list["items"].as_array().cloned().unwrap_or_default().into_iter()
+    list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
 }
 
 fn find_pod(agent: &Agent, name: &str) -> Option<Value> {
@@ -214,7 +238,10 @@ async fn measure(
         for p in &pods {
             let pid = evpleg_tests::e2e::find_container_pid(&p.id)
                 .with_context(|| format!("no main process for {}", p.name))?;
-            let at = start + Duration::from_micros(evpleg_tests::unique_u64() % window.as_micros().max(1) as u64);
+            let at = start
+                + Duration::from_micros(
+                    evpleg_tests::unique_u64() % window.as_micros().max(1) as u64,
+                );
             killers.push(tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
                 // SAFETY: kill has no memory preconditions; the pid is the

@@ -335,6 +335,7 @@ pub async fn churn(
     rate: f64,
     duration: Duration,
     lifetime: Duration,
+    tail: Duration,
 ) -> RepSamples {
     let pod = TestPod::new(
         containerd,
@@ -370,7 +371,7 @@ pub async fn churn(
     };
     let mut seen: HashMap<String, u64> = HashMap::new();
     let rx = running.events.as_mut().expect("churn runs a pleg");
-    let bound = tokio::time::Instant::now() + duration + lifetime + Duration::from_secs(5);
+    let bound = tokio::time::Instant::now() + duration + lifetime + tail;
     while let Ok(Some(e)) = tokio::time::timeout_at(bound, rx.recv()).await {
         if e.kind == EventKind::ContainerDied
             && let Some(c) = &e.container_id

@@ -9,11 +9,13 @@
 
 mod agent;
 mod death;
+mod fake_cri;
 mod floor;
 mod idle;
 mod plots;
 mod report;
 mod results;
+mod scale;
 mod stages;
 mod stats;
 
@@ -43,7 +45,7 @@ struct Cli {
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
-    /// Only these parts (death, agent, churn, idle); all by default. For
+    /// Only these parts (death, agent, scale, churn, idle); all by default. For
     /// checking a change quickly; the report then lacks the others.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -146,6 +148,7 @@ fn main() -> Result<()> {
         latency: Vec::new(),
         idle: Vec::new(),
         starts: Vec::new(),
+        scale: None,
         notes: Vec::new(),
     };
     let observers = [
@@ -156,7 +159,9 @@ fn main() -> Result<()> {
     ];
     let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
     for observer in observers {
-        if !wanted("death") || !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == observer.name())) {
+        if !wanted("death")
+            || !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == observer.name()))
+        {
             continue;
         }
         for workload in [Workload::SelfExit, Workload::Killed] {
@@ -215,6 +220,34 @@ fn main() -> Result<()> {
         results.starts = a.starts;
         results.notes.extend(a.notes);
     }
+    if wanted("scale") {
+        let (counts, secs): (&[usize], f64) = if cli.quick {
+            (&[300], 0.1)
+        } else {
+            (&[1000, 10_000], 1.0)
+        };
+        let dir = containerd.base().join("bench-scale");
+        let idle = Duration::from_secs(if cli.quick { 1 } else { 3 });
+        let s = rt.block_on(scale::run(
+            &dir,
+            counts,
+            &[1000.0, 2000.0, 5000.0],
+            secs,
+            idle,
+        ))?;
+        results.scale = Some(s);
+        results.notes.push(format!(
+            "Scale: container-like cgroups (`/kubepods/besteffort/pod<uid>/<id>`) with one \
+             `sleep` each (joined to its cgroup before its exec, as a runtime's init does), no \
+             runtime: an in-process fake CRI server (its own thread, excluded from the CPU \
+             figures) lists them as pods, so the relist figures measure evpleg's relist code, \
+             not a runtime. The PLEG runs in `ebpf` mode over it (reader, merge on the reader \
+             thread, relist); at each rate up to {secs} s of deaths (SIGKILL from a pacing \
+             thread; each cgroup dies once, so a phase is also bounded by the cgroups left). \
+             The overflow run holds the reader at the record tap while 200 processes die into \
+             a one-page ring buffer."
+        ));
+    }
     if wanted("churn") {
         churn(&rt, &containerd, &client, cli.quick, &mut results)?;
     }
@@ -244,10 +277,11 @@ fn churn(
     results: &mut Results,
 ) -> Result<()> {
     let rate = 2.0;
-    let duration = if quick {
-        Duration::from_secs(5)
+    // How long after the last start a death may still come.
+    let (duration, tail) = if quick {
+        (Duration::from_secs(3), Duration::from_secs(2))
     } else {
-        Duration::from_secs(20)
+        (Duration::from_secs(20), Duration::from_secs(5))
     };
     let lifetime = Duration::from_millis(500);
     results.notes.push(format!(
@@ -267,7 +301,16 @@ fn churn(
         ));
         let s = rt.block_on(async {
             let mut running = Running::start(observer, client)?;
-            let s = death::churn(containerd, client, &mut running, rate, duration, lifetime).await;
+            let s = death::churn(
+                containerd,
+                client,
+                &mut running,
+                rate,
+                duration,
+                lifetime,
+                tail,
+            )
+            .await;
             running.stop().await;
             anyhow::Ok(s)
         })?;
@@ -314,7 +357,7 @@ fn idle_cost(
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
         (&[10], 3, Duration::from_secs(2))
     } else {
-        (&[10, 50, 100], 3, Duration::from_secs(19))
+        (&[10, 50, 100], 3, Duration::from_secs(15))
     };
     let containerd_pid = containerd.pid().context("containerd's pid")?;
     let mut pods = idle::IdlePods::new();

@@ -93,6 +93,9 @@ pub struct Results {
     /// Start latency of static pods through the full agent.
     #[serde(default)]
     pub starts: Vec<Start>,
+    /// The scale workload (cgroups and plain processes, a fake runtime).
+    #[serde(default)]
+    pub scale: Option<crate::scale::ScaleResults>,
     pub notes: Vec<String>,
 }
 

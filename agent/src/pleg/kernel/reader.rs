@@ -457,7 +457,10 @@ impl Reader {
     fn deliver(&mut self, out: &mut Output, read_ns: u64) -> Result<(), String> {
         for event in out.events.drain(..) {
             if stages::log().is_some()
-                && matches!(event.kind, EventKind::ContainerDied | EventKind::SandboxDied)
+                && matches!(
+                    event.kind,
+                    EventKind::ContainerDied | EventKind::SandboxDied
+                )
                 && let Some(id) = &event.container_id
             {
                 stages::record(Stage::Kernel, id, event.at_ns);
