@@ -227,7 +227,7 @@ fn main() -> Result<()> {
             (&[1000, 10_000], 1.0)
         };
         let dir = containerd.base().join("bench-scale");
-        let idle = Duration::from_secs(if cli.quick { 1 } else { 3 });
+        let idle = (!cli.quick).then_some(Duration::from_secs(3));
         let s = rt.block_on(scale::run(
             &dir,
             counts,
@@ -357,7 +357,7 @@ fn idle_cost(
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
         (&[10], 3, Duration::from_secs(2))
     } else {
-        (&[10, 50, 100], 3, Duration::from_secs(15))
+        (&[10, 50, 100], 3, Duration::from_secs(13))
     };
     let containerd_pid = containerd.pid().context("containerd's pid")?;
     let mut pods = idle::IdlePods::new();

@@ -379,7 +379,7 @@ pub async fn run(
     counts: &[usize],
     rates: &[f64],
     secs: f64,
-    idle: Duration,
+    idle: Option<Duration>,
 ) -> Result<ScaleResults> {
     let fake = FakeCri::start(dir)?;
     let client = CriClient::connect(&fake.endpoint(), CriClientConfig::default()).await?;
@@ -423,31 +423,37 @@ pub async fn run(
                 listing.elapsed().as_secs_f64()
             ));
         }
-        // Past the loss follow-ups of that relist request (2.5 s) and the
-        // re-checks of the starts the kernel saw before the runtime listed
-        // them (pod relists until the confirmation bound): idle means none
-        // for a second.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        if let Under::Pleg(pleg) = &under {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let before = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let after = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
-                if after == before || Instant::now() > deadline {
-                    break;
+        // Idle reader cost at this count (not in a quick run): past the loss
+        // follow-ups of that relist request (2.5 s) and the re-checks of the
+        // starts the kernel saw before the runtime listed them (pod relists
+        // until the confirmation bound, for every pod): idle means no pod
+        // relist for a second (waited for at most 30 s).
+        let idle_reader = match idle {
+            None => f64::NAN,
+            Some(window) => {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if let Under::Pleg(pleg) = &under {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    loop {
+                        let before = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let after = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
+                        if after == before || Instant::now() > deadline {
+                            break;
+                        }
+                    }
                 }
+                let (r0, _) = thread_cpu(READER);
+                let idle_start = Instant::now();
+                tokio::time::sleep(window).await;
+                let (r1, _) = thread_cpu(READER);
+                let pct = 100.0 * (r1 - r0) / idle_start.elapsed().as_secs_f64();
+                crate::progress(&format!(
+                    "  reader idle with {n} cgroups: {pct:.3} % of a core"
+                ));
+                pct
             }
-        }
-        // Idle reader cost at this count.
-        let (r0, _) = thread_cpu(READER);
-        let idle_start = Instant::now();
-        tokio::time::sleep(idle).await;
-        let (r1, _) = thread_cpu(READER);
-        let idle_reader = 100.0 * (r1 - r0) / idle_start.elapsed().as_secs_f64();
-        crate::progress(&format!(
-            "  reader idle with {n} cgroups: {idle_reader:.3} % of a core"
-        ));
+        };
         let mut next = 0;
         for (k, &rate) in rates.iter().enumerate() {
             let left = rates.len() - k;
