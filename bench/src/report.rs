@@ -576,6 +576,7 @@ mod tests {
                 },
             ],
             starts: vec![],
+            scale: None,
             notes: vec!["a note".into()],
         }
     }
