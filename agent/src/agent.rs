@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::admission::{Admission, Allocatable};
 use crate::clock::{MonotonicClock, SharedClock};
-use crate::config::Args;
+use crate::config::{NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::cri::{CriClient, CriClientConfig, CriError};
 use crate::metrics::Metrics;
 use crate::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
@@ -39,8 +39,10 @@ use crate::tasks::TaskHealth;
 /// Errors of starting the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("the full agent needs a CRI endpoint (--cri-endpoint)")]
-    NoRuntime,
+    #[error("the agent needs a CRI runtime: {0}")]
+    NoRuntime(#[from] NoEndpoint),
+    #[error("the agent needs a CRI runtime; --cri-endpoint none is for observe")]
+    RuntimeDisabled,
     #[error("container runtime: {0}")]
     Cri(#[from] CriError),
     #[error(transparent)]
@@ -126,17 +128,21 @@ async fn kube_client(path: &str) -> Result<kube::Client, AgentError> {
 
 impl Agent {
     /// Starts every part of the agent.
-    pub async fn start(args: &Args) -> Result<Self, AgentError> {
-        let endpoint = args.cri_endpoint.clone().ok_or(AgentError::NoRuntime)?;
+    pub async fn start(args: &RunArgs) -> Result<Self, AgentError> {
+        let common = &args.common;
+        let endpoint = common
+            .endpoint(std::path::Path::new("/"))?
+            .ok_or(AgentError::RuntimeDisabled)?;
         // The HTTP port first: a clash fails before anything started.
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listen = common.listen_or(RUN_LISTEN);
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|source| AgentError::Listen {
-                addr: args.listen,
+                addr: listen,
                 source,
             })?;
         let addr = listener.local_addr().map_err(|source| AgentError::Listen {
-            addr: args.listen,
+            addr: listen,
             source,
         })?;
         let clock: SharedClock = Arc::new(MonotonicClock);
@@ -147,14 +153,14 @@ impl Agent {
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
 
-        let (pleg_tx, pleg_rx) = mpsc::channel(args.event_channel);
+        let (pleg_tx, pleg_rx) = mpsc::channel(common.event_channel);
         let pleg = Pleg::start(
-            args.pleg,
+            common.pleg,
             CriRuntime::new(cri.clone()),
-            args.kernel_pleg(),
+            common.kernel_pleg(),
             pleg_tx,
             clock.clone(),
-            args.relist_period_seconds.map(Duration::from_secs_f64),
+            common.relist_period,
         )?;
 
         // Status: the manager writes to the local store and maybe the API.
@@ -194,16 +200,11 @@ impl Agent {
             log_dir: args.pod_log_dir.clone(),
             cgroup_mounts: cgroup_mounts.clone(),
         };
-        let backoff = CrashBackoff::new(
-            Duration::from_secs_f64(args.crashloop_initial_seconds),
-            Duration::from_secs_f64(args.crashloop_max_seconds),
-        );
-        let image_backoff = ImagePullBackoff::new(
-            Duration::from_secs_f64(args.image_pull_backoff_initial_seconds),
-            Duration::from_secs_f64(args.image_pull_backoff_max_seconds),
-        );
+        let backoff = CrashBackoff::new(args.crashloop_backoff_initial, args.crashloop_backoff_max);
+        let image_backoff =
+            ImagePullBackoff::new(args.image_pull_backoff_initial, args.image_pull_backoff_max);
         let gc_policy = GcPolicy {
-            min_age: Duration::from_secs_f64(args.minimum_container_ttl_seconds),
+            min_age: args.minimum_container_ttl_duration,
             max_per_pod_container: args.maximum_dead_containers_per_container,
             max_containers: args.maximum_dead_containers,
         };
@@ -213,7 +214,7 @@ impl Agent {
             gc::run(
                 cri.clone(),
                 gc_policy,
-                Duration::from_secs_f64(args.container_gc_period_seconds),
+                args.container_gc_period,
                 shutdown.clone(),
             ),
         ));
@@ -228,7 +229,7 @@ impl Agent {
             clock.clone(),
             Some(pleg.pod_relist.clone()),
             WorkerConfig {
-                resync: Duration::from_secs_f64(args.sync_frequency_seconds),
+                resync: args.sync_frequency,
                 ..WorkerConfig::default()
             },
             done_tx,
@@ -279,6 +280,7 @@ impl Agent {
             sources,
             host_ip,
             cgroup_mounts,
+            event_latency: pleg.event_latency.clone(),
         });
         tasks.push(health.spawn(
             "sync loop",
@@ -292,6 +294,7 @@ impl Agent {
             Metrics::new(Some(&pleg), None)
                 .with_task_health(essential.clone())
                 .with_status(status.clone())
+                .with_workers(workers.metrics())
                 .with_cri(cri_metrics),
         );
         let state = ServerState::new(

@@ -148,6 +148,11 @@ fn clock_ns(clock: libc::clockid_t) -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// The wall clock (CLOCK_REALTIME), in Unix nanoseconds: the runtime's clock.
+pub fn wall_clock_ns() -> i64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
 /// Converts a CLOCK_MONOTONIC timestamp (a kernel event's) to Unix nanoseconds,
 /// with the current offset between the two clocks.
 pub fn monotonic_to_unix_ns(monotonic_ns: u64) -> i64 {

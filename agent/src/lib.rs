@@ -10,6 +10,7 @@ pub mod config;
 pub mod container;
 pub mod cri;
 pub mod metrics;
+pub mod observe;
 pub mod pleg;
 pub mod pod_fate;
 pub mod pod_workers;

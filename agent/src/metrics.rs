@@ -1,23 +1,8 @@
 //! Prometheus metrics. Names mirror the kubelet's (`kubelet_pleg_relist_duration_seconds`
-//! becomes `evpleg_pleg_relist_duration_seconds`, and so on) so that PLEG dashboards
-//! carry over; the kernel PLEG adds its own.
-//!
-//! | metric | kubelet counterpart |
-//! |---|---|
-//! | `evpleg_runtime_operations_total{operation_type}`, `evpleg_runtime_operations_duration_seconds{operation_type}` (histogram), `evpleg_runtime_operations_errors_total{operation_type}` | the kubelet's of the same names |
-//! | `evpleg_running_pods`, `evpleg_running_containers{container_state}` | the kubelet's of the same names, from the PLEG's cache |
-//! | `evpleg_pleg_relist_duration_seconds` (histogram) | `kubelet_pleg_relist_duration_seconds` |
-//! | `evpleg_pleg_relist_interval_seconds` (histogram) | `kubelet_pleg_relist_interval_seconds` |
-//! | `evpleg_pleg_discard_events_total` | `kubelet_pleg_discard_events` |
-//! | `evpleg_pleg_last_seen_seconds` | `kubelet_pleg_last_seen_seconds` |
-//! | `evpleg_pleg_kernel_event_latency_seconds` (histogram) | none: kernel timestamp to reader |
-//! | `evpleg_pleg_kernel_records_total{result}` | none: kernel counters |
-//! | `evpleg_pleg_kernel_exits_confirmed_total`, `evpleg_pleg_kernel_contradictions_total` | none: runtime confirmation of kernel exits |
-//! | `evpleg_pleg_kernel_hints_total`, `evpleg_pleg_kernel_events_deferred_total` | none: uncertain kernel observations, events before a snapshot |
-//! | `evpleg_pleg_kernel_degradations_total` | none: the kernel path stopped, 1 s relist since |
-//! | `evpleg_essential_task_failures_total` | none: an essential loop stopped (the kubelet would have crashed) |
-//! | `evpleg_status_writes_total`, `evpleg_status_write_retries_total`, `evpleg_status_write_errors_total`, `evpleg_status_unchanged_total` | none: the status manager's writes, retried failures, failures for good, statuses equal to the last |
-//! | `evpleg_status_illegal_transitions_total`, `evpleg_status_pods_deleted_total` | none: statuses refused because they left a terminal phase; gracefully deleted pods deleted for good |
+//! becomes `evpleg_pleg_relist_duration_seconds`, and so on) with its types,
+//! labels and buckets, so that PLEG dashboards carry over; the kernel PLEG,
+//! the status manager and `observe` add their own. docs/operations.md lists
+//! every metric with its meaning, and a test checks that list against a scrape.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,12 +11,34 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::pleg::Pleg;
 use crate::pleg::kernel::KernelStats;
 use crate::pleg::merge::MergeStats;
 use crate::pleg::relist::RelistStats;
+
+/// The kubelet's `DefBuckets` (Prometheus's default buckets), which its PLEG
+/// relist, pod worker and evented PLEG histograms use.
+pub const DEF_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A histogram with [`DEF_BUCKETS`].
+pub fn def_histogram() -> Histogram {
+    Histogram::new(DEF_BUCKETS)
+}
+
+/// A [`def_histogram`] that can be `Default` inside a counters struct.
+#[derive(Debug)]
+pub struct DefHistogram(pub Histogram);
+
+impl Default for DefHistogram {
+    fn default() -> Self {
+        Self(def_histogram())
+    }
+}
 
 /// The agent's registry.
 #[derive(Debug)]
@@ -148,6 +155,28 @@ impl Collector for StatusCollector {
             counter(&mut encoder, name, help, value)?;
         }
         Ok(())
+    }
+}
+
+/// The CRI event stream's connection counters, under the kubelet's names.
+#[derive(Debug)]
+struct EventedCollector(Arc<crate::pleg::evented_cri::EventedCriStats>);
+
+impl Collector for EventedCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        counter(
+            &mut encoder,
+            "evented_pleg_connection_error_count",
+            "The number of errors encountered during the establishment of streaming connection with the CRI runtime",
+            s.failures.load(Ordering::Relaxed) + s.unimplemented.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "evented_pleg_connection_success_count",
+            "The number of times a streaming client was obtained to receive CRI Events",
+            s.streams.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -343,7 +372,20 @@ impl Metrics {
             );
         }
         if let Some(p) = pleg {
+            registry.register(
+                "pleg_event_latency_seconds",
+                "Delay from a container's start or death (the kernel's timestamp, else the runtime's) to its event's receipt, by source",
+                p.event_latency.seconds.clone(),
+            );
             registry.register_collector(Box::new(RunningCollector(p.cache.clone())));
+            if let Some(e) = &p.evented_stats {
+                registry.register(
+                    "evented_pleg_connection_latency_seconds",
+                    "The latency of streaming connection with the CRI runtime, measured in seconds",
+                    e.latency_seconds.0.clone(),
+                );
+                registry.register_collector(Box::new(EventedCollector(e.clone())));
+            }
         }
         registry.register_collector(Box::new(PlegCollector {
             relist: pleg.map(|p| p.relist_stats.clone()),
@@ -377,8 +419,53 @@ impl Metrics {
         self
     }
 
+    /// Also exports the pod workers' `pod_worker_duration_seconds`.
+    pub fn with_workers(mut self, workers: &crate::pod_workers::WorkerMetrics) -> Self {
+        self.registry.register(
+            "pod_worker_duration_seconds",
+            "Duration in seconds to sync a single pod. Broken down by operation type: create, update, sync or kill",
+            workers.duration.clone(),
+        );
+        self
+    }
+
+    /// Also exports what `evpleg observe` measures.
+    pub fn with_observe(mut self, stats: Arc<crate::observe::ObserveStats>) -> Self {
+        self.registry.register(
+            "observe_relist_lead_seconds",
+            "How much earlier the PLEG saw a transition than the comparison relist",
+            stats.lead_seconds.clone(),
+        );
+        self.registry.register(
+            "observe_relist_missed",
+            "Transitions the PLEG saw and the comparison relist did not report in time",
+            stats.relist_missed.clone(),
+        );
+        self.registry.register(
+            "observe_pleg_missed",
+            "Transitions the comparison relist saw and the PLEG did not report in time",
+            stats.pleg_missed.clone(),
+        );
+        self.registry.register(
+            "observe_exit_code_mismatches",
+            "Deaths whose exit code differs between the PLEG and the runtime",
+            stats.exit_code_mismatches.clone(),
+        );
+        self
+    }
+
     /// Also exports the status manager's counters.
     pub fn with_status(mut self, status: Arc<crate::status::manager::StatusManager>) -> Self {
+        self.registry.register(
+            "pod_start_duration_seconds",
+            "Duration in seconds from the agent seeing a pod for the first time to the pod starting to run",
+            status.start_latency.duration.clone(),
+        );
+        self.registry.register(
+            "pod_start_sli_duration_seconds",
+            "Duration in seconds to start a pod, excluding time to pull images, measured from pod creation timestamp to when all its containers are reported as started",
+            status.start_latency.sli.clone(),
+        );
         self.registry
             .register_collector(Box::new(StatusCollector(status)));
         self

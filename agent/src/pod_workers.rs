@@ -122,10 +122,54 @@ impl Default for WorkerConfig {
     }
 }
 
+/// The `operation_type` label of `pod_worker_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct Operation {
+    pub operation_type: &'static str,
+}
+
+type DurationFamily = prometheus_client::metrics::family::Family<
+    Operation,
+    prometheus_client::metrics::histogram::Histogram,
+    fn() -> prometheus_client::metrics::histogram::Histogram,
+>;
+
+/// The kubelet's `pod_worker_duration_seconds` (DefBuckets): how long each
+/// sync took, by the kind of update that led to it: `create` (the pod's first
+/// sync), `update` (a new spec), `sync` (a PLEG event, a resync) or `kill`
+/// (termination).
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    pub duration: DurationFamily,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        Self {
+            duration: DurationFamily::new_with_constructor(crate::metrics::def_histogram),
+        }
+    }
+}
+
+impl UpdateType {
+    /// The kubelet's `SyncPodType` name.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Sync => "sync",
+            Self::Kill { .. } => "kill",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     pod: Arc<Pod>,
     state: WorkerState,
+    /// The kind of the updates since the last sync: the latest, except that a
+    /// pod's first sync stays `create`.
+    update: &'static str,
     grace_seconds: i64,
     /// An update arrived since the worker last looked.
     pending: bool,
@@ -148,6 +192,7 @@ pub struct PodWorkers<S> {
     workers: Mutex<HashMap<PodUid, Worker>>,
     finished: Arc<Mutex<HashSet<PodUid>>>,
     done: mpsc::UnboundedSender<PodUid>,
+    metrics: Arc<WorkerMetrics>,
 }
 
 impl<S> std::fmt::Debug for PodWorkers<S> {
@@ -190,7 +235,13 @@ impl<S: PodSyncer> PodWorkers<S> {
             workers: Mutex::new(HashMap::new()),
             finished: Arc::new(Mutex::new(HashSet::new())),
             done,
+            metrics: Arc::default(),
         }
+    }
+
+    /// `pod_worker_duration_seconds`.
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
     }
 
     /// Hands an update to the pod's worker, starting it if needed.
@@ -203,6 +254,9 @@ impl<S: PodSyncer> PodWorkers<S> {
         if let Some(w) = workers.get(uid) {
             let mut s = lock(&w.shared);
             s.pod = pod;
+            if s.update != "create" {
+                s.update = kind.label();
+            }
             if let UpdateType::Kill { grace_seconds } = kind {
                 let grace = grace_seconds.unwrap_or_else(|| spec_grace_seconds(&s.pod));
                 if s.state == WorkerState::Sync {
@@ -227,6 +281,7 @@ impl<S: PodSyncer> PodWorkers<S> {
         let shared = Arc::new(Mutex::new(Shared {
             pod,
             state,
+            update: UpdateType::Create.label(),
             grace_seconds,
             pending: true,
         }));
@@ -243,6 +298,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 config: self.config,
                 finished: self.finished.clone(),
                 done: self.done.clone(),
+                metrics: self.metrics.clone(),
             }
             .run(),
         );
@@ -324,6 +380,7 @@ struct WorkerLoop<S> {
     config: WorkerConfig,
     finished: Arc<Mutex<HashSet<PodUid>>>,
     done: mpsc::UnboundedSender<PodUid>,
+    metrics: Arc<WorkerMetrics>,
 }
 
 impl<S: PodSyncer> WorkerLoop<S> {
@@ -337,18 +394,28 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 () = self.notify.notified() => {}
                 () = tokio::time::sleep_until(requeue) => {}
             }
-            let (pod, state, grace) = {
+            let (pod, state, grace, update) = {
                 let mut s = lock(&self.shared);
                 s.pending = false;
-                (s.pod.clone(), s.state, s.grace_seconds)
+                let update = std::mem::replace(&mut s.update, UpdateType::Sync.label());
+                (s.pod.clone(), s.state, s.grace_seconds, update)
             };
             let entry = self.newer_than(last_sync_ns).await;
             crate::pleg::stages::worker_sync(&entry);
+            let started = tokio::time::Instant::now();
             let outcome: Result<Option<Duration>, SyncError> = match &entry.error {
                 // The kubelet refuses to sync on a status it could not determine.
                 Some(e) => Err(SyncError(format!("error determining status: {e}"))),
                 None => self.sync(state, pod, entry, grace).await,
             };
+            let operation_type = match state {
+                WorkerState::Sync => update,
+                _ => "kill",
+            };
+            self.metrics
+                .duration
+                .get_or_create(&Operation { operation_type })
+                .observe(started.elapsed().as_secs_f64());
             if matches!(lock(&self.shared).state, WorkerState::Done) {
                 return;
             }
@@ -668,6 +735,18 @@ mod tests {
         assert_eq!(calls[first_term], "terminating(5)");
         assert!(calls[first_term..].iter().all(|c| c != "sync"), "{calls:?}");
         assert_eq!(calls.last().unwrap(), "terminated");
+        // pod_worker_duration_seconds: the first sync is `create`, the two
+        // termination steps are `kill` (the update that came with the kill too).
+        let text = crate::metrics::Metrics::new(None, None)
+            .with_workers(w.metrics())
+            .render();
+        for (op, n) in [("create", 1), ("kill", 2)] {
+            let line = format!(
+                "evpleg_pod_worker_duration_seconds_count{{operation_type=\"{op}\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(!text.contains("operation_type=\"update\""), "{text}");
         // A terminated UID never restarts.
         w.update_pod(&uid(), pod("v3", None), UpdateType::Create);
         settle().await;

@@ -70,6 +70,11 @@ async fn metrics(State(s): State<ServerState>) -> String {
 /// 200: the fallback relist keeps the agent correct (docs/pleg.md, contract
 /// clause 5).
 async fn healthz(State(s): State<ServerState>) -> (StatusCode, String) {
+    health_report(&s)
+}
+
+/// What `/healthz` and `/readyz` answer.
+pub fn health_report(s: &ServerState) -> (StatusCode, String) {
     let now = s.clock.now_ns();
     let dead: Vec<String> = s
         .tasks

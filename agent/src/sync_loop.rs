@@ -58,6 +58,8 @@ pub struct SyncLoopParts<S> {
     pub host_ip: String,
     /// Cgroup mounts whose orphaned pod cgroups housekeeping removes.
     pub cgroup_mounts: Vec<std::path::PathBuf>,
+    /// `pleg_event_latency_seconds`, observed as events are taken.
+    pub event_latency: Arc<crate::pleg::latency::EventLatency>,
 }
 
 /// The sync loop and what it drives.
@@ -71,6 +73,7 @@ pub struct SyncLoop<S> {
     sources: Vec<SourceName>,
     host_ip: String,
     cgroup_mounts: Vec<std::path::PathBuf>,
+    event_latency: Arc<crate::pleg::latency::EventLatency>,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
@@ -110,6 +113,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             sources,
             host_ip,
             cgroup_mounts,
+            event_latency,
         } = parts;
         Self {
             workers,
@@ -121,6 +125,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             sources,
             host_ip,
             cgroup_mounts,
+            event_latency,
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
@@ -261,6 +266,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        self.event_latency.observe(&event, &self.cache);
         let Some(uid) = &event.pod_uid else { return };
         let latency_us =
             crate::pleg::kernel::monotonic_ns().saturating_sub(event.at_ns) as f64 / 1000.0;

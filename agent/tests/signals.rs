@@ -1,6 +1,8 @@
-//! The `evpleg` binary stops gracefully on SIGTERM and SIGINT (kernel-only mode:
-//! the kernel PLEG is loaded, so root and BTF are needed; without them the test
-//! says why and returns, and under `CI=true` that is a failure).
+//! The `evpleg` binary stops gracefully on SIGTERM and SIGINT (`evpleg observe
+//! --cri-endpoint none`: the kernel PLEG is loaded, so root and BTF are
+//! needed; without them the test says why and returns, and under `CI=true`
+//! that is a failure). Its logs go to stderr, apart from observe's events on
+//! stdout.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -30,14 +32,20 @@ fn can_run() -> bool {
 /// status, the time the stop took and its output.
 fn run_and_signal(signal: libc::c_int) -> (std::process::ExitStatus, Duration, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_evpleg"))
-        .args(["--listen", "127.0.0.1:0"])
+        .args([
+            "observe",
+            "--cri-endpoint",
+            "none",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn evpleg");
-    let stdout = child.stdout.take().expect("stdout");
+    let stdout = child.stderr.take().expect("stderr");
     let (tx, rx) = mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -52,7 +60,7 @@ fn run_and_signal(signal: libc::c_int) -> (std::process::ExitStatus, Duration, S
             Ok(line) => {
                 output.push_str(&line);
                 output.push('\n');
-                if line.contains("kernel pleg running") {
+                if line.contains("observing") {
                     break;
                 }
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use evpleg::agent::Agent;
-use evpleg::config::Args;
+use evpleg::config::RunArgs;
 use evpleg::pleg::kernel::monotonic_ns;
 use evpleg::pleg::stages::{self, Stage};
 use evpleg_tests::containerd::Containerd;
@@ -61,7 +61,7 @@ pub async fn run(
     std::fs::create_dir_all(&manifests)?;
     std::fs::create_dir_all(&logs)?;
     let endpoint = containerd.endpoint();
-    let args = Args::try_parse_from([
+    let args = RunArgs::try_parse_from([
         "evpleg",
         "--pleg",
         "ebpf",

@@ -257,9 +257,15 @@ fn main() -> Result<()> {
     drop(client);
     drop(rt);
     drop(containerd);
+    let profile = if cfg!(debug_assertions) {
+        "the workspace's dev profile (the agent crate at opt-level 1, dependencies \
+         unoptimised), as the tests build it; `cargo xtask bench --release` measures the \
+         release build a node runs"
+    } else {
+        "the release profile, as a node runs it"
+    };
     results.notes.push(format!(
-        "The run took {:.0} s. The PLEG code was built with the workspace's dev profile \
-         (the agent crate at opt-level 1, dependencies unoptimised), as the tests build it.",
+        "The run took {:.0} s. The PLEG code was built with {profile}.",
         started.elapsed().as_secs_f64()
     ));
     write(&cli.out, &results)?;

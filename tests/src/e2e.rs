@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use evpleg::agent::Agent;
-use evpleg::config::Args;
+use evpleg::config::RunArgs;
 use evpleg::runtime::labels;
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
@@ -29,7 +29,7 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub struct E2e {
-    pub args: Args,
+    pub args: RunArgs,
     pub agent: Option<Agent>,
     pub containerd: Option<Containerd>,
     pub api: Option<FakeApiServer>,
@@ -109,16 +109,16 @@ impl E2e {
             "127.0.0.1:0",
             "--pod-log-dir",
             logs.to_str().expect("utf-8"),
-            "--crashloop-initial-seconds",
-            "0.2",
-            "--crashloop-max-seconds",
-            "1",
+            "--crashloop-backoff-initial",
+            "200ms",
+            "--crashloop-backoff-max",
+            "1s",
             // Longer than the workers' first error back-off (0.5 s), so that a
             // retry meets ImagePullBackOff, as with the kubelet's 10 s.
-            "--image-pull-backoff-initial-seconds",
-            "2",
-            "--image-pull-backoff-max-seconds",
-            "4",
+            "--image-pull-backoff-initial",
+            "2s",
+            "--image-pull-backoff-max",
+            "4s",
         ];
         let mut flags: Vec<String> = base.iter().chain(extra).map(|s| s.to_string()).collect();
         let api = if with_api {
@@ -132,7 +132,7 @@ impl E2e {
         } else {
             None
         };
-        let args = Args::try_parse_from(flags).expect("args");
+        let args = RunArgs::try_parse_from(flags).expect("args");
         let agent = Agent::start(&args)
             .await
             .unwrap_or_else(|e| panic!("agent: {e}"));

@@ -5,6 +5,7 @@
 
 pub mod cgroups;
 pub mod containerd;
+pub mod cri_interceptor;
 pub mod cri_pod;
 pub mod e2e;
 pub mod fake_apiserver;

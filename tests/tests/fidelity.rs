@@ -289,7 +289,7 @@ async fn a_static_pod_restored_with_the_same_uid_runs_again() {
 async fn a_port_clash_fails_the_start_at_once() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
     let addr = taken.local_addr().expect("its address").to_string();
-    let args = <evpleg::config::Args as clap::Parser>::try_parse_from([
+    let args = <evpleg::config::RunArgs as clap::Parser>::try_parse_from([
         "evpleg",
         "--cri-endpoint",
         "unix:///nonexistent/evpleg-test.sock",

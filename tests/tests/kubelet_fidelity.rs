@@ -313,7 +313,7 @@ async fn dead_containers_beyond_one_per_container_are_collected() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with("gc", false, &["--container-gc-period-seconds", "0.3"]).await;
+    let e = E2e::start_with("gc", false, &["--container-gc-period", "300ms"]).await;
     e.write("crasher.yaml", &manifest("crasher", "Always", "exit 1", ""));
     let pod = e
         .wait_for("crasher", "restartCount >= 4", |p| {

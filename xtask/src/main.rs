@@ -73,6 +73,11 @@ enum Command {
         /// `--out` says otherwise.
         #[arg(long)]
         quick: bool,
+        /// Build the benchmark (and the agent's code in it) with the release
+        /// profile, as a node runs it; the default is the dev profile the
+        /// tests use (no second build).
+        #[arg(long)]
+        release: bool,
         /// Directory receiving docs/benchmarks.md and bench/results/ (default:
         /// the workspace, or target/bench-quick with `--quick`).
         #[arg(long)]
@@ -99,9 +104,13 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             test(&root, &args, kernels)
         }
-        Command::Bench { quick, out } => {
+        Command::Bench {
+            quick,
+            release,
+            out,
+        } => {
             setup::run(&root)?;
-            bench(&root, quick, out)
+            bench(&root, quick, release, out)
         }
         Command::Matrix {
             kernels,
@@ -172,7 +181,7 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
         || std::env::var_os("EVPLEG_CRI_ENDPOINT").is_some()
     {
         util::step("running the agent against the given runtime (Ctrl-C stops it)");
-        return util::run(std::process::Command::new(&agent).args(args));
+        return util::run(std::process::Command::new(&agent).arg("run").args(args));
     }
     // No runtime given: a private containerd, and the example pods.
     util::step("building the containerd harness");
@@ -215,6 +224,7 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
          statuses at http://127.0.0.1:10255/pods (Ctrl-C stops it)"
     ));
     let status = std::process::Command::new(&agent)
+        .arg("run")
         .arg("--cri-endpoint")
         .arg(&endpoint)
         .arg("--manifest-dir")
@@ -274,10 +284,15 @@ fn test(root: &std::path::Path, args: &[String], kernels: matrix::Selection) -> 
 
 /// Builds the eBPF object and the benchmark, then runs it (as the tests are
 /// built: the dev profile, so that no second full build is needed).
-fn bench(root: &std::path::Path, quick: bool, out: Option<PathBuf>) -> Result<()> {
+fn bench(root: &std::path::Path, quick: bool, release: bool, out: Option<PathBuf>) -> Result<()> {
     build_ebpf(root)?;
     util::step("building the benchmark");
-    util::run(util::cargo(root).args(["build", "--package", "evpleg-bench"]))?;
+    let mut build = util::cargo(root);
+    build.args(["build", "--package", "evpleg-bench"]);
+    if release {
+        build.arg("--release");
+    }
+    util::run(&mut build)?;
     let out = match out {
         Some(out) => std::path::absolute(out)?,
         None if quick => root.join("target/bench-quick"),
@@ -287,11 +302,16 @@ fn bench(root: &std::path::Path, quick: bool, out: Option<PathBuf>) -> Result<()
     if quick {
         command.push_str(" --quick");
     }
+    if release {
+        command.push_str(" --release");
+    }
     util::step(&format!(
         "running the benchmark (results under {})",
         out.display()
     ));
-    let mut cmd = std::process::Command::new(root.join("target/debug/evpleg-bench"));
+    let profile = if release { "release" } else { "debug" };
+    let mut cmd =
+        std::process::Command::new(root.join("target").join(profile).join("evpleg-bench"));
     cmd.arg("--out").arg(&out).arg("--command").arg(&command);
     if quick {
         cmd.arg("--quick");

@@ -131,7 +131,7 @@ pub fn demo(agent: &Path, args: &[String]) -> Result<()> {
     let dir = pod_dir.join(container);
     step(&format!("demo: pod {uid}, container {container}"));
     let mut child = Command::new(agent)
-        .args(["--run-for-seconds", "6"])
+        .args(["observe", "--cri-endpoint", "none", "--run-for", "6s"])
         .args(args)
         .spawn()
         .with_context(|| format!("cannot start {}", agent.display()))?;

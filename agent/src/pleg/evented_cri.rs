@@ -35,7 +35,7 @@
 //!   down on); an event is only a hint, so a lost one would cost up to 300 s;
 //!   and this mode exists to compare the event path's latency against the 1 s
 //!   relist, which must therefore run as in `generic` mode.
-//!   `--relist-period-seconds` still overrides it (the tests set a long one to
+//!   `--relist-period` still overrides it (the tests set a long one to
 //!   see the event path alone).
 //! - The original KEP gave up after 5 stream failures and fell back to the
 //!   generic PLEG for good; here the stream is retried forever (the redesign).
@@ -124,6 +124,9 @@ pub struct EventedCriStats {
     pub connected: AtomicBool,
     /// Monotonic ns (the agent's clock) of the last event, 0 before the first.
     pub last_event_ns: AtomicU64,
+    /// From an event's creation by the runtime to its receipt (the kubelet's
+    /// `evented_pleg_connection_latency_seconds`).
+    pub latency_seconds: crate::metrics::DefHistogram,
 }
 
 /// What became of one event.
@@ -364,6 +367,11 @@ impl EventedCri {
             match next {
                 Ok(Some(event)) => {
                     delivered = true;
+                    let age_ns = crate::container::wall_clock_ns().saturating_sub(event.created_at);
+                    self.stats
+                        .latency_seconds
+                        .0
+                        .observe(age_ns.max(0) as f64 / 1e9);
                     self.handle(&event);
                 }
                 Ok(None) => {

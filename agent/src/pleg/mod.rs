@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod evented_cri;
 pub mod kernel;
+pub mod latency;
 pub mod merge;
 #[cfg(test)]
 mod model_tests;
@@ -364,6 +365,8 @@ pub struct Pleg {
     /// The relist task's (and the CRI event stream's) health: one that stops
     /// before [`Pleg::stop`] fails `/healthz` at once.
     pub task_health: std::sync::Arc<crate::tasks::TaskHealth>,
+    /// `pleg_event_latency_seconds`, observed by the events' consumer.
+    pub event_latency: std::sync::Arc<latency::EventLatency>,
     shutdown: tokio_util::sync::CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -474,6 +477,7 @@ impl Pleg {
             path_health,
             evented_stats,
             task_health,
+            event_latency: Arc::default(),
             shutdown,
             tasks,
         })

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -273,8 +273,8 @@ pub struct RelistStats {
 
 impl Default for RelistStats {
     fn default() -> Self {
-        // The kubelet's buckets: 5 ms doubling twelve times (about 20 s).
-        let buckets = || Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        // The kubelet's buckets (DefBuckets).
+        let buckets = crate::metrics::def_histogram;
         Self {
             duration_seconds: buckets(),
             interval_seconds: buckets(),

@@ -18,6 +18,8 @@ struct MemRuntime {
     status_calls: AtomicU64,
     /// Each inspection takes this clock 1 ms forward.
     status_clock: StdMutex<Option<ManualClock>>,
+    /// Listing waits while a test holds this for writing (a stalled runtime).
+    stall: tokio::sync::RwLock<()>,
 }
 
 impl MemRuntime {
@@ -32,6 +34,7 @@ impl MemRuntime {
 
 impl PodRuntime for Arc<MemRuntime> {
     async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
+        let _running = self.stall.read().await;
         let all = self.entries.lock().unwrap().clone();
         Ok(all
             .into_iter()
@@ -594,6 +597,67 @@ async fn a_request_older_than_a_full_relist_is_skipped() {
     queue.request(uid(1));
     f.pleg.run_requests(&queue).await;
     assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
+}
+
+/// `/healthz` follows the kubelet's rule through the running relist loop: it
+/// fails once the relist has stalled past the threshold (3 min) and is healthy
+/// again as soon as a relist completes.
+#[tokio::test(start_paused = true)]
+async fn healthz_fails_while_the_relist_is_stalled_past_the_threshold() {
+    use crate::server::{ServerState, health_report};
+    let f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    let stats = f.pleg.stats();
+    let state = ServerState::new(
+        Arc::new(crate::metrics::Metrics::new(None, None)),
+        Some(stats.clone()),
+        Arc::new(f.clock.clone()),
+        GENERIC_PERIOD,
+    );
+    let (_period_tx, period_rx) = watch::channel(GENERIC_PERIOD);
+    let shutdown = CancellationToken::new();
+    let queue = Arc::new(PodRelistQueue::new(Arc::new(f.clock.clone())));
+    let task = tokio::spawn(f.pleg.run(
+        period_rx,
+        Arc::new(RelistSignal::new()),
+        queue,
+        shutdown.clone(),
+    ));
+    wait_for(|| stats.relists.load(Ordering::Relaxed) >= 1).await;
+    assert_eq!(health_report(&state).0, axum::http::StatusCode::OK);
+    // The runtime stops answering: the relists block.
+    let stalled = f.runtime.stall.write().await;
+    let before = stats.relists.load(Ordering::Relaxed);
+    for _ in 0..179 {
+        f.clock.advance(1_000_000_000);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(stats.relists.load(Ordering::Relaxed), before, "stalled");
+    assert_eq!(
+        health_report(&state).0,
+        axum::http::StatusCode::OK,
+        "179 s: within the threshold"
+    );
+    f.clock.advance(2_000_000_000);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let (code, body) = health_report(&state);
+    assert_eq!(code, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        body.starts_with("pleg was last seen active 181.0s ago; threshold is 180.0s"),
+        "{body}"
+    );
+    // The runtime answers again: the blocked relist completes.
+    drop(stalled);
+    wait_for(|| stats.relists.load(Ordering::Relaxed) > before).await;
+    assert_eq!(
+        health_report(&state),
+        (axum::http::StatusCode::OK, "ok\n".into())
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// Waits (paused time advances itself) until `cond` holds, for at most 10 s.

@@ -59,7 +59,7 @@ pub(super) fn unix_now_ns() -> i64 {
 #[derive(Debug)]
 pub struct KubeRuntime {
     pub(super) cri: CriClient,
-    status: Arc<StatusManager>,
+    pub(super) status: Arc<StatusManager>,
     pub(super) node: NodeInfo,
     pub(super) backoff: Mutex<CrashBackoff>,
     pub(super) image_backoff: Mutex<ImagePullBackoff>,

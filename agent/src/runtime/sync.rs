@@ -163,8 +163,12 @@ impl KubeRuntime {
             ));
         }
         info!(pod = %uid, image, "pulling image");
+        let started = unix_now_ns();
         match self.cri.pull_image(&spec, None, None).await {
             Ok(_) => {
+                self.status
+                    .start_latency
+                    .pulled(uid, started, unix_now_ns());
                 lock(&self.image_backoff).reset(&key);
                 Ok(())
             }

@@ -93,6 +93,8 @@ pub struct StatusManager {
     entries: Mutex<HashMap<PodUid, Entry>>,
     stats: Mutex<StatusStats>,
     notify: Notify,
+    /// `pod_start_duration_seconds` and `pod_start_sli_duration_seconds`.
+    pub start_latency: super::start_latency::StartLatency,
 }
 
 /// `name=state(restarts)` for each container, for the log.
@@ -184,6 +186,16 @@ impl StatusManager {
             );
             crate::pleg::stages::status_held(&status);
         }
+        if !unchanged {
+            let last = entries.get(uid).and_then(|e| e.status.phase.as_deref());
+            self.start_latency.accepted(
+                uid,
+                &pod,
+                last,
+                &status,
+                crate::container::wall_clock_ns(),
+            );
+        }
         if let Some(e) = entries.get_mut(uid) {
             e.pod = pod;
             if unchanged {
@@ -219,6 +231,7 @@ impl StatusManager {
 
     /// The pod was removed from the node: forget it once its last status is out.
     pub fn remove(&self, uid: &PodUid) {
+        self.start_latency.forget(uid);
         if let Some(e) = lock(&self.entries).get_mut(uid) {
             e.removed = true;
         }

@@ -7,6 +7,7 @@ pub mod finish;
 pub mod generate;
 pub mod local;
 pub mod manager;
+pub mod start_latency;
 
 use std::future::Future;
 

@@ -24,6 +24,18 @@ pub fn embedded_object_present() -> bool {
     !EMBEDDED_OBJECT.is_empty()
 }
 
+/// The embedded object's size and SHA-256 (hex), which name the kernel
+/// programs a binary carries (`evpleg version`); `None` when it has none.
+pub fn embedded_object_digest() -> Option<(usize, String)> {
+    use sha2::Digest;
+    if EMBEDDED_OBJECT.is_empty() {
+        return None;
+    }
+    let digest = sha2::Sha256::digest(EMBEDDED_OBJECT);
+    let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Some((EMBEDDED_OBJECT.len(), hex))
+}
+
 /// The programs attached, in attach order (cgroup reports first, so that a
 /// container's cgroup is reported before any of its processes). [`EXIT_PROGRAM`]
 /// stands for one of the two exit programs ([`exit_program`]).

@@ -1,0 +1,148 @@
+//! `evpleg run`'s flags: the pod sources, the node, and the kubelet's knobs
+//! for restarts, image pulls and garbage collection, with the kubelet's
+//! defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Common, duration};
+
+/// `evpleg run`: the node agent.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "evpleg run")]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: Common,
+
+    /// How often a pod worker syncs its pod without another reason (the
+    /// kubelet's `--sync-frequency`).
+    #[arg(long, env = "EVPLEG_SYNC_FREQUENCY", default_value = "1m",
+          value_parser = duration::positive)]
+    pub sync_frequency: Duration,
+
+    /// This node's name (spec.nodeName of its pods; static pod names get it as a
+    /// suffix). Defaults to the host name.
+    #[arg(long, env = "EVPLEG_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This node's IP (status.hostIP; the pod IP of host-network pods). Defaults
+    /// to the first non-loopback IPv4 address, else 127.0.0.1.
+    #[arg(long, env = "EVPLEG_NODE_IP")]
+    pub node_ip: Option<String>,
+
+    /// Static pod manifests directory, watched with inotify.
+    #[arg(long, env = "EVPLEG_MANIFEST_DIR")]
+    pub manifest_dir: Option<PathBuf>,
+
+    /// Static pod manifest URL, polled (the kubelet's legacy HTTP source).
+    #[arg(long, env = "EVPLEG_MANIFEST_URL")]
+    pub manifest_url: Option<String>,
+
+    /// Watch the API server for this node's pods and write their status there:
+    /// with a kubeconfig path, or "in-cluster".
+    #[arg(long, env = "EVPLEG_KUBECONFIG")]
+    pub kubeconfig: Option<String>,
+
+    /// Directory for container logs.
+    #[arg(
+        long,
+        env = "EVPLEG_POD_LOG_DIR",
+        default_value = "/var/log/evpleg/pods"
+    )]
+    pub pod_log_dir: PathBuf,
+
+    /// CrashLoopBackOff: the first delay (the kubelet's 10s).
+    #[arg(long, env = "EVPLEG_CRASHLOOP_BACKOFF_INITIAL", default_value = "10s",
+          value_parser = duration::positive)]
+    pub crashloop_backoff_initial: Duration,
+
+    /// CrashLoopBackOff: the longest delay (the kubelet's 5m).
+    #[arg(long, env = "EVPLEG_CRASHLOOP_BACKOFF_MAX", default_value = "5m",
+          value_parser = duration::positive)]
+    pub crashloop_backoff_max: Duration,
+
+    /// ImagePullBackOff: the first delay after a failed pull (the kubelet's 10s).
+    #[arg(long, env = "EVPLEG_IMAGE_PULL_BACKOFF_INITIAL", default_value = "10s",
+          value_parser = duration::positive)]
+    pub image_pull_backoff_initial: Duration,
+
+    /// ImagePullBackOff: the longest delay (the kubelet's 5m).
+    #[arg(long, env = "EVPLEG_IMAGE_PULL_BACKOFF_MAX", default_value = "5m",
+          value_parser = duration::positive)]
+    pub image_pull_backoff_max: Duration,
+
+    /// The cgroup driver of pod cgroups, as the kubelet's `--cgroup-driver`:
+    /// `auto` asks the runtime (CRI RuntimeConfig) and falls back to cgroupfs
+    /// when it does not answer.
+    #[arg(long, env = "EVPLEG_CGROUP_DRIVER", value_enum, default_value_t = CgroupDriverFlag::Auto)]
+    pub cgroup_driver: CgroupDriverFlag,
+
+    /// Container garbage collection: how often (the kubelet's 1m).
+    #[arg(long, env = "EVPLEG_CONTAINER_GC_PERIOD", default_value = "1m",
+          value_parser = duration::positive)]
+    pub container_gc_period: Duration,
+
+    /// Container garbage collection: dead containers younger than this stay
+    /// (the kubelet's `--minimum-container-ttl-duration`, 0).
+    #[arg(long, env = "EVPLEG_MINIMUM_CONTAINER_TTL_DURATION", default_value = "0",
+          value_parser = duration::parse)]
+    pub minimum_container_ttl_duration: Duration,
+
+    /// Container garbage collection: dead containers kept per pod and container
+    /// name; negative: no limit (the kubelet's, default 1).
+    #[arg(
+        long,
+        env = "EVPLEG_MAXIMUM_DEAD_CONTAINERS_PER_CONTAINER",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub maximum_dead_containers_per_container: i32,
+
+    /// Container garbage collection: dead containers kept on the node;
+    /// negative: no limit (the kubelet's, default -1).
+    #[arg(long, env = "EVPLEG_MAXIMUM_DEAD_CONTAINERS", default_value_t = -1,
+          allow_negative_numbers = true)]
+    pub maximum_dead_containers: i32,
+}
+
+impl RunArgs {
+    /// The node name: the flag, else the host name.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_lowercase())
+                .unwrap_or_else(|_| "localhost".into())
+        })
+    }
+
+    /// The node IP: the flag, else the first non-loopback IPv4 address of the
+    /// host (from /proc/net/fib_trie's local routes), else 127.0.0.1.
+    pub fn node_ip(&self) -> String {
+        if let Some(ip) = &self.node_ip {
+            return ip.clone();
+        }
+        let trie = std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default();
+        let mut last = None;
+        for line in trie.lines() {
+            let t = line.trim();
+            if let Some(addr) = t.strip_prefix("|-- ") {
+                last = Some(addr.to_owned());
+            } else if t.contains("/32 host LOCAL")
+                && let Some(a) = &last
+                && !a.starts_with("127.")
+            {
+                return a.clone();
+            }
+        }
+        "127.0.0.1".into()
+    }
+}
+
+/// `--cgroup-driver`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupDriverFlag {
+    /// Ask the runtime; cgroupfs if it does not say.
+    Auto,
+    Cgroupfs,
+    Systemd,
+}

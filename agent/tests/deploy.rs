@@ -1,0 +1,129 @@
+//! `deploy/daemonset.yaml` and docs/operations.md match the command line: the
+//! DaemonSet runs `observe` with flags it has, with the least privilege
+//! docs/operations.md describes; every flag is documented and every
+//! documented flag exists.
+
+use std::collections::BTreeSet;
+
+use clap::{CommandFactory, Parser};
+use evpleg::config::{Cli, Command};
+use k8s_openapi::api::apps::v1::DaemonSet;
+
+fn read(path: &str) -> String {
+    let full = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"))
+}
+
+fn daemonset() -> DaemonSet {
+    let text = read("deploy/daemonset.yaml");
+    let docs: Vec<serde_json::Value> = serde_saphyr::read(&mut text.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("deploy/daemonset.yaml parses");
+    let ds = docs
+        .into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    serde_json::from_value(ds).expect("a valid DaemonSet")
+}
+
+#[test]
+fn the_daemonset_runs_observe_with_flags_it_has_and_least_privilege() {
+    let ds = daemonset();
+    let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+    assert_eq!(pod.host_pid, Some(true), "host pids");
+    let [c] = pod.containers.as_slice() else {
+        panic!("one container")
+    };
+    let args = c.args.clone().expect("args");
+    let cli = Cli::try_parse_from(std::iter::once("evpleg".to_owned()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("the DaemonSet's args {args:?}: {e}"));
+    let Command::Observe(observe) = cli.command else {
+        panic!("the DaemonSet runs observe: {args:?}")
+    };
+    // Least privilege: capabilities, not privileged.
+    let sc = c.security_context.clone().expect("security context");
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let caps = sc.capabilities.expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
+    let added: BTreeSet<_> = caps.add.expect("added").into_iter().collect();
+    assert_eq!(
+        added,
+        ["BPF", "PERFMON", "SYS_NICE"].map(String::from).into(),
+        "CAP_BPF, CAP_PERFMON, CAP_SYS_NICE and nothing else"
+    );
+    // Read-only cgroup tree and BTF; the CRI socket the flag names.
+    let mounts = c.volume_mounts.clone().expect("mounts");
+    for path in ["/sys/fs/cgroup", "/sys/kernel/btf"] {
+        let m = mounts
+            .iter()
+            .find(|m| m.mount_path == path)
+            .unwrap_or_else(|| panic!("{path} mounted"));
+        assert_eq!(m.read_only, Some(true), "{path} read-only");
+    }
+    let endpoint = observe.common.cri_endpoint.expect("the endpoint is given");
+    let socket = endpoint.strip_prefix("unix://").expect("a unix socket");
+    assert!(
+        mounts.iter().any(|m| m.mount_path == socket),
+        "{socket} mounted"
+    );
+    // The probes ask the port evpleg listens on.
+    let port = observe.common.listen.expect("--listen").port();
+    for (probe, path) in [
+        (c.liveness_probe.clone(), "/healthz"),
+        (c.readiness_probe.clone(), "/readyz"),
+    ] {
+        let get = probe.and_then(|p| p.http_get).expect("an HTTP probe");
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port))
+        );
+    }
+}
+
+/// The long flags of a subcommand (and the global ones).
+fn flags(sub: &str) -> BTreeSet<String> {
+    let mut root = Cli::command();
+    let globals: Vec<String> = root
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    let cmd = root
+        .find_subcommand_mut(sub)
+        .unwrap_or_else(|| panic!("{sub}"));
+    cmd.get_arguments()
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .chain(globals)
+        .filter(|f| f != "--help" && f != "--version")
+        .collect()
+}
+
+#[test]
+fn every_flag_is_in_docs_operations_md_and_every_flag_there_exists() {
+    let doc = read("docs/operations.md");
+    let mut all = flags("run");
+    all.extend(flags("observe"));
+    all.extend(flags("version"));
+    for flag in &all {
+        assert!(
+            doc.contains(&format!("`{flag}`")),
+            "{flag} is not in docs/operations.md"
+        );
+    }
+    // Every `--flag` the document names in backticks exists (`--help` too).
+    all.insert("--help".into());
+    for quoted in doc.split('`').skip(1).step_by(2) {
+        if let Some(rest) = quoted.strip_prefix("--") {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            let flag = format!("--{name}");
+            assert!(
+                all.contains(&flag),
+                "docs/operations.md names {flag}, which does not exist"
+            );
+        }
+    }
+}

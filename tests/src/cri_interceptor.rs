@@ -1,0 +1,129 @@
+//! A CRI interceptor: an HTTP/2 proxy on its own unix socket in front of a
+//! runtime's socket. Every gRPC call is counted by method (the last part of
+//! `/runtime.v1.RuntimeService/StopContainer`) and forwarded unchanged:
+//! headers, streamed bodies and trailers pass through as they are. A test
+//! points a client at [`CriInterceptor::endpoint`] and then reads which calls
+//! it made ([`CriInterceptor::calls`], [`CriInterceptor::mutating_calls`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+/// The CRI methods that change the runtime or a container (everything but
+/// listing, inspecting, versions, stats and events).
+pub const MUTATING: [&str; 18] = [
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "StopContainer",
+    "RemoveContainer",
+    "UpdateContainerResources",
+    "UpdatePodSandboxResources",
+    "ReopenContainerLog",
+    "ExecSync",
+    "Exec",
+    "Attach",
+    "PortForward",
+    "UpdateRuntimeConfig",
+    "CheckpointContainer",
+    "PullImage",
+    "RemoveImage",
+];
+
+type Calls = Arc<Mutex<BTreeMap<String, u64>>>;
+
+/// A running interceptor; stopped on drop.
+#[derive(Debug)]
+pub struct CriInterceptor {
+    socket: PathBuf,
+    calls: Calls,
+    task: JoinHandle<()>,
+}
+
+fn lock(calls: &Calls) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+    calls.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CriInterceptor {
+    /// Listens on `socket` and forwards to the runtime's socket `upstream`.
+    pub fn start(upstream: &Path, socket: PathBuf) -> std::io::Result<Self> {
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket)?;
+        let calls = Calls::default();
+        let task = tokio::spawn(serve(listener, upstream.to_owned(), calls.clone()));
+        Ok(Self {
+            socket,
+            calls,
+            task,
+        })
+    }
+
+    /// The endpoint a CRI client dials (`unix:///...`).
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// Calls so far, by method.
+    pub fn calls(&self) -> BTreeMap<String, u64> {
+        lock(&self.calls).clone()
+    }
+
+    /// The calls so far that change the runtime ([`MUTATING`]).
+    pub fn mutating_calls(&self) -> BTreeMap<String, u64> {
+        self.calls()
+            .into_iter()
+            .filter(|(m, _)| MUTATING.contains(&m.as_str()))
+            .collect()
+    }
+}
+
+impl Drop for CriInterceptor {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let (upstream, calls) = (upstream.clone(), calls.clone());
+        tokio::spawn(async move {
+            if let Err(e) = proxy(stream, &upstream, calls).await {
+                tracing::debug!(error = %e, "cri interceptor: connection ended");
+            }
+        });
+    }
+}
+
+/// One client connection, over one connection to the runtime.
+async fn proxy(
+    stream: UnixStream,
+    upstream: &Path,
+    calls: Calls,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let up = UnixStream::connect(upstream).await?;
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(up)).await?;
+    tokio::spawn(connection);
+    let service = service_fn(move |req: hyper::Request<Incoming>| {
+        let method = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+        *lock(&calls).entry(method).or_default() += 1;
+        let mut sender = sender.clone();
+        async move { sender.send_request(req).await }
+    });
+    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), service)
+        .await?;
+    Ok(())
+}
