@@ -244,7 +244,8 @@ fn main() -> Result<()> {
              not a runtime. The PLEG runs in `ebpf` mode over it (reader, merge on the reader \
              thread, relist); at each rate up to {secs} s of deaths (SIGKILL from a pacing \
              thread; each cgroup dies once, so a phase is also bounded by the cgroups left). \
-             The overflow run holds the reader at the record tap while 200 processes die into \
+             The overflow run holds the reader at the record tap while 200 processes (100 in a \
+             quick run) die into \
              a one-page ring buffer."
         ));
     }
@@ -361,7 +362,7 @@ fn idle_cost(
     results: &mut Results,
 ) -> Result<()> {
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
-        (&[10], 3, Duration::from_secs(2))
+        (&[10], 3, Duration::from_millis(1500))
     } else {
         (&[10, 50, 100], 3, Duration::from_secs(13))
     };
@@ -379,8 +380,8 @@ fn idle_cost(
         for mode in modes {
             let name = mode.map_or("baseline", |m| Observer::Pleg(m).name());
             progress(&format!(
-                "idle cost: {name} with {n} containers, {windows} windows of {} s",
-                each.as_secs()
+                "idle cost: {name} with {n} containers, {windows} windows of {:.1} s",
+                each.as_secs_f64()
             ));
             let w = rt.block_on(idle::measure(mode, client, containerd_pid, windows, each))?;
             let spread = |f: fn(&idle::Window) -> f64| {

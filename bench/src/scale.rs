@@ -381,6 +381,9 @@ pub async fn run(
     secs: f64,
     idle: Option<Duration>,
 ) -> Result<ScaleResults> {
+    // A quick run (no idle window) looks at fewer relists and deaths.
+    let quick = idle.is_none();
+    let relist_window = Duration::from_millis(if quick { 2500 } else { 4000 });
     let fake = FakeCri::start(dir)?;
     let client = CriClient::connect(&fake.endpoint(), CriClientConfig::default()).await?;
     let mut out = ScaleResults::default();
@@ -535,7 +538,7 @@ pub async fn run(
         let t0 = Instant::now();
         let mut steady = Vec::new();
         let mut last = pleg.relist_stats.relists.load(Ordering::Relaxed);
-        while t0.elapsed() < Duration::from_secs(4) {
+        while t0.elapsed() < relist_window {
             tokio::time::sleep(Duration::from_millis(50)).await;
             let now = pleg.relist_stats.relists.load(Ordering::Relaxed);
             if now != last {
@@ -561,14 +564,13 @@ pub async fn run(
         });
         drop(cg);
     }
-    out.overflow = Some(overflow(&fake, &client).await?);
+    out.overflow = Some(overflow(&fake, &client, if quick { 100 } else { 200 }).await?);
     Ok(out)
 }
 
 /// A reader held at a gate (the record tap) while a burst fills a one-page
 /// ring buffer: drops are counted and the relist delivers every death.
-async fn overflow(fake: &FakeCri, client: &CriClient) -> Result<Overflow> {
-    let n = 200;
+async fn overflow(fake: &FakeCri, client: &CriClient, n: usize) -> Result<Overflow> {
     let ring_bytes = 4096;
     crate::progress(&format!(
         "scale: overflow, {n} deaths into a {ring_bytes}-byte ring buffer with its reader held"
