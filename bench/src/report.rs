@@ -375,8 +375,8 @@ fn targets(out: &mut String, r: &Results) {
 
 /// What issue #11 asks that this benchmark does not measure yet.
 const NOT_YET: &str = "## Not measured yet (issue #11)\n\n\
-- Worker sync start and status-held stages in the `generic` and `evented-cri` modes \
-(the full agent runs in `ebpf` mode only).\n\
+- Worker sync start, status-held and start latency in the `generic` and \
+`evented-cri` modes (the full agent runs in `ebpf` mode only).\n\
 - Churn at the issue's length (60 s) and at higher rates than containerd starts \
 containers here.\n\
 - The scale workload's delivered stage and relist cost above 2 000 cgroups (the \
