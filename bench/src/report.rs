@@ -140,12 +140,9 @@ fn scale(out: &mut String, r: &Results) {
             out,
             "| cgroups | generic: first relist (ms) | steady relist (ms) | generic CPU at 1 relist/s (% of a core) | ebpf reader idle (% of a core) |\n|---|---|---|---|---|"
         );
-        let f = |v: f64, d: usize| {
-            if v.is_nan() {
-                "-".to_owned()
-            } else {
-                format!("{v:.d$}")
-            }
+        let f = |v: Option<f64>, d: usize| match v {
+            Some(v) if v.is_finite() => format!("{v:.d$}"),
+            _ => "-".to_owned(),
         };
         for c in &sc.relist {
             let _ = writeln!(

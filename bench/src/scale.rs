@@ -66,15 +66,17 @@ pub struct Overflow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RelistCost {
     pub cgroups: usize,
-    /// The first relist (every pod inspected), ms.
-    pub first_ms: f64,
+    /// The first relist (every pod inspected), ms (`None`: not run at this
+    /// count).
+    pub first_ms: Option<f64>,
     /// A steady relist (lists only), median ms.
-    pub steady_ms: f64,
+    pub steady_ms: Option<f64>,
     /// Generic mode's process CPU at 1 relist/s, % of a core (the fake's
     /// thread excluded).
-    pub generic_cpu_pct: f64,
-    /// The ebpf reader thread's CPU with the same count idle, % of a core.
-    pub ebpf_idle_reader_cpu_pct: f64,
+    pub generic_cpu_pct: Option<f64>,
+    /// The ebpf reader thread's CPU with the same count idle, % of a core
+    /// (`None` in a quick run).
+    pub ebpf_idle_reader_cpu_pct: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -432,7 +434,7 @@ pub async fn run(
         // until the confirmation bound, for every pod): idle means no pod
         // relist for a second (waited for at most 30 s).
         let idle_reader = match idle {
-            None => f64::NAN,
+            None => None,
             Some(window) => {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 if let Under::Pleg(pleg) = &under {
@@ -454,7 +456,7 @@ pub async fn run(
                 crate::progress(&format!(
                     "  reader idle with {n} cgroups: {pct:.3} % of a core"
                 ));
-                pct
+                Some(pct)
             }
         };
         let mut next = 0;
@@ -514,9 +516,9 @@ pub async fn run(
         if !full {
             out.relist.push(RelistCost {
                 cgroups: n,
-                first_ms: f64::NAN,
-                steady_ms: f64::NAN,
-                generic_cpu_pct: f64::NAN,
+                first_ms: None,
+                steady_ms: None,
+                generic_cpu_pct: None,
                 ebpf_idle_reader_cpu_pct: idle_reader,
             });
             drop(cg);
@@ -551,15 +553,16 @@ pub async fn run(
         let cpu = 100.0 * (p1 - p0) / t0.elapsed().as_secs_f64();
         pleg.stop().await;
         drain.abort();
-        let steady_ms = crate::stats::Spread::of(&steady).map_or(f64::NAN, |s| s.median);
+        let steady_ms = crate::stats::Spread::of(&steady).map(|s| s.median);
         crate::progress(&format!(
-            "  first relist {first_ms:.0} ms, steady {steady_ms:.1} ms, {cpu:.2} % of a core; ebpf reader idle {idle_reader:.3} %"
+            "  first relist {first_ms:.0} ms, steady {:.1} ms, {cpu:.2} % of a core",
+            steady_ms.unwrap_or(f64::NAN)
         ));
         out.relist.push(RelistCost {
             cgroups: n,
-            first_ms,
+            first_ms: Some(first_ms),
             steady_ms,
-            generic_cpu_pct: cpu,
+            generic_cpu_pct: Some(cpu),
             ebpf_idle_reader_cpu_pct: idle_reader,
         });
         drop(cg);
