@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Unimplemented by default: a fake runtime (the benchmark's) implements
+        // only the calls it serves.
+        .generate_default_stubs(true)
         .compile_fds(fds)?;
     Ok(())
 }

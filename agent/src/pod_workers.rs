@@ -401,6 +401,7 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 (s.pod.clone(), s.state, s.grace_seconds, update)
             };
             let entry = self.newer_than(last_sync_ns).await;
+            crate::pleg::stages::worker_sync(&entry);
             let started = tokio::time::Instant::now();
             let outcome: Result<Option<Duration>, SyncError> = match &entry.error {
                 // The kubelet refuses to sync on a status it could not determine.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use evpleg::cri::CriClient;
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::kernel::{KernelPlegConfig, monotonic_ns};
+use evpleg::pleg::stages::Stage;
 use evpleg::pleg::{EventKind, Pleg, PlegMode, PodLifecycleEvent};
 use evpleg_tests::containerd::Containerd;
 use evpleg_tests::cri_pod::{ExitClock, TestPod, run_container, run_sandbox, verbose_pid};
@@ -62,6 +63,9 @@ pub struct RepSamples {
     /// Deaths with no event within the bound.
     pub lost_events: usize,
     pub lost_reader: usize,
+    /// Per-stage samples from the agent's stage log (`ebpf` mode), after the
+    /// ring-buffer read (which `reader_us` holds).
+    pub stages: Vec<(Stage, Vec<f64>)>,
 }
 
 /// One started container.
@@ -182,6 +186,7 @@ pub async fn repetition(
         ),
     );
     let sandbox = run_sandbox(client, &pod).await;
+    crate::stages::start();
     if running.observer == Observer::Floor && running.floor.is_none() {
         running.floor = Some(BareReader::start().unwrap_or_else(|e| panic!("floor reader: {e:#}")));
     }
@@ -287,6 +292,12 @@ pub async fn repetition(
             }
         }
     }
+    if running.observer == Observer::Pleg(PlegMode::Ebpf) {
+        let ids: Vec<&str> = targets.iter().map(|t| t.id.as_str()).collect();
+        let (mut stages, _) = crate::stages::samples(&ids, &crate::stages::snapshot());
+        stages.retain(|(s, _)| *s != Stage::Read);
+        out.stages = stages;
+    }
     running
         .reads
         .lock()
@@ -324,6 +335,7 @@ pub async fn churn(
     rate: f64,
     duration: Duration,
     lifetime: Duration,
+    tail: Duration,
 ) -> RepSamples {
     let pod = TestPod::new(
         containerd,
@@ -359,7 +371,7 @@ pub async fn churn(
     };
     let mut seen: HashMap<String, u64> = HashMap::new();
     let rx = running.events.as_mut().expect("churn runs a pleg");
-    let bound = tokio::time::Instant::now() + duration + lifetime + Duration::from_secs(5);
+    let bound = tokio::time::Instant::now() + duration + lifetime + tail;
     while let Ok(Some(e)) = tokio::time::timeout_at(bound, rx.recv()).await {
         if e.kind == EventKind::ContainerDied
             && let Some(c) = &e.container_id

@@ -7,12 +7,16 @@
 //! A crate of its own because it needs the agent's library, the test harness
 //! (containerd, images, cgroups) and root, none of which `xtask` should carry.
 
+mod agent;
 mod death;
+mod fake_cri;
 mod floor;
 mod idle;
 mod plots;
 mod report;
 mod results;
+mod scale;
+mod stages;
 mod stats;
 
 use std::path::PathBuf;
@@ -41,6 +45,67 @@ struct Cli {
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
+    /// Only these parts (death, agent, scale, churn, idle); all by default. For
+    /// checking a change quickly; the report then lacks the others.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Only these observers in the death workloads (floor, ebpf, evented-cri,
+    /// generic); all by default.
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+}
+
+/// Samples of one stage over repetitions.
+#[derive(Debug, Default)]
+struct Series {
+    reps: Vec<Percentiles>,
+    samples: Vec<f64>,
+    lost: usize,
+}
+
+/// Series by stage, in the order first seen.
+#[derive(Debug, Default)]
+struct SeriesSet(Vec<(String, Series)>);
+
+impl SeriesSet {
+    fn add(&mut self, stage: &str, samples: Vec<f64>, lost: usize) {
+        let i = match self.0.iter().position(|(s, _)| s == stage) {
+            Some(i) => i,
+            None => {
+                self.0.push((stage.to_owned(), Series::default()));
+                self.0.len() - 1
+            }
+        };
+        let series = &mut self.0[i].1;
+        series.reps.extend(Percentiles::of(&samples));
+        series.samples.extend(samples);
+        series.lost += lost;
+    }
+
+    fn into_latencies(self, mode: &str, workload: &str) -> Vec<Latency> {
+        self.0
+            .into_iter()
+            .map(|(stage, s)| Latency {
+                mode: mode.to_owned(),
+                workload: workload.to_owned(),
+                stage,
+                summary: Summary::of(&s.reps),
+                lost: s.lost,
+                samples_us: s.samples,
+            })
+            .collect()
+    }
+}
+
+/// `; stage p50 ...` for a progress line.
+fn stage_line(stages: &[(evpleg::pleg::stages::Stage, Vec<f64>)]) -> String {
+    let mut out = String::new();
+    for (stage, samples) in stages {
+        if let Some(p) = Percentiles::of(samples) {
+            out.push_str(&format!("; {} p50 {:.0} us", stages::name(*stage), p.p50));
+        }
+    }
+    out
 }
 
 fn progress(msg: &str) {
@@ -82,6 +147,8 @@ fn main() -> Result<()> {
         containers_per_repetition: n,
         latency: Vec::new(),
         idle: Vec::new(),
+        starts: Vec::new(),
+        scale: None,
         notes: Vec::new(),
     };
     let observers = [
@@ -90,18 +157,20 @@ fn main() -> Result<()> {
         Observer::Pleg(PlegMode::EventedCri),
         Observer::Pleg(PlegMode::Generic),
     ];
+    let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
     for observer in observers {
+        if !wanted("death")
+            || !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == observer.name()))
+        {
+            continue;
+        }
         for workload in [Workload::SelfExit, Workload::Killed] {
             progress(&format!(
                 "death latency: {} / {}: {reps} repetitions of {n} containers",
                 observer.name(),
                 workload.name()
             ));
-            let mut reader = Vec::new();
-            let mut event = Vec::new();
-            let (mut lost_reader, mut lost_event) = (0, 0);
-            let mut all_reader = Vec::new();
-            let mut all_event = Vec::new();
+            let mut series = SeriesSet::default();
             rt.block_on(async {
                 let mut running = Running::start(observer, &client)?;
                 for rep in 0..reps {
@@ -116,48 +185,76 @@ fn main() -> Result<()> {
                     )
                     .await;
                     progress(&format!(
-                        "  repetition {}: {} reader samples, {} event samples, lost {}/{}",
+                        "  repetition {}: {} reader samples, {} event samples, lost {}/{}{}",
                         rep + 1,
                         s.reader_us.len(),
                         s.event_us.len(),
                         s.lost_reader,
-                        s.lost_events
+                        s.lost_events,
+                        stage_line(&s.stages)
                     ));
-                    reader.extend(Percentiles::of(&s.reader_us));
-                    event.extend(Percentiles::of(&s.event_us));
-                    lost_reader += s.lost_reader;
-                    lost_event += s.lost_events;
-                    all_reader.extend(s.reader_us);
-                    all_event.extend(s.event_us);
+                    if !s.reader_us.is_empty() || observer == Observer::Floor {
+                        series.add("reader", s.reader_us, s.lost_reader);
+                    }
+                    for (stage, samples) in s.stages {
+                        series.add(stages::name(stage), samples, 0);
+                    }
+                    if observer != Observer::Floor {
+                        series.add("event", s.event_us, s.lost_events);
+                    }
                 }
                 running.stop().await;
                 anyhow::Ok(())
             })?;
-            let mode = observer.name().to_owned();
-            if !all_reader.is_empty() || observer == Observer::Floor {
-                results.latency.push(Latency {
-                    mode: mode.clone(),
-                    workload: workload.name().into(),
-                    stage: "reader".into(),
-                    summary: Summary::of(&reader),
-                    lost: lost_reader,
-                    samples_us: all_reader,
-                });
-            }
-            if observer != Observer::Floor {
-                results.latency.push(Latency {
-                    mode,
-                    workload: workload.name().into(),
-                    stage: "event".into(),
-                    summary: Summary::of(&event),
-                    lost: lost_event,
-                    samples_us: all_event,
-                });
-            }
+            results
+                .latency
+                .extend(series.into_latencies(observer.name(), workload.name()));
         }
     }
-    churn(&rt, &containerd, &client, cli.quick, &mut results)?;
-    idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
+    if wanted("agent") {
+        progress(&format!(
+            "full agent (ebpf): {reps} repetitions of {n} static pods, started one by one, then killed"
+        ));
+        let a = rt.block_on(agent::run(&containerd, reps, n, window))?;
+        results.latency.extend(a.latencies);
+        results.starts = a.starts;
+        results.notes.extend(a.notes);
+    }
+    if wanted("scale") {
+        let (counts, secs): (&[usize], f64) = if cli.quick {
+            (&[300], 0.1)
+        } else {
+            (&[1000, 10_000], 1.0)
+        };
+        let dir = containerd.base().join("bench-scale");
+        let idle = (!cli.quick).then_some(Duration::from_secs(3));
+        let s = rt.block_on(scale::run(
+            &dir,
+            counts,
+            &[1000.0, 2000.0, 5000.0],
+            secs,
+            idle,
+        ))?;
+        results.scale = Some(s);
+        results.notes.push(format!(
+            "Scale: container-like cgroups (`/kubepods/besteffort/pod<uid>/<id>`) with one \
+             `sleep` each (joined to its cgroup before its exec, as a runtime's init does), no \
+             runtime: an in-process fake CRI server (its own thread, excluded from the CPU \
+             figures) lists them as pods, so the relist figures measure evpleg's relist code, \
+             not a runtime. The PLEG runs in `ebpf` mode over it (reader, merge on the reader \
+             thread, relist); at each rate up to {secs} s of deaths (SIGKILL from a pacing \
+             thread; each cgroup dies once, so a phase is also bounded by the cgroups left). \
+             The overflow run holds the reader at the record tap while 200 processes (100 in a \
+             quick run) die into \
+             a one-page ring buffer."
+        ));
+    }
+    if wanted("churn") {
+        churn(&rt, &containerd, &client, cli.quick, &mut results)?;
+    }
+    if wanted("idle") {
+        idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
+    }
     drop(client);
     drop(rt);
     drop(containerd);
@@ -187,10 +284,11 @@ fn churn(
     results: &mut Results,
 ) -> Result<()> {
     let rate = 2.0;
-    let duration = if quick {
-        Duration::from_secs(5)
+    // How long after the last start a death may still come.
+    let (duration, tail) = if quick {
+        (Duration::from_secs(3), Duration::from_secs(2))
     } else {
-        Duration::from_secs(20)
+        (Duration::from_secs(20), Duration::from_secs(5))
     };
     let lifetime = Duration::from_millis(500);
     results.notes.push(format!(
@@ -210,7 +308,16 @@ fn churn(
         ));
         let s = rt.block_on(async {
             let mut running = Running::start(observer, client)?;
-            let s = death::churn(containerd, client, &mut running, rate, duration, lifetime).await;
+            let s = death::churn(
+                containerd,
+                client,
+                &mut running,
+                rate,
+                duration,
+                lifetime,
+                tail,
+            )
+            .await;
             running.stop().await;
             anyhow::Ok(s)
         })?;
@@ -255,9 +362,9 @@ fn idle_cost(
     results: &mut Results,
 ) -> Result<()> {
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
-        (&[10], 3, Duration::from_secs(2))
+        (&[10], 3, Duration::from_millis(1500))
     } else {
-        (&[10, 50, 100], 3, Duration::from_secs(19))
+        (&[10, 50, 100], 3, Duration::from_secs(13))
     };
     let containerd_pid = containerd.pid().context("containerd's pid")?;
     let mut pods = idle::IdlePods::new();
@@ -273,8 +380,8 @@ fn idle_cost(
         for mode in modes {
             let name = mode.map_or("baseline", |m| Observer::Pleg(m).name());
             progress(&format!(
-                "idle cost: {name} with {n} containers, {windows} windows of {} s",
-                each.as_secs()
+                "idle cost: {name} with {n} containers, {windows} windows of {:.1} s",
+                each.as_secs_f64()
             ));
             let w = rt.block_on(idle::measure(mode, client, containerd_pid, windows, each))?;
             let spread = |f: fn(&idle::Window) -> f64| {

@@ -90,7 +90,31 @@ pub struct Results {
     pub containers_per_repetition: usize,
     pub latency: Vec<Latency>,
     pub idle: Vec<Idle>,
+    /// Start latency of static pods through the full agent.
+    #[serde(default)]
+    pub starts: Vec<Start>,
+    /// The scale workload (cgroups and plain processes, a fake runtime).
+    #[serde(default)]
+    pub scale: Option<crate::scale::ScaleResults>,
     pub notes: Vec<String>,
+}
+
+/// Start latency of one kind of pod through the full agent: from the manifest
+/// written to the status manager holding the container Running, in ms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Start {
+    pub mode: String,
+    pub pods: usize,
+    /// Manifest written to the status Running.
+    pub total_ms: Option<Summary>,
+    /// The CRI calls that start a pod (RunPodSandbox, CreateContainer,
+    /// StartContainer, image calls), summed per pod.
+    pub runtime_ms: Option<Summary>,
+    /// Other CRI calls meanwhile (inspection: lists and statuses), summed.
+    pub inspection_ms: Option<Summary>,
+    /// `total - runtime`: the agent's own time (sources, admission, workers,
+    /// waits for the cache, the status manager) and the inspection calls.
+    pub agent_ms: Option<Summary>,
 }
 
 impl Results {

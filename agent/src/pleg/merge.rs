@@ -28,6 +28,7 @@ use tracing::warn;
 use super::cache::{KernelExit, PodStatusCache};
 use super::on_demand::PodRelistQueue;
 use super::relist::{Delivery, KernelReports};
+use super::stages::{self, Stage};
 use super::{EventKind, PodLifecycleEvent, RelistSignal};
 
 /// Counters of the merge.
@@ -85,7 +86,11 @@ impl KernelMerge {
                         at_ns: event.at_ns,
                     },
                 );
-                self.cache.overlay_exit(&uid, &id, &exit, event.at_ns)
+                let known = self.cache.overlay_exit(&uid, &id, &exit, event.at_ns);
+                if known {
+                    stages::record_now(Stage::Cached, &id);
+                }
+                known
             }
             EventKind::ContainerStarted | EventKind::SandboxStarted => {
                 self.cache.get(&uid).is_some_and(|e| {
@@ -133,6 +138,9 @@ impl KernelMerge {
         });
         match delivery {
             Delivery::Sent => {
+                if matches!(kind, EventKind::ContainerDied | EventKind::SandboxDied) {
+                    stages::record_now(Stage::Delivered, id);
+                }
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             }
             Delivery::AlreadyDelivered => {}

@@ -14,6 +14,7 @@ pub mod merge;
 mod model_tests;
 pub mod on_demand;
 pub mod relist;
+pub mod stages;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -275,7 +276,7 @@ pub enum PlegError {
 /// A part of the kernel path that stopped, and since when (contract clause 5).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Degradation {
-    /// `ring-buffer reader` or `kernel merge`.
+    /// `ring-buffer reader` (which also runs the merge).
     pub part: &'static str,
     /// CLOCK_MONOTONIC ns.
     pub since_ns: u64,
@@ -309,67 +310,38 @@ impl PathHealth {
     }
 }
 
-/// Sets a flag when dropped: a task that ends, returns or panics, is seen.
-struct DoneGuard(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for DoneGuard {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-/// How often the supervisor looks at the kernel path.
-const SUPERVISE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Watches the kernel path; when a part stops it says so (log, metric,
-/// `/healthz`), asks for a relist at once and moves the relist to the kubelet's
-/// 1 s period for good.
+/// Waits for the kernel path to degrade (the reader thread, which also runs
+/// the merge, stopped without being asked to: its stop guard wakes this task,
+/// no polling); then says so (log, metric, `/healthz`), asks for a relist at
+/// once and moves the relist to the kubelet's 1 s period for good.
 async fn supervise(
     kernel: std::sync::Arc<kernel::KernelPleg>,
-    merge_done: std::sync::Arc<std::sync::atomic::AtomicBool>,
     health: std::sync::Arc<PathHealth>,
     period: tokio::sync::watch::Sender<std::time::Duration>,
     relist: std::sync::Arc<RelistSignal>,
-    clock: crate::clock::SharedClock,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(SUPERVISE_EVERY);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let found = match kernel.health() {
-            kernel::KernelHealth::Degraded {
-                part,
-                since_ns,
-                reason,
-            } => Some(Degradation {
-                part,
-                since_ns,
-                reason,
-            }),
-            kernel::KernelHealth::Running if merge_done.load(Ordering::SeqCst) => {
-                if shutdown.is_cancelled() {
-                    return;
-                }
-                Some(Degradation {
-                    part: "kernel merge",
-                    since_ns: clock.now_ns(),
-                    reason: "the merge task ended".into(),
-                })
-            }
-            kernel::KernelHealth::Running => None,
+    tokio::select! {
+        () = shutdown.cancelled() => return,
+        () = kernel.degraded() => {}
+    }
+    if let kernel::KernelHealth::Degraded {
+        part,
+        since_ns,
+        reason,
+    } = kernel.health()
+    {
+        let d = Degradation {
+            part,
+            since_ns,
+            reason,
         };
-        if let Some(d) = found {
-            if health.set(d.clone()) {
-                tracing::error!(part = d.part, reason = %d.reason,
-                    "kernel pleg degraded: falling back to the generic relist every {}s",
-                    relist::GENERIC_PERIOD.as_secs());
-                let _ = period.send(relist::GENERIC_PERIOD);
-                relist.request("kernel pleg degraded");
-            }
-            return;
+        if health.set(d.clone()) {
+            tracing::error!(part = d.part, reason = %d.reason,
+                "kernel pleg degraded: falling back to the generic relist every {}s",
+                relist::GENERIC_PERIOD.as_secs());
+            let _ = period.send(relist::GENERIC_PERIOD);
+            relist.request("kernel pleg degraded");
         }
     }
 }
@@ -428,12 +400,6 @@ impl Pleg {
         let mut evented_stats = None;
         let (kernel, merge_stats) = match mode {
             PlegMode::Ebpf => {
-                let (ktx, krx) = tokio::sync::mpsc::channel(events.max_capacity());
-                let kernel = Arc::new(kernel::KernelPleg::start(
-                    kernel_config,
-                    ktx,
-                    relist_signal.clone(),
-                )?);
                 let stats = Arc::new(merge::MergeStats::default());
                 let merge = merge::KernelMerge {
                     cache: cache.clone(),
@@ -443,20 +409,18 @@ impl Pleg {
                     relist: relist_signal.clone(),
                     stats: stats.clone(),
                 };
-                let merge_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let guard = DoneGuard(merge_done.clone());
-                let merge_shutdown = shutdown.clone();
-                tasks.push(tokio::spawn(async move {
-                    let _guard = guard;
-                    merge.run(krx, merge_shutdown).await;
-                }));
+                // The merge runs on the reader thread: no wake-up of another
+                // thread between the ring buffer and the workers' channel.
+                let kernel = Arc::new(kernel::KernelPleg::start_merged(
+                    kernel_config,
+                    merge,
+                    relist_signal.clone(),
+                )?);
                 tasks.push(tokio::spawn(supervise(
                     kernel.clone(),
-                    merge_done,
                     path_health.clone(),
                     period_tx,
                     relist_signal.clone(),
-                    clock.clone(),
                     shutdown.clone(),
                 )));
                 (Some(kernel), Some(stats))

@@ -206,6 +206,7 @@ impl StatusManager {
                 containers = %summary(&status),
                 "pod status"
             );
+            crate::pleg::stages::status_held(&status);
         }
         if !unchanged {
             let last = entries.get(uid).and_then(|e| e.status.phase.as_deref());

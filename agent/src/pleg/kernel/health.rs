@@ -19,30 +19,53 @@ use super::relist_requests::{RelistReason, RelistRequests};
 /// The part of the kernel path the reader is.
 pub const READER_PART: &str = "ring-buffer reader";
 
-/// Shared health of the kernel path.
+/// Shared health of the kernel path; a degradation wakes whoever waits in
+/// [`HealthCell::degraded`] (no polling).
 #[derive(Debug)]
-pub struct HealthCell(Mutex<KernelHealth>);
+pub struct HealthCell {
+    health: Mutex<KernelHealth>,
+    changed: tokio::sync::Notify,
+}
 
 impl Default for HealthCell {
     fn default() -> Self {
-        Self(Mutex::new(KernelHealth::Running))
+        Self {
+            health: Mutex::new(KernelHealth::Running),
+            changed: tokio::sync::Notify::new(),
+        }
     }
 }
 
 impl HealthCell {
     pub fn get(&self) -> KernelHealth {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records the first degradation (a later one does not hide it).
     pub fn degrade(&self, part: &'static str, since_ns: u64, reason: String) {
-        let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
         if *h == KernelHealth::Running {
             *h = KernelHealth::Degraded {
                 part,
                 since_ns,
                 reason,
             };
+        }
+        drop(h);
+        self.changed.notify_one();
+    }
+
+    /// Returns once the path is degraded (at once if it is already).
+    pub async fn degraded(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.get() != KernelHealth::Running {
+                return;
+            }
+            notified.await;
         }
     }
 }

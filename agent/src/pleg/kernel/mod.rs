@@ -110,6 +110,9 @@ pub enum KernelPlegError {
     /// the reader thread could not be spawned
     #[error("cannot spawn the ring-buffer reader thread: {0}")]
     Spawn(std::io::Error),
+    /// the reader's wake-up eventfd could not be created
+    #[error("cannot create the ring-buffer reader's eventfd: {0}")]
+    Wake(std::io::Error),
 }
 
 /// How to run the kernel PLEG.
@@ -156,6 +159,7 @@ pub struct KernelPleg {
     thread: Option<JoinHandle<()>>,
     stats: Arc<KernelStats>,
     commands: std_mpsc::Sender<Command>,
+    wake: Arc<reader::Wake>,
     offsets: evpleg_events::KernelOffsets,
     health: Arc<HealthCell>,
 }
@@ -167,6 +171,25 @@ impl KernelPleg {
     pub fn start(
         config: KernelPlegConfig,
         events: mpsc::Sender<PodLifecycleEvent>,
+        relist: Arc<RelistSignal>,
+    ) -> Result<Self, KernelPlegError> {
+        Self::start_with(config, reader::Sink::Channel(events), relist)
+    }
+
+    /// [`KernelPleg::start`] with the merge run on the reader thread: each
+    /// event is merged into the cache and offered to the pod workers' channel
+    /// as soon as it is attributed, with no hop through another thread.
+    pub fn start_merged(
+        config: KernelPlegConfig,
+        merge: super::merge::KernelMerge,
+        relist: Arc<RelistSignal>,
+    ) -> Result<Self, KernelPlegError> {
+        Self::start_with(config, reader::Sink::Merge(Box::new(merge)), relist)
+    }
+
+    fn start_with(
+        config: KernelPlegConfig,
+        events: reader::Sink,
         relist: Arc<RelistSignal>,
     ) -> Result<Self, KernelPlegError> {
         let cgroup2_mount = index::cgroup2_mount()
@@ -202,6 +225,7 @@ impl KernelPleg {
         let stats = Arc::new(KernelStats::default());
         let health = Arc::new(HealthCell::default());
         let (commands, command_rx) = std_mpsc::channel();
+        let wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
         let reader = reader::Reader {
             loaded,
             tracker,
@@ -216,6 +240,7 @@ impl KernelPleg {
             commands: command_rx,
             realtime_priority: config.realtime_priority,
             tap: config.tap,
+            wake: wake.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("evpleg-ringbuf".into())
@@ -226,6 +251,7 @@ impl KernelPleg {
             thread: Some(thread),
             stats,
             commands,
+            wake,
             offsets,
             health,
         })
@@ -243,7 +269,7 @@ impl KernelPleg {
     /// Tells the tracker that `id` is a pod sandbox ([`KernelPleg::reconcile`]
     /// does this for every sandbox a view lists).
     pub fn add_sandbox(&self, id: ContainerId) {
-        let _ = self.commands.send(Command::AddSandbox(id));
+        self.send(Command::AddSandbox(id));
     }
 
     /// Hands the runtime's view to the tracker. The runtime's pids are checked
@@ -257,9 +283,7 @@ impl KernelPleg {
     /// [`KernelPleg::reconcile`] with another `/proc`.
     #[doc(hidden)]
     pub fn reconcile_with(&self, view: RuntimeView, procs: &dyn ProcSource) {
-        let _ = self
-            .commands
-            .send(Command::Reconcile(proc::resolve(view, procs)));
+        self.send(Command::Reconcile(proc::resolve(view, procs)));
     }
 
     /// Whether the reader thread runs, or since when and why it does not.
@@ -267,20 +291,32 @@ impl KernelPleg {
         self.health.get()
     }
 
+    /// Returns once the reader thread stopped without being asked to.
+    pub async fn degraded(&self) {
+        self.health.degraded().await
+    }
+
     /// Makes the reader thread stop as if it had failed: [`KernelPleg::health`]
     /// then reports it degraded, and a relist is requested (tests of clause 5).
     #[doc(hidden)]
     pub fn fail_reader_for_test(&self) {
-        let _ = self.commands.send(Command::FailForTest);
+        self.send(Command::FailForTest);
     }
 
-    /// Stops the reader (within its 100 ms poll interval) and detaches.
+    /// Queues a command and wakes the reader for it.
+    fn send(&self, cmd: Command) {
+        let _ = self.commands.send(cmd);
+        self.wake.wake();
+    }
+
+    /// Stops the reader (woken at once) and detaches.
     pub fn stop(mut self) {
         self.shutdown();
     }
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.wake.wake();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

@@ -32,10 +32,17 @@ use super::rescan::{RescanCause, RescanPolicy};
 use super::roots::{FilterChange, RootFilterUpdates};
 use super::scan::Scanner;
 use super::tracker::{Handled, Output, Tracker};
-use crate::pleg::{ContainerId, PodLifecycleEvent};
+use crate::pleg::merge::KernelMerge;
+use crate::pleg::stages::{self, Stage};
+use crate::pleg::{ContainerId, EventKind, PodLifecycleEvent};
 
-/// How often the kernel's counters are read, and the stop flag checked.
+/// How soon after a record the kernel's counters are read (a drop is seen
+/// within this of the last record read: drops happen only while records come).
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often they are read when no record came since the last read: the
+/// reader sleeps otherwise (commands and the stop wake it through its
+/// [`Wake`] eventfd), so an idle node costs one wake-up a second.
+const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Records handled before the commands, counters and stop flag are looked at
 /// again (commands are also read before each record).
 pub const BATCH: usize = 256;
@@ -109,6 +116,17 @@ impl Default for KernelStats {
 /// kernel's timestamp to receipt, in ns (metrics, tests, the benchmark).
 pub type RecordTap = Arc<dyn Fn(&KernelEvent, u64) + Send + Sync>;
 
+/// Where the reader hands its lifecycle events.
+#[derive(Debug)]
+pub enum Sink {
+    /// A channel (tests, `evpleg --kernel-only`): a full one is a loss.
+    Channel(mpsc::Sender<PodLifecycleEvent>),
+    /// The merge, run on the reader thread itself: the event reaches the cache
+    /// and the pod workers' channel without a wake-up of another thread
+    /// (`ebpf` mode). Its own delivery rules apply (contract clause 4).
+    Merge(Box<KernelMerge>),
+}
+
 /// Commands to the reader thread, applied before the next record is handled.
 #[derive(Debug)]
 pub enum Command {
@@ -126,7 +144,7 @@ pub(super) struct Reader {
     pub scanner: Scanner,
     pub roots: RootFilterUpdates,
     pub rescans: RescanPolicy,
-    pub events: mpsc::Sender<PodLifecycleEvent>,
+    pub events: Sink,
     pub relist: RelistRequests,
     pub stats: Arc<KernelStats>,
     pub stop: Arc<AtomicBool>,
@@ -134,6 +152,38 @@ pub(super) struct Reader {
     pub commands: std_mpsc::Receiver<Command>,
     pub realtime_priority: Option<i32>,
     pub tap: Option<RecordTap>,
+    /// Written by whoever sends a command or asks the reader to stop.
+    pub wake: Arc<Wake>,
+}
+
+/// An eventfd that wakes the reader from `epoll_wait`.
+#[derive(Debug)]
+pub struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    pub fn new() -> std::io::Result<Self> {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new fd we own.
+        Ok(Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Wakes the reader (never blocks: the counter saturates at 2^64-2).
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our fd.
+        unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Resets the counter (non-blocking).
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking fd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
 }
 
 /// Tries to make the calling thread SCHED_FIFO at `priority`.
@@ -164,28 +214,32 @@ pub fn monotonic_ns() -> u64 {
 struct Epoll(RawFd);
 
 impl Epoll {
-    fn new(fd: RawFd) -> std::io::Result<Self> {
+    fn new(fds: &[RawFd]) -> std::io::Result<Self> {
         // SAFETY: plain syscall.
         let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if epfd < 0 {
             return Err(std::io::Error::last_os_error());
         }
         let epoll = Self(epfd);
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: 0,
-        };
-        // SAFETY: both fds are open; `ev` is valid for the call.
-        if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-            return Err(std::io::Error::last_os_error());
+        for (i, &fd) in fds.iter().enumerate() {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: both fds are open; `ev` is valid for the call.
+            if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         Ok(epoll)
     }
 
     fn wait(&self, timeout: Duration) {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: one valid event slot; EINTR and timeouts both just return.
-        unsafe { libc::epoll_wait(self.0, &mut ev, 1, timeout.as_millis() as i32) };
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // Rounded up: a timeout of 0.5 ms must not spin with 0.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: two valid event slots; EINTR and timeouts both just return.
+        unsafe { libc::epoll_wait(self.0, ev.as_mut_ptr(), 2, ms) };
     }
 }
 
@@ -249,16 +303,25 @@ impl Reader {
             },
             None => info!("ring-buffer reader runs at normal priority (real-time disabled)"),
         }
-        let epoll = Epoll::new(self.loaded.ring.as_raw_fd())
+        let epoll = Epoll::new(&[self.loaded.ring.as_raw_fd(), self.wake.0.as_raw_fd()])
             .map_err(|e| format!("epoll on the ring buffer failed: {e}"))?;
         let mut last_poll = Instant::now();
+        // Records were read since the counters were last read.
+        let mut recent = false;
         let mut out = Output::default();
         while !self.stop.load(Ordering::Relaxed) {
-            epoll.wait(POLL_INTERVAL);
+            let every = if recent {
+                POLL_INTERVAL
+            } else {
+                IDLE_POLL_INTERVAL
+            };
+            epoll.wait(every.saturating_sub(last_poll.elapsed()));
+            self.wake.drain();
             for _ in 0..BATCH {
                 let Some(item) = self.loaded.ring.next() else {
                     break;
                 };
+                recent = true;
                 let now = monotonic_ns();
                 let decoded = decode(&item);
                 drop(item);
@@ -267,11 +330,17 @@ impl Reader {
                 self.apply_commands()?;
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
                 self.on_record(decoded, now, &mut out);
-                self.deliver(&mut out)?;
+                self.deliver(&mut out, now)?;
             }
             self.apply_commands()?;
-            if last_poll.elapsed() >= POLL_INTERVAL {
+            let every = if recent {
+                POLL_INTERVAL
+            } else {
+                IDLE_POLL_INTERVAL
+            };
+            if last_poll.elapsed() >= every {
                 last_poll = Instant::now();
+                recent = false;
                 self.poll_counters();
             }
         }
@@ -382,11 +451,31 @@ impl Reader {
         self.store_tracker_stats();
     }
 
-    /// Hands the events to the channel; a full channel is a loss (relist), a
-    /// closed one stops the reader.
-    fn deliver(&mut self, out: &mut Output) -> Result<(), String> {
+    /// Hands the events to the sink. Into a channel, a full channel is a loss
+    /// (relist) and a closed one stops the reader; the merge applies its own
+    /// rules. `read_ns`: when the record was taken from the ring (stages).
+    fn deliver(&mut self, out: &mut Output, read_ns: u64) -> Result<(), String> {
         for event in out.events.drain(..) {
-            match self.events.try_send(event) {
+            if stages::log().is_some()
+                && matches!(
+                    event.kind,
+                    EventKind::ContainerDied | EventKind::SandboxDied
+                )
+                && let Some(id) = &event.container_id
+            {
+                stages::record(Stage::Kernel, id, event.at_ns);
+                stages::record(Stage::Read, id, read_ns);
+                stages::record_now(Stage::Attributed, id);
+            }
+            let sender = match &self.events {
+                Sink::Merge(merge) => {
+                    merge.handle(event);
+                    self.stats.events.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Sink::Channel(sender) => sender,
+            };
+            match sender.try_send(event) {
                 Ok(()) => {
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
                 }

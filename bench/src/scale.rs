@@ -1,0 +1,641 @@
+//! The scale workload (issue #11): container-like cgroups
+//! (`/kubepods/besteffort/pod<uid>/<64-hex id>`) each holding one plain
+//! process (`sleep`, joined to the cgroup before its exec, as a runtime's init
+//! does), no container runtime; an in-process fake CRI server
+//! ([`crate::fake_cri`]) lists them as pods. The PLEG runs in `ebpf` mode over
+//! that fake (reader, merge, relist); the processes are killed at a paced rate
+//! and each death's stages come from the agent's stage log. Then the overflow
+//! path (a one-page ring buffer, its reader held during a burst) and the
+//! generic relist's cost at the same count. Every cgroup and process made here
+//! is removed when [`Cgroups`] is dropped, also on error.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg::pleg::kernel::KernelPlegConfig;
+use evpleg::pleg::kernel::event::KernelEvent;
+use evpleg::pleg::stages::Stage;
+use evpleg::pleg::{EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::fake_cri::{FakeCri, FakePod};
+use crate::stats::Percentiles;
+
+/// One rate's measurement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScaleRate {
+    pub cgroups: usize,
+    /// The rate asked for, and the one the killer thread achieved.
+    pub target_per_s: f64,
+    pub achieved_per_s: f64,
+    pub deaths: usize,
+    /// Deaths with no ContainerDied within the bound.
+    pub lost: usize,
+    /// Records the kernel dropped (ring buffer full).
+    pub dropped: u64,
+    /// Per stage (`reader`, `attributed`, `cached`, `delivered`): percentiles
+    /// in us of this phase's deaths.
+    pub stages: Vec<(String, Percentiles)>,
+    /// The reader thread's CPU over the phase, % of a core.
+    pub reader_cpu_pct: f64,
+    /// The whole process's CPU except the fake runtime's thread, % of a core.
+    pub process_cpu_pct: f64,
+}
+
+/// The overflow path's proof.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Overflow {
+    pub ring_bytes: u32,
+    pub deaths: usize,
+    pub dropped: u64,
+    pub by_kernel: usize,
+    pub by_relist: usize,
+    pub lost: usize,
+    /// From the reader's release to the last death delivered, ms.
+    pub repaired_ms: f64,
+}
+
+/// The relist's cost at a count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RelistCost {
+    pub cgroups: usize,
+    /// The first relist (every pod inspected), ms (`None`: not run at this
+    /// count).
+    pub first_ms: Option<f64>,
+    /// A steady relist (lists only), median ms.
+    pub steady_ms: Option<f64>,
+    /// Generic mode's process CPU at 1 relist/s, % of a core (the fake's
+    /// thread excluded).
+    pub generic_cpu_pct: Option<f64>,
+    /// The ebpf reader thread's CPU with the same count idle, % of a core
+    /// (`None` in a quick run).
+    pub ebpf_idle_reader_cpu_pct: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScaleResults {
+    pub rates: Vec<ScaleRate>,
+    pub overflow: Option<Overflow>,
+    pub relist: Vec<RelistCost>,
+}
+
+/// Container-like cgroups with one process each.
+#[derive(Debug)]
+pub struct Cgroups {
+    /// Parents this run created (removed last, when empty).
+    parents: Vec<PathBuf>,
+    pub pods: Vec<ScalePod>,
+}
+
+#[derive(Debug)]
+pub struct ScalePod {
+    pub uid: String,
+    pub id: String,
+    pod_dir: PathBuf,
+    dir: PathBuf,
+    pub pid: i32,
+    pub alive: bool,
+}
+
+impl Cgroups {
+    /// Makes `n` pod and container cgroups and starts a process in each.
+    pub fn create(n: usize) -> Result<Self> {
+        let root = evpleg_tests::cgroups::cgroup2();
+        let mut this = Self {
+            parents: Vec::new(),
+            pods: Vec::new(),
+        };
+        let mut dir = root.clone();
+        for part in ["kubepods", "besteffort"] {
+            dir.push(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+                this.parents.push(dir.clone());
+            }
+        }
+        for _ in 0..n {
+            let uid = evpleg_tests::pod_uid();
+            let id = evpleg_tests::container_id();
+            let pod_dir = dir.join(format!("pod{uid}"));
+            let cdir = pod_dir.join(&id);
+            std::fs::create_dir(&pod_dir)
+                .with_context(|| format!("mkdir {}", pod_dir.display()))?;
+            this.pods.push(ScalePod {
+                uid,
+                id,
+                pod_dir,
+                dir: cdir.clone(),
+                pid: 0,
+                alive: false,
+            });
+            std::fs::create_dir(&cdir).with_context(|| format!("mkdir {}", cdir.display()))?;
+        }
+        this.spawn()?;
+        Ok(this)
+    }
+
+    /// One `sleep` per cgroup, forked by one shell: each subshell joins its
+    /// cgroup and execs `sleep` there (the first exec in the cgroup: its main
+    /// process, as a runtime's init does). Forking from a small shell is much
+    /// faster than from this process. The shell exits at once; its children
+    /// are reparented to this process (a subreaper) and reaped on drop.
+    fn spawn(&mut self) -> Result<()> {
+        // SAFETY: prctl with an integer argument.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        let list: String = self
+            .pods
+            .iter()
+            .map(|p| format!("{}\n", p.dir.display()))
+            .collect();
+        let mut sh = Command::new("sh")
+            .args([
+                "-c",
+                "while read -r d; do (echo 0 > \"$d/cgroup.procs\" && exec sleep 1000000) & done",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning the process shell")?;
+        {
+            use std::io::Write;
+            let mut stdin = sh.stdin.take().context("the shell's stdin")?;
+            stdin.write_all(list.as_bytes())?;
+        }
+        sh.wait()?;
+        // Each cgroup holds its sleep once the subshell has exec'd.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for p in &mut self.pods {
+            loop {
+                let procs = std::fs::read_to_string(p.dir.join("cgroup.procs")).unwrap_or_default();
+                let pid = procs
+                    .lines()
+                    .next()
+                    .and_then(|l| l.trim().parse::<i32>().ok());
+                let comm = pid
+                    .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+                    .unwrap_or_default();
+                if let Some(pid) = pid
+                    && comm.trim() == "sleep"
+                {
+                    p.pid = pid;
+                    p.alive = true;
+                    break;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "no sleep in {}", p.dir.display());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn fake_pods(&self) -> Vec<FakePod> {
+        self.pods
+            .iter()
+            .map(|p| FakePod {
+                uid: p.uid.clone(),
+                sandbox_id: evpleg_tests::container_id(),
+                container_id: p.id.clone(),
+                running: p.alive,
+                exit_code: 0,
+                finished_at: 0,
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for p in &self.pods {
+            if p.pid > 0 {
+                // SAFETY: kill and waitpid on a pid that is our child (this
+                // process is their subreaper); no memory is shared.
+                unsafe {
+                    libc::kill(p.pid, libc::SIGKILL);
+                    libc::waitpid(p.pid, std::ptr::null_mut(), 0);
+                }
+            }
+        }
+        for p in &self.pods {
+            for d in [&p.dir, &p.pod_dir] {
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while std::fs::remove_dir(d).is_err() && d.exists() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        for d in self.parents.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// CPU seconds of this process's threads, split: (named `name`, all others
+/// except `fake-cri`).
+fn thread_cpu(name: &str) -> (f64, f64) {
+    let (mut named, mut rest) = (0u64, 0u64);
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let run: u64 = std::fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        let comm = comm.trim();
+        if comm == name {
+            named += run;
+        } else if !comm.starts_with("fake-cri") {
+            rest += run;
+        }
+    }
+    (named as f64 / 1e9, rest as f64 / 1e9)
+}
+
+const READER: &str = "evpleg-ringbuf";
+
+/// The largest count run through the whole PLEG over the fake runtime.
+pub const FULL_PIPELINE_MAX: usize = 2000;
+
+/// What runs the deaths: the whole PLEG, or the kernel path alone.
+enum Under {
+    Pleg(Pleg),
+    Kernel(evpleg::pleg::kernel::KernelPleg),
+}
+
+impl Under {
+    fn dropped(&self) -> u64 {
+        let stats = match self {
+            Under::Pleg(p) => p.kernel.as_ref().map(|k| k.stats().clone()),
+            Under::Kernel(k) => Some(k.stats().clone()),
+        };
+        stats.map_or(0, |s| s.kernel_dropped.load(Ordering::Relaxed))
+    }
+
+    async fn stop(self) {
+        match self {
+            Under::Pleg(p) => p.stop().await,
+            Under::Kernel(k) => k.stop(),
+        }
+    }
+}
+
+async fn start_pleg(
+    mode: PlegMode,
+    client: &CriClient,
+    kernel: KernelPlegConfig,
+) -> Result<(Pleg, mpsc::Receiver<PodLifecycleEvent>)> {
+    let (tx, rx) = mpsc::channel(100_000);
+    let pleg = Pleg::start(
+        mode,
+        evpleg::runtime::CriRuntime::new(client.clone()),
+        kernel,
+        tx,
+        Arc::new(evpleg::clock::MonotonicClock),
+        None,
+    )?;
+    Ok((pleg, rx))
+}
+
+/// Waits until the cache holds every pod of `cg` (after a requested relist).
+async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<()> {
+    pleg.relist_signal.request("scale: pods listed");
+    let deadline = Instant::now() + bound;
+    for p in &cg.pods {
+        let uid = evpleg::pleg::PodUid::parse(&p.uid).context("uid")?;
+        while pleg.cache.get(&uid).is_none() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the relist did not list every pod"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Kills `which` pods at `rate`/s from a thread of its own; returns the
+/// achieved rate.
+fn kill_paced(cg: &mut Cgroups, fake: &FakeCri, which: &[usize], rate: f64) -> f64 {
+    let pids: Vec<(usize, i32)> = which.iter().map(|i| (*i, cg.pods[*i].pid)).collect();
+    let pods = fake.pods.clone();
+    let started = Instant::now();
+    let t = std::thread::spawn(move || {
+        for (k, (i, pid)) in pids.iter().enumerate() {
+            let at = started + Duration::from_secs_f64(k as f64 / rate);
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            // SAFETY: kill has no memory preconditions; the pid is our child.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+            pods.killed(*i);
+        }
+        started.elapsed()
+    });
+    let took = t.join().unwrap_or_default();
+    for i in which {
+        cg.pods[*i].alive = false;
+    }
+    which.len() as f64 / took.as_secs_f64().max(1e-9)
+}
+
+/// Receives events until every id in `ids` has a ContainerDied or `bound`
+/// passes; returns each id's source.
+async fn deaths(
+    rx: &mut mpsc::Receiver<PodLifecycleEvent>,
+    ids: &[&str],
+    bound: Duration,
+) -> HashMap<String, (EventSource, Instant)> {
+    let mut seen = HashMap::new();
+    let deadline = tokio::time::Instant::now() + bound;
+    while seen.len() < ids.len() {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(e)) if e.kind == EventKind::ContainerDied => {
+                if let Some(c) = &e.container_id
+                    && ids.contains(&c.as_str())
+                {
+                    seen.entry(c.as_str().to_owned())
+                        .or_insert((e.source, Instant::now()));
+                }
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    seen
+}
+
+/// The whole scale workload.
+pub async fn run(
+    dir: &std::path::Path,
+    counts: &[usize],
+    rates: &[f64],
+    secs: f64,
+    idle: Option<Duration>,
+) -> Result<ScaleResults> {
+    // A quick run (no idle window) looks at fewer relists and deaths.
+    let quick = idle.is_none();
+    let relist_window = Duration::from_millis(if quick { 2500 } else { 4000 });
+    let fake = FakeCri::start(dir)?;
+    let client = CriClient::connect(&fake.endpoint(), CriClientConfig::default()).await?;
+    let mut out = ScaleResults::default();
+    for &n in counts {
+        // Up to FULL_PIPELINE_MAX the whole PLEG over the fake runtime (its first
+        // relist inspects every pod: minutes at 10 000 in this build); above,
+        // the kernel path alone (reader, decoder, tracker).
+        let full = n <= FULL_PIPELINE_MAX;
+        crate::progress(&format!(
+            "scale: {n} cgroups, {}",
+            if full {
+                "ebpf mode over the fake runtime"
+            } else {
+                "the kernel path alone (no runtime)"
+            }
+        ));
+        let (under, mut rx) = if full {
+            let (pleg, rx) =
+                start_pleg(PlegMode::Ebpf, &client, KernelPlegConfig::default()).await?;
+            (Under::Pleg(pleg), rx)
+        } else {
+            let (tx, rx) = mpsc::channel(100_000);
+            let relist = Arc::new(evpleg::pleg::RelistSignal::new());
+            let k =
+                evpleg::pleg::kernel::KernelPleg::start(KernelPlegConfig::default(), tx, relist)?;
+            (Under::Kernel(k), rx)
+        };
+        let made = Instant::now();
+        let mut cg = Cgroups::create(n)?;
+        crate::progress(&format!(
+            "  {n} cgroups and processes made in {:.1} s",
+            made.elapsed().as_secs_f64()
+        ));
+        if let Under::Pleg(pleg) = &under {
+            fake.pods.set(cg.fake_pods());
+            let listing = Instant::now();
+            wait_listed(pleg, &cg, Duration::from_secs(300)).await?;
+            crate::progress(&format!(
+                "  the relist listed them in {:.1} s",
+                listing.elapsed().as_secs_f64()
+            ));
+        }
+        // Idle reader cost at this count (not in a quick run): past the loss
+        // follow-ups of that relist request (2.5 s) and the re-checks of the
+        // starts the kernel saw before the runtime listed them (pod relists
+        // until the confirmation bound, for every pod): idle means no pod
+        // relist for a second (waited for at most 30 s).
+        let idle_reader = match idle {
+            None => None,
+            Some(window) => {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if let Under::Pleg(pleg) = &under {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    loop {
+                        let before = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let after = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
+                        if after == before || Instant::now() > deadline {
+                            break;
+                        }
+                    }
+                }
+                let (r0, _) = thread_cpu(READER);
+                let idle_start = Instant::now();
+                tokio::time::sleep(window).await;
+                let (r1, _) = thread_cpu(READER);
+                let pct = 100.0 * (r1 - r0) / idle_start.elapsed().as_secs_f64();
+                crate::progress(&format!(
+                    "  reader idle with {n} cgroups: {pct:.3} % of a core"
+                ));
+                Some(pct)
+            }
+        };
+        let mut next = 0;
+        for (k, &rate) in rates.iter().enumerate() {
+            let left = rates.len() - k;
+            let count = ((rate * secs) as usize).min((n - next) / left);
+            if count == 0 {
+                continue;
+            }
+            let which: Vec<usize> = (next..next + count).collect();
+            next += count;
+            crate::stages::start();
+            let dropped0 = under.dropped();
+            let (r0, p0) = thread_cpu(READER);
+            let t0 = Instant::now();
+            let ids: Vec<String> = which.iter().map(|i| cg.pods[*i].id.clone()).collect();
+            let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let achieved = kill_paced(&mut cg, &fake, &which, rate);
+            let seen = deaths(&mut rx, &id_refs, Duration::from_secs(5)).await;
+            let elapsed = t0.elapsed().as_secs_f64();
+            let (r1, p1) = thread_cpu(READER);
+            // The reader reads the kernel's drop counter 100 ms after its last record.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let dropped = under.dropped() - dropped0;
+            let (stages, _) = crate::stages::samples(&id_refs, &crate::stages::snapshot());
+            let stages: Vec<(String, Percentiles)> = stages
+                .into_iter()
+                .filter(|(s, _)| *s != Stage::WorkerSync && *s != Stage::StatusHeld)
+                .filter_map(|(s, v)| {
+                    Some((crate::stages::name(s).to_owned(), Percentiles::of(&v)?))
+                })
+                .collect();
+            let r = ScaleRate {
+                cgroups: n,
+                target_per_s: rate,
+                achieved_per_s: achieved,
+                deaths: count,
+                lost: count - seen.len(),
+                dropped,
+                stages,
+                reader_cpu_pct: 100.0 * (r1 - r0) / elapsed,
+                process_cpu_pct: 100.0 * (p1 - p0 + r1 - r0) / elapsed,
+            };
+            let last = r.stages.last();
+            crate::progress(&format!(
+                "  {count} deaths at {rate:.0}/s (achieved {achieved:.0}/s): lost {}, dropped {}, {} p50 {:.0} us p99 {:.0} us, reader {:.2} % of a core",
+                r.lost,
+                r.dropped,
+                last.map_or("-", |d| d.0.as_str()),
+                last.map_or(f64::NAN, |d| d.1.p50),
+                last.map_or(f64::NAN, |d| d.1.p99),
+                r.reader_cpu_pct
+            ));
+            out.rates.push(r);
+        }
+        under.stop().await;
+        if !full {
+            out.relist.push(RelistCost {
+                cgroups: n,
+                first_ms: None,
+                steady_ms: None,
+                generic_cpu_pct: None,
+                ebpf_idle_reader_cpu_pct: idle_reader,
+            });
+            drop(cg);
+            continue;
+        }
+        // The generic relist at the same count.
+        crate::progress(&format!(
+            "scale: {n} pods, generic relist over the fake runtime"
+        ));
+        let (pleg, mut rx) =
+            start_pleg(PlegMode::Generic, &client, KernelPlegConfig::default()).await?;
+        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while pleg.relist_stats.relists.load(Ordering::Relaxed) < 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let first_ms = pleg.relist_stats.last_duration_ns.load(Ordering::Relaxed) as f64 / 1e6;
+        let (_, p0) = thread_cpu(READER);
+        let t0 = Instant::now();
+        let mut steady = Vec::new();
+        let mut last = pleg.relist_stats.relists.load(Ordering::Relaxed);
+        while t0.elapsed() < relist_window {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = pleg.relist_stats.relists.load(Ordering::Relaxed);
+            if now != last {
+                last = now;
+                steady
+                    .push(pleg.relist_stats.last_duration_ns.load(Ordering::Relaxed) as f64 / 1e6);
+            }
+        }
+        let (_, p1) = thread_cpu(READER);
+        let cpu = 100.0 * (p1 - p0) / t0.elapsed().as_secs_f64();
+        pleg.stop().await;
+        drain.abort();
+        let steady_ms = crate::stats::Spread::of(&steady).map(|s| s.median);
+        crate::progress(&format!(
+            "  first relist {first_ms:.0} ms, steady {:.1} ms, {cpu:.2} % of a core",
+            steady_ms.unwrap_or(f64::NAN)
+        ));
+        out.relist.push(RelistCost {
+            cgroups: n,
+            first_ms: Some(first_ms),
+            steady_ms,
+            generic_cpu_pct: Some(cpu),
+            ebpf_idle_reader_cpu_pct: idle_reader,
+        });
+        drop(cg);
+    }
+    out.overflow = Some(overflow(&fake, &client, if quick { 100 } else { 200 }).await?);
+    Ok(out)
+}
+
+/// A reader held at a gate (the record tap) while a burst fills a one-page
+/// ring buffer: drops are counted and the relist delivers every death.
+async fn overflow(fake: &FakeCri, client: &CriClient, n: usize) -> Result<Overflow> {
+    let ring_bytes = 4096;
+    crate::progress(&format!(
+        "scale: overflow, {n} deaths into a {ring_bytes}-byte ring buffer with its reader held"
+    ));
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let mut kernel = KernelPlegConfig {
+        ring_buffer_bytes: ring_bytes,
+        ..KernelPlegConfig::default()
+    };
+    let g = gate.clone();
+    kernel.tap = Some(Arc::new(move |_: &KernelEvent, _| {
+        let (held, cv) = &*g;
+        let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
+        while *h {
+            h = cv.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
+    }));
+    let (pleg, mut rx) = start_pleg(PlegMode::Ebpf, client, kernel).await?;
+    let release = |held: bool| {
+        let (h, cv) = &*gate;
+        *h.lock().unwrap_or_else(|e| e.into_inner()) = held;
+        cv.notify_all();
+    };
+    let result = async {
+        let mut cg = Cgroups::create(n)?;
+        fake.pods.set(cg.fake_pods());
+        wait_listed(&pleg, &cg, Duration::from_secs(60)).await?;
+        let ids: Vec<String> = cg.pods.iter().map(|p| p.id.clone()).collect();
+        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        release(true);
+        let all: Vec<usize> = (0..n).collect();
+        kill_paced(&mut cg, fake, &all, 1e9);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = Instant::now();
+        release(false);
+        let seen = deaths(&mut rx, &id_refs, Duration::from_secs(10)).await;
+        let dropped = pleg
+            .kernel
+            .as_ref()
+            .map_or(0, |k| k.stats().kernel_dropped.load(Ordering::Relaxed));
+        let last = seen.values().map(|(_, at)| *at).max().unwrap_or(released);
+        let by_kernel = seen
+            .values()
+            .filter(|(s, _)| *s == EventSource::Kernel)
+            .count();
+        let o = Overflow {
+            ring_bytes,
+            deaths: n,
+            dropped,
+            by_kernel,
+            by_relist: seen.len() - by_kernel,
+            lost: n - seen.len(),
+            repaired_ms: last.saturating_duration_since(released).as_secs_f64() * 1000.0,
+        };
+        crate::progress(&format!(
+            "  dropped {}, delivered by the kernel {}, by the relist {}, lost {}, last {:.0} ms after the reader went on",
+            o.dropped, o.by_kernel, o.by_relist, o.lost, o.repaired_ms
+        ));
+        anyhow::Ok(o)
+    }
+    .await;
+    release(false);
+    pleg.stop().await;
+    result
+}
