@@ -30,9 +30,10 @@ use tracing::{debug, info, warn};
 
 use crate::admission::Admission;
 use crate::cri::CriClient;
+use crate::events::Recorder;
 use crate::pleg::cache::PodStatusCache;
 use crate::pleg::kernel::cgroup_path::{CgroupClass, classify};
-use crate::pleg::{PodLifecycleEvent, PodUid};
+use crate::pleg::{EventKind, EventSource, PodLifecycleEvent, PodUid};
 use crate::pod_fate::{OnAdd, on_add};
 use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
 use crate::runtime::kuberuntime::pod_uid;
@@ -60,6 +61,8 @@ pub struct SyncLoopParts<S> {
     pub cgroup_mounts: Vec<std::path::PathBuf>,
     /// `pleg_event_latency_seconds`, observed as events are taken.
     pub event_latency: Arc<crate::pleg::latency::EventLatency>,
+    /// Pod events: the kernel PLEG's container deaths are recorded here.
+    pub events: Recorder,
 }
 
 /// The sync loop and what it drives.
@@ -74,6 +77,7 @@ pub struct SyncLoop<S> {
     host_ip: String,
     cgroup_mounts: Vec<std::path::PathBuf>,
     event_latency: Arc<crate::pleg::latency::EventLatency>,
+    events: Recorder,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
@@ -114,6 +118,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             host_ip,
             cgroup_mounts,
             event_latency,
+            events,
         } = parts;
         Self {
             workers,
@@ -126,6 +131,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             host_ip,
             cgroup_mounts,
             event_latency,
+            events,
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
@@ -284,8 +290,27 @@ impl<S: PodSyncer> SyncLoop<S> {
             "pod lifecycle event"
         );
         if let Some(pod) = self.pods.get(uid) {
+            if event.source == EventSource::Kernel && event.kind == EventKind::ContainerDied {
+                self.record_kernel_death(pod, uid, &event);
+            }
             self.workers.update_pod(uid, pod.clone(), UpdateType::Sync);
         }
+    }
+
+    /// A death the kernel saw, as an event on the pod (the container's name
+    /// from the cache, which the kernel PLEG's merge already updated).
+    fn record_kernel_death(&self, pod: &Pod, uid: &PodUid, event: &PodLifecycleEvent) {
+        let (Some(id), Some(exit)) = (&event.container_id, &event.exit) else {
+            return;
+        };
+        let name = self.cache.get(uid).and_then(|e| {
+            e.status
+                .containers
+                .iter()
+                .find(|c| c.id == *id)
+                .map(|c| c.name.clone())
+        });
+        crate::events::kubelet::kernel_death(&self.events, pod, name.as_deref(), id.as_str(), exit);
     }
 
     fn finished(&mut self, uid: PodUid) {

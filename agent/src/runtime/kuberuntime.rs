@@ -16,6 +16,7 @@ use super::backoff::{CrashBackoff, ImagePullBackoff};
 use super::reasons::ReasonCache;
 use crate::container::PodStatus;
 use crate::cri::CriClient;
+use crate::events::Recorder;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::kernel::cgroup_path::CgroupDriver;
@@ -65,6 +66,8 @@ pub struct KubeRuntime {
     pub(super) image_backoff: Mutex<ImagePullBackoff>,
     pub(super) reasons: Mutex<ReasonCache>,
     pub(super) start_times: Mutex<HashMap<PodUid, i64>>,
+    /// The pod events recorded ([`crate::events`]).
+    pub(super) events: Recorder,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,7 +89,19 @@ impl KubeRuntime {
             image_backoff: Mutex::new(ImagePullBackoff::default()),
             reasons: Mutex::new(ReasonCache::default()),
             start_times: Mutex::new(HashMap::new()),
+            events: Recorder::default(),
         }
+    }
+
+    /// Records events with this recorder (the agent's, served and written).
+    pub fn with_events(mut self, events: Recorder) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The recorder events go to.
+    pub fn events(&self) -> &Recorder {
+        &self.events
     }
 
     /// Replaces the image pull back-off (the kubelet's 10 s to 5 min).

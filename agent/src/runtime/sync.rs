@@ -5,6 +5,7 @@
 //! CrashLoopBackOff.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -21,6 +22,7 @@ use super::reasons::{
 };
 use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
+use crate::events::{self, EventType};
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
@@ -44,12 +46,27 @@ impl KubeRuntime {
                 ..SyncResult::default()
             });
         }
+        events::kubelet::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
+            self.events.record(
+                &pod,
+                None,
+                EventType::Normal,
+                events::SANDBOX_CHANGED,
+                "Pod sandbox changed, it will be killed and re-created.",
+            );
             self.kill_pod(&uid, &pod, grace).await?;
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
+            self.events.record(
+                &pod,
+                Some(&k.name),
+                EventType::Normal,
+                events::KILLING,
+                events::kubelet::kill_message(&k.name, &k.reason),
+            );
             self.stop_container(k.id.as_str(), grace).await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
@@ -62,6 +79,15 @@ impl KubeRuntime {
                 .cri
                 .run_pod_sandbox(&sandbox_config, "")
                 .await
+                .inspect_err(|e| {
+                    self.events.record(
+                        &pod,
+                        None,
+                        EventType::Warning,
+                        events::FAILED_CREATE_POD_SANDBOX,
+                        format!("Failed to create pod sandbox: {e}"),
+                    )
+                })
                 .map_err(|e| SyncError(e.to_string()))?;
             info!(pod = %uid, sandbox = %id, "sandbox created");
             id
@@ -89,6 +115,7 @@ impl KubeRuntime {
                 Ok(()) => reasons.remove(&uid, &c.name),
                 Err(e) => {
                     warn!(pod = %uid, container = %c.name, reason = e.reason, message = %e.message, "container start failed");
+                    events::kubelet::start_failed(&self.events, &pod, &c.name, &e);
                     failed.push(format!("container {}: {e}", c.name));
                     reasons.update(&uid, &c.name, e);
                 }
@@ -111,7 +138,7 @@ impl KubeRuntime {
     /// Makes the container's image present as its pull policy says (the
     /// kubelet's `EnsureImageExists`), with the pull back-off. An unset policy
     /// is defaulted from the image's tag ([`PullPolicy::of`]).
-    async fn ensure_image(&self, uid: &PodUid, c: &Container) -> Result<(), StartError> {
+    async fn ensure_image(&self, pod: &Pod, uid: &PodUid, c: &Container) -> Result<(), StartError> {
         let image = c.image.as_deref().unwrap_or_default();
         check_image_reference(image).map_err(|e| {
             StartError::new(
@@ -149,6 +176,13 @@ impl KubeRuntime {
             PullPolicy::IfNotPresent => !present,
         };
         if !pull {
+            self.events.record(
+                pod,
+                Some(&c.name),
+                EventType::Normal,
+                events::PULLED,
+                format!("Container image {image:?} already present on machine"),
+            );
             return Ok(());
         }
         let key = (uid.clone(), image.to_owned());
@@ -163,9 +197,23 @@ impl KubeRuntime {
             ));
         }
         info!(pod = %uid, image, "pulling image");
+        self.events.record(
+            pod,
+            Some(&c.name),
+            EventType::Normal,
+            events::PULLING,
+            format!("Pulling image {image:?}"),
+        );
         let started = unix_now_ns();
         match self.cri.pull_image(&spec, None, None).await {
             Ok(_) => {
+                events::kubelet::pulled(
+                    &self.events,
+                    pod,
+                    &c.name,
+                    image,
+                    Duration::from_nanos((unix_now_ns() - started).max(0) as u64),
+                );
                 self.status
                     .start_latency
                     .pulled(uid, started, unix_now_ns());
@@ -223,7 +271,7 @@ impl KubeRuntime {
         if let Some(p) = previous.filter(|p| p.state == ContainerState::Exited) {
             lock(&self.backoff).restarting(backoff_key(uid, c), p.finished_at.unwrap_or(0));
         }
-        self.ensure_image(uid, c).await?;
+        self.ensure_image(pod, uid, c).await?;
         self.verify_run_as_non_root(pod, uid, c).await?;
         let config = container_config(pod, uid, c, attempt)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
@@ -232,10 +280,24 @@ impl KubeRuntime {
             .create_container(sandbox_id, &config, sandbox)
             .await
             .map_err(|e| StartError::new(CREATE_CONTAINER_ERROR, e.to_string()))?;
+        self.events.record(
+            pod,
+            Some(&c.name),
+            EventType::Normal,
+            events::CREATED,
+            format!("Created container: {}", c.name),
+        );
         self.cri
             .start_container(&id)
             .await
             .map_err(|e| StartError::new(RUN_CONTAINER_ERROR, e.to_string()))?;
+        self.events.record(
+            pod,
+            Some(&c.name),
+            EventType::Normal,
+            events::STARTED,
+            format!("Started container {}", c.name),
+        );
         info!(pod = %uid, container = %c.name, attempt, id = %id, "container started");
         Ok(())
     }

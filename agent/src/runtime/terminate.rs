@@ -23,6 +23,7 @@ use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
 use crate::container::ContainerState;
+use crate::events::{self, EventType};
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::relist::PodRuntime;
@@ -87,6 +88,15 @@ impl KubeRuntime {
             .iter()
             .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
             .collect();
+        for c in &running {
+            self.events.record(
+                pod,
+                Some(name(c)),
+                EventType::Normal,
+                events::KILLING,
+                format!("Stopping container {}", name(c)),
+            );
+        }
         let stops = running
             .iter()
             .filter(|c| !sidecars.contains(&name(c)))
@@ -119,6 +129,7 @@ impl KubeRuntime {
                 .await
                 .map_err(|e| SyncError(e.to_string()))?;
         }
+        events::kubelet::exceeded_grace_period(&self.events, pod, started.elapsed(), grace);
         Ok(())
     }
 
@@ -130,7 +141,17 @@ impl KubeRuntime {
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         info!(pod = %uid, grace_seconds, "terminating pod");
-        self.kill_pod(&uid, &pod, grace_seconds).await?;
+        self.kill_pod(&uid, &pod, grace_seconds)
+            .await
+            .inspect_err(|e| {
+                self.events.record(
+                    &pod,
+                    None,
+                    EventType::Warning,
+                    events::FAILED_KILL_POD,
+                    format!("error killing pod: {e}"),
+                )
+            })?;
         // The final status is the runtime's, read again after the kill: exit
         // codes, reasons and finish times as the runtime recorded them (a
         // container that exits 0 on SIGTERM is Completed). If the runtime cannot
