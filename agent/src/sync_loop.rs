@@ -33,7 +33,7 @@ use crate::cri::CriClient;
 use crate::events::Recorder;
 use crate::pleg::cache::PodStatusCache;
 use crate::pleg::kernel::cgroup_path::{CgroupClass, classify};
-use crate::pleg::{EventKind, EventSource, PodLifecycleEvent, PodUid};
+use crate::pleg::{ContainerId, EventKind, EventSource, PodLifecycleEvent, PodUid};
 use crate::pod_fate::{OnAdd, on_add};
 use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
 use crate::runtime::kuberuntime::pod_uid;
@@ -297,20 +297,48 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
-    /// A death the kernel saw, as an event on the pod (the container's name
-    /// from the cache, which the kernel PLEG's merge already updated).
-    fn record_kernel_death(&self, pod: &Pod, uid: &PodUid, event: &PodLifecycleEvent) {
-        let (Some(id), Some(exit)) = (&event.container_id, &event.exit) else {
+    /// A death the kernel saw, as an event on the pod. The container's name
+    /// comes from the cache; a container that died before a relist listed it
+    /// is looked up again (every 20 ms, for at most 5 s: the pod relist that
+    /// follows a kernel death brings it) before the event is recorded, without
+    /// its name if it never shows.
+    fn record_kernel_death(&self, pod: &Arc<Pod>, uid: &PodUid, event: &PodLifecycleEvent) {
+        let (Some(id), Some(exit)) = (event.container_id.clone(), event.exit) else {
             return;
         };
-        let name = self.cache.get(uid).and_then(|e| {
-            e.status
-                .containers
-                .iter()
-                .find(|c| c.id == *id)
-                .map(|c| c.name.clone())
+        if let Some(name) = container_name(&self.cache, uid, &id) {
+            crate::events::kubelet::kernel_death(
+                &self.events,
+                pod,
+                Some(&name),
+                id.as_str(),
+                &exit,
+            );
+            return;
+        }
+        let (cache, events, pod, uid) = (
+            self.cache.clone(),
+            self.events.clone(),
+            pod.clone(),
+            uid.clone(),
+        );
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            let name = loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let name = container_name(&cache, &uid, &id);
+                if name.is_some() || tokio::time::Instant::now() >= deadline {
+                    break name;
+                }
+            };
+            crate::events::kubelet::kernel_death(
+                &events,
+                &pod,
+                name.as_deref(),
+                id.as_str(),
+                &exit,
+            );
         });
-        crate::events::kubelet::kernel_death(&self.events, pod, name.as_deref(), id.as_str(), exit);
     }
 
     fn finished(&mut self, uid: PodUid) {
@@ -402,6 +430,17 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         self.workers.shutdown();
     }
+}
+
+/// The name of container `id` of pod `uid`, if the cache lists it.
+fn container_name(cache: &PodStatusCache, uid: &PodUid, id: &ContainerId) -> Option<String> {
+    cache.get(uid).and_then(|e| {
+        e.status
+            .containers
+            .iter()
+            .find(|c| c.id == *id)
+            .map(|c| c.name.clone())
+    })
 }
 
 /// Removes the empty pod cgroups under `mount` (both drivers' names, as the
