@@ -10,8 +10,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{
-    BACK_OFF, CONTAINER_DIED, ERR_IMAGE_NEVER_PULL, EXCEEDED_GRACE_PERIOD, EventType, FAILED,
-    INSPECT_FAILED, PULLED, Recorder, Source,
+    BACK_OFF, CONTAINER_DIED, CREATED, ERR_IMAGE_NEVER_PULL, EXCEEDED_GRACE_PERIOD, EventType,
+    FAILED, FAILED_CREATE_POD_SANDBOX, FAILED_KILL_POD, INSPECT_FAILED, KILLING, PULLED, PULLING,
+    Recorder, SANDBOX_CHANGED, STARTED, Source,
 };
 use crate::pleg::{ExitStatus, PodUid};
 use crate::runtime::actions::{Waiting, format_pod};
@@ -20,6 +21,61 @@ use crate::runtime::reasons::{
     ERR_IMAGE_NEVER_PULL as WAIT_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR,
     IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, StartError,
 };
+
+/// `SyncPod`: the pod's sandbox is gone and it gets a new one.
+pub fn sandbox_changed(rec: &Recorder, pod: &Pod) {
+    let message = "Pod sandbox changed, it will be killed and re-created.";
+    rec.record(pod, None, EventType::Normal, SANDBOX_CHANGED, message);
+}
+
+/// `SyncPod`: RunPodSandbox failed.
+pub fn failed_create_pod_sandbox(rec: &Recorder, pod: &Pod, error: &dyn std::fmt::Display) {
+    let message = format!("Failed to create pod sandbox: {error}");
+    rec.record(
+        pod,
+        None,
+        EventType::Warning,
+        FAILED_CREATE_POD_SANDBOX,
+        message,
+    );
+}
+
+/// `killContainer`: a container is stopped (`reason` is SyncPod's, empty for
+/// the pod's termination: [`kill_message`]).
+pub fn killing(rec: &Recorder, pod: &Pod, container: &str, reason: &str) {
+    let message = kill_message(container, reason);
+    rec.record(pod, Some(container), EventType::Normal, KILLING, message);
+}
+
+/// `SyncTerminatingPod`: the kill failed.
+pub fn failed_kill_pod(rec: &Recorder, pod: &Pod, error: &dyn std::fmt::Display) {
+    let message = format!("error killing pod: {error}");
+    rec.record(pod, None, EventType::Warning, FAILED_KILL_POD, message);
+}
+
+/// `EnsureImageExists`: no pull needed.
+pub fn already_present(rec: &Recorder, pod: &Pod, container: &str, image: &str) {
+    let message = format!("Container image {image:?} already present on machine");
+    rec.record(pod, Some(container), EventType::Normal, PULLED, message);
+}
+
+/// `EnsureImageExists`: a pull starts.
+pub fn pulling(rec: &Recorder, pod: &Pod, container: &str, image: &str) {
+    let message = format!("Pulling image {image:?}");
+    rec.record(pod, Some(container), EventType::Normal, PULLING, message);
+}
+
+/// `startContainer`: CreateContainer succeeded.
+pub fn created(rec: &Recorder, pod: &Pod, container: &str) {
+    let message = format!("Created container: {container}");
+    rec.record(pod, Some(container), EventType::Normal, CREATED, message);
+}
+
+/// `startContainer`: StartContainer succeeded.
+pub fn started(rec: &Recorder, pod: &Pod, container: &str) {
+    let message = format!("Started container {container}");
+    rec.record(pod, Some(container), EventType::Normal, STARTED, message);
+}
 
 /// `doBackOff`: a container waiting in CrashLoopBackOff, at each sync.
 pub fn crash_loop_back_off(rec: &Recorder, pod: &Pod, uid: &PodUid, waiting: &[Waiting]) {

@@ -22,7 +22,7 @@ use super::reasons::{
 };
 use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
-use crate::events::{self, EventType};
+use crate::events::kubelet as kubelet_events;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
@@ -46,27 +46,15 @@ impl KubeRuntime {
                 ..SyncResult::default()
             });
         }
-        events::kubelet::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
+        kubelet_events::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
-            self.events.record(
-                &pod,
-                None,
-                EventType::Normal,
-                events::SANDBOX_CHANGED,
-                "Pod sandbox changed, it will be killed and re-created.",
-            );
+            kubelet_events::sandbox_changed(&self.events, &pod);
             self.kill_pod(&uid, &pod, grace).await?;
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = k.reason, "killing container");
-            self.events.record(
-                &pod,
-                Some(&k.name),
-                EventType::Normal,
-                events::KILLING,
-                events::kubelet::kill_message(&k.name, &k.reason),
-            );
+            kubelet_events::killing(&self.events, &pod, &k.name, k.reason);
             self.stop_container(k.id.as_str(), grace).await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
@@ -79,15 +67,7 @@ impl KubeRuntime {
                 .cri
                 .run_pod_sandbox(&sandbox_config, "")
                 .await
-                .inspect_err(|e| {
-                    self.events.record(
-                        &pod,
-                        None,
-                        EventType::Warning,
-                        events::FAILED_CREATE_POD_SANDBOX,
-                        format!("Failed to create pod sandbox: {e}"),
-                    )
-                })
+                .inspect_err(|e| kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e))
                 .map_err(|e| SyncError(e.to_string()))?;
             info!(pod = %uid, sandbox = %id, "sandbox created");
             id
@@ -115,7 +95,7 @@ impl KubeRuntime {
                 Ok(()) => reasons.remove(&uid, &c.name),
                 Err(e) => {
                     warn!(pod = %uid, container = %c.name, reason = e.reason, message = %e.message, "container start failed");
-                    events::kubelet::start_failed(&self.events, &pod, &c.name, &e);
+                    kubelet_events::start_failed(&self.events, &pod, &c.name, &e);
                     failed.push(format!("container {}: {e}", c.name));
                     reasons.update(&uid, &c.name, e);
                 }
@@ -176,13 +156,7 @@ impl KubeRuntime {
             PullPolicy::IfNotPresent => !present,
         };
         if !pull {
-            self.events.record(
-                pod,
-                Some(&c.name),
-                EventType::Normal,
-                events::PULLED,
-                format!("Container image {image:?} already present on machine"),
-            );
+            kubelet_events::already_present(&self.events, pod, &c.name, image);
             return Ok(());
         }
         let key = (uid.clone(), image.to_owned());
@@ -197,23 +171,12 @@ impl KubeRuntime {
             ));
         }
         info!(pod = %uid, image, "pulling image");
-        self.events.record(
-            pod,
-            Some(&c.name),
-            EventType::Normal,
-            events::PULLING,
-            format!("Pulling image {image:?}"),
-        );
+        kubelet_events::pulling(&self.events, pod, &c.name, image);
         let started = unix_now_ns();
         match self.cri.pull_image(&spec, None, None).await {
             Ok(_) => {
-                events::kubelet::pulled(
-                    &self.events,
-                    pod,
-                    &c.name,
-                    image,
-                    Duration::from_nanos((unix_now_ns() - started).max(0) as u64),
-                );
+                let took = Duration::from_nanos((unix_now_ns() - started).max(0) as u64);
+                kubelet_events::pulled(&self.events, pod, &c.name, image, took);
                 self.status
                     .start_latency
                     .pulled(uid, started, unix_now_ns());
@@ -280,24 +243,12 @@ impl KubeRuntime {
             .create_container(sandbox_id, &config, sandbox)
             .await
             .map_err(|e| StartError::new(CREATE_CONTAINER_ERROR, e.to_string()))?;
-        self.events.record(
-            pod,
-            Some(&c.name),
-            EventType::Normal,
-            events::CREATED,
-            format!("Created container: {}", c.name),
-        );
+        kubelet_events::created(&self.events, pod, &c.name);
         self.cri
             .start_container(&id)
             .await
             .map_err(|e| StartError::new(RUN_CONTAINER_ERROR, e.to_string()))?;
-        self.events.record(
-            pod,
-            Some(&c.name),
-            EventType::Normal,
-            events::STARTED,
-            format!("Started container {}", c.name),
-        );
+        kubelet_events::started(&self.events, pod, &c.name);
         info!(pod = %uid, container = %c.name, attempt, id = %id, "container started");
         Ok(())
     }

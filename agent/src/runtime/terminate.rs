@@ -23,7 +23,7 @@ use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
 use crate::container::ContainerState;
-use crate::events::{self, EventType};
+use crate::events::kubelet as kubelet_events;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::relist::PodRuntime;
@@ -89,13 +89,7 @@ impl KubeRuntime {
             .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
             .collect();
         for c in &running {
-            self.events.record(
-                pod,
-                Some(name(c)),
-                EventType::Normal,
-                events::KILLING,
-                format!("Stopping container {}", name(c)),
-            );
+            kubelet_events::killing(&self.events, pod, name(c), "");
         }
         let stops = running
             .iter()
@@ -129,7 +123,7 @@ impl KubeRuntime {
                 .await
                 .map_err(|e| SyncError(e.to_string()))?;
         }
-        events::kubelet::exceeded_grace_period(&self.events, pod, started.elapsed(), grace);
+        kubelet_events::exceeded_grace_period(&self.events, pod, started.elapsed(), grace);
         Ok(())
     }
 
@@ -143,15 +137,7 @@ impl KubeRuntime {
         info!(pod = %uid, grace_seconds, "terminating pod");
         self.kill_pod(&uid, &pod, grace_seconds)
             .await
-            .inspect_err(|e| {
-                self.events.record(
-                    &pod,
-                    None,
-                    EventType::Warning,
-                    events::FAILED_KILL_POD,
-                    format!("error killing pod: {e}"),
-                )
-            })?;
+            .inspect_err(|e| kubelet_events::failed_kill_pod(&self.events, &pod, e))?;
         // The final status is the runtime's, read again after the kill: exit
         // codes, reasons and finish times as the runtime recorded them (a
         // container that exits 0 on SIGTERM is Completed). If the runtime cannot
