@@ -2,13 +2,16 @@
 //! mux -> sync loop -> pod workers -> CRI; the PLEG (kernel events merged with a
 //! reconciling relist, or the kubelet's generic relist) -> cache + events -> the
 //! same workers; workers -> the status manager -> the local `/pods` store and,
-//! with a kubeconfig, the API server. Also `/metrics` and `/healthz`.
+//! with a kubeconfig, the API server; pod events kept per pod
+//! (`/pods/<namespace>/<name>/events`) and, with a kubeconfig, written to the
+//! API server. Also `/metrics` and `/healthz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Path;
 use axum::routing::get;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -16,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admission::{Admission, Allocatable};
-use crate::clock::{MonotonicClock, SharedClock};
+use crate::clock::{MonotonicClock, SharedClock, WallClock};
 use crate::config::{NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::cri::{CriClient, CriClientConfig, CriError};
+use crate::events::Recorder;
+use crate::events::api::ApiWriter;
 use crate::metrics::Metrics;
 use crate::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
 use crate::pleg::{Pleg, PlegError};
@@ -97,6 +102,8 @@ impl StatusWriter for Writers {
 #[derive(Debug)]
 pub struct Agent {
     pub local: Arc<LocalStore>,
+    /// The pods' events ([`crate::events`]).
+    pub events: Recorder,
     pub status: Arc<StatusManager>,
     pub addr: SocketAddr,
     shutdown: CancellationToken,
@@ -177,6 +184,21 @@ impl Agent {
         };
         let status = Arc::new(StatusManager::new());
         let health = TaskHealth::new(clock.clone());
+        // Events: kept locally, and written to the API with a kubeconfig.
+        let wall: SharedClock = Arc::new(WallClock);
+        let events = match &kube {
+            Some(client) => {
+                let (events, queue) = Recorder::with_api(&node_name, wall.clone());
+                let writer = ApiWriter::new(client.clone(), &node_name, wall, events.stats());
+                tasks.push(health.spawn(
+                    "event writer",
+                    shutdown.clone(),
+                    writer.run(queue, shutdown.clone()),
+                ));
+                events
+            }
+            None => Recorder::new(&node_name, wall, Default::default(), None),
+        };
         let status_task = health.spawn(
             "status manager",
             shutdown.clone(),
@@ -224,11 +246,13 @@ impl Agent {
             pleg.cache.clone(),
             cri.clone(),
             host_ip.clone(),
+            events.clone(),
         ));
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
                 .with_image_pull_backoff(image_backoff)
-                .with_probes(probe_results),
+                .with_probes(probe_results)
+                .with_events(events.clone()),
         );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(
@@ -290,6 +314,7 @@ impl Agent {
             cgroup_mounts,
             event_latency: pleg.event_latency.clone(),
             prober: Some((prober, probe_changes)),
+            events: events.clone(),
         });
         tasks.push(health.spawn(
             "sync loop",
@@ -315,13 +340,22 @@ impl Agent {
         .with_path_health(pleg.path_health.clone())
         .with_tasks(essential);
         let pods_store = local.clone();
-        let router = server::router(state).route(
-            "/pods",
-            get(move || {
-                let store = pods_store.clone();
-                async move { axum::Json(store.pod_list()) }
-            }),
-        );
+        let pod_events = events.clone();
+        let router = server::router(state)
+            .route(
+                "/pods",
+                get(move || {
+                    let store = pods_store.clone();
+                    async move { axum::Json(store.pod_list()) }
+                }),
+            )
+            .route(
+                "/pods/{namespace}/{name}/events",
+                get(move |Path((namespace, name)): Path<(String, String)>| {
+                    let events = pod_events.clone();
+                    async move { axum::Json(events.event_list(&namespace, &name)) }
+                }),
+            );
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router)
@@ -331,9 +365,10 @@ impl Agent {
                 warn!(error = %e, "http server failed");
             }
         }));
-        info!(%addr, node = %node_name, mode = ?pleg.mode, endpoint, "agent running: /pods, /metrics, /healthz");
+        info!(%addr, node = %node_name, mode = ?pleg.mode, endpoint, "agent running: /pods, /pods/<namespace>/<name>/events, /metrics, /healthz");
         Ok(Self {
             local,
+            events,
             status,
             addr,
             shutdown,

@@ -21,6 +21,21 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Wall time: Unix nanoseconds (`CLOCK_REALTIME`), for the timestamps written
+/// to the API and served (events' first and last times). Never for ordering
+/// observations: that is [`MonotonicClock`]'s job.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WallClock;
+
+impl Clock for WallClock {
+    fn now_ns(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    }
+}
+
 /// A clock tests move by hand.
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock(Arc<AtomicU64>);

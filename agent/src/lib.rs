@@ -9,6 +9,8 @@ pub mod clock;
 pub mod config;
 pub mod container;
 pub mod cri;
+pub mod describe;
+pub mod events;
 pub mod metrics;
 pub mod observe;
 pub mod pleg;

@@ -1,6 +1,7 @@
 //! The `evpleg` binary: `evpleg run` runs the node agent (`evpleg::agent`),
 //! `evpleg observe` the PLEG alone next to a real kubelet (`evpleg::observe`),
-//! `evpleg version` says what was built.
+//! `evpleg version` says what was built, `evpleg describe pod` shows a pod and
+//! its events as a running agent knows them.
 
 use std::io::Write;
 use std::time::Duration;
@@ -8,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use evpleg::agent::Agent;
-use evpleg::config::{Cli, Command, ObserveArgs, OutputFormat, RunArgs, VersionArgs};
+use evpleg::config::{
+    Cli, Command, Describe, DescribeArgs, ObserveArgs, OutputFormat, RunArgs, VersionArgs,
+};
 use evpleg::observe::{ObservedEvent, Observer};
 use tracing::info;
 
@@ -53,7 +56,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Run(args) => run(&args).await,
         Command::Observe(args) => observe(&args).await,
         Command::Version(args) => version(&args),
+        Command::Describe(args) => describe(&args).await,
     }
+}
+
+async fn describe(args: &DescribeArgs) -> anyhow::Result<()> {
+    let Describe::Pod(pod) = &args.what;
+    let text =
+        evpleg::describe::describe_pod(&pod.server, &pod.pod, pod.namespace.as_deref()).await?;
+    print!("{text}");
+    Ok(())
 }
 
 async fn run(args: &RunArgs) -> anyhow::Result<()> {

@@ -30,9 +30,10 @@ use tracing::{debug, info, warn};
 
 use crate::admission::Admission;
 use crate::cri::CriClient;
+use crate::events::Recorder;
 use crate::pleg::cache::PodStatusCache;
 use crate::pleg::kernel::cgroup_path::{CgroupClass, classify};
-use crate::pleg::{PodLifecycleEvent, PodUid};
+use crate::pleg::{ContainerId, EventKind, EventSource, PodLifecycleEvent, PodUid};
 use crate::pod_fate::{OnAdd, on_add};
 use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
 use crate::runtime::kuberuntime::pod_uid;
@@ -65,6 +66,8 @@ pub struct SyncLoopParts<S> {
         Arc<crate::prober::ProberManager>,
         mpsc::UnboundedReceiver<PodUid>,
     )>,
+    /// Pod events: the kernel PLEG's container deaths are recorded here.
+    pub events: Recorder,
 }
 
 /// The sync loop and what it drives.
@@ -81,6 +84,7 @@ pub struct SyncLoop<S> {
     event_latency: Arc<crate::pleg::latency::EventLatency>,
     prober: Option<Arc<crate::prober::ProberManager>>,
     probe_results: Option<mpsc::UnboundedReceiver<PodUid>>,
+    events: Recorder,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
@@ -122,6 +126,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             cgroup_mounts,
             event_latency,
             prober,
+            events,
         } = parts;
         let (prober, probe_results) = prober.unzip();
         Self {
@@ -137,6 +142,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             event_latency,
             prober,
             probe_results,
+            events,
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
@@ -298,8 +304,55 @@ impl<S: PodSyncer> SyncLoop<S> {
             "pod lifecycle event"
         );
         if let Some(pod) = self.pods.get(uid) {
+            if event.source == EventSource::Kernel && event.kind == EventKind::ContainerDied {
+                self.record_kernel_death(pod, uid, &event);
+            }
             self.workers.update_pod(uid, pod.clone(), UpdateType::Sync);
         }
+    }
+
+    /// A death the kernel saw, as an event on the pod. The container's name
+    /// comes from the cache; a container that died before a relist listed it
+    /// is looked up again (every 20 ms, for at most 5 s: the pod relist that
+    /// follows a kernel death brings it) before the event is recorded, without
+    /// its name if it never shows.
+    fn record_kernel_death(&self, pod: &Arc<Pod>, uid: &PodUid, event: &PodLifecycleEvent) {
+        let (Some(id), Some(exit)) = (event.container_id.clone(), event.exit) else {
+            return;
+        };
+        if let Some(name) = container_name(&self.cache, uid, &id) {
+            crate::events::kubelet::kernel_death(
+                &self.events,
+                pod,
+                Some(&name),
+                id.as_str(),
+                &exit,
+            );
+            return;
+        }
+        let (cache, events, pod, uid) = (
+            self.cache.clone(),
+            self.events.clone(),
+            pod.clone(),
+            uid.clone(),
+        );
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            let name = loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let name = container_name(&cache, &uid, &id);
+                if name.is_some() || tokio::time::Instant::now() >= deadline {
+                    break name;
+                }
+            };
+            crate::events::kubelet::kernel_death(
+                &events,
+                &pod,
+                name.as_deref(),
+                id.as_str(),
+                &exit,
+            );
+        });
     }
 
     fn finished(&mut self, uid: PodUid) {
@@ -407,6 +460,17 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         self.workers.shutdown();
     }
+}
+
+/// The name of container `id` of pod `uid`, if the cache lists it.
+fn container_name(cache: &PodStatusCache, uid: &PodUid, id: &ContainerId) -> Option<String> {
+    cache.get(uid).and_then(|e| {
+        e.status
+            .containers
+            .iter()
+            .find(|c| c.id == *id)
+            .map(|c| c.name.clone())
+    })
 }
 
 /// Removes the empty pod cgroups under `mount` (both drivers' names, as the

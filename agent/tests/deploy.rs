@@ -82,16 +82,20 @@ fn the_daemonset_runs_observe_with_flags_it_has_and_least_privilege() {
     }
 }
 
-/// The long flags of a subcommand (and the global ones).
+/// The long flags of a subcommand (`describe pod`: a nested one), and the
+/// global ones.
 fn flags(sub: &str) -> BTreeSet<String> {
     let mut root = Cli::command();
     let globals: Vec<String> = root
         .get_arguments()
         .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
         .collect();
-    let cmd = root
-        .find_subcommand_mut(sub)
-        .unwrap_or_else(|| panic!("{sub}"));
+    let mut cmd = &mut root;
+    for name in sub.split(' ') {
+        cmd = cmd
+            .find_subcommand_mut(name)
+            .unwrap_or_else(|| panic!("{sub}"));
+    }
     cmd.get_arguments()
         .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
         .chain(globals)
@@ -105,6 +109,7 @@ fn every_flag_is_in_docs_operations_md_and_every_flag_there_exists() {
     let mut all = flags("run");
     all.extend(flags("observe"));
     all.extend(flags("version"));
+    all.extend(flags("describe pod"));
     for flag in &all {
         assert!(
             doc.contains(&format!("`{flag}`")),

@@ -15,7 +15,8 @@
 //! - `GET`, `PATCH` (`application/merge-patch+json`, `application/json-patch+json`)
 //!   and `DELETE` on `/api/v1/namespaces/{ns}/pods/{name}`; `GET` and `PATCH` on its
 //!   `/status` subresource; `POST /api/v1/namespaces/{ns}/pods`;
-//!   `GET /api/v1/nodes/{name}`.
+//!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
+//!   and listed in a namespace ([`events`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -51,6 +52,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
+
+mod events;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -124,6 +127,8 @@ struct Inner {
     watchers: Vec<Watcher>,
     patches: Vec<RecordedPatch>,
     requests: Vec<RecordedRequest>,
+    /// `events.k8s.io/v1` Events by namespace and name ([`events`]).
+    events: BTreeMap<(String, String), Value>,
     refused: u64,
     uid_counter: u64,
 }
@@ -174,6 +179,7 @@ impl FakeApiServer {
                 watchers: Vec::new(),
                 patches: Vec::new(),
                 requests: Vec::new(),
+                events: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
             }),
@@ -831,6 +837,7 @@ fn router(shared: Arc<Shared>) -> Router {
             get(get_pod).patch(patch_pod_status),
         )
         .route("/api/v1/nodes/{name}", get(get_node))
+        .merge(events::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

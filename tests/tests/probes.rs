@@ -88,6 +88,19 @@ e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
         container(&p, "app")["state"]["running"].is_object(),
         "{p:#}"
     );
+    // Each failed probe is an Unhealthy event, aggregated with a count.
+    let events = http_get(
+        e.agent().addr,
+        &format!("/pods/default/ready-{NODE}/events"),
+    )
+    .await;
+    assert!(
+        events.contains("\"reason\":\"Unhealthy\"")
+            && events.contains(
+                "Readiness probe failed: command \\\"test -f /tmp/ready\\\" exited with 1"
+            ),
+        "{events}"
+    );
     let metrics = http_get(e.agent().addr, "/metrics").await;
     assert!(
         metrics.contains("evpleg_pleg_kernel_contradictions_total 0\n"),

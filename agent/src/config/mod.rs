@@ -1,5 +1,6 @@
 //! The command line: `evpleg run` (the node agent), `evpleg observe` (the PLEG
-//! alone, next to a real kubelet) and `evpleg version`. Every flag is also read
+//! alone, next to a real kubelet), `evpleg version` and `evpleg describe pod`
+//! (a pod and its events, from a running agent). Every flag is also read
 //! from an `EVPLEG_*` environment variable; durations are written as the
 //! kubelet's are (`1m0s`, `300ms`: [`duration`]). Values that cannot work (a
 //! zero period, a zero channel capacity, a ring buffer that is not a power of
@@ -50,7 +51,44 @@ pub enum Command {
     Observe(ObserveArgs),
     /// Print the version, the commit and the eBPF object built in.
     Version(VersionArgs),
+    /// Show a resource as the running agent knows it, as `kubectl describe`
+    /// does (`describe pod NAME|UID`: status, containers and events).
+    Describe(DescribeArgs),
 }
+
+/// `evpleg describe`'s resources.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DescribeArgs {
+    #[command(subcommand)]
+    pub what: Describe,
+}
+
+/// What `describe` shows.
+#[derive(Clone, Debug, Subcommand)]
+pub enum Describe {
+    /// A pod: name, namespace, UID, node, phase, conditions, each container's
+    /// state, last state, restart count and readiness, and its events, read
+    /// from the agent's /pods and /pods/<namespace>/<name>/events.
+    Pod(DescribePodArgs),
+}
+
+/// `evpleg describe pod`'s flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DescribePodArgs {
+    /// The pod's name (as in /pods: static pods end in -<node>) or UID.
+    pub pod: String,
+
+    /// The agent's HTTP endpoint (its --listen address).
+    #[arg(long, env = "EVPLEG_SERVER", default_value = DESCRIBE_SERVER)]
+    pub server: String,
+
+    /// The pod's namespace, when its name is in several.
+    #[arg(long, short = 'n', env = "EVPLEG_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `describe`'s default server: `run`'s default listen address.
+pub const DESCRIBE_SERVER: &str = "http://127.0.0.1:10255";
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -247,11 +285,28 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent_and_every_flag_has_help_and_an_env_var() {
         Cli::command().debug_assert();
-        let mut root = Cli::command();
-        for sub in root.get_subcommands_mut() {
+        let root = Cli::command();
+        // Nested subcommands (`describe pod`) too.
+        let mut subs: Vec<clap::Command> = root.get_subcommands().cloned().collect();
+        let mut i = 0;
+        while i < subs.len() {
+            let nested: Vec<clap::Command> = subs[i].get_subcommands().cloned().collect();
+            subs.extend(nested);
+            i += 1;
+        }
+        for sub in &subs {
             assert!(sub.get_about().is_some(), "{} has no help", sub.get_name());
             for arg in sub.get_arguments() {
                 if matches!(arg.get_id().as_str(), "help" | "version") {
+                    continue;
+                }
+                if arg.is_positional() {
+                    assert!(
+                        arg.get_help().is_some(),
+                        "{} {} has no help",
+                        sub.get_name(),
+                        arg.get_id()
+                    );
                     continue;
                 }
                 assert!(
@@ -316,6 +371,16 @@ mod tests {
             LogFormat::Json
         );
         assert!(cli(&[]).is_err(), "a subcommand is required");
+        let Command::Describe(d) = cli(&["describe", "pod", "web-1"]).unwrap().command else {
+            panic!("describe")
+        };
+        let Describe::Pod(p) = d.what;
+        assert_eq!(
+            (p.pod.as_str(), p.server.as_str()),
+            ("web-1", DESCRIBE_SERVER)
+        );
+        assert_eq!(p.namespace, None);
+        assert!(cli(&["describe", "pod"]).is_err(), "the pod is required");
     }
 
     #[test]

@@ -64,25 +64,35 @@ fn port(c: &Container, port: &IntOrString) -> Result<u16, ProbeError> {
 }
 
 impl Handlers {
-    /// Runs `probe` against the container once.
+    /// Runs `probe` against the container once: the result, and for a
+    /// failure what failed (the kubelet's probe output, for its event).
     pub async fn run(
         &self,
         c: &Container,
         id: &ContainerId,
         probe: &Probe,
-    ) -> Result<ProbeResult, ProbeError> {
+    ) -> Result<(ProbeResult, String), ProbeError> {
+        let ok = |r: Result<(), String>| match r {
+            Ok(()) => (ProbeResult::Success, String::new()),
+            Err(why) => (ProbeResult::Failure, why),
+        };
         let limit = timeout(probe);
         if let Some(exec) = &probe.exec {
             let cmd: Vec<&str> = exec.command.iter().flatten().map(String::as_str).collect();
             return match self.cri.exec_sync(id.as_str(), &cmd, limit).await {
-                Ok(r) if r.exit_code == 0 => Ok(ProbeResult::Success),
-                Ok(_) => Ok(ProbeResult::Failure),
+                Ok(r) if r.exit_code == 0 => Ok(ok(Ok(()))),
+                Ok(r) => Ok(ok(Err(format!(
+                    "command {:?} exited with {}: {}",
+                    cmd.join(" "),
+                    r.exit_code,
+                    String::from_utf8_lossy(&r.stdout).trim()
+                )))),
                 // The runtime's own timeout: the kubelet counts it a failure.
                 Err(e)
                     if e.code() == Some(tonic::Code::DeadlineExceeded)
                         || e.to_string().contains("timeout") =>
                 {
-                    Ok(ProbeResult::Failure)
+                    Ok(ok(Err(format!("command timed out after {limit:?}"))))
                 }
                 Err(e) => Err(ProbeError::Exec {
                     container: c.name.clone(),
@@ -100,12 +110,14 @@ impl Handlers {
                 .flatten()
                 .map(|h| (h.name.clone(), h.value.clone()))
                 .collect();
-            return Ok(
+            return Ok(ok(
                 match tokio::time::timeout(limit, http_get(&host, port, &path, &headers)).await {
-                    Ok(Ok(code)) if (200..400).contains(&code) => ProbeResult::Success,
-                    _ => ProbeResult::Failure,
+                    Ok(Ok(code)) if (200..400).contains(&code) => Ok(()),
+                    Ok(Ok(code)) => Err(format!("HTTP probe failed with statuscode: {code}")),
+                    Ok(Err(e)) => Err(format!("Get \"http://{host}:{port}{path}\": {e}")),
+                    Err(_) => Err(format!("Get \"http://{host}:{port}{path}\": timed out")),
                 },
-            );
+            ));
         }
         if let Some(grpc) = &probe.grpc {
             let port = u16::try_from(grpc.port)
@@ -117,19 +129,24 @@ impl Handlers {
                 })?;
             let service = grpc.service.clone().unwrap_or_default();
             let check = grpc_check(&self.host_ip, port, service, limit);
-            return Ok(match tokio::time::timeout(limit, check).await {
-                Ok(Ok(true)) => ProbeResult::Success,
-                _ => ProbeResult::Failure,
-            });
+            return Ok(ok(match tokio::time::timeout(limit, check).await {
+                Ok(Ok(true)) => Ok(()),
+                Ok(Ok(false)) => Err("service unhealthy (responded with \"NOT_SERVING\")".into()),
+                Ok(Err(e)) => Err(format!("rpc error: {}", e.message())),
+                Err(_) => Err(format!(
+                    "timeout: health rpc did not complete within {limit:?}"
+                )),
+            }));
         }
         if let Some(tcp) = &probe.tcp_socket {
             let host = tcp.host.clone().unwrap_or_else(|| self.host_ip.clone());
             let port = port(c, &tcp.port)?;
             let connect = tokio::net::TcpStream::connect((host.as_str(), port));
-            return Ok(match tokio::time::timeout(limit, connect).await {
-                Ok(Ok(_)) => ProbeResult::Success,
-                _ => ProbeResult::Failure,
-            });
+            return Ok(ok(match tokio::time::timeout(limit, connect).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("dial tcp {host}:{port}: {e}")),
+                Err(_) => Err(format!("dial tcp {host}:{port}: i/o timeout")),
+            }));
         }
         Err(ProbeError::NoHandler {
             container: c.name.clone(),

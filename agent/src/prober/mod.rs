@@ -181,6 +181,7 @@ pub struct ProberManager {
     cri: CriClient,
     /// The address probes reach a host-network pod at (the node's IP).
     host_ip: String,
+    events: crate::events::Recorder,
     workers: Mutex<HashMap<PodUid, Vec<JoinHandle<()>>>>,
 }
 
@@ -190,12 +191,14 @@ impl ProberManager {
         cache: Arc<PodStatusCache>,
         cri: CriClient,
         host_ip: String,
+        events: crate::events::Recorder,
     ) -> Self {
         Self {
             results,
             cache,
             cri,
             host_ip,
+            events,
             workers: Mutex::default(),
         }
     }
@@ -226,6 +229,7 @@ impl ProberManager {
                         cri: self.cri.clone(),
                         host_ip: self.host_ip.clone(),
                     },
+                    events: self.events.clone(),
                 };
                 tasks.push(tokio::spawn(w.run()));
             }

@@ -143,6 +143,8 @@ pub struct Worker {
     pub results: Arc<Results>,
     pub cache: Arc<PodStatusCache>,
     pub handler: Handlers,
+    /// Failed probes are recorded as `Unhealthy` events, as the kubelet does.
+    pub events: crate::events::Recorder,
 }
 
 impl Worker {
@@ -195,7 +197,20 @@ impl Worker {
                         continue;
                     }
                     let outcome = match self.handler.run(&self.container, &id, &self.probe).await {
-                        Ok(r) => r,
+                        Ok((ProbeResult::Failure, why)) => {
+                            let kind = self.kind.name();
+                            let mut title = kind.to_owned();
+                            title[..1].make_ascii_uppercase();
+                            self.events.record(
+                                &self.pod,
+                                Some(&self.container.name),
+                                crate::events::EventType::Warning,
+                                crate::events::UNHEALTHY,
+                                format!("{title} probe failed: {why}"),
+                            );
+                            ProbeResult::Failure
+                        }
+                        Ok((r, _)) => r,
                         Err(e) => {
                             debug!(error = %e, "probe not run; its result is thrown away");
                             continue;

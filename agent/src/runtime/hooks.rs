@@ -103,11 +103,8 @@ impl KubeRuntime {
                 let cid = crate::pleg::ContainerId::parse(id)
                     .ok_or_else(|| failed(format!("{id:?} is not a container id")))?;
                 return match handlers.run(c, &cid, &probe).await {
-                    Ok(crate::prober::ProbeResult::Success) => Ok(()),
-                    Ok(_) => Err(failed(format!(
-                        "http GET {} failed",
-                        http.path.as_deref().unwrap_or("/")
-                    ))),
+                    Ok((crate::prober::ProbeResult::Success, _)) => Ok(()),
+                    Ok((_, why)) => Err(failed(why)),
                     Err(e) => Err(failed(e.to_string())),
                 };
             }
@@ -129,6 +126,7 @@ impl KubeRuntime {
     /// `grace_seconds`.
     pub(super) async fn stop_with_pre_stop(
         &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
         pod_name: &str,
         spec: Option<&Container>,
         id: &str,
@@ -142,13 +140,22 @@ impl KubeRuntime {
             let bound = Duration::from_secs(grace_seconds.max(0) as u64);
             match self.run_hook("PreStop", c, id, pre_stop, bound).await {
                 Ok(()) => tracing::info!(pod = pod_name, container = %c.name, "preStop hook done"),
-                Err(e) => tracing::warn!(
-                    pod = pod_name,
-                    container = %c.name,
-                    reason = "FailedPreStopHook",
-                    error = %e,
-                    "preStop hook failed; stopping the container"
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        pod = pod_name,
+                        container = %c.name,
+                        reason = "FailedPreStopHook",
+                        error = %e,
+                        "preStop hook failed; stopping the container"
+                    );
+                    self.events.record(
+                        pod,
+                        Some(&c.name),
+                        crate::events::EventType::Warning,
+                        crate::events::FAILED_PRE_STOP_HOOK,
+                        e.to_string(),
+                    );
+                }
             }
             grace -= started.elapsed().as_secs() as i64;
         }

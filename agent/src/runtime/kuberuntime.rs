@@ -16,6 +16,7 @@ use super::backoff::{CrashBackoff, ImagePullBackoff};
 use super::reasons::ReasonCache;
 use crate::container::PodStatus;
 use crate::cri::CriClient;
+use crate::events::Recorder;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::kernel::cgroup_path::CgroupDriver;
@@ -67,6 +68,8 @@ pub struct KubeRuntime {
     pub(super) start_times: Mutex<HashMap<PodUid, i64>>,
     /// The probes' results ([`crate::prober`]).
     pub(super) probes: Arc<crate::prober::Results>,
+    /// The pod events recorded ([`crate::events`]).
+    pub(super) events: Recorder,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -89,6 +92,7 @@ impl KubeRuntime {
             reasons: Mutex::new(ReasonCache::default()),
             start_times: Mutex::new(HashMap::new()),
             probes: crate::prober::Results::new().0,
+            events: Recorder::default(),
         }
     }
 
@@ -96,6 +100,17 @@ impl KubeRuntime {
     pub fn with_probes(mut self, probes: Arc<crate::prober::Results>) -> Self {
         self.probes = probes;
         self
+    }
+
+    /// Records events with this recorder (the agent's, served and written).
+    pub fn with_events(mut self, events: Recorder) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The recorder events go to.
+    pub fn events(&self) -> &Recorder {
+        &self.events
     }
 
     /// Replaces the image pull back-off (the kubelet's 10 s to 5 min).

@@ -5,6 +5,7 @@
 //! CrashLoopBackOff.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -21,6 +22,7 @@ use super::reasons::{
 };
 use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
+use crate::events::kubelet as kubelet_events;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
@@ -45,12 +47,15 @@ impl KubeRuntime {
                 ..SyncResult::default()
             });
         }
+        kubelet_events::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
+            kubelet_events::sandbox_changed(&self.events, &pod);
             self.kill_pod(&uid, &pod, grace).await?;
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
+            kubelet_events::killing(&self.events, &pod, &k.name, &k.reason);
             let grace = k.grace_seconds.unwrap_or(grace);
             let spec = pod
                 .spec
@@ -61,7 +66,7 @@ impl KubeRuntime {
                         .chain(s.init_containers.iter().flatten())
                 })
                 .find(|c| c.name == k.name);
-            self.stop_with_pre_stop(&format_pod(&pod, &uid), spec, k.id.as_str(), grace)
+            self.stop_with_pre_stop(&pod, &format_pod(&pod, &uid), spec, k.id.as_str(), grace)
                 .await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
@@ -74,6 +79,7 @@ impl KubeRuntime {
                 .cri
                 .run_pod_sandbox(&sandbox_config, "")
                 .await
+                .inspect_err(|e| kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e))
                 .map_err(|e| SyncError(e.to_string()))?;
             info!(pod = %uid, sandbox = %id, "sandbox created");
             id
@@ -101,6 +107,7 @@ impl KubeRuntime {
                 Ok(()) => reasons.remove(&uid, &c.name),
                 Err(e) => {
                     warn!(pod = %uid, container = %c.name, reason = e.reason, message = %e.message, "container start failed");
+                    kubelet_events::start_failed(&self.events, &pod, &c.name, &e);
                     failed.push(format!("container {}: {e}", c.name));
                     reasons.update(&uid, &c.name, e);
                 }
@@ -123,7 +130,7 @@ impl KubeRuntime {
     /// Makes the container's image present as its pull policy says (the
     /// kubelet's `EnsureImageExists`), with the pull back-off. An unset policy
     /// is defaulted from the image's tag ([`PullPolicy::of`]).
-    async fn ensure_image(&self, uid: &PodUid, c: &Container) -> Result<(), StartError> {
+    async fn ensure_image(&self, pod: &Pod, uid: &PodUid, c: &Container) -> Result<(), StartError> {
         let image = c.image.as_deref().unwrap_or_default();
         check_image_reference(image).map_err(|e| {
             StartError::new(
@@ -161,6 +168,7 @@ impl KubeRuntime {
             PullPolicy::IfNotPresent => !present,
         };
         if !pull {
+            kubelet_events::already_present(&self.events, pod, &c.name, image);
             return Ok(());
         }
         let key = (uid.clone(), image.to_owned());
@@ -175,9 +183,12 @@ impl KubeRuntime {
             ));
         }
         info!(pod = %uid, image, "pulling image");
+        kubelet_events::pulling(&self.events, pod, &c.name, image);
         let started = unix_now_ns();
         match self.cri.pull_image(&spec, None, None).await {
             Ok(_) => {
+                let took = Duration::from_nanos((unix_now_ns() - started).max(0) as u64);
+                kubelet_events::pulled(&self.events, pod, &c.name, image, took);
                 self.status
                     .start_latency
                     .pulled(uid, started, unix_now_ns());
@@ -235,7 +246,7 @@ impl KubeRuntime {
         if let Some(p) = previous.filter(|p| p.state == ContainerState::Exited) {
             lock(&self.backoff).restarting(backoff_key(uid, c), p.finished_at.unwrap_or(0));
         }
-        self.ensure_image(uid, c).await?;
+        self.ensure_image(pod, uid, c).await?;
         self.verify_run_as_non_root(pod, uid, c).await?;
         let config = container_config(pod, uid, c, attempt)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
@@ -244,10 +255,12 @@ impl KubeRuntime {
             .create_container(sandbox_id, &config, sandbox)
             .await
             .map_err(|e| StartError::new(CREATE_CONTAINER_ERROR, e.to_string()))?;
+        kubelet_events::created(&self.events, pod, &c.name);
         self.cri
             .start_container(&id)
             .await
             .map_err(|e| StartError::new(RUN_CONTAINER_ERROR, e.to_string()))?;
+        kubelet_events::started(&self.events, pod, &c.name);
         info!(pod = %uid, container = %c.name, attempt, id = %id, "container started");
         if let Some(post_start) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let hook = self
@@ -262,6 +275,13 @@ impl KubeRuntime {
             if let Err(e) = hook {
                 // The kubelet: kill it (FailedPostStartHook); the start failed.
                 warn!(pod = %uid, container = %c.name, reason = "FailedPostStartHook", error = %e, "postStart hook failed: killing the container");
+                self.events.record(
+                    pod,
+                    Some(&c.name),
+                    crate::events::EventType::Warning,
+                    crate::events::FAILED_POST_START_HOOK,
+                    e.to_string(),
+                );
                 if let Err(stop) = self.stop_container(&id, spec_grace_seconds(pod)).await {
                     warn!(pod = %uid, container = %c.name, error = %stop, "stopping the container after its failed postStart hook");
                 }

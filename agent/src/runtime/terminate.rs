@@ -23,6 +23,7 @@ use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
 use crate::container::ContainerState;
+use crate::events::kubelet as kubelet_events;
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pleg::relist::PodRuntime;
@@ -98,10 +99,13 @@ impl KubeRuntime {
                 })
                 .find(|c| c.name == n)
         };
+        for c in &running {
+            kubelet_events::killing(&self.events, pod, name(c), "");
+        }
         let stops = running
             .iter()
             .filter(|c| !sidecars.contains(&name(c)))
-            .map(|c| self.stop_with_pre_stop(&pod_name, spec(name(c)), &c.id, grace));
+            .map(|c| self.stop_with_pre_stop(pod, &pod_name, spec(name(c)), &c.id, grace));
         // In parallel, as the kubelet stops a pod's containers.
         for r in futures::future::join_all(stops).await {
             r?;
@@ -110,7 +114,7 @@ impl KubeRuntime {
             let left = grace - started.elapsed().as_secs() as i64;
             for c in running.iter().filter(|c| name(c) == *sidecar) {
                 info!(pod = %uid, container = sidecar, grace_seconds = left.max(0), "stopping sidecar after the app containers");
-                self.stop_with_pre_stop(&pod_name, spec(sidecar), &c.id, left.max(0))
+                self.stop_with_pre_stop(pod, &pod_name, spec(sidecar), &c.id, left.max(0))
                     .await?;
             }
         }
@@ -131,6 +135,7 @@ impl KubeRuntime {
                 .await
                 .map_err(|e| SyncError(e.to_string()))?;
         }
+        kubelet_events::exceeded_grace_period(&self.events, pod, started.elapsed(), grace);
         Ok(())
     }
 
@@ -142,7 +147,9 @@ impl KubeRuntime {
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         info!(pod = %uid, grace_seconds, "terminating pod");
-        self.kill_pod(&uid, &pod, grace_seconds).await?;
+        self.kill_pod(&uid, &pod, grace_seconds)
+            .await
+            .inspect_err(|e| kubelet_events::failed_kill_pod(&self.events, &pod, e))?;
         // The final status is the runtime's, read again after the kill: exit
         // codes, reasons and finish times as the runtime recorded them (a
         // container that exits 0 on SIGTERM is Completed). If the runtime cannot
