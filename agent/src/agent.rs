@@ -329,6 +329,7 @@ impl Agent {
                 .with_task_health(essential.clone())
                 .with_status(status.clone())
                 .with_workers(workers.metrics())
+                .with_events(events.stats())
                 .with_cri(cri_metrics),
         );
         let state = ServerState::new(

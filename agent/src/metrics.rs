@@ -180,6 +180,43 @@ impl Collector for EventedCollector {
     }
 }
 
+/// Reads the event recorder's counters at scrape time.
+#[derive(Debug)]
+struct EventsCollector(Arc<crate::events::Stats>);
+
+impl Collector for EventsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        for (name, help, value) in [
+            ("events_recorded", "Pod events recorded", load(&s.recorded)),
+            (
+                "events_written",
+                "Pod events written to the API server",
+                load(&s.written),
+            ),
+            (
+                "events_write_errors",
+                "Pod event writes to the API server that failed for good",
+                load(&s.write_errors),
+            ),
+            (
+                "events_dropped",
+                "Pod events not written to the API server: its queue was full",
+                load(&s.queue_full),
+            ),
+            (
+                "events_spam_filtered",
+                "Pod events the spam filter kept from the API server",
+                load(&s.spam_filtered),
+            ),
+        ] {
+            counter(&mut encoder, name, help, value)?;
+        }
+        Ok(())
+    }
+}
+
 /// Reads the essential tasks' failures at scrape time.
 #[derive(Debug)]
 struct TaskCollector(Vec<Arc<crate::tasks::TaskHealth>>);
@@ -426,6 +463,13 @@ impl Metrics {
             "Duration in seconds to sync a single pod. Broken down by operation type: create, update, sync or kill",
             workers.duration.clone(),
         );
+        self
+    }
+
+    /// Also exports the event recorder's counters.
+    pub fn with_events(mut self, stats: Arc<crate::events::Stats>) -> Self {
+        self.registry
+            .register_collector(Box::new(EventsCollector(stats)));
         self
     }
 

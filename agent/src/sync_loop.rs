@@ -311,39 +311,41 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
-    /// A death the kernel saw, as an event on the pod. The container's name
-    /// comes from the cache; a container that died before a relist listed it
-    /// is looked up again (every 20 ms, for at most 5 s: the pod relist that
-    /// follows a kernel death brings it) before the event is recorded, without
-    /// its name if it never shows.
+    /// A death the kernel saw, as an event on the pod, recorded once the
+    /// runtime reported it too (the relist's snapshot shows it exited), with
+    /// how long after the kernel that was; without the lead if the runtime
+    /// has not reported it within [`KERNEL_DEATH_WAIT`]. The container's name
+    /// comes from the cache (a container that died before a relist listed it
+    /// gets it from the relist that follows).
     fn record_kernel_death(&self, pod: &Arc<Pod>, uid: &PodUid, event: &PodLifecycleEvent) {
         let (Some(id), Some(exit)) = (event.container_id.clone(), event.exit) else {
             return;
         };
-        if let Some(name) = container_name(&self.cache, uid, &id) {
-            crate::events::kubelet::kernel_death(
-                &self.events,
-                pod,
-                Some(&name),
-                id.as_str(),
-                &exit,
-            );
-            return;
-        }
-        let (cache, events, pod, uid) = (
+        let (cache, events, pod, uid, seen_ns) = (
             self.cache.clone(),
             self.events.clone(),
             pod.clone(),
             uid.clone(),
+            event.at_ns,
         );
         tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            let name = loop {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let name = container_name(&cache, &uid, &id);
-                if name.is_some() || tokio::time::Instant::now() >= deadline {
-                    break name;
+            let confirmed = async {
+                let mut after = 0;
+                loop {
+                    let entry = cache.get_newer_than(&uid, after).await;
+                    // Wait for an observation newer than this moment next.
+                    after = crate::pleg::kernel::monotonic_ns();
+                    if let Some(c) = entry.status.container(&id)
+                        && c.state == crate::container::ContainerState::Exited
+                        && c.source != crate::pleg::EventSource::Kernel
+                    {
+                        return (c.name.clone(), entry.observed_ns);
+                    }
                 }
+            };
+            let (name, lead) = match tokio::time::timeout(KERNEL_DEATH_WAIT, confirmed).await {
+                Ok((name, at)) => (Some(name), Some(at.saturating_sub(seen_ns))),
+                Err(_) => (container_name(&cache, &uid, &id), None),
             };
             crate::events::kubelet::kernel_death(
                 &events,
@@ -351,6 +353,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 name.as_deref(),
                 id.as_str(),
                 &exit,
+                lead.map(Duration::from_nanos),
             );
         });
     }
@@ -472,6 +475,10 @@ fn container_name(cache: &PodStatusCache, uid: &PodUid, id: &ContainerId) -> Opt
             .map(|c| c.name.clone())
     })
 }
+
+/// How long a kernel-seen death waits for the runtime's report before its
+/// event is recorded without it.
+const KERNEL_DEATH_WAIT: Duration = Duration::from_secs(5);
 
 /// Removes the empty pod cgroups under `mount` (both drivers' names, as the
 /// kernel index classifies them) of pods `known` does not know. A cgroup that

@@ -88,7 +88,9 @@ e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
         container(&p, "app")["state"]["running"].is_object(),
         "{p:#}"
     );
-    // Each failed probe is an Unhealthy event, aggregated with a count.
+    // Each failed probe is an Unhealthy event, aggregated with a count; the
+    // probes' processes never showed as the container's death from the
+    // kernel (that would be a `ContainerDied` event).
     let events = http_get(
         e.agent().addr,
         &format!("/pods/default/ready-{NODE}/events"),
@@ -101,6 +103,7 @@ e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
             ),
         "{events}"
     );
+    assert!(!events.contains("ContainerDied"), "{events}");
     let metrics = http_get(e.agent().addr, "/metrics").await;
     assert!(
         metrics.contains("evpleg_pleg_kernel_contradictions_total 0\n"),
@@ -140,6 +143,12 @@ e2e_test!(
         assert!(last.is_object(), "the killed container: {p:#}");
         // The new container has its file: it stays alive.
         assert_eq!(restarts(&p, "app"), 1);
+        // The kill's reason, as the kubelet gives it.
+        let events = http_get(e.agent().addr, &format!("/pods/default/live-{NODE}/events")).await;
+        assert!(
+            events.contains("Container app failed liveness probe, will be restarted"),
+            "{events}"
+        );
     })
 );
 

@@ -153,7 +153,16 @@ pub fn exceeded_grace_period(rec: &Recorder, pod: &Pod, took: Duration, grace_se
 
 /// The kernel PLEG saw a container's main process exit: Normal for exit code
 /// 0, Warning otherwise. `name` is the container's, when the cache knows it.
-pub fn kernel_death(rec: &Recorder, pod: &Pod, name: Option<&str>, id: &str, exit: &ExitStatus) {
+/// `lead`: how long after the kernel the runtime reported the death (`None`:
+/// it had not within the wait).
+pub fn kernel_death(
+    rec: &Recorder,
+    pod: &Pod,
+    name: Option<&str>,
+    id: &str,
+    exit: &ExitStatus,
+    lead: Option<std::time::Duration>,
+) {
     let who = name.unwrap_or(id);
     let mut how = format!("exit code {}", exit.code);
     if let Some(s) = exit.signal {
@@ -170,7 +179,15 @@ pub fn kernel_death(rec: &Recorder, pod: &Pod, name: Option<&str>, id: &str, exi
     } else {
         EventType::Warning
     };
-    let message = format!("Container {who} died ({how}), seen by the kernel");
+    let message = match lead {
+        Some(lead) => format!(
+            "Container {who} died ({how}), seen by the kernel {:.1} ms before the runtime reported it",
+            lead.as_secs_f64() * 1e3
+        ),
+        None => format!(
+            "Container {who} died ({how}), seen by the kernel; the runtime had not reported it after 5 s"
+        ),
+    };
     rec.record_from(Source::Kernel, pod, name, kind, CONTAINER_DIED, message);
 }
 
@@ -235,25 +252,32 @@ mod tests {
             core_dumped: false,
             oom_killed: true,
         };
-        kernel_death(&rec, &pod(), Some("app"), "abc", &exit);
+        kernel_death(
+            &rec,
+            &pod(),
+            Some("app"),
+            "abc",
+            &exit,
+            Some(std::time::Duration::from_micros(12_345)),
+        );
         let ok = ExitStatus {
             code: 0,
             signal: None,
             core_dumped: false,
             oom_killed: false,
         };
-        kernel_death(&rec, &pod(), None, "abc", &ok);
+        kernel_death(&rec, &pod(), None, "abc", &ok, None);
         let got = rec.pod_events("default", "web");
         assert_eq!(got[0].source, Source::Kernel);
         assert_eq!(got[0].field_path.as_deref(), Some("spec.containers{app}"));
         assert_eq!(
             got[0].message,
-            "Container app died (exit code 137, signal 9, OOM killed), seen by the kernel"
+            "Container app died (exit code 137, signal 9, OOM killed), seen by the kernel 12.3 ms before the runtime reported it"
         );
         assert_eq!(got[0].kind, EventType::Warning);
         assert_eq!(
             got[1].message,
-            "Container abc died (exit code 0), seen by the kernel"
+            "Container abc died (exit code 0), seen by the kernel; the runtime had not reported it after 5 s"
         );
         assert_eq!(got[1].kind, EventType::Normal);
     }

@@ -119,7 +119,7 @@ pub type RecordTap = Arc<dyn Fn(&KernelEvent, u64) + Send + Sync>;
 /// Where the reader hands its lifecycle events.
 #[derive(Debug)]
 pub enum Sink {
-    /// A channel (tests, `evpleg --kernel-only`): a full one is a loss.
+    /// A channel (tests, `evpleg observe --cri-endpoint none`): a full one is a loss.
     Channel(mpsc::Sender<PodLifecycleEvent>),
     /// The merge, run on the reader thread itself: the event reaches the cache
     /// and the pod workers' channel without a wake-up of another thread
