@@ -391,7 +391,16 @@ impl<S: PodSyncer> SyncLoop<S> {
         if !self.seen.seen_all(&self.sources) {
             return;
         }
-        let known = |uid: &PodUid| self.pods.contains_key(uid) || self.workers.state(uid).is_some();
+        // A pod is known while its source has it or its worker still works; a
+        // worker that finished (Done) for a pod its source removed keeps
+        // nothing alive (it never syncs again).
+        let known = |uid: &PodUid| {
+            self.pods.contains_key(uid)
+                || self
+                    .workers
+                    .state(uid)
+                    .is_some_and(|s| s != WorkerState::Done)
+        };
         // A pod relist that was under way when a pod was forgotten writes its
         // (empty) status again: entries of unknown pods go here (the kubelet's
         // relist deletes the entry of a pod the runtime no longer lists).
