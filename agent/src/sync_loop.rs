@@ -446,7 +446,13 @@ impl<S: PodSyncer> SyncLoop<S> {
         mut done: mpsc::UnboundedReceiver<PodUid>,
         shutdown: CancellationToken,
     ) {
-        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        // The first round one period after the start, not at once: the
+        // sources' first sets have reached this loop by then (the mux marks a
+        // source seen as it merges its set, a moment before forwarding it).
+        let mut housekeeping = tokio::time::interval_at(
+            tokio::time::Instant::now() + HOUSEKEEPING_PERIOD,
+            HOUSEKEEPING_PERIOD,
+        );
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probes = self.probe_results.take();
         loop {
@@ -467,7 +473,14 @@ impl<S: PodSyncer> SyncLoop<S> {
                 }
                 Some(ev) = pleg.recv() => self.handle_pleg(ev),
                 Some(uid) = done.recv() => self.finished(uid),
-                _ = housekeeping.tick() => self.housekeeping().await,
+                _ = housekeeping.tick() => {
+                    // Updates already forwarded are handled first, so that a
+                    // pod its source has is never taken for an orphan.
+                    while let Ok(u) = updates.try_recv() {
+                        self.handle_update(u);
+                    }
+                    self.housekeeping().await
+                }
             }
         }
         self.workers.shutdown();
