@@ -153,6 +153,13 @@ impl Running {
         }
     }
 
+    /// Ends a repetition: its reads are forgotten, its sandbox removed.
+    async fn end_repetition(&self, client: &CriClient, sandbox: &str) {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let _ = client.stop_pod_sandbox(sandbox).await;
+        let _ = client.remove_pod_sandbox(sandbox).await;
+    }
+
     fn floor_reads(&self) -> Vec<ExitRead> {
         // The bare reader keeps its records on its thread until it stops: it is
         // stopped and started again around each repetition by the caller.
@@ -298,13 +305,7 @@ pub async fn repetition(
         stages.retain(|(s, _)| *s != Stage::Read);
         out.stages = stages;
     }
-    running
-        .reads
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
-    let _ = client.stop_pod_sandbox(&sandbox).await;
-    let _ = client.remove_pod_sandbox(&sandbox).await;
+    running.end_repetition(client, &sandbox).await;
     out
 }
 
@@ -397,12 +398,6 @@ pub async fn churn(
             _ => out.lost_events += 1,
         }
     }
-    running
-        .reads
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
-    let _ = client.stop_pod_sandbox(&sandbox).await;
-    let _ = client.remove_pod_sandbox(&sandbox).await;
+    running.end_repetition(client, &sandbox).await;
     out
 }

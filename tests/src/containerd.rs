@@ -1100,6 +1100,22 @@ fn command_line(cmd: &Command) -> String {
 }
 
 /// Runs `cmd` to completion; an error names it, with its status and stderr.
+/// Garbage-collects an OCI layout and archives it as `archive`, written
+/// beside and renamed into place, so that a cut-off build leaves no half
+/// archive.
+fn archive_layout(layout: &Path, archive: &Path) -> Result<()> {
+    run(Command::new(UMOCI).arg("gc").arg("--layout").arg(layout))?;
+    let partial = archive.with_extension("tar.partial");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(layout)
+        .arg("-cf")
+        .arg(&partial)
+        .args(["oci-layout", "index.json", "blobs"]))?;
+    fs::rename(&partial, archive).map_err(io_err("rename into place", archive))?;
+    Ok(())
+}
+
 fn run(cmd: &mut Command) -> Result<std::process::Output> {
     let line = command_line(cmd);
     let out = cmd
@@ -1409,15 +1425,7 @@ pub fn registry_busybox_archive() -> Result<PathBuf> {
         .args(["insert", "--image", &image])
         .arg(&marker)
         .arg(REGISTRY_MARKER))?;
-    run(Command::new(UMOCI).arg("gc").arg("--layout").arg(&layout))?;
-    let partial = archive.with_extension("tar.partial");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout)
-        .arg("-cf")
-        .arg(&partial)
-        .args(["oci-layout", "index.json", "blobs"]))?;
-    fs::rename(&partial, &archive).map_err(io_err("rename into place", &archive))?;
+    archive_layout(&layout, &archive)?;
     fs::write(&key_path, &key).map_err(io_err("write", &key_path))?;
     fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
     tracing::info!(archive = %archive.display(), elapsed = ?started.elapsed(), "image built");
@@ -1523,16 +1531,7 @@ fn build_image(
     run(Command::new(UMOCI)
         .args(["config", "--image", &image])
         .args(config))?;
-    run(Command::new(UMOCI).arg("gc").arg("--layout").arg(&layout))?;
-
-    let partial = archive.with_extension("tar.partial");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout)
-        .arg("-cf")
-        .arg(&partial)
-        .args(["oci-layout", "index.json", "blobs"]))?;
-    fs::rename(&partial, archive).map_err(io_err("rename into place", archive))?;
+    archive_layout(&layout, archive)?;
     fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
     Ok(())
 }

@@ -122,20 +122,32 @@ impl KubeRuntime {
             }))
     }
 
-    /// The preStop hook (if any), then StopContainer with what is left of
-    /// `grace_seconds`.
+    /// The preStop hook of the pod's container `name` (an app or init
+    /// container), if it has one, then StopContainer `id` with what is left
+    /// of `grace_seconds`.
     pub(super) async fn stop_with_pre_stop(
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,
-        pod_name: &str,
-        spec: Option<&Container>,
+        uid: &crate::pleg::PodUid,
+        name: &str,
         id: &str,
         grace_seconds: i64,
     ) -> Result<(), crate::pod_workers::SyncError> {
         let mut grace = grace_seconds;
+        let spec = pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .find(|c| c.name == name);
         if let Some((c, pre_stop)) =
             spec.and_then(|c| Some((c, c.lifecycle.as_ref()?.pre_stop.as_ref()?)))
         {
+            let pod_name = super::actions::format_pod(pod, uid);
+            let pod_name = pod_name.as_str();
             let started = tokio::time::Instant::now();
             let bound = Duration::from_secs(grace_seconds.max(0) as u64);
             match self.run_hook("PreStop", c, id, pre_stop, bound).await {

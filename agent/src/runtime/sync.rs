@@ -57,16 +57,7 @@ impl KubeRuntime {
             info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
             kubelet_events::killing(&self.events, &pod, &k.name, &k.reason);
             let grace = k.grace_seconds.unwrap_or(grace);
-            let spec = pod
-                .spec
-                .iter()
-                .flat_map(|s| {
-                    s.containers
-                        .iter()
-                        .chain(s.init_containers.iter().flatten())
-                })
-                .find(|c| c.name == k.name);
-            self.stop_with_pre_stop(&pod, &format_pod(&pod, &uid), spec, k.id.as_str(), grace)
+            self.stop_with_pre_stop(&pod, &uid, &k.name, k.id.as_str(), grace)
                 .await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();

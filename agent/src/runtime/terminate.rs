@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use super::CriRuntime;
-use super::actions::{PodActions, Terminal, compute_pod_actions, format_pod, is_sidecar, latest};
+use super::actions::{PodActions, Terminal, compute_pod_actions, is_sidecar, latest};
 use super::cgroups::remove_pod_cgroups;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid};
 use super::labels;
@@ -88,24 +88,13 @@ impl KubeRuntime {
             .iter()
             .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
             .collect();
-        let pod_name = format_pod(pod, uid);
-        let spec = |n: &str| {
-            pod.spec
-                .iter()
-                .flat_map(|s| {
-                    s.containers
-                        .iter()
-                        .chain(s.init_containers.iter().flatten())
-                })
-                .find(|c| c.name == n)
-        };
         for c in &running {
             kubelet_events::killing(&self.events, pod, name(c), "");
         }
         let stops = running
             .iter()
             .filter(|c| !sidecars.contains(&name(c)))
-            .map(|c| self.stop_with_pre_stop(pod, &pod_name, spec(name(c)), &c.id, grace));
+            .map(|c| self.stop_with_pre_stop(pod, uid, name(c), &c.id, grace));
         // In parallel, as the kubelet stops a pod's containers.
         for r in futures::future::join_all(stops).await {
             r?;
@@ -114,7 +103,7 @@ impl KubeRuntime {
             let left = grace - started.elapsed().as_secs() as i64;
             for c in running.iter().filter(|c| name(c) == *sidecar) {
                 info!(pod = %uid, container = sidecar, grace_seconds = left.max(0), "stopping sidecar after the app containers");
-                self.stop_with_pre_stop(pod, &pod_name, spec(sidecar), &c.id, left.max(0))
+                self.stop_with_pre_stop(pod, uid, sidecar, &c.id, left.max(0))
                     .await?;
             }
         }
