@@ -60,6 +60,10 @@ impl Observer {
 pub struct RepSamples {
     pub reader_us: Vec<f64>,
     pub event_us: Vec<f64>,
+    /// The runtime's own view: from the kernel's exit to the exit time the
+    /// runtime reports (`finished_at`: when containerd's shim reaped the
+    /// process with waitpid), read from ContainerStatus after the repetition.
+    pub shim_reaped_us: Vec<f64>,
     /// Deaths with no event within the bound.
     pub lost_events: usize,
     pub lost_reader: usize,
@@ -292,6 +296,12 @@ pub async fn repetition(
         } else if running.clock.is_none() {
             out.lost_reader += 1;
         }
+        if let Some(k) = kernel_ns
+            && let Some(reaped) = finished_at_ns(client, &t.id).await
+        {
+            let k = evpleg::container::monotonic_to_unix_ns(k);
+            out.shim_reaped_us.push((reaped - k) as f64 / 1000.0);
+        }
         if running.events.is_some() {
             match (kernel_ns, seen.get(&t.id)) {
                 (Some(k), Some(&at)) => out.event_us.push(at.saturating_sub(k) as f64 / 1000.0),
@@ -307,6 +317,12 @@ pub async fn repetition(
     }
     running.end_repetition(client, &sandbox).await;
     out
+}
+
+/// When the runtime says container `id` exited (Unix ns), if it does.
+async fn finished_at_ns(client: &CriClient, id: &str) -> Option<i64> {
+    let status = client.container_status(id, false).await.ok()?.status?;
+    (status.finished_at > 0).then_some(status.finished_at)
 }
 
 fn note_death(

@@ -53,6 +53,10 @@ struct Cli {
     /// generic); all by default.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
+    /// The scale workload's cgroup counts (default 1000,10000; 300 with
+    /// `--quick`). For checking a change quickly.
+    #[arg(long, value_delimiter = ',')]
+    scale_counts: Vec<usize>,
 }
 
 /// Samples of one stage over repetitions.
@@ -202,6 +206,7 @@ fn main() -> Result<()> {
                     if observer != Observer::Floor {
                         series.add("event", s.event_us, s.lost_events);
                     }
+                    series.add(report::SHIM_REAPED, s.shim_reaped_us, 0);
                 }
                 running.stop().await;
                 anyhow::Ok(())
@@ -225,6 +230,11 @@ fn main() -> Result<()> {
             (&[300], 0.1)
         } else {
             (&[1000, 10_000], 1.0)
+        };
+        let counts = if cli.scale_counts.is_empty() {
+            counts
+        } else {
+            &cli.scale_counts[..]
         };
         let dir = containerd.base().join("bench-scale");
         let idle = (!cli.quick).then_some(Duration::from_secs(3));

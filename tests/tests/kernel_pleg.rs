@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use evpleg::pleg::kernel::event::KernelEvent;
 use evpleg::pleg::kernel::relist_requests::RelistReason;
+use evpleg::pleg::kernel::rescan::RESCAN_MIN_INTERVAL;
 use evpleg::pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView, monotonic_ns};
 use evpleg::pleg::{ContainerId, EventKind, EventSource, PodUid};
 use evpleg_tests::cgroups::{ContainerCgroup, Layout, join_cgroup, path_cstring};
@@ -288,6 +289,76 @@ fn process_started_before_the_agent_reports_its_exit_code() {
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     assert_eq!(died.exit.map(|e| e.code), Some(5));
     assert_eq!(died.pid, Some(child.id()));
+}
+
+/// A wave of pod relists each listing a running container whose cgroup the
+/// tracker does not know (a runtime with no cgroup for the sandbox, as the
+/// benchmark's fake): each view used to rescan the whole tree on the reader
+/// thread at once, so at 1 000 pods the reader read no record for seconds. Now
+/// the views wait for the next rescan the policy allows (at least
+/// `RESCAN_MIN_INTERVAL` apart), one rescan serves them all, and a death behind
+/// the wave is delivered with its exit code.
+#[test]
+fn a_wave_of_views_listing_unknown_containers_costs_few_rescans() {
+    if !privileged("a_wave_of_views_listing_unknown_containers_costs_few_rescans") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    let mut child = cg
+        .command("/bin/sh")
+        .args(["-c", "read line; exit 5"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn sh");
+    pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+    let stats = pleg.pleg.stats().clone();
+    let rescans = || stats.rescans.load(std::sync::atomic::Ordering::Relaxed);
+    let before = rescans();
+    let wave = Instant::now();
+    const PODS: u64 = 500;
+    for i in 0..PODS {
+        let pod = PodUid::parse(&format!("{i:08x}-0000-4000-8000-00000000feed")).expect("uid");
+        pleg.pleg.reconcile(RuntimeView {
+            listed_at_ns: monotonic_ns(),
+            scope: Some(pod.clone()),
+            containers: vec![RuntimeContainer {
+                id: ContainerId::parse(&format!("{:064x}", 0xfeed_0000 + i)).expect("id"),
+                pod,
+                sandbox: true,
+                running: true,
+                pid: None,
+            }],
+        });
+    }
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
+    assert_eq!(child.wait().expect("wait").code(), Some(5));
+    // Commands are applied before any record written after they were sent: the
+    // death is read after every view of the wave was applied once.
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(5));
+    let took = wave.elapsed();
+    let during = rescans() - before;
+    let allowed = 1 + (took.as_nanos() / RESCAN_MIN_INTERVAL.as_nanos()) as u64;
+    assert!(
+        during <= allowed,
+        "{during} rescans for {PODS} views in {took:?} (at most {allowed} allowed)"
+    );
+    // The views left waiting get their rescan: none waits forever.
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while rescans() - before < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting views never got their rescan"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("{PODS} views, death delivered {took:?} after the first: {during} rescans meanwhile");
 }
 
 #[test]

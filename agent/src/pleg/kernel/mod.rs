@@ -232,6 +232,7 @@ impl KernelPleg {
             scanner,
             roots,
             rescans: rescan::RescanPolicy::default(),
+            awaiting_rescan: Vec::new(),
             events,
             relist: RelistRequests::new(relist, stats.relist_requests.clone()),
             stats: stats.clone(),

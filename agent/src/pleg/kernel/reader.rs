@@ -28,10 +28,10 @@ use super::health::{HealthCell, StopGuard};
 use super::loader::{Loaded, RootsMap};
 use super::proc::Reconciliation;
 use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
-use super::rescan::{RescanCause, RescanPolicy};
+use super::rescan::RescanPolicy;
 use super::roots::{FilterChange, RootFilterUpdates};
 use super::scan::Scanner;
-use super::tracker::{Handled, Output, Tracker};
+use super::tracker::{Handled, Output, ReconcileOutcome, Tracker};
 use crate::pleg::merge::KernelMerge;
 use crate::pleg::stages::{self, Stage};
 use crate::pleg::{ContainerId, EventKind, PodLifecycleEvent};
@@ -144,6 +144,9 @@ pub(super) struct Reader {
     pub scanner: Scanner,
     pub roots: RootFilterUpdates,
     pub rescans: RescanPolicy,
+    /// Views that listed a running container the tracker does not know, waiting
+    /// for the next rescan to be applied again (one per scope: the newest).
+    pub awaiting_rescan: Vec<Reconciliation>,
     pub events: Sink,
     pub relist: RelistRequests,
     pub stats: Arc<KernelStats>,
@@ -315,8 +318,16 @@ impl Reader {
             } else {
                 IDLE_POLL_INTERVAL
             };
-            epoll.wait(every.saturating_sub(last_poll.elapsed()));
+            let mut timeout = every.saturating_sub(last_poll.elapsed());
+            if !self.awaiting_rescan.is_empty()
+                && let Some(next) = self.rescans.next_ns()
+            {
+                let until = Duration::from_nanos(next.saturating_sub(monotonic_ns()));
+                timeout = timeout.min(until);
+            }
+            epoll.wait(timeout);
             self.wake.drain();
+            self.rescan_for_reconciles();
             for _ in 0..BATCH {
                 let Some(item) = self.loaded.ring.next() else {
                     break;
@@ -351,7 +362,7 @@ impl Reader {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::AddSandbox(id) => self.tracker.add_sandbox(id),
-                Command::Reconcile(r) => self.reconcile(&r),
+                Command::Reconcile(r) => self.reconcile(r),
                 Command::FailForTest => return Err("failed by a test hook".into()),
             }
         }
@@ -380,7 +391,7 @@ impl Reader {
         apply_filter_changes(&mut self.loaded.roots, changes);
         if let KernelEvent::CgroupMkdir(c) = &ev
             && self.roots.below_unknown_root(&c.path)
-            && self.rescans.allow(RescanCause::MissingRoot, monotonic_ns())
+            && self.rescans.allows(monotonic_ns())
         {
             self.rescan(None);
         }
@@ -389,13 +400,10 @@ impl Reader {
                 KernelEvent::Exec(exec) => Some(exec.process),
                 _ => None,
             };
-            let attributed = self
-                .rescans
-                .allow(RescanCause::UnknownCgroup, monotonic_ns())
-                && {
-                    self.rescan(pending);
-                    self.tracker.handle(&ev, out) == Handled::Done
-                };
+            let attributed = self.rescans.allows(monotonic_ns()) && {
+                self.rescan(pending);
+                self.tracker.handle(&ev, out) == Handled::Done
+            };
             if !attributed {
                 self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
                 debug!(cgroup_id, "task in an unknown cgroup below a root: relist");
@@ -411,12 +419,12 @@ impl Reader {
         }
     }
 
+    /// Rescans the cgroup tree, then applies again the views that waited for a
+    /// rescan.
     fn rescan(&mut self, pending: Option<super::event::ProcessKey>) {
         self.stats.rescans.fetch_add(1, Ordering::Relaxed);
-        match self
-            .scanner
-            .scan_into(&mut self.tracker, pending, monotonic_ns())
-        {
+        let at = monotonic_ns();
+        match self.scanner.scan_into(&mut self.tracker, pending, at) {
             Ok(report) => {
                 let changes = self.roots.on_scan(&report.roots);
                 apply_filter_changes(&mut self.loaded.roots, changes);
@@ -426,18 +434,35 @@ impl Reader {
             }
             Err(e) => warn!(error = %e, "rescan of the cgroup tree failed"),
         }
+        self.rescans.ran(at, monotonic_ns());
+        for r in std::mem::take(&mut self.awaiting_rescan) {
+            let outcome = self.tracker.reconcile(&r, true);
+            self.reconciled(&r, &outcome);
+        }
     }
 
-    fn reconcile(&mut self, r: &Reconciliation) {
-        let mut outcome = self.tracker.reconcile(r, false);
-        if outcome.rescan_due && self.rescans.allow(RescanCause::Reconcile, monotonic_ns()) {
+    /// Rescans for the views waiting for one, once the policy allows it.
+    fn rescan_for_reconciles(&mut self) {
+        if !self.awaiting_rescan.is_empty() && self.rescans.allows(monotonic_ns()) {
             self.rescan(None);
-            let again = self.tracker.reconcile(r, true);
-            outcome.confirmed += again.confirmed;
-            outcome.corrected.extend(again.corrected);
-            outcome.unconfirmed += again.unconfirmed;
-            outcome.pruned += again.pruned;
         }
+    }
+
+    /// Applies a relist's view. One that lists a running container the tracker
+    /// does not know is applied again after the next rescan (at once if the
+    /// rescan policy allows one now).
+    fn reconcile(&mut self, r: Reconciliation) {
+        let outcome = self.tracker.reconcile(&r, false);
+        self.reconciled(&r, &outcome);
+        if outcome.rescan_due {
+            self.awaiting_rescan
+                .retain(|w| w.view.scope != r.view.scope);
+            self.awaiting_rescan.push(r);
+            self.rescan_for_reconciles();
+        }
+    }
+
+    fn reconciled(&mut self, r: &Reconciliation, outcome: &ReconcileOutcome) {
         for id in &outcome.corrected {
             warn!(container = %id, "the runtime's main pid differs from the one the kernel saw; the runtime's wins");
         }
@@ -446,6 +471,7 @@ impl Reader {
             confirmed = outcome.confirmed,
             unconfirmed = outcome.unconfirmed,
             pruned = outcome.pruned,
+            rescan_due = outcome.rescan_due,
             "tracker reconciled with the runtime"
         );
         self.store_tracker_stats();

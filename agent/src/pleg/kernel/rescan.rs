@@ -1,35 +1,36 @@
 //! When the reader rescans the cgroup tree: one home for the rescan policy.
 //!
-//! A task record from a cgroup the index does not know (its mkdir was lost or its
-//! path truncated), or a cgroup created below a root the kernel filter does not
-//! hold (the root's mkdir was lost), asks for a rescan, at most one per
-//! [`RESCAN_MIN_INTERVAL`] so that a storm of such records does not walk the tree
-//! for each. A reconcile that
-//! lists a running container the tracker does not know always rescans: the
-//! tracker then remembers what the rescan did not find, so this cannot repeat for
-//! the same container. The kubelet has no counterpart (it never indexes cgroups).
+//! Three things ask for a rescan: a task record from a cgroup the index does not
+//! know (its mkdir was lost or its path truncated), a cgroup created below a root
+//! the kernel filter does not hold (the root's mkdir was lost), and a reconcile
+//! whose view lists a running container the tracker does not know. A rescan walks
+//! the whole tree below the roots, reading every container's `cgroup.procs`: tens
+//! of milliseconds at a thousand containers, on the real-time reader thread, where
+//! no record is read meanwhile. So all three are rate-limited alike: the next
+//! rescan waits at least [`RESCAN_MIN_INTERVAL`] and at least [`RESCAN_SPACING`]
+//! times as long as the last one took, so that rescans take at most a tenth of
+//! the reader's time whatever the tree's size.
+//!
+//! A record refused a rescan is a loss like any other (a relist is requested); a
+//! reconcile refused one waits for the next rescan ([`super::reader`] keeps its
+//! view and applies it again after that rescan), so a wave of pod relists each
+//! listing an unknown container costs one rescan per interval, not one each. The
+//! tracker remembers what a rescan did not find, so the same container does not
+//! ask again. The kubelet has no counterpart (it never indexes cgroups).
 
 use std::time::Duration;
 
-/// The shortest time between two rescans asked for by records.
+/// The shortest time between two rescans.
 pub const RESCAN_MIN_INTERVAL: Duration = Duration::from_millis(20);
-
-/// Why a rescan is asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RescanCause {
-    /// A task record from an unknown cgroup.
-    UnknownCgroup,
-    /// A cgroup created below a root missing from the kernel filter.
-    MissingRoot,
-    /// The runtime lists a running container whose cgroup is not indexed.
-    Reconcile,
-}
+/// After a rescan that took `d`, the next waits at least `d` times this.
+pub const RESCAN_SPACING: u64 = 10;
 
 /// Rate limit of rescans, in CLOCK_MONOTONIC ns.
 #[derive(Debug)]
 pub struct RescanPolicy {
     min_interval_ns: u64,
-    last_ns: Option<u64>,
+    /// When the last rescan started and how long it took.
+    last: Option<(u64, u64)>,
 }
 
 impl Default for RescanPolicy {
@@ -42,22 +43,27 @@ impl RescanPolicy {
     pub fn new(min_interval: Duration) -> Self {
         Self {
             min_interval_ns: min_interval.as_nanos() as u64,
-            last_ns: None,
+            last: None,
         }
     }
 
-    /// Whether to rescan now for `cause`; a yes is recorded as a rescan at `now_ns`.
-    pub fn allow(&mut self, cause: RescanCause, now_ns: u64) -> bool {
-        let due = match cause {
-            RescanCause::Reconcile => true,
-            RescanCause::UnknownCgroup | RescanCause::MissingRoot => self
-                .last_ns
-                .is_none_or(|t| now_ns.saturating_sub(t) >= self.min_interval_ns),
-        };
-        if due {
-            self.last_ns = Some(now_ns);
-        }
-        due
+    /// When the next rescan is allowed (`None`: now).
+    pub fn next_ns(&self) -> Option<u64> {
+        self.last.map(|(at, took)| {
+            at + self
+                .min_interval_ns
+                .max(took.saturating_mul(RESCAN_SPACING))
+        })
+    }
+
+    /// Whether to rescan at `now_ns`.
+    pub fn allows(&self, now_ns: u64) -> bool {
+        self.next_ns().is_none_or(|next| now_ns >= next)
+    }
+
+    /// Records a rescan that started at `at_ns` and ended at `end_ns`.
+    pub fn ran(&mut self, at_ns: u64, end_ns: u64) {
+        self.last = Some((at_ns, end_ns.saturating_sub(at_ns)));
     }
 }
 
@@ -68,24 +74,28 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
-    fn records_are_rate_limited_reconciles_are_not() {
+    fn rescans_are_spaced_by_the_minimum_or_ten_times_the_last_one() {
         let mut p = RescanPolicy::new(Duration::from_millis(20));
-        // (cause, now in ms, allowed)
+        // (now in ms, allowed, if allowed: how long it takes in ms)
         let rows = [
-            (RescanCause::UnknownCgroup, 100, true),
-            (RescanCause::UnknownCgroup, 105, false),
-            (RescanCause::UnknownCgroup, 119, false),
-            (RescanCause::UnknownCgroup, 120, true),
-            (RescanCause::Reconcile, 121, true),
-            // The reconcile's rescan counts: records wait 20 ms after it.
-            (RescanCause::UnknownCgroup, 130, false),
-            (RescanCause::UnknownCgroup, 141, true),
-            (RescanCause::Reconcile, 141, true),
-            (RescanCause::MissingRoot, 150, false),
-            (RescanCause::MissingRoot, 161, true),
+            (100, true, 1),
+            (105, false, 0),
+            (119, false, 0),
+            // 20 ms after the start of a 1 ms rescan.
+            (120, true, 15),
+            // A 15 ms rescan: the next waits 150 ms from its start.
+            (140, false, 0),
+            (269, false, 0),
+            (270, true, 2),
+            (289, false, 0),
+            (290, true, 0),
         ];
-        for (i, (cause, now, allowed)) in rows.into_iter().enumerate() {
-            assert_eq!(p.allow(cause, now * MS), allowed, "row {i}");
+        for (i, (now, allowed, took)) in rows.into_iter().enumerate() {
+            assert_eq!(p.allows(now * MS), allowed, "row {i}");
+            if allowed {
+                p.ran(now * MS, (now + took) * MS);
+            }
         }
+        assert_eq!(p.next_ns(), Some(310 * MS));
     }
 }
