@@ -1,8 +1,11 @@
-//! The full agent in `ebpf` mode (`evpleg::agent::Agent`, the code the binary
-//! runs: file source, sync loop, pod workers, status manager) against the same
-//! containerd: static pods written to its manifest directory one at a time
+//! The full agent (`evpleg::agent::Agent`, the code the binary runs: file
+//! source, sync loop, pod workers, status manager) in each PLEG mode against the
+//! same containerd: static pods written to its manifest directory one at a time
 //! (start latency), then their main processes killed from the host at random
-//! times (death latency through every stage, from the agent's stage log).
+//! times (death latency through every stage, from the agent's stage log). In
+//! the `generic` and `evented-cri` modes a kernel PLEG beside the agent is the
+//! stopwatch (its exit timestamps only: its own reader's stages are not the
+//! agent's and are left out).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::RunArgs;
+use evpleg::pleg::PlegMode;
 use evpleg::pleg::kernel::monotonic_ns;
 use evpleg::pleg::stages::{self, Stage};
 use evpleg_tests::containerd::Containerd;
@@ -32,6 +36,10 @@ const START_OPS: [&str; 5] = [
     "image_status",
 ];
 
+/// The agent's own stages in the modes whose kernel records are the
+/// stopwatch's.
+const AGENT_STAGES: [Stage; 3] = [Stage::Delivered, Stage::WorkerSync, Stage::StatusHeld];
+
 /// What the full-agent run measured.
 #[derive(Debug, Default)]
 pub struct AgentRun {
@@ -51,6 +59,7 @@ struct Pod {
 /// fails.
 pub async fn run(
     containerd: &Containerd,
+    mode: PlegMode,
     reps: usize,
     n: usize,
     window: Duration,
@@ -61,10 +70,11 @@ pub async fn run(
     std::fs::create_dir_all(&manifests)?;
     std::fs::create_dir_all(&logs)?;
     let endpoint = containerd.endpoint();
+    let mode_name = crate::death::Observer::Pleg(mode).name();
     let args = RunArgs::try_parse_from([
         "evpleg",
         "--pleg",
-        "ebpf",
+        mode_name,
         "--cri-endpoint",
         &endpoint,
         "--manifest-dir",
@@ -77,9 +87,10 @@ pub async fn run(
         logs.to_str().context("utf-8 path")?,
     ])?;
     crate::stages::start();
+    let _stopwatch = (mode != PlegMode::Ebpf).then(evpleg_tests::cri_pod::ExitClock::start);
     let agent = Agent::start(&args).await.context("starting the agent")?;
     let mut uids = Vec::new();
-    let outcome = measure(&agent, &manifests, reps, n, window, &mut uids).await;
+    let outcome = measure(&agent, mode_name, &manifests, reps, n, window, &mut uids).await;
     // Clean-up, whatever happened: the pods removed through the agent, then
     // the agent stopped and the pod cgroups runc leaves removed.
     for f in std::fs::read_dir(&manifests)
@@ -178,6 +189,7 @@ fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
 
 async fn measure(
     agent: &Agent,
+    mode: &str,
     manifests: &std::path::Path,
     reps: usize,
     n: usize,
@@ -262,7 +274,10 @@ async fn measure(
             tokio::time::sleep(POLL).await;
         }
         let records = crate::stages::snapshot();
-        let (stages, missing) = crate::stages::samples(&ids, &records);
+        let (mut stages, missing) = crate::stages::samples(&ids, &records);
+        if mode != "ebpf" {
+            stages.retain(|(s, _)| AGENT_STAGES.contains(s));
+        }
         lost += missing;
         let mut line = String::new();
         for (stage, samples) in stages {
@@ -296,7 +311,7 @@ async fn measure(
     for name in order {
         let (reps, samples) = deaths.remove(name).unwrap_or_default();
         out.latencies.push(Latency {
-            mode: "ebpf".into(),
+            mode: mode.into(),
             workload: "agent-killed".into(),
             stage: name.into(),
             summary: Summary::of(&reps),
@@ -305,7 +320,7 @@ async fn measure(
         });
     }
     out.starts.push(Start {
-        mode: "ebpf".into(),
+        mode: mode.into(),
         pods: reps * n,
         total_ms: Summary::of(&total),
         runtime_ms: Summary::of(&runtime),

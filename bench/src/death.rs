@@ -319,10 +319,21 @@ pub async fn repetition(
     out
 }
 
-/// When the runtime says container `id` exited (Unix ns), if it does.
+/// When the runtime says container `id` exited (Unix ns: the shim's time), once
+/// it says so (it may not yet when a fast PLEG reported the death; waited for
+/// at most 5 s).
 async fn finished_at_ns(client: &CriClient, id: &str) -> Option<i64> {
-    let status = client.container_status(id, false).await.ok()?.status?;
-    (status.finished_at > 0).then_some(status.finished_at)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = client.container_status(id, false).await.ok()?.status?;
+        if status.finished_at > 0 {
+            return Some(status.finished_at);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn note_death(

@@ -217,13 +217,24 @@ fn main() -> Result<()> {
         }
     }
     if wanted("agent") {
-        progress(&format!(
-            "full agent (ebpf): {reps} repetitions of {n} static pods, started one by one, then killed"
-        ));
-        let a = rt.block_on(agent::run(&containerd, reps, n, window))?;
-        results.latency.extend(a.latencies);
-        results.starts = a.starts;
-        results.notes.extend(a.notes);
+        for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+            if !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == Observer::Pleg(mode).name()))
+            {
+                continue;
+            }
+            progress(&format!(
+                "full agent ({}): {reps} repetitions of {n} static pods, started one by one, then killed",
+                Observer::Pleg(mode).name()
+            ));
+            let a = rt.block_on(agent::run(&containerd, mode, reps, n, window))?;
+            results.latency.extend(a.latencies);
+            results.starts.extend(a.starts);
+            for note in a.notes {
+                if !results.notes.contains(&note) {
+                    results.notes.push(note);
+                }
+            }
+        }
     }
     if wanted("scale") {
         let (counts, secs): (&[usize], f64) = if cli.quick {
@@ -298,7 +309,7 @@ fn churn(
     let (duration, tail) = if quick {
         (Duration::from_secs(3), Duration::from_secs(2))
     } else {
-        (Duration::from_secs(20), Duration::from_secs(5))
+        (Duration::from_secs(60), Duration::from_secs(5))
     };
     let lifetime = Duration::from_millis(500);
     results.notes.push(format!(
@@ -374,7 +385,7 @@ fn idle_cost(
     let (counts, windows, each): (&[usize], usize, Duration) = if quick {
         (&[10], 3, Duration::from_millis(1500))
     } else {
-        (&[10, 50, 100], 3, Duration::from_secs(13))
+        (&[10, 50, 100, 200], 3, Duration::from_secs(8))
     };
     let containerd_pid = containerd.pid().context("containerd's pid")?;
     let mut pods = idle::IdlePods::new();

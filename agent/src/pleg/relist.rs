@@ -51,6 +51,7 @@ use tracing::{debug, info, warn};
 use super::cache::PodStatusCache;
 use super::kernel::{RuntimeContainer, RuntimeView};
 use super::on_demand::PodRelistQueue;
+use super::stages::{self, Stage};
 use super::{ContainerId, EventKind, EventSource, PodLifecycleEvent, PodUid, RelistSignal};
 use crate::clock::SharedClock;
 use crate::container::{ContainerState, PodStatus, SandboxState, monotonic_to_unix_ns};
@@ -709,6 +710,10 @@ impl<R: PodRuntime> RelistPleg<R> {
         let owes_wake_up = inspect == Inspect::Reinspect || contradicted;
         let mut woken = false;
         for event in to_send {
+            // The stage log's `delivered` (benchmarks; off otherwise).
+            let stage = stages::log()
+                .and_then(|_| event.container_id.clone())
+                .map(|id| (id, event.kind));
             let delivery = match event.container_id.clone() {
                 Some(id) => {
                     let (kind, at) = (event.kind, event.at_ns);
@@ -718,7 +723,12 @@ impl<R: PodRuntime> RelistPleg<R> {
                 None => Delivery::Dropped,
             };
             match delivery {
-                Delivery::Sent => woken = true,
+                Delivery::Sent => {
+                    if let Some((id, EventKind::ContainerDied | EventKind::SandboxDied)) = &stage {
+                        stages::record_now(Stage::Delivered, id);
+                    }
+                    woken = true;
+                }
                 Delivery::Dropped => {
                     // Redelivered by the re-check.
                     woken = true;
