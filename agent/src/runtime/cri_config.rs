@@ -334,6 +334,53 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_config_of_a_pod_with_its_own_network() {
+        let mut p = pod();
+        let spec = p.spec.as_mut().unwrap();
+        spec.host_network = None;
+        spec.hostname = Some("h".into());
+        spec.subdomain = Some("sub".into());
+        spec.set_hostname_as_fqdn = Some(true);
+        spec.containers[0].ports =
+            Some(vec![serde_json::from_value(serde_json::json!(
+            {"containerPort": 80, "hostPort": 8080, "hostIP": "127.0.0.1", "protocol": "UDP"}
+        )).unwrap()]);
+        let uid = pod_uid(&p).unwrap();
+        let (s, warnings) = sandbox_config(&p, &uid, 0, &node()).unwrap();
+        assert_eq!(s.hostname, "h.sub.ns.svc.cluster.local");
+        assert!(warnings.is_empty());
+        let dns = s.dns_config.unwrap();
+        assert_eq!(dns.servers, ["10.96.0.10"]);
+        assert_eq!(dns.searches[0], "ns.svc.cluster.local");
+        let ns = s
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.network, v1::NamespaceMode::Pod as i32);
+        let m = &s.port_mappings[0];
+        assert_eq!(
+            (
+                m.container_port,
+                m.host_port,
+                m.host_ip.as_str(),
+                m.protocol
+            ),
+            (80, 8080, "127.0.0.1", v1::Protocol::Udp as i32)
+        );
+        // A hostname that is no DNS label fails the config, naming it.
+        p.spec.as_mut().unwrap().hostname = Some("No_Label".into());
+        let err = sandbox_config(&p, &uid, 0, &node()).unwrap_err();
+        assert!(
+            err.0
+                .contains("pod Hostname \"No_Label\" is not a valid DNS label"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn container_config_maps_the_spec() {
         let p = pod();
         let uid = pod_uid(&p).unwrap();
