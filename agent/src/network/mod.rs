@@ -124,7 +124,8 @@ mod tests {
     #[test]
     fn hostname_and_domain_as_the_kubelet_makes_them() {
         let long = format!("{}-{}", "a".repeat(62), "b".repeat(5));
-        let cases: Vec<(Pod, Result<(&str, &str), NetworkError>)> = vec![
+        type Want<'a> = Result<(&'a str, &'a str), NetworkError>;
+        let cases: Vec<(Pod, Want)> = vec![
             (pod("web", serde_json::json!({})), Ok(("web", ""))),
             (
                 pod("web", serde_json::json!({"hostname": "h1"})),
