@@ -231,8 +231,8 @@ async fn two_pods_get_their_own_network_and_reach_each_other() {
 
 // A CNI configuration the bridge plugin refuses: the pod's sandbox is never
 // created, FailedCreatePodSandBox carries the plugin's error, the pod waits
-// in ContainerCreating with PodReadyToStartContainers False, and the agent
-// keeps trying (an event per attempt).
+// in ContainerCreating (the error its message) with PodReadyToStartContainers
+// False, and the agent keeps trying (an event per attempt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error() {
     let name = "a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error";
@@ -278,15 +278,18 @@ async fn a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error() {
         message.contains("not-a-subnet"),
         "the plugin's error: {message}"
     );
-    let pod = e.pod("client").expect("the pod");
+    let pod = e
+        .wait_for("client", "the CNI error in the container's status", |p| {
+            let w = &container(p, "app")["state"]["waiting"];
+            w["reason"] == "ContainerCreating"
+                && w["message"].as_str().is_some_and(|m| {
+                    m.starts_with("Failed to create pod sandbox: ") && m.contains("not-a-subnet")
+                })
+        })
+        .await;
     assert_eq!(
         condition(&pod, "PodReadyToStartContainers")["status"],
         "False"
-    );
-    assert_eq!(
-        container(&pod, "app")["state"]["waiting"]["reason"],
-        "ContainerCreating",
-        "{pod:#}"
     );
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
     let ready = v1::PodSandboxState::SandboxReady as i32;

@@ -16,9 +16,9 @@ use super::cri_config::{container_config, host_network, sandbox_config};
 use super::images::PullPolicy;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
 use super::reasons::{
-    CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR, ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL,
-    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError,
-    check_image_reference,
+    CONTAINER_CREATING, CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR,
+    ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF,
+    INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError, check_image_reference,
 };
 use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
@@ -86,7 +86,8 @@ impl KubeRuntime {
                 .await
                 .inspect_err(|e| {
                     warn!(pod = %uid, error = %e, "RunPodSandbox failed");
-                    kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e)
+                    kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e);
+                    self.sandbox_failed(&uid, &spec, &actions, e);
                 })
                 .map_err(|e| {
                     SyncError(format!(
@@ -266,6 +267,27 @@ impl KubeRuntime {
         };
         verify_run_as_non_root(pod, c, &format_pod(pod, uid), image.as_ref())
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e))
+    }
+
+    /// A failed RunPodSandbox (a network setup the CNI plugin refused): the
+    /// containers it was to start wait in `ContainerCreating`, as under the
+    /// kubelet, with the error as their message (the kubelet has it in the
+    /// FailedCreatePodSandBox event only).
+    fn sandbox_failed(
+        &self,
+        uid: &PodUid,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+        actions: &super::actions::PodActions,
+        error: &dyn std::fmt::Display,
+    ) {
+        let inits = spec.init_containers.as_deref().unwrap_or_default();
+        let names = (actions.start_init.iter().map(|i| &inits[*i].name))
+            .chain(actions.start.iter().map(|j| &spec.containers[*j].name));
+        let mut reasons = lock(&self.reasons);
+        for name in names {
+            let message = format!("Failed to create pod sandbox: {error}");
+            reasons.update(uid, name, StartError::new(CONTAINER_CREATING, message));
+        }
     }
 
     /// The pod's managed /etc/hosts, written now (the kubelet's
