@@ -221,6 +221,8 @@ impl Agent {
             cgroup_driver,
             log_dir: args.pod_log_dir.clone(),
             cgroup_mounts: cgroup_mounts.clone(),
+            dns: args.dns(),
+            root_dir: args.root_dir.clone(),
         };
         let backoff = CrashBackoff::new(args.crashloop_backoff_initial, args.crashloop_backoff_max);
         let image_backoff =

@@ -29,6 +29,8 @@ use evpleg_cri_api::v1;
 use evpleg_cri_api::{ImageServiceClient, RuntimeServiceClient};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cni::{CniNetwork, CniSetup};
+
 /// The tag of the locally built images. Not `latest`: a pod's unset
 /// `imagePullPolicy` means Always for `:latest` (the kubelet's defaulting), and
 /// these images are imported, not pulled.
@@ -145,7 +147,7 @@ pub enum HarnessError {
     },
 }
 
-type Result<T, E = HarnessError> = std::result::Result<T, E>;
+pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
 
 fn io_err(
     action: &'static str,
@@ -184,6 +186,8 @@ pub struct Containerd {
     /// start it again to remove pods).
     was_ready: bool,
     torn_down: bool,
+    /// The CNI network of pods without hostNetwork ([`crate::cni`]).
+    cni: Option<CniNetwork>,
 }
 
 impl Containerd {
@@ -198,6 +202,16 @@ impl Containerd {
     /// next to it are used when they are there: its directory comes first in
     /// containerd's `PATH`, where containerd looks the shim up.
     pub fn start_with(binary: &Path) -> Result<Containerd> {
+        Self::start_full(binary, &CniSetup::Bridge)
+    }
+
+    /// [`start`](Self::start) with this CNI configuration ([`CniSetup::Broken`]:
+    /// every pod network setup fails).
+    pub fn start_with_cni(cni: &CniSetup) -> Result<Containerd> {
+        Self::start_full(Path::new(CONTAINERD), cni)
+    }
+
+    fn start_full(binary: &Path, cni: &CniSetup) -> Result<Containerd> {
         let binary = binary.to_path_buf();
         let bin_dir = binary.parent().unwrap_or(Path::new("/"));
         let ctr = Some(bin_dir.join("ctr"))
@@ -238,7 +252,17 @@ impl Containerd {
             cgroups: Mutex::new(Vec::new()),
             was_ready: false,
             torn_down: false,
+            cni: None,
         };
+        let cni_dir = this.base.join("cni");
+        fs::create_dir_all(&cni_dir).map_err(io_err("create", &cni_dir))?;
+        let bin = cni_dir.join("bin");
+        std::os::unix::fs::symlink(crate::cni::PLUGIN_DIR, &bin).map_err(io_err("link", &bin))?;
+        this.cni = Some(CniNetwork::create(
+            &cni_dir.join("conf"),
+            &cni_dir.join("ipam"),
+            cni,
+        )?);
         let config = this.config_path();
         fs::write(&config, config_toml(&this.base)).map_err(io_err("write", &config))?;
         this.spawn()?;
@@ -273,6 +297,11 @@ impl Containerd {
     /// containerd's log file.
     pub fn log_path(&self) -> PathBuf {
         self.base.join("containerd.log")
+    }
+
+    /// The CNI network of this instance's pods.
+    pub fn cni(&self) -> &CniNetwork {
+        self.cni.as_ref().expect("configured at start")
     }
 
     /// containerd's configuration file.
@@ -633,8 +662,10 @@ impl Containerd {
             }
         }
 
-        // 5. Mounts under the base directory, deepest first.
+        // 5. Mounts under the base directory (network namespaces too), deepest
+        //    first, then the CNI bridge (the pods' veths went with them).
         unmount_below(&self.base);
+        drop(self.cni.take());
 
         // 6. The base directory.
         match fs::remove_dir_all(&self.base) {
@@ -781,6 +812,8 @@ disabled_plugins = [
     # Required here: without CAP_SYS_RESOURCE the sandbox fails with "can't get
     # final child's PID from pipe: EOF".
     restrict_oom_score_adj = true
+    # Network namespaces under state (removed with it), not /var/run/netns.
+    netns_mounts_under_state_dir = true
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 
@@ -796,9 +829,12 @@ disabled_plugins = [
           Root = "{b}/runc-root"
           SystemdCgroup = false
 
+    # The instance's own CNI network (tests/src/cni.rs); bin is a link to
+    # Debian's plugins.
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "{b}/cni/bin"
       conf_dir = "{b}/cni/conf"
+      max_conf_num = 1
 
     # Registry hosts (hosts.toml per host, read at each pull): the private
     # test registry's (tests/src/registry.rs), never the system's.

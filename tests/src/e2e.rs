@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::cni::CniSetup;
 use crate::containerd::{Containerd, LOCAL_TAG, registry_busybox_archive};
 use crate::fake_apiserver::FakeApiServer;
 use crate::registry::Registry;
@@ -81,6 +82,14 @@ impl E2e {
         Self::start_on(containerd, Some(registry), name, false, extra).await
     }
 
+    /// [`E2e::start_with`] on a containerd whose CNI configuration is `cni`.
+    pub async fn start_with_cni(name: &str, cni: &CniSetup, extra: &[&str]) -> Self {
+        crate::containerd::init_test_logging();
+        let containerd =
+            Containerd::start_with_cni(cni).unwrap_or_else(|e| panic!("containerd: {e}"));
+        Self::start_on(containerd, None, name, false, extra).await
+    }
+
     fn containerd() -> Containerd {
         crate::containerd::init_test_logging();
         Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"))
@@ -96,6 +105,7 @@ impl E2e {
         let manifests = containerd.base().join(format!("manifests-{name}"));
         std::fs::create_dir_all(&manifests).expect("manifest dir");
         let logs = containerd.base().join("pod-logs");
+        let root = containerd.base().join("agent-root");
         let endpoint = containerd.endpoint();
         let base = [
             "evpleg",
@@ -109,6 +119,8 @@ impl E2e {
             "127.0.0.1:0",
             "--pod-log-dir",
             logs.to_str().expect("utf-8"),
+            "--root-dir",
+            root.to_str().expect("utf-8"),
             "--crashloop-backoff-initial",
             "200ms",
             "--crashloop-backoff-max",

@@ -4,6 +4,7 @@
 //! started inside them, and a running kernel PLEG with a tap on its records.
 
 pub mod cgroups;
+pub mod cni;
 pub mod containerd;
 pub mod cri_interceptor;
 pub mod cri_pod;

@@ -219,6 +219,8 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
         anyhow::bail!("the containerd harness did not start (see its log above)");
     };
     let logs = std::env::temp_dir().join("evpleg-xtask-run-logs");
+    // The agent's state (the pods' managed /etc/hosts), removed on exit.
+    let state = std::env::temp_dir().join("evpleg-xtask-run-root");
     util::step(&format!(
         "running the agent with a private containerd ({endpoint}) and the pods of examples/; \
          statuses at http://127.0.0.1:10255/pods (Ctrl-C stops it)"
@@ -231,11 +233,15 @@ fn run(root: &std::path::Path, demo: bool, args: &[String]) -> Result<()> {
         .arg(root.join("examples"))
         .arg("--pod-log-dir")
         .arg(&logs)
+        .arg("--root-dir")
+        .arg(&state)
         .args(args)
         .status();
-    // Closing its stdin tears the harness down: pods, containerd, cgroups.
+    // Closing its stdin tears the harness down: pods (their network
+    // namespaces and addresses), containerd, the CNI bridge, cgroups.
     drop(harness.stdin.take());
     let _ = harness.wait();
+    let _ = std::fs::remove_dir_all(&state);
     let status = status?;
     if !status.success() && status.code() != Some(130) {
         anyhow::bail!("the agent failed: {status}");

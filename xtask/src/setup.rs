@@ -8,6 +8,8 @@
 //! * LLVM 22's development packages and bpf-linker [`BPF_LINKER_VERSION`] built
 //!   against them, installed under `.tools/` (not committed);
 //! * containerd, runc, umoci and busybox-static for the runtime tests;
+//! * containernetworking-plugins (with iproute2 and iptables) for pods' own
+//!   network namespaces: the harness's private CNI bridge (tests/src/cni.rs);
 //! * docker-registry (distribution 2.8) and skopeo for the image pull tests: the
 //!   harness starts its own registry on loopback (tests/src/registry.rs). The
 //!   package's own service is not used (Debian's policy-rc.d on these machines
@@ -40,6 +42,12 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "umoci",
     "busybox-static",
+    // pods' own networks: the CNI plugins containerd's CRI plugin runs
+    // (bridge, host-local, portmap, loopback), `ip` to remove the harness's
+    // bridges, iptables for portmap's hostPort rules
+    "containernetworking-plugins",
+    "iproute2",
+    "iptables",
     // the tests' private image registry (loopback only) and the push into it
     "docker-registry",
     "skopeo",

@@ -59,15 +59,9 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
         }
     };
     set(s.active_deadline_seconds.is_some(), "activeDeadlineSeconds");
-    set(s.dns_config.is_some(), "dnsConfig");
-    set(s.dns_policy.as_deref() == Some("None"), "dnsPolicy=None");
     set(non_empty(&s.ephemeral_containers), "ephemeralContainers");
-    set(non_empty(&s.host_aliases), "hostAliases");
     set(s.host_users == Some(false), "hostUsers=false");
-    set(s.hostname.is_some(), "hostname");
     set(s.hostname_override.is_some(), "hostnameOverride");
-    set(s.subdomain.is_some(), "subdomain");
-    set(s.set_hostname_as_fqdn == Some(true), "setHostnameAsFQDN");
     set(non_empty(&s.image_pull_secrets), "imagePullSecrets");
     set(s.overhead.is_some(), "overhead");
     set(non_empty(&s.resource_claims), "resourceClaims");
@@ -220,6 +214,9 @@ mod tests {
         let p = pod(serde_json::json!({
             "hostNetwork": true, "restartPolicy": "Never", "dnsPolicy": "ClusterFirstWithHostNet",
             "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
+            "hostname": "h", "subdomain": "s", "setHostnameAsFQDN": true,
+            "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}],
+            "dnsConfig": {"nameservers": ["1.1.1.1"]},
             "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "fsGroup": 5,
                                 "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
             "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always"}],
@@ -248,8 +245,8 @@ mod tests {
                 "spec.volumes",
             ),
             (
-                serde_json::json!({"hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}]}),
-                "spec.hostAliases",
+                serde_json::json!({"hostnameOverride": "h"}),
+                "spec.hostnameOverride",
             ),
             (
                 serde_json::json!({"runtimeClassName": "gvisor"}),

@@ -43,6 +43,26 @@ pub struct RunArgs {
     #[arg(long, env = "EVPLEG_KUBECONFIG")]
     pub kubeconfig: Option<String>,
 
+    /// The agent's state directory (the kubelet's `--root-dir`): each pod's
+    /// managed /etc/hosts is `<dir>/pods/<uid>/etc-hosts`.
+    #[arg(long, env = "EVPLEG_ROOT_DIR", default_value = "/var/lib/evpleg")]
+    pub root_dir: PathBuf,
+
+    /// DNS server IPs of pods with dnsPolicy ClusterFirst, comma-separated (the
+    /// kubelet's `--cluster-dns`); without them such pods fall back to Default.
+    #[arg(long, env = "EVPLEG_CLUSTER_DNS", value_delimiter = ',')]
+    pub cluster_dns: Vec<std::net::IpAddr>,
+
+    /// The cluster's DNS domain (the kubelet's `--cluster-domain`): the search
+    /// domains of ClusterFirst pods and the domain of pods with a subdomain.
+    #[arg(long, env = "EVPLEG_CLUSTER_DOMAIN", default_value = "")]
+    pub cluster_domain: String,
+
+    /// The resolver configuration pods with dnsPolicy Default get (the
+    /// kubelet's `--resolv-conf`); empty: none, such pods ask 127.0.0.1.
+    #[arg(long, env = "EVPLEG_RESOLV_CONF", default_value = "/etc/resolv.conf")]
+    pub resolv_conf: String,
+
     /// Directory for container logs.
     #[arg(
         long,
@@ -113,6 +133,18 @@ impl RunArgs {
                 .map(|h| h.trim().to_lowercase())
                 .unwrap_or_else(|_| "localhost".into())
         })
+    }
+
+    /// The pods' DNS settings from `--cluster-dns`, `--cluster-domain` and
+    /// `--resolv-conf`.
+    pub fn dns(&self) -> crate::network::dns::Configurer {
+        crate::network::dns::Configurer {
+            cluster_dns: self.cluster_dns.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+            resolv_conf: Some(PathBuf::from(&self.resolv_conf))
+                .filter(|p| !p.as_os_str().is_empty()),
+            node_ip: self.node_ip().parse().ok(),
+        }
     }
 
     /// The node IP: the flag, else the first non-loopback IPv4 address of the

@@ -32,7 +32,8 @@ pub enum ProbeError {
 #[derive(Clone, Debug)]
 pub struct Handlers {
     pub cri: CriClient,
-    /// Where a host-network pod's ports are (the node's IP).
+    /// Where the probes go when they name no host: the node's IP, or the
+    /// pod's ([`Handlers::at_pod`]).
     pub host_ip: String,
 }
 
@@ -64,6 +65,22 @@ fn port(c: &Container, port: &IntOrString) -> Result<u16, ProbeError> {
 }
 
 impl Handlers {
+    /// These handlers aimed at the pod, as the kubelet aims a probe without a
+    /// host at the pod's IP: the node's for a host-network pod, else the
+    /// pod's first IP (empty while it has none, and the probe fails, as the
+    /// kubelet's).
+    pub fn at_pod(&self, pod: &k8s_openapi::api::core::v1::Pod, pod_ips: &[String]) -> Handlers {
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        Handlers {
+            cri: self.cri.clone(),
+            host_ip: if host_network {
+                self.host_ip.clone()
+            } else {
+                pod_ips.first().cloned().unwrap_or_default()
+            },
+        }
+    }
+
     /// Runs `probe` against the container once: the result, and for a
     /// failure what failed (the kubelet's probe output, for its event).
     pub async fn run(

@@ -157,7 +157,8 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let instance = self.cache.get(&self.uid).and_then(|e| {
+            let entry = self.cache.get(&self.uid);
+            let instance = entry.as_ref().and_then(|e| {
                 latest(&e.status, &self.container.name)
                     .map(|c| (c.id.clone(), c.state, c.started_at))
             });
@@ -196,7 +197,9 @@ impl Worker {
                     if counter.on_hold {
                         continue;
                     }
-                    let outcome = match self.handler.run(&self.container, &id, &self.probe).await {
+                    let ips = entry.as_ref().map(|e| e.status.ips.as_slice());
+                    let handler = self.handler.at_pod(&self.pod, ips.unwrap_or_default());
+                    let outcome = match handler.run(&self.container, &id, &self.probe).await {
                         Ok((ProbeResult::Failure, why)) => {
                             let kind = self.kind.name();
                             let mut title = kind.to_owned();

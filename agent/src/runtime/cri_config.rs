@@ -3,9 +3,9 @@
 //! (`kuberuntime_sandbox.go`, `kuberuntime_container.go`): labels and annotations
 //! the agent finds its objects by, namespaces, log paths, command, env,
 //! CPU/memory resources, port mappings, sysctls, stdin/tty and security
-//! contexts ([`super::security_context`]). Differences: no DNS config or
-//! mounts yet; what a pod may not use is refused at admission
-//! ([`crate::admission::fields`]).
+//! contexts ([`super::security_context`]), hostname and DNS config
+//! ([`crate::network`]). Differences: no volume mounts yet; what a pod may
+//! not use is refused at admission ([`crate::admission::fields`]).
 
 use std::collections::HashMap;
 
@@ -19,6 +19,8 @@ use super::qos::qos_class;
 use super::quantity::{parse_milli, parse_units};
 use super::security_context::{container_security_context, sandbox_security_context};
 use crate::admission::host_ports::pod_ports;
+use crate::network::dns::DnsWarning;
+use crate::network::{hostname_and_domain, kernel_hostname};
 use crate::pleg::PodUid;
 use crate::pleg::kernel::cgroup_path::pod_cgroup_path;
 use crate::pod_workers::{SyncError, spec_grace_seconds};
@@ -43,14 +45,22 @@ pub(super) fn name_ns(pod: &Pod) -> (String, String) {
     )
 }
 
-/// The CRI sandbox config of `pod`.
+/// The CRI sandbox config of `pod`, and the warnings about its DNS config
+/// (events to record). An error is the kubelet's "Failed to generate sandbox
+/// config": a hostname or domain that is no DNS label, an FQDN too long, an
+/// unreadable `--resolv-conf`.
 pub fn sandbox_config(
     pod: &Pod,
     uid: &PodUid,
     attempt: u32,
     node: &NodeInfo,
-) -> v1::PodSandboxConfig {
+) -> Result<(v1::PodSandboxConfig, Vec<DnsWarning>), SyncError> {
     let (name, namespace) = name_ns(pod);
+    let failed = |e: &dyn std::fmt::Display| {
+        SyncError(format!(
+            "failed to generate sandbox config for pod {namespace}/{name}: {e}"
+        ))
+    };
     let spec = pod.spec.clone().unwrap_or_default();
     let mut sandbox_labels: HashMap<String, String> = pod
         .metadata
@@ -63,19 +73,25 @@ pub fn sandbox_config(
     sandbox_labels.insert(labels::POD_NAMESPACE.into(), namespace.clone());
     sandbox_labels.insert(labels::POD_UID.into(), uid.to_string());
     let host_net = spec.host_network.unwrap_or(false);
-    v1::PodSandboxConfig {
+    // A host-network sandbox has no UTS namespace of its own to name.
+    let hostname = if host_net {
+        String::new()
+    } else {
+        let (hostname, domain) =
+            hostname_and_domain(pod, &node.dns.cluster_domain).map_err(|e| failed(&e))?;
+        kernel_hostname(&hostname, &domain, spec.set_hostname_as_fqdn == Some(true))
+            .map_err(|e| failed(&e))?
+    };
+    let (dns_config, warnings) = node.dns.pod_dns(pod).map_err(|e| failed(&e))?;
+    let config = v1::PodSandboxConfig {
         metadata: Some(v1::PodSandboxMetadata {
             name: name.clone(),
             uid: uid.to_string(),
             namespace: namespace.clone(),
             attempt,
         }),
-        // A host-network sandbox has no UTS namespace of its own to name.
-        hostname: if host_net {
-            String::new()
-        } else {
-            name.clone()
-        },
+        hostname,
+        dns_config: Some(dns_config),
         log_directory: node
             .log_dir
             .join(format!("{namespace}_{name}_{uid}"))
@@ -114,7 +130,8 @@ pub fn sandbox_config(
             })
             .collect(),
         ..Default::default()
-    }
+    };
+    Ok((config, warnings))
 }
 
 /// The pod's namespaces (the kubelet's `NamespacesForPod`), for the sandbox
@@ -273,6 +290,13 @@ mod tests {
             cgroup_driver: crate::pleg::kernel::cgroup_path::CgroupDriver::Cgroupfs,
             log_dir: "/var/log/pods".into(),
             cgroup_mounts: vec![],
+            dns: crate::network::dns::Configurer {
+                cluster_dns: vec!["10.96.0.10".parse().unwrap()],
+                cluster_domain: "cluster.local".into(),
+                resolv_conf: None,
+                node_ip: None,
+            },
+            root_dir: "/var/lib/evpleg".into(),
         }
     }
 
@@ -280,7 +304,7 @@ mod tests {
     fn sandbox_config_for_a_host_network_pod() {
         let p = pod();
         let uid = pod_uid(&p).unwrap();
-        let s = sandbox_config(&p, &uid, 1, &node());
+        let (s, _) = sandbox_config(&p, &uid, 1, &node()).unwrap();
         let m = s.metadata.as_ref().unwrap();
         assert_eq!(
             (m.name.as_str(), m.namespace.as_str(), m.attempt),
@@ -299,13 +323,60 @@ mod tests {
             cgroup_driver: crate::pleg::kernel::cgroup_path::CgroupDriver::Systemd,
             ..node()
         };
-        let s = sandbox_config(&p, &uid, 1, &systemd);
+        let (s, _) = sandbox_config(&p, &uid, 1, &systemd).unwrap();
         assert_eq!(
             s.linux.unwrap().cgroup_parent,
             format!(
                 "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
                 uid.as_str().replace('-', "_")
             )
+        );
+    }
+
+    #[test]
+    fn sandbox_config_of_a_pod_with_its_own_network() {
+        let mut p = pod();
+        let spec = p.spec.as_mut().unwrap();
+        spec.host_network = None;
+        spec.hostname = Some("h".into());
+        spec.subdomain = Some("sub".into());
+        spec.set_hostname_as_fqdn = Some(true);
+        spec.containers[0].ports =
+            Some(vec![serde_json::from_value(serde_json::json!(
+            {"containerPort": 80, "hostPort": 8080, "hostIP": "127.0.0.1", "protocol": "UDP"}
+        )).unwrap()]);
+        let uid = pod_uid(&p).unwrap();
+        let (s, warnings) = sandbox_config(&p, &uid, 0, &node()).unwrap();
+        assert_eq!(s.hostname, "h.sub.ns.svc.cluster.local");
+        assert!(warnings.is_empty());
+        let dns = s.dns_config.unwrap();
+        assert_eq!(dns.servers, ["10.96.0.10"]);
+        assert_eq!(dns.searches[0], "ns.svc.cluster.local");
+        let ns = s
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.network, v1::NamespaceMode::Pod as i32);
+        let m = &s.port_mappings[0];
+        assert_eq!(
+            (
+                m.container_port,
+                m.host_port,
+                m.host_ip.as_str(),
+                m.protocol
+            ),
+            (80, 8080, "127.0.0.1", v1::Protocol::Udp as i32)
+        );
+        // A hostname that is no DNS label fails the config, naming it.
+        p.spec.as_mut().unwrap().hostname = Some("No_Label".into());
+        let err = sandbox_config(&p, &uid, 0, &node()).unwrap_err();
+        assert!(
+            err.0
+                .contains("pod Hostname \"No_Label\" is not a valid DNS label"),
+            "{err}"
         );
     }
 

@@ -16,9 +16,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 
 use super::kuberuntime::KubeRuntime;
+use crate::pleg::PodUid;
+use crate::pleg::relist::PodRuntime as _;
 
 /// The longest a postStart hook may run.
 pub const POST_START_BOUND: Duration = Duration::from_secs(120);
@@ -56,6 +58,7 @@ impl KubeRuntime {
     pub(super) async fn run_hook(
         &self,
         hook: &'static str,
+        (pod, uid): (&Pod, &PodUid),
         c: &Container,
         id: &str,
         handler: &LifecycleHandler,
@@ -99,6 +102,17 @@ impl KubeRuntime {
                 let handlers = crate::prober::handlers::Handlers {
                     cri: self.cri.clone(),
                     host_ip: self.node.host_ip.clone(),
+                };
+                // As the kubelet's handler runner: without a host, the pod's
+                // IP, asked from the runtime.
+                let handlers = if http.host.is_none() {
+                    let status = crate::runtime::CriRuntime::new(self.cri.clone())
+                        .pod_status(uid)
+                        .await
+                        .map_err(|e| failed(format!("pod status for the hook's address: {e}")))?;
+                    handlers.at_pod(pod, &status.ips)
+                } else {
+                    handlers
                 };
                 let cid = crate::pleg::ContainerId::parse(id)
                     .ok_or_else(|| failed(format!("{id:?} is not a container id")))?;
@@ -150,7 +164,10 @@ impl KubeRuntime {
             let pod_name = pod_name.as_str();
             let started = tokio::time::Instant::now();
             let bound = Duration::from_secs(grace_seconds.max(0) as u64);
-            match self.run_hook("PreStop", c, id, pre_stop, bound).await {
+            match self
+                .run_hook("PreStop", (pod, uid), c, id, pre_stop, bound)
+                .await
+            {
                 Ok(()) => tracing::info!(pod = pod_name, container = %c.name, "preStop hook done"),
                 Err(e) => {
                     tracing::warn!(

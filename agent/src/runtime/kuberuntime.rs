@@ -38,6 +38,11 @@ pub struct NodeInfo {
     /// Cgroup mounts (cgroup2 first, then v1 hierarchies) whose pod cgroups are
     /// removed when a pod terminates.
     pub cgroup_mounts: Vec<PathBuf>,
+    /// The pods' DNS settings (`--cluster-dns`, `--cluster-domain`,
+    /// `--resolv-conf`).
+    pub dns: crate::network::dns::Configurer,
+    /// The agent's state directory (`--root-dir`): `pods/<uid>/etc-hosts`.
+    pub root_dir: PathBuf,
 }
 
 /// The pod's UID, checked.

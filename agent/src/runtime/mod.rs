@@ -212,16 +212,13 @@ impl PodRuntime for CriRuntime {
                 status.name = m.name.clone();
                 status.namespace = m.namespace.clone();
             }
-            let ip = st
-                .network
-                .as_ref()
-                .map(|n| n.ip.clone())
-                .filter(|ip| !ip.is_empty());
-            if status.ips.is_empty()
-                && let Some(ip) = &ip
-            {
-                status.ips.push(ip.clone());
+            let ips = sandbox_ips(Some(&st));
+            // As the kubelet: the pod's IPs are the newest sandbox's, and
+            // only while it is ready.
+            if status.sandboxes.is_empty() && st.state == v1::PodSandboxState::SandboxReady as i32 {
+                status.ips = ips.clone();
             }
+            let ip = ips.into_iter().next();
             status.sandboxes.push(SandboxStatus {
                 id,
                 state: if st.state == v1::PodSandboxState::SandboxReady as i32 {
@@ -259,9 +256,37 @@ impl PodRuntime for CriRuntime {
     }
 }
 
+/// A sandbox's IPs from its status (the kubelet's `determinePodSandboxIPs`):
+/// the network's IP, then the additional ones, empties dropped.
+pub(crate) fn sandbox_ips(status: Option<&v1::PodSandboxStatus>) -> Vec<String> {
+    let Some(net) = status.and_then(|s| s.network.as_ref()) else {
+        return Vec::new();
+    };
+    std::iter::once(net.ip.clone())
+        .chain(net.additional_ips.iter().map(|a| a.ip.clone()))
+        .filter(|ip| !ip.is_empty())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_ips_in_order() {
+        let st = v1::PodSandboxStatus {
+            network: Some(v1::PodSandboxNetworkStatus {
+                ip: "10.1.0.2".into(),
+                additional_ips: vec![v1::PodIp {
+                    ip: "fd00::2".into(),
+                }],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(sandbox_ips(Some(&st)), ["10.1.0.2", "fd00::2"]);
+        assert!(sandbox_ips(Some(&v1::PodSandboxStatus::default())).is_empty());
+        assert!(sandbox_ips(None).is_empty());
+    }
 
     #[test]
     fn converts_a_cri_container_status() {

@@ -4,7 +4,8 @@
 //! The last start error of each container, keyed by pod UID and container name,
 //! is the container's waiting reason and message until it starts: ErrImagePull,
 //! ImagePullBackOff, ErrImageNeverPull, ImageInspectError, InvalidImageName,
-//! CreateContainerConfigError, CreateContainerError, RunContainerError.
+//! CreateContainerConfigError, CreateContainerError, RunContainerError; and
+//! ContainerCreating with the error of a sandbox that could not be created.
 //! Differences: a map forgotten with the pod instead of the kubelet's LRU of
 //! 1 000 entries.
 
@@ -21,6 +22,9 @@ pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
 pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
 pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
 pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+/// Not an error of the container: its pod's sandbox could not be created
+/// ([`super::sync`]; the kubelet's reason, with the error as the message).
+pub const CONTAINER_CREATING: &str = "ContainerCreating";
 
 /// A failed container start: the kubelet's reason and the message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -16,13 +16,16 @@ use super::cri_config::{container_config, host_network, sandbox_config};
 use super::images::PullPolicy;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
 use super::reasons::{
-    CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR, ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL,
-    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError,
-    check_image_reference,
+    CONTAINER_CREATING, CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR,
+    ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF,
+    INVALID_IMAGE_NAME, RUN_CONTAINER_ERROR, StartError, check_image_reference,
 };
 use super::security_context::{needs_image_user, verify_run_as_non_root};
 use crate::container::{ContainerState, PodStatus};
+use crate::events::EventType;
 use crate::events::kubelet as kubelet_events;
+use crate::network::hostname_and_domain;
+use crate::network::hosts::{HostsSpec, ensure_hosts_mount};
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
@@ -61,25 +64,64 @@ impl KubeRuntime {
                 .await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
-        let sandbox_config = sandbox_config(&pod, &uid, actions.sandbox_attempt, &self.node);
-        let sandbox_id = if actions.create_sandbox {
-            if !host_network(&pod) {
-                warn!(pod = %uid, "pod without hostNetwork: the runtime needs a CNI configuration for its network");
+        let (sandbox_config, dns_warnings) =
+            sandbox_config(&pod, &uid, actions.sandbox_attempt, &self.node).inspect_err(|e| {
+                warn!(pod = %uid, error = %e, "sandbox config");
+                if actions.create_sandbox {
+                    kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e);
+                }
+            })?;
+        let host_net = host_network(&pod);
+        let (sandbox_id, pod_ips) = if actions.create_sandbox {
+            for w in dns_warnings {
+                warn!(pod = %uid, reason = w.reason, message = %w.message, "pod DNS config");
+                self.events
+                    .record(&pod, None, EventType::Warning, w.reason, w.message);
             }
+            // The runtime sets up the pod's network here (CNI ADD), unless
+            // it shares the node's; a failure is the plugin's error.
             let id = self
                 .cri
                 .run_pod_sandbox(&sandbox_config, "")
                 .await
-                .inspect_err(|e| kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e))
-                .map_err(|e| SyncError(e.to_string()))?;
+                .inspect_err(|e| {
+                    warn!(pod = %uid, error = %e, "RunPodSandbox failed");
+                    kubelet_events::failed_create_pod_sandbox(&self.events, &pod, e);
+                    self.sandbox_failed(&uid, &spec, &actions, e);
+                })
+                .map_err(|e| {
+                    SyncError(format!(
+                        "pod {}: failed to create pod sandbox: {e}",
+                        format_pod(&pod, &uid)
+                    ))
+                })?;
             info!(pod = %uid, sandbox = %id, "sandbox created");
-            id
+            // As the kubelet: the new sandbox's IPs, for the containers'
+            // /etc/hosts.
+            let ips = if host_net {
+                vec![self.node.host_ip.clone()]
+            } else {
+                let status = self.cri.pod_sandbox_status(&id, false).await.map_err(|e| {
+                    SyncError(format!(
+                        "pod {}: sandbox {id} status: {e}",
+                        format_pod(&pod, &uid)
+                    ))
+                })?;
+                super::sandbox_ips(status.status.as_ref())
+            };
+            (id, ips)
         } else {
-            actions
+            let id = actions
                 .sandbox
                 .as_ref()
                 .map(|s| s.to_string())
-                .unwrap_or_default()
+                .unwrap_or_default();
+            let ips = if host_net {
+                vec![self.node.host_ip.clone()]
+            } else {
+                entry.status.ips.clone()
+            };
+            (id, ips)
         };
         // Attempts continue from the newest container, whatever its sandbox.
         let status = &entry.status;
@@ -91,7 +133,13 @@ impl KubeRuntime {
         let mut failed = Vec::new();
         for c in init.chain(apps) {
             let started = self
-                .start_container(&pod, &uid, &sandbox_id, &sandbox_config, c, status)
+                .start_container(
+                    &pod,
+                    &uid,
+                    (&sandbox_id, &sandbox_config, &pod_ips),
+                    c,
+                    status,
+                )
                 .await;
             let mut reasons = lock(&self.reasons);
             match started {
@@ -221,12 +269,55 @@ impl KubeRuntime {
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e))
     }
 
+    /// A failed RunPodSandbox (a network setup the CNI plugin refused): the
+    /// containers it was to start wait in `ContainerCreating`, as under the
+    /// kubelet, with the error as their message (the kubelet has it in the
+    /// FailedCreatePodSandBox event only).
+    fn sandbox_failed(
+        &self,
+        uid: &PodUid,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+        actions: &super::actions::PodActions,
+        error: &dyn std::fmt::Display,
+    ) {
+        let inits = spec.init_containers.as_deref().unwrap_or_default();
+        let names = (actions.start_init.iter().map(|i| &inits[*i].name))
+            .chain(actions.start.iter().map(|j| &spec.containers[*j].name));
+        let mut reasons = lock(&self.reasons);
+        for name in names {
+            let message = format!("Failed to create pod sandbox: {error}");
+            reasons.update(uid, name, StartError::new(CONTAINER_CREATING, message));
+        }
+    }
+
+    /// The pod's managed /etc/hosts, written now (the kubelet's
+    /// `makeHostsMount`, on each container's start).
+    fn hosts_mount(
+        &self,
+        pod: &Pod,
+        uid: &PodUid,
+        pod_ips: &[String],
+    ) -> Result<Option<v1::Mount>, StartError> {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let (hostname, domain) = hostname_and_domain(pod, &self.node.dns.cluster_domain)
+            .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.to_string()))?;
+        let aliases = spec.host_aliases.unwrap_or_default();
+        let hosts = HostsSpec {
+            pod_ips,
+            hostname: &hostname,
+            domain: &domain,
+            aliases: &aliases,
+            host_network: spec.host_network.unwrap_or(false),
+        };
+        ensure_hosts_mount(&self.node.root_dir, uid.as_str(), &hosts)
+            .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.to_string()))
+    }
+
     async fn start_container(
         &self,
         pod: &Pod,
         uid: &PodUid,
-        sandbox_id: &str,
-        sandbox: &v1::PodSandboxConfig,
+        (sandbox_id, sandbox, pod_ips): (&str, &v1::PodSandboxConfig, &[String]),
         c: &Container,
         status: &PodStatus,
     ) -> Result<(), StartError> {
@@ -239,8 +330,9 @@ impl KubeRuntime {
         }
         self.ensure_image(pod, uid, c).await?;
         self.verify_run_as_non_root(pod, uid, c).await?;
-        let config = container_config(pod, uid, c, attempt)
+        let mut config = container_config(pod, uid, c, attempt)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
+        config.mounts.extend(self.hosts_mount(pod, uid, pod_ips)?);
         let id = self
             .cri
             .create_container(sandbox_id, &config, sandbox)
@@ -257,6 +349,7 @@ impl KubeRuntime {
             let hook = self
                 .run_hook(
                     "PostStart",
+                    (pod, uid),
                     c,
                     &id,
                     post_start,

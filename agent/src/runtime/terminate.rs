@@ -195,6 +195,12 @@ impl KubeRuntime {
             }
             Err(e) => return Err(SyncError(e.to_string())),
         };
+        // Its containers are dead: the pod's directory (the managed
+        // /etc/hosts) goes. The kubelet leaves it to housekeeping's
+        // `cleanupOrphanedPodDirs` after the pod is deleted.
+        if let Err(e) = crate::network::hosts::remove_pod_dir(&self.node.root_dir, uid.as_str()) {
+            warn!(pod = %uid, error = %e, "removing the pod's directory");
+        }
         if finished {
             remove_pod_cgroups(
                 &self.node.cgroup_mounts,
