@@ -6,6 +6,10 @@
 //! [`UNSUPPORTED_REASON`] and a message naming every such field, rather than
 //! run half-right.
 //!
+//! `lifecycle.stopSignal` is refused because the CRI has no place for it: it is
+//! `ContainerConfig.stop_signal` from cri-api v0.33 on, the vendored
+//! `api.proto` is v0.32.3, and containerd 1.6/1.7 do not read it.
+//!
 //! Accepted without effect, because on a kubelet node they are the
 //! scheduler's (the kubelet only re-checks some of them, evpleg has no Node to
 //! check against yet): `affinity`, `nodeSelector`, `tolerations`,
@@ -36,7 +40,7 @@ pub fn unsupported(pod: &Pod) -> Vec<String> {
     pod_spec(spec, &mut out);
     for c in spec.init_containers.iter().flatten() {
         let path = format!("spec.initContainers[{}]", c.name);
-        container(c, &path, false, &mut out);
+        container(c, &path, crate::runtime::actions::is_sidecar(c), &mut out);
         match c.restart_policy.as_deref() {
             None | Some("Always") => {}
             Some(other) => out.push(format!("{path}.restartPolicy={other}")),
@@ -116,9 +120,11 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     }
 }
 
-/// `app`: a regular container, whose probes run ([`crate::prober`]); init
-/// containers' (sidecars') probes do not yet.
-fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
+/// `probed`: a container whose probes run ([`crate::prober`]): an app
+/// container or a sidecar. A plain init container cannot have probes (the API
+/// server refuses them); one that has them is refused here rather than
+/// ignored.
+fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
     let mut set = |present: bool, field: &str| {
         if present {
             out.push(format!("{path}.{field}"));
@@ -136,7 +142,7 @@ fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
         (&c.startup_probe, "startupProbe"),
     ];
     for (probe, name) in probes {
-        set(probe.is_some() && !app, name);
+        set(probe.is_some() && !probed, name);
     }
     set(non_empty(&c.env_from), "envFrom");
     set(non_empty(&c.volume_mounts), "volumeMounts");
@@ -222,7 +228,10 @@ mod tests {
             "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
             "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "fsGroup": 5,
                                 "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
-            "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always"}],
+            "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always",
+                                "startupProbe": {"tcpSocket": {"port": 1}},
+                                "livenessProbe": {"exec": {"command": ["true"]}},
+                                "readinessProbe": {"httpGet": {"port": 8080}}}],
             "containers": [{
                 "name": "app", "image": "i", "imagePullPolicy": "Always", "ports": [{"containerPort": 80}],
                 "env": [{"name": "A", "value": "1"}], "stdin": true, "tty": true,
