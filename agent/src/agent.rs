@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admission::{Admission, Allocatable};
+use crate::admission::{Admission, Allocatable, Reserved};
 use crate::clock::{MonotonicClock, SharedClock, WallClock};
 use crate::config::{NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::cri::{CriClient, CriClientConfig, CriError};
@@ -56,6 +56,10 @@ pub enum AgentError {
     Url { url: String, message: String },
     #[error("kubeconfig {path}: {message}")]
     Kube { path: String, message: String },
+    #[error("--system-reserved / --kube-reserved: {0}")]
+    Reserved(#[from] crate::admission::ReservedError),
+    #[error("--node-labels / --register-with-taints: {0}")]
+    NodeFlags(#[from] crate::admission::node::NodeFlagError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -140,7 +144,17 @@ impl Agent {
         let endpoint = common
             .endpoint(std::path::Path::new("/"))?
             .ok_or(AgentError::RuntimeDisabled)?;
-        // The HTTP port first: a clash fails before anything started.
+        // The flags first, then the HTTP port: bad input or a clash fails
+        // before anything started.
+        let node_name = args.node_name();
+        let reserved = Reserved::parse(&args.system_reserved)
+            .and_then(|s| Reserved::parse(&args.kube_reserved).map(|k| s.plus(k)))?;
+        let node = crate::admission::node::NodeInfo::from_flags(
+            &node_name,
+            &args.node_labels,
+            &args.register_with_taints,
+        )?;
+        let admission = Admission::new(Allocatable::of_host().minus(reserved, args.max_pods), node);
         let listen = common.listen_or(RUN_LISTEN);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -153,7 +167,6 @@ impl Agent {
             source,
         })?;
         let clock: SharedClock = Arc::new(MonotonicClock);
-        let node_name = args.node_name();
         let host_ip = args.node_ip();
         let cri = CriClient::connect(&endpoint, CriClientConfig::default()).await?;
         let cri_metrics = cri.metrics();
@@ -307,7 +320,7 @@ impl Agent {
             status: status.clone(),
             cache: pleg.cache.clone(),
             cri,
-            admission: Admission::new(Allocatable::of_host()),
+            admission,
             seen,
             sources,
             host_ip,

@@ -383,8 +383,7 @@ fn sidecar_pod(name: &str, side_command: &str, side_probes: &str) -> String {
 /// How many times the pod's events (the endpoint's response) counted `needle`.
 fn event_count(response: &str, needle: &str) -> i64 {
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let list: Value =
-        serde_json::from_str(body).unwrap_or_else(|err| panic!("{response}: {err}"));
+    let list: Value = serde_json::from_str(body).unwrap_or_else(|err| panic!("{response}: {err}"));
     list["items"]
         .as_array()
         .into_iter()
