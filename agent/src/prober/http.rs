@@ -256,7 +256,8 @@ mod tests {
     #[test]
     fn redirects_are_followed_on_the_same_host_only() {
         let from = at("10.0.0.1", 8080, "/a/b?x=1");
-        let cases: &[(u16, Option<&str>, usize, Result<Option<Target>, String>)] = &[
+        type Case<'a> = (u16, Option<&'a str>, usize, Result<Option<Target>, String>);
+        let cases: &[Case] = &[
             (200, Some("/x"), 0, Ok(None)),
             // 300 and 304 are not redirects Go follows.
             (300, Some("/x"), 0, Ok(None)),
