@@ -149,12 +149,18 @@ impl Agent {
         let node_name = args.node_name();
         let reserved = Reserved::parse(&args.system_reserved)
             .and_then(|s| Reserved::parse(&args.kube_reserved).map(|k| s.plus(k)))?;
-        let node = crate::admission::node::NodeInfo::from_flags(
+        let node_info = crate::admission::node::NodeInfo::from_flags(
             &node_name,
             &args.node_labels,
             &args.register_with_taints,
         )?;
-        let admission = Admission::new(Allocatable::of_host().minus(reserved, args.max_pods), node);
+        let host = Allocatable::of_host();
+        let allocatable = host.minus(reserved, args.max_pods);
+        let capacity = Allocatable {
+            pods: args.max_pods,
+            ..host
+        };
+        let admission = Admission::new(allocatable, node_info.clone());
         let listen = common.listen_or(RUN_LISTEN);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -304,6 +310,7 @@ impl Agent {
             })?;
             tasks.push(health.spawn("url source", shutdown.clone(), src.run(source_tx.clone())));
         }
+        let node_client = kube.clone();
         if let Some(client) = kube {
             sources.push(SourceName::Api);
             let api = crate::source::api::ApiSource::new(client, node_name.clone());
@@ -353,6 +360,27 @@ impl Agent {
         )
         .with_path_health(pleg.path_health.clone())
         .with_tasks(essential);
+        if let Some(client) = node_client {
+            let checked = state.clone();
+            let node_health: crate::node_status::Health = Arc::new(move || {
+                let (code, body) = server::health_report(&checked);
+                if code.is_success() { Ok(()) } else { Err(body) }
+            });
+            let parts = crate::node_status::NodeStatusParts {
+                client,
+                node: node_info,
+                capacity,
+                allocatable,
+                lease_duration_seconds: args.node_lease_duration_seconds,
+                update_frequency: args.node_status_update_frequency,
+                health: node_health,
+            };
+            tasks.push(health.spawn(
+                "node status",
+                shutdown.clone(),
+                crate::node_status::run(parts, shutdown.clone()),
+            ));
+        }
         let pods_store = local.clone();
         let pod_events = events.clone();
         let router = server::router(state)

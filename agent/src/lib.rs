@@ -12,6 +12,7 @@ pub mod cri;
 pub mod describe;
 pub mod events;
 pub mod metrics;
+pub mod node_status;
 pub mod observe;
 pub mod pleg;
 pub mod pod_fate;

@@ -99,3 +99,85 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
     );
     e.finish().await;
 }
+
+// With --kubeconfig the node is registered (the harness created the Node
+// already, so as the kubelet only its default labels are reconciled), its
+// capacity and allocatable and conditions written (Ready), and its Lease in
+// kube-node-lease renewed every quarter of its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
+    if !privileged("the_node_is_registered_with_a_renewed_lease_and_ready") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(
+        "node_status",
+        true,
+        &[
+            "--node-labels",
+            "zone=a",
+            "--register-with-taints",
+            "dedicated=db:NoSchedule",
+            "--max-pods",
+            "7",
+            "--node-lease-duration-seconds",
+            "1",
+            "--node-status-update-frequency",
+            "200ms",
+        ],
+    )
+    .await;
+    let wait = std::time::Duration::from_secs(30);
+    let condition = |n: &k8s_openapi::api::core::v1::Node, kind: &str| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == kind).cloned())
+    };
+    e.api()
+        .wait_for_node(NODE, "registered and Ready", wait, |n| {
+            n.and_then(|n| condition(n, "Ready"))
+                .is_some_and(|c| c.status == "True")
+        })
+        .await;
+    let node = e.api().node(NODE).expect("the node");
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["kubernetes.io/hostname"], NODE);
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels.contains_key("kubernetes.io/arch"), "{labels:?}");
+    // --node-labels and taints apply at creation only, as the kubelet's.
+    assert!(!labels.contains_key("zone"), "{labels:?}");
+    let status = node.status.clone().expect("status");
+    assert_eq!(status.capacity.expect("capacity")["pods"].0, "7");
+    assert!(
+        status
+            .allocatable
+            .expect("allocatable")
+            .contains_key("memory")
+    );
+    let ready = condition(&node, "Ready").expect("Ready");
+    assert_eq!(ready.reason.as_deref(), Some("KubeletReady"));
+    for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert!(condition(&node, kind).is_some(), "{kind}: {node:?}");
+    }
+    // The lease: held by the node, renewed (its renewTime moves).
+    let renew = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec.as_ref().and_then(|s| s.renew_time.clone())
+    };
+    e.api()
+        .wait_for_lease("kube-node-lease", NODE, "the lease", wait, |l| {
+            l.is_some_and(|l| renew(l).is_some())
+        })
+        .await;
+    let first = e.api().lease("kube-node-lease", NODE).expect("the lease");
+    let spec = first.spec.clone().expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
+    assert_eq!(spec.lease_duration_seconds, Some(1));
+    let first_renew = renew(&first);
+    e.api()
+        .wait_for_lease("kube-node-lease", NODE, "renewed", wait, |l| {
+            l.is_some_and(|l| renew(l) != first_renew)
+        })
+        .await;
+    e.finish().await;
+}

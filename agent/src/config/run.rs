@@ -125,6 +125,19 @@ pub struct RunArgs {
     #[arg(long, env = "EVPLEG_SYSTEM_RESERVED", default_value = "")]
     pub system_reserved: String,
 
+    /// With --kubeconfig: the node's Lease duration in kube-node-lease; the
+    /// lease is renewed every quarter of it (the kubelet's, default 40).
+    #[arg(long, env = "EVPLEG_NODE_LEASE_DURATION_SECONDS", default_value_t = 40,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    pub node_lease_duration_seconds: i32,
+
+    /// With --kubeconfig: how often the node's conditions are checked; a
+    /// change is written at once, else every 5 minutes (the kubelet's
+    /// --node-status-update-frequency).
+    #[arg(long, env = "EVPLEG_NODE_STATUS_UPDATE_FREQUENCY", default_value = "10s",
+          value_parser = duration::positive)]
+    pub node_status_update_frequency: Duration,
+
     /// Resources set aside for the agent and the runtime, as
     /// --system-reserved.
     #[arg(long, env = "EVPLEG_KUBE_RESERVED", default_value = "")]
