@@ -10,9 +10,10 @@
 //! `ContainerConfig.stop_signal` from cri-api v0.33 on, the vendored
 //! `api.proto` is v0.32.3, and containerd 1.6/1.7 do not read it.
 //!
-//! Accepted without effect, because on a kubelet node they are the
-//! scheduler's (the kubelet only re-checks some of them, evpleg has no Node to
-//! check against yet): `affinity`, `nodeSelector`, `tolerations`,
+//! Accepted, because on a kubelet node they are the scheduler's (the
+//! kubelet re-checks required node affinity, `nodeSelector`, `nodeName` and
+//! `NoExecute` tolerations, and so does [`super::node`]; the rest have no
+//! effect on a node): `affinity`, `nodeSelector`, `tolerations`,
 //! `topologySpreadConstraints`, `schedulerName`, `schedulingGates`,
 //! `priority`, `priorityClassName`, `preemptionPolicy`, `nodeName` (the API
 //! source already selects by node). Also accepted: what the API server sets on
