@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admission::{Admission, Allocatable};
+use crate::admission::{Admission, Allocatable, Reserved};
 use crate::clock::{MonotonicClock, SharedClock, WallClock};
 use crate::config::{NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::cri::{CriClient, CriClientConfig, CriError};
@@ -56,6 +56,10 @@ pub enum AgentError {
     Url { url: String, message: String },
     #[error("kubeconfig {path}: {message}")]
     Kube { path: String, message: String },
+    #[error("--system-reserved / --kube-reserved: {0}")]
+    Reserved(#[from] crate::admission::ReservedError),
+    #[error("--node-labels / --register-with-taints: {0}")]
+    NodeFlags(#[from] crate::admission::node::NodeFlagError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -140,7 +144,23 @@ impl Agent {
         let endpoint = common
             .endpoint(std::path::Path::new("/"))?
             .ok_or(AgentError::RuntimeDisabled)?;
-        // The HTTP port first: a clash fails before anything started.
+        // The flags first, then the HTTP port: bad input or a clash fails
+        // before anything started.
+        let node_name = args.node_name();
+        let reserved = Reserved::parse(&args.system_reserved)
+            .and_then(|s| Reserved::parse(&args.kube_reserved).map(|k| s.plus(k)))?;
+        let node_info = crate::admission::node::NodeInfo::from_flags(
+            &node_name,
+            &args.node_labels,
+            &args.register_with_taints,
+        )?;
+        let host = Allocatable::of_host();
+        let allocatable = host.minus(reserved, args.max_pods);
+        let capacity = Allocatable {
+            pods: args.max_pods,
+            ..host
+        };
+        let admission = Admission::new(allocatable, node_info.clone());
         let listen = common.listen_or(RUN_LISTEN);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -153,7 +173,6 @@ impl Agent {
             source,
         })?;
         let clock: SharedClock = Arc::new(MonotonicClock);
-        let node_name = args.node_name();
         let host_ip = args.node_ip();
         let cri = CriClient::connect(&endpoint, CriClientConfig::default()).await?;
         let cri_metrics = cri.metrics();
@@ -293,6 +312,7 @@ impl Agent {
             })?;
             tasks.push(health.spawn("url source", shutdown.clone(), src.run(source_tx.clone())));
         }
+        let node_client = kube.clone();
         if let Some(client) = kube {
             sources.push(SourceName::Api);
             let api = crate::source::api::ApiSource::new(client, node_name.clone());
@@ -309,7 +329,7 @@ impl Agent {
             status: status.clone(),
             cache: pleg.cache.clone(),
             cri,
-            admission: Admission::new(Allocatable::of_host()),
+            admission,
             seen,
             sources,
             host_ip,
@@ -342,6 +362,27 @@ impl Agent {
         )
         .with_path_health(pleg.path_health.clone())
         .with_tasks(essential);
+        if let Some(client) = node_client {
+            let checked = state.clone();
+            let node_health: crate::node_status::Health = Arc::new(move || {
+                let (code, body) = server::health_report(&checked);
+                if code.is_success() { Ok(()) } else { Err(body) }
+            });
+            let parts = crate::node_status::NodeStatusParts {
+                client,
+                node: node_info,
+                capacity,
+                allocatable,
+                lease_duration_seconds: args.node_lease_duration_seconds,
+                update_frequency: args.node_status_update_frequency,
+                health: node_health,
+            };
+            tasks.push(health.spawn(
+                "node status",
+                shutdown.clone(),
+                crate::node_status::run(parts, shutdown.clone()),
+            ));
+        }
         let pods_store = local.clone();
         let pod_events = events.clone();
         let router = server::router(state)

@@ -13,6 +13,7 @@ pub mod describe;
 pub mod events;
 pub mod metrics;
 pub mod network;
+pub mod node_status;
 pub mod observe;
 pub mod pleg;
 pub mod pod_fate;

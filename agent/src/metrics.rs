@@ -188,8 +188,24 @@ impl Collector for EventsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.0;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        {
+            let mut family = encoder.encode_descriptor(
+                "events_recorded",
+                "Pod events recorded, by reason and type",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            let by_reason = s
+                .by_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            for ((kind, reason), n) in &by_reason {
+                let labels = [("reason", reason.as_str()), ("type", kind)];
+                ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            }
+        }
         for (name, help, value) in [
-            ("events_recorded", "Pod events recorded", load(&s.recorded)),
             (
                 "events_written",
                 "Pod events written to the API server",

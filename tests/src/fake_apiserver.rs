@@ -16,7 +16,9 @@
 //!   and `DELETE` on `/api/v1/namespaces/{ns}/pods/{name}`; `GET` and `PATCH` on its
 //!   `/status` subresource; `POST /api/v1/namespaces/{ns}/pods`;
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
-//!   and listed in a namespace ([`events`]).
+//!   and listed in a namespace ([`events`]); Nodes created and their status
+//!   patched, `coordination.k8s.io/v1` Leases created, read and replaced
+//!   ([`nodes`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -54,6 +56,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 mod events;
+mod nodes;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -129,6 +132,8 @@ struct Inner {
     requests: Vec<RecordedRequest>,
     /// `events.k8s.io/v1` Events by namespace and name ([`events`]).
     events: BTreeMap<(String, String), Value>,
+    /// `coordination.k8s.io/v1` Leases by namespace and name ([`nodes`]).
+    leases: BTreeMap<(String, String), k8s_openapi::api::coordination::v1::Lease>,
     refused: u64,
     uid_counter: u64,
 }
@@ -180,6 +185,7 @@ impl FakeApiServer {
                 patches: Vec::new(),
                 requests: Vec::new(),
                 events: BTreeMap::new(),
+                leases: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
             }),
@@ -836,8 +842,12 @@ fn router(shared: Arc<Shared>) -> Router {
             "/api/v1/namespaces/{ns}/pods/{name}/status",
             get(get_pod).patch(patch_pod_status),
         )
-        .route("/api/v1/nodes/{name}", get(get_node))
+        .route(
+            "/api/v1/nodes/{name}",
+            get(get_node).patch(nodes::patch_node),
+        )
         .merge(events::routes())
+        .merge(nodes::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

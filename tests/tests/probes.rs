@@ -316,3 +316,186 @@ e2e_test!(a_grpc_probe_follows_the_health_service, |e| Box::pin(
         server.await.expect("server task").expect("server");
     }
 ));
+
+// An http probe answered with a redirect to another host is a success with a
+// warning, as the kubelet's: the pod becomes Ready and each probe records a
+// `ProbeWarning` event with the response's body. The server is in this test
+// process, on the host network the pod shares.
+e2e_test!(a_redirect_to_another_host_is_a_probe_warning, |e| Box::pin(
+    async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port(3)))
+            .await
+            .expect("bind the redirecting server");
+        let web = listener.local_addr().expect("its address").port();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut req = [0u8; 1024];
+                let _ = s.read(&mut req).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere.invalid/\r\nContent-Length: 5\r\n\r\nmoved",
+                    )
+                    .await;
+            }
+        });
+        e.write(
+            "redirect.yaml",
+            &pod(
+                "redirect",
+                &format!(
+                    "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      readinessProbe:\n        httpGet: {{host: 127.0.0.1, port: {web}, path: /healthz}}\n        periodSeconds: 1\n"
+                ),
+            ),
+        );
+        e.wait_for("redirect", "ready", |p| {
+            ready(p, "app") && condition(p, "Ready")["status"] == "True"
+        })
+        .await;
+        let events = http_get(
+            e.agent().addr,
+            &format!("/pods/default/redirect-{NODE}/events"),
+        )
+        .await;
+        server.abort();
+        assert!(
+            events.contains("\"reason\":\"ProbeWarning\"")
+                && events.contains(
+                    "Readiness probe warning: Probe terminated redirects, Response body: moved"
+                ),
+            "{events}"
+        );
+        assert!(!events.contains("Unhealthy"), "{events}");
+    }
+));
+
+/// A pod with a probed sidecar `side` (`side_probes` indented under it), a
+/// plain init container `init` and an app container.
+fn sidecar_pod(name: &str, side_command: &str, side_probes: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  initContainers:\n    - name: side\n      image: {IMAGE}\n      restartPolicy: Always\n      command: [sh, -c, '{side_command}']\n{side_probes}    - name: init\n      image: {IMAGE}\n      command: [sh, -c, 'exit 0']\n  containers:\n    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n"
+    )
+}
+
+/// How many times the pod's events (the endpoint's response) counted `needle`.
+fn event_count(response: &str, needle: &str) -> i64 {
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let list: Value = serde_json::from_str(body).unwrap_or_else(|err| panic!("{response}: {err}"));
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(needle)))
+        .map(|e| e["count"].as_i64().unwrap_or(1))
+        .sum()
+}
+
+// A sidecar's startup probe holds the next init container back until it
+// succeeds (the kubelet's computeInitContainerActions); then its readiness
+// probe decides its `ready` and the pod's ContainersReady and Ready.
+e2e_test!(a_sidecar_s_probes_gate_init_and_readiness, |e| Box::pin(
+    async move {
+        e.write(
+            "sideprobe.yaml",
+            &sidecar_pod(
+                "sideprobe",
+                "exec sleep 1000",
+                "      startupProbe:\n        exec:\n          command: [test, -f, /tmp/started]\n        periodSeconds: 1\n        failureThreshold: 1000\n      readinessProbe:\n        exec:\n          command: [test, -f, /tmp/ready]\n        periodSeconds: 1\n        failureThreshold: 1\n",
+            ),
+        );
+        let p = e
+            .wait_for("sideprobe", "the sidecar running, not started", |p| {
+                container(p, "side")["state"]["running"].is_object()
+                    && container(p, "side")["started"] == false
+            })
+            .await;
+        // Three failed startup probes later the init container has still not
+        // been created, the pod not initialized.
+        let path = format!("/pods/default/sideprobe-{NODE}/events");
+        let addr = e.agent().addr;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while event_count(&http_get(addr, &path).await, "Startup probe failed") < 3 {
+            assert!(std::time::Instant::now() < deadline, "3 startup probes ran");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let held = e
+            .wait_for("sideprobe", "its status", |p| {
+                container(p, "side")["started"] == false
+            })
+            .await;
+        assert!(
+            container(&held, "init")["containerID"].is_null()
+                && container(&held, "app")["containerID"].is_null(),
+            "init held back: {held:#}"
+        );
+        assert_eq!(condition(&held, "Initialized")["status"], "False");
+        assert_eq!(held["status"]["phase"], "Pending");
+        std::fs::write(in_container(&p, "side", "/tmp/started"), "").expect("started flag");
+        let p = e
+            .wait_for("sideprobe", "initialized, the app running", |p| {
+                container(p, "side")["started"] == true
+                    && container(p, "init")["state"]["terminated"]["exitCode"] == 0
+                    && container(p, "app")["state"]["running"].is_object()
+                    && condition(p, "Initialized")["status"] == "True"
+            })
+            .await;
+        // The app is ready (no probe), the sidecar not: the pod is not Ready.
+        assert!(ready(&p, "app") && !ready(&p, "side"), "{p:#}");
+        assert_eq!(condition(&p, "ContainersReady")["status"], "False");
+        assert_eq!(condition(&p, "Ready")["status"], "False");
+        std::fs::write(in_container(&p, "side", "/tmp/ready"), "").expect("ready flag");
+        e.wait_for("sideprobe", "Ready", |p| {
+            ready(p, "side") && condition(p, "Ready")["status"] == "True"
+        })
+        .await;
+    }
+));
+
+// A sidecar failing its liveness probe is killed with the kubelet's message
+// and restarted (its restart count, a new container); the app is untouched.
+e2e_test!(a_sidecar_failing_liveness_is_restarted, |e| Box::pin(
+    async move {
+        e.write(
+            "sidelive.yaml",
+            &sidecar_pod(
+                "sidelive",
+                "touch /tmp/alive; exec sleep 1000",
+                "      livenessProbe:\n        exec:\n          command: [test, -f, /tmp/alive]\n        periodSeconds: 1\n        failureThreshold: 1\n",
+            ),
+        );
+        let p = e
+            .wait_for("sidelive", "the sidecar and the app running", |p| {
+                container(p, "side")["state"]["running"].is_object()
+                    && container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        let first = container(&p, "side")["containerID"].clone();
+        let app = container(&p, "app")["containerID"].clone();
+        std::fs::remove_file(in_container(&p, "side", "/tmp/alive")).expect("remove");
+        let p = e
+            .wait_for("sidelive", "the sidecar restarted and running", |p| {
+                restarts(p, "side") == 1
+                    && container(p, "side")["state"]["running"].is_object()
+                    && container(p, "side")["containerID"] != first
+            })
+            .await;
+        assert!(
+            container(&p, "side")["lastState"]["terminated"].is_object(),
+            "{p:#}"
+        );
+        assert_eq!(container(&p, "app")["containerID"], app, "{p:#}");
+        assert_eq!(restarts(&p, "app"), 0);
+        let events = http_get(
+            e.agent().addr,
+            &format!("/pods/default/sidelive-{NODE}/events"),
+        )
+        .await;
+        assert!(
+            events.contains("Init container side failed liveness probe"),
+            "{events}"
+        );
+    }
+));

@@ -6,9 +6,14 @@
 //! [`UNSUPPORTED_REASON`] and a message naming every such field, rather than
 //! run half-right.
 //!
-//! Accepted without effect, because on a kubelet node they are the
-//! scheduler's (the kubelet only re-checks some of them, evpleg has no Node to
-//! check against yet): `affinity`, `nodeSelector`, `tolerations`,
+//! `lifecycle.stopSignal` is refused because the CRI has no place for it: it is
+//! `ContainerConfig.stop_signal` from cri-api v0.33 on, the vendored
+//! `api.proto` is v0.32.3, and containerd 1.6/1.7 do not read it.
+//!
+//! Accepted, because on a kubelet node they are the scheduler's (the
+//! kubelet re-checks required node affinity, `nodeSelector`, `nodeName` and
+//! `NoExecute` tolerations, and so does [`super::node`]; the rest have no
+//! effect on a node): `affinity`, `nodeSelector`, `tolerations`,
 //! `topologySpreadConstraints`, `schedulerName`, `schedulingGates`,
 //! `priority`, `priorityClassName`, `preemptionPolicy`, `nodeName` (the API
 //! source already selects by node). Also accepted: what the API server sets on
@@ -36,7 +41,7 @@ pub fn unsupported(pod: &Pod) -> Vec<String> {
     pod_spec(spec, &mut out);
     for c in spec.init_containers.iter().flatten() {
         let path = format!("spec.initContainers[{}]", c.name);
-        container(c, &path, false, &mut out);
+        container(c, &path, crate::runtime::actions::is_sidecar(c), &mut out);
         match c.restart_policy.as_deref() {
             None | Some("Always") => {}
             Some(other) => out.push(format!("{path}.restartPolicy={other}")),
@@ -110,9 +115,11 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     }
 }
 
-/// `app`: a regular container, whose probes run ([`crate::prober`]); init
-/// containers' (sidecars') probes do not yet.
-fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
+/// `probed`: a container whose probes run ([`crate::prober`]): an app
+/// container or a sidecar. A plain init container cannot have probes (the API
+/// server refuses them); one that has them is refused here rather than
+/// ignored.
+fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
     let mut set = |present: bool, field: &str| {
         if present {
             out.push(format!("{path}.{field}"));
@@ -130,7 +137,7 @@ fn container(c: &Container, path: &str, app: bool, out: &mut Vec<String>) {
         (&c.startup_probe, "startupProbe"),
     ];
     for (probe, name) in probes {
-        set(probe.is_some() && !app, name);
+        set(probe.is_some() && !probed, name);
     }
     set(non_empty(&c.env_from), "envFrom");
     set(non_empty(&c.volume_mounts), "volumeMounts");
@@ -219,7 +226,10 @@ mod tests {
             "dnsConfig": {"nameservers": ["1.1.1.1"]},
             "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "fsGroup": 5,
                                 "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
-            "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always"}],
+            "initContainers": [{"name": "sidecar", "image": "i", "restartPolicy": "Always",
+                                "startupProbe": {"tcpSocket": {"port": 1}},
+                                "livenessProbe": {"exec": {"command": ["true"]}},
+                                "readinessProbe": {"httpGet": {"port": 8080}}}],
             "containers": [{
                 "name": "app", "image": "i", "imagePullPolicy": "Always", "ports": [{"containerPort": 80}],
                 "env": [{"name": "A", "value": "1"}], "stdin": true, "tty": true,

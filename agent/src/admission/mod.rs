@@ -2,17 +2,27 @@
 //! In order:
 //! 1. fields the agent does not implement yet refuse the pod ([`fields`],
 //!    reason `UnsupportedPodSpec`: a difference, the kubelet implements them);
-//! 2. the scheduler's NodeResourcesFit: CPU and memory requests must fit in
+//! 2. the scheduler's NodeResourcesFit: one more pod must fit in the node's
+//!    pod capacity (`--max-pods`, `OutOfpods`), CPU and memory requests in
 //!    the node's allocatable minus what admitted pods request (`OutOfcpu`,
 //!    `OutOfmemory`);
-//! 3. the scheduler's NodePorts: no host port of an admitted pod
-//!    ([`host_ports`], `NodePorts`).
+//! 3. NodeAffinity (`nodeSelector`, required node affinity) and NodeName
+//!    against the node ([`node`]);
+//! 4. the scheduler's NodePorts: no host port of an admitted pod
+//!    ([`host_ports`], `NodePorts`);
+//! 5. the node's `NoExecute` taints, for pods that are not static
+//!    ([`node`], `TaintToleration`).
 //!
-//! A rejected pod's status says Failed with the reason and message. Node
-//! labels, taints and affinity are not checked: there is no Node object yet.
+//! A rejected pod's status says Failed with the reason and "Pod was
+//! rejected: " and the kubelet's message. The node's labels and taints are
+//! the ones evpleg registers (`--node-labels`, `--register-with-taints`, the
+//! default labels); changes others make to the Node object are not read back
+//! (a difference: the kubelet's node lister sees them). Ephemeral storage is
+//! not counted: a pod requesting it is refused by [`fields`].
 
 pub mod fields;
 pub mod host_ports;
+pub mod node;
 
 use std::collections::HashMap;
 
@@ -27,6 +37,8 @@ use crate::runtime::quantity::{parse_milli, parse_units};
 pub struct Allocatable {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
+    /// Pods the node runs at most (`--max-pods`, the kubelet's 110).
+    pub pods: i64,
 }
 
 impl Allocatable {
@@ -47,6 +59,74 @@ impl Allocatable {
         Self {
             cpu_milli: cpus * 1000,
             memory_bytes: memory,
+            pods: DEFAULT_MAX_PODS,
+        }
+    }
+
+    /// What is left once `reserved` (`--system-reserved` plus
+    /// `--kube-reserved`) is set aside, never below 0 (the kubelet's
+    /// allocatable), with `max_pods`.
+    pub fn minus(self, reserved: Reserved, max_pods: i64) -> Self {
+        Self {
+            cpu_milli: (self.cpu_milli - reserved.cpu_milli).max(0),
+            memory_bytes: (self.memory_bytes - reserved.memory_bytes).max(0),
+            pods: max_pods,
+        }
+    }
+}
+
+/// The kubelet's default `--max-pods`.
+pub const DEFAULT_MAX_PODS: i64 = 110;
+
+/// Resources set aside for the system and the agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+}
+
+/// A `--system-reserved` / `--kube-reserved` value that cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReservedError {
+    #[error("reserved resources {input:?}: {item:?} is not name=quantity")]
+    Item { input: String, item: String },
+    #[error("reserved resources {input:?}: {name:?} is not cpu or memory")]
+    Name { input: String, name: String },
+    #[error("reserved resources {input:?}: {value:?} is not a quantity")]
+    Quantity { input: String, value: String },
+}
+
+impl Reserved {
+    /// `cpu=500m,memory=1Gi` (the kubelet's syntax; empty: nothing).
+    pub fn parse(input: &str) -> Result<Self, ReservedError> {
+        let mut out = Self::default();
+        for item in input.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = item.split_once('=').ok_or_else(|| ReservedError::Item {
+                input: input.into(),
+                item: item.into(),
+            })?;
+            let bad = || ReservedError::Quantity {
+                input: input.into(),
+                value: value.into(),
+            };
+            match name.trim() {
+                "cpu" => out.cpu_milli += parse_milli(value.trim()).map_err(|_| bad())?,
+                "memory" => out.memory_bytes += parse_units(value.trim()).map_err(|_| bad())?,
+                other => {
+                    return Err(ReservedError::Name {
+                        input: input.into(),
+                        name: other.into(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli + other.cpu_milli,
+            memory_bytes: self.memory_bytes + other.memory_bytes,
         }
     }
 }
@@ -99,6 +179,7 @@ pub struct Rejection {
 #[derive(Debug)]
 pub struct Admission {
     allocatable: Allocatable,
+    node: node::NodeInfo,
     admitted: HashMap<PodUid, Admitted>,
 }
 
@@ -111,9 +192,10 @@ struct Admitted {
 }
 
 impl Admission {
-    pub fn new(allocatable: Allocatable) -> Self {
+    pub fn new(allocatable: Allocatable, node: node::NodeInfo) -> Self {
         Self {
             allocatable,
+            node,
             admitted: HashMap::new(),
         }
     }
@@ -130,6 +212,16 @@ impl Admission {
                 message: format!(
                     "Pod was rejected: evpleg does not implement {} yet",
                     missing.join(", ")
+                ),
+            });
+        }
+        let pods = self.admitted.len() as i64;
+        if pods + 1 > self.allocatable.pods {
+            return Err(Rejection {
+                reason: "OutOfpods".into(),
+                message: format!(
+                    "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: {pods}, capacity: {}",
+                    self.allocatable.pods
                 ),
             });
         }
@@ -152,6 +244,11 @@ impl Admission {
         if let Some(r) = check("memory", mem, used_mem, self.allocatable.memory_bytes) {
             return Err(r);
         }
+        let rejected = |r: Rejection| Rejection {
+            message: format!("Pod was rejected: {}", r.message),
+            ..r
+        };
+        node::selection(pod, &self.node).map_err(rejected)?;
         let ports = pod_ports(pod);
         let taken = self.admitted.values().flat_map(|p| p.ports.iter());
         if taken
@@ -160,9 +257,16 @@ impl Admission {
         {
             return Err(Rejection {
                 reason: host_ports::NODE_PORTS_REASON.into(),
-                message: host_ports::NODE_PORTS_MESSAGE.into(),
+                message: format!("Pod was rejected: {}", host_ports::NODE_PORTS_MESSAGE),
             });
         }
+        let is_static = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::source::annotations::CONFIG_SOURCE))
+            .is_some_and(|s| s != crate::source::SourceName::Api.as_str());
+        node::taints(pod, &self.node, is_static).map_err(rejected)?;
         self.admitted.insert(
             uid.clone(),
             Admitted {
@@ -203,10 +307,14 @@ mod tests {
             (1500, 1 << 20),
             "the init container's cpu is larger"
         );
-        let mut a = Admission::new(Allocatable {
-            cpu_milli: 4000,
-            memory_bytes: 100 << 20,
-        });
+        let mut a = Admission::new(
+            Allocatable {
+                cpu_milli: 4000,
+                memory_bytes: 100 << 20,
+                pods: 110,
+            },
+            node::NodeInfo::default(),
+        );
         assert!(a.admit(&uid(1), &pod("100m", "60Mi")).is_ok());
         let r = a.admit(&uid(2), &pod("100m", "60Mi")).unwrap_err();
         assert_eq!(r.reason, "OutOfmemory");
@@ -242,10 +350,140 @@ mod tests {
     }
 
     fn big() -> Admission {
-        Admission::new(Allocatable {
-            cpu_milli: 64_000,
-            memory_bytes: 1 << 40,
-        })
+        Admission::new(
+            Allocatable {
+                cpu_milli: 64_000,
+                memory_bytes: 1 << 40,
+                pods: 110,
+            },
+            node::NodeInfo::default(),
+        )
+    }
+
+    #[test]
+    fn reserved_resources_parse_and_leave_the_allocatable() {
+        let r = Reserved::parse("cpu=500m, memory=1Gi").unwrap();
+        assert_eq!(
+            r,
+            Reserved {
+                cpu_milli: 500,
+                memory_bytes: 1 << 30
+            }
+        );
+        let both = r.plus(Reserved::parse("cpu=1").unwrap());
+        let host = Allocatable {
+            cpu_milli: 4000,
+            memory_bytes: 2 << 30,
+            pods: 110,
+        };
+        assert_eq!(
+            host.minus(both, 20),
+            Allocatable {
+                cpu_milli: 2500,
+                memory_bytes: 1 << 30,
+                pods: 20
+            }
+        );
+        assert_eq!(
+            host.minus(Reserved::parse("memory=8Gi").unwrap(), 1)
+                .memory_bytes,
+            0
+        );
+        assert_eq!(Reserved::parse("").unwrap(), Reserved::default());
+        assert_eq!(
+            Reserved::parse("cpu").unwrap_err().to_string(),
+            "reserved resources \"cpu\": \"cpu\" is not name=quantity"
+        );
+        assert_eq!(
+            Reserved::parse("pid=100").unwrap_err().to_string(),
+            "reserved resources \"pid=100\": \"pid\" is not cpu or memory"
+        );
+        assert!(matches!(
+            Reserved::parse("cpu=lots"),
+            Err(ReservedError::Quantity { .. })
+        ));
+    }
+
+    /// The kubelet's order and messages: pods, then the node's selection,
+    /// the host ports, the taints; static pods pass the taints.
+    #[test]
+    fn node_predicates_reject_with_the_kubelet_s_reasons() {
+        let node = node::NodeInfo {
+            name: "n1".into(),
+            labels: [("zone".to_owned(), "a".to_owned())].into(),
+            taints: vec![
+                serde_json::from_value(serde_json::json!({"key": "k", "effect": "NoExecute"}))
+                    .unwrap(),
+            ],
+        };
+        let mut a = Admission::new(
+            Allocatable {
+                cpu_milli: 4000,
+                memory_bytes: 1 << 30,
+                pods: 2,
+            },
+            node,
+        );
+        let api_pod = |spec: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "annotations": {"kubernetes.io/config.source": "api"}},
+                "spec": spec
+            }))
+            .unwrap()
+        };
+        let tolerant = serde_json::json!([{"key": "k", "operator": "Exists"}]);
+        let r = a
+            .admit(
+                &uid(1),
+                &api_pod(serde_json::json!({"containers": [{"name": "a"}]})),
+            )
+            .unwrap_err();
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (
+                "TaintToleration",
+                "Pod was rejected: Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+            )
+        );
+        // A static pod is not checked against taints.
+        let static_pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s", "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"containers": [{"name": "a"}]}
+        }))
+        .unwrap();
+        assert!(a.admit(&uid(2), &static_pod).is_ok());
+        let r = a
+            .admit(
+                &uid(3),
+                &api_pod(
+                    serde_json::json!({"tolerations": tolerant, "nodeSelector": {"zone": "b"},
+                                            "containers": [{"name": "a"}]}),
+                ),
+            )
+            .unwrap_err();
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (
+                "NodeAffinity",
+                "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+            )
+        );
+        let ok = api_pod(
+            serde_json::json!({"tolerations": tolerant, "nodeSelector": {"zone": "a"},
+                                            "containers": [{"name": "a"}]}),
+        );
+        assert!(a.admit(&uid(4), &ok).is_ok());
+        // Two pods admitted, two allowed: the third is OutOfpods, before anything else.
+        let r = a.admit(&uid(5), &ok).unwrap_err();
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (
+                "OutOfpods",
+                "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 2, capacity: 2"
+            )
+        );
+        a.release(&uid(2));
+        assert!(a.admit(&uid(5), &ok).is_ok());
     }
 
     #[test]
@@ -278,7 +516,7 @@ mod tests {
             (r.reason.as_str(), r.message.as_str()),
             (
                 host_ports::NODE_PORTS_REASON,
-                host_ports::NODE_PORTS_MESSAGE
+                "Pod was rejected: Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
             )
         );
         a.release(&uid(1));

@@ -123,6 +123,45 @@ pub struct RunArgs {
     #[arg(long, env = "EVPLEG_MAXIMUM_DEAD_CONTAINERS", default_value_t = -1,
           allow_negative_numbers = true)]
     pub maximum_dead_containers: i32,
+
+    /// Pods the node runs at most; one more is rejected with OutOfpods (the
+    /// kubelet's, default 110).
+    #[arg(long, env = "EVPLEG_MAX_PODS", default_value_t = crate::admission::DEFAULT_MAX_PODS)]
+    pub max_pods: i64,
+
+    /// Labels of the node, `key=value,...`, beside kubernetes.io/hostname,
+    /// kubernetes.io/os and kubernetes.io/arch; admission matches nodeSelector
+    /// and node affinity against them.
+    #[arg(long, env = "EVPLEG_NODE_LABELS", default_value = "")]
+    pub node_labels: String,
+
+    /// Taints of the node, `key[=value]:Effect,...`; admission rejects a pod
+    /// from the API not tolerating a NoExecute one (TaintToleration).
+    #[arg(long, env = "EVPLEG_REGISTER_WITH_TAINTS", default_value = "")]
+    pub register_with_taints: String,
+
+    /// Resources set aside for the system (`cpu=500m,memory=1Gi`), taken
+    /// from the node's allocatable.
+    #[arg(long, env = "EVPLEG_SYSTEM_RESERVED", default_value = "")]
+    pub system_reserved: String,
+
+    /// With --kubeconfig: the node's Lease duration in kube-node-lease; the
+    /// lease is renewed every quarter of it (the kubelet's, default 40).
+    #[arg(long, env = "EVPLEG_NODE_LEASE_DURATION_SECONDS", default_value_t = 40,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    pub node_lease_duration_seconds: i32,
+
+    /// With --kubeconfig: how often the node's conditions are checked; a
+    /// change is written at once, else every 5 minutes (the kubelet's
+    /// --node-status-update-frequency).
+    #[arg(long, env = "EVPLEG_NODE_STATUS_UPDATE_FREQUENCY", default_value = "10s",
+          value_parser = duration::positive)]
+    pub node_status_update_frequency: Duration,
+
+    /// Resources set aside for the agent and the runtime, as
+    /// --system-reserved.
+    #[arg(long, env = "EVPLEG_KUBE_RESERVED", default_value = "")]
+    pub kube_reserved: String,
 }
 
 impl RunArgs {

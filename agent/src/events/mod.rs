@@ -112,6 +112,9 @@ impl Source {
 #[derive(Debug, Default)]
 pub struct Stats {
     pub recorded: AtomicU64,
+    /// Recorded, by (type, reason): the reasons are the kubelet's constants
+    /// above, a bounded set.
+    pub by_reason: Mutex<std::collections::BTreeMap<(&'static str, String), u64>>,
     /// Dropped because the API writer's queue was full.
     pub queue_full: AtomicU64,
     /// Not written: the spam filter said no.
@@ -261,6 +264,14 @@ impl Recorder {
             .unwrap_or_else(|e| e.into_inner())
             .record(event, now);
         self.inner.stats.recorded.fetch_add(1, Ordering::Relaxed);
+        *self
+            .inner
+            .stats
+            .by_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((kind.as_str(), recorded.reason.clone()))
+            .or_default() += 1;
         if let Some(api) = &self.inner.api
             && api.try_send(recorded).is_err()
         {

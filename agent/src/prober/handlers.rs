@@ -1,7 +1,8 @@
 //! The probe handlers, as the kubelet's `prober.go`: `exec` runs the command in
 //! the container (CRI `ExecSync`, exit code 0 is success, a timeout is a
 //! failure), `httpGet` asks `http://host:port/path` with the probe's headers
-//! (200 to 399 is success; the kubelet's `User-Agent: kube-probe/…`),
+//! ([`super::http`]: 200 to 299 is success, 300 to 399 success with a
+//! warning),
 //! `tcpSocket` opens a connection, and `grpc` asks the gRPC health protocol's
 //! `Check` for the probe's service (SERVING is success). Each is bounded by `timeoutSeconds`. A
 //! probe that could not be run (the runtime did not answer) is an error, and
@@ -11,9 +12,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::ProbeResult;
+pub use super::http::Outcome;
 use crate::cri::CriClient;
 use crate::pleg::ContainerId;
 
@@ -81,17 +81,17 @@ impl Handlers {
         }
     }
 
-    /// Runs `probe` against the container once: the result, and for a
-    /// failure what failed (the kubelet's probe output, for its event).
+    /// Runs `probe` against the container once: the outcome, with what
+    /// failed or warned (the kubelet's probe output, for its event).
     pub async fn run(
         &self,
         c: &Container,
         id: &ContainerId,
         probe: &Probe,
-    ) -> Result<(ProbeResult, String), ProbeError> {
+    ) -> Result<Outcome, ProbeError> {
         let ok = |r: Result<(), String>| match r {
-            Ok(()) => (ProbeResult::Success, String::new()),
-            Err(why) => (ProbeResult::Failure, why),
+            Ok(()) => Outcome::Success,
+            Err(why) => Outcome::Failure(why),
         };
         let limit = timeout(probe);
         if let Some(exec) = &probe.exec {
@@ -127,14 +127,19 @@ impl Handlers {
                 .flatten()
                 .map(|h| (h.name.clone(), h.value.clone()))
                 .collect();
-            return Ok(ok(
-                match tokio::time::timeout(limit, http_get(&host, port, &path, &headers)).await {
-                    Ok(Ok(code)) if (200..400).contains(&code) => Ok(()),
-                    Ok(Ok(code)) => Err(format!("HTTP probe failed with statuscode: {code}")),
-                    Ok(Err(e)) => Err(format!("Get \"http://{host}:{port}{path}\": {e}")),
-                    Err(_) => Err(format!("Get \"http://{host}:{port}{path}\": timed out")),
+            let target = super::http::Target {
+                host: host.clone(),
+                port,
+                path: path.clone(),
+            };
+            return Ok(
+                match tokio::time::timeout(limit, super::http::probe(target, &headers)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Outcome::Failure(format!(
+                        "Get \"http://{host}:{port}{path}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+                    )),
                 },
-            ));
+            );
         }
         if let Some(grpc) = &probe.grpc {
             let port = u16::try_from(grpc.port)
@@ -197,51 +202,6 @@ async fn grpc_check(
     Ok(response.into_inner().status == ServingStatus::Serving as i32)
 }
 
-/// `GET path` over HTTP/1.1; the response's status code.
-async fn http_get(
-    host: &str,
-    port: u16,
-    path: &str,
-    headers: &[(String, String)],
-) -> std::io::Result<u16> {
-    let mut stream = tokio::net::TcpStream::connect((host, port)).await?;
-    let mut request = format!("GET {path} HTTP/1.1\r\n");
-    let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
-    if !has("host") {
-        request.push_str(&format!("Host: {host}:{port}\r\n"));
-    }
-    if !has("user-agent") {
-        request.push_str(concat!(
-            "User-Agent: kube-probe/evpleg-",
-            env!("CARGO_PKG_VERSION"),
-            "\r\n"
-        ));
-    }
-    if !has("accept") {
-        request.push_str("Accept: */*\r\n");
-    }
-    for (n, v) in headers {
-        request.push_str(&format!("{n}: {v}\r\n"));
-    }
-    request.push_str("Connection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut head = Vec::with_capacity(64);
-    let mut buf = [0u8; 256];
-    while !head.contains(&b'\n') {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&head);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .filter(|_| line.starts_with("HTTP/"))
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {line:?}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,33 +222,5 @@ mod tests {
         );
         assert!(port(&c, &IntOrString::Int(0)).is_err());
         assert!(port(&c, &IntOrString::Int(70000)).is_err());
-    }
-
-    #[tokio::test]
-    async fn http_status_codes_and_headers() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            for code in [204, 302, 500] {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let mut req = vec![0u8; 1024];
-                let n = s.read(&mut req).await.unwrap();
-                let req = String::from_utf8_lossy(&req[..n]).to_string();
-                assert!(req.starts_with("GET /healthz HTTP/1.1\r\n"), "{req}");
-                assert!(req.contains("X-Probe: yes\r\n"), "{req}");
-                assert!(req.contains("User-Agent: kube-probe/"), "{req}");
-                s.write_all(format!("HTTP/1.1 {code} X\r\n\r\n").as_bytes())
-                    .await
-                    .unwrap();
-            }
-        });
-        let headers = [("X-Probe".to_owned(), "yes".to_owned())];
-        for want in [204, 302, 500] {
-            let code = http_get("127.0.0.1", addr.port(), "/healthz", &headers)
-                .await
-                .unwrap();
-            assert_eq!(code, want);
-        }
-        server.await.unwrap();
     }
 }

@@ -14,6 +14,7 @@
 //! the PLEG's cache (the runtime's view), not from the status manager.
 
 pub mod handlers;
+pub mod http;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -27,7 +28,7 @@ use crate::container::{ContainerState, PodStatus};
 use crate::cri::CriClient;
 use crate::pleg::cache::PodStatusCache;
 use crate::pleg::{ContainerId, PodUid};
-use crate::runtime::actions::{Kill, PodActions, RestartPolicy, latest};
+use crate::runtime::actions::{Kill, PodActions, RestartPolicy, is_sidecar, latest};
 
 /// Which probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -134,9 +135,10 @@ impl Results {
 }
 
 /// The kills a failed liveness or startup probe asks for, added to SyncPod's
-/// actions (the kubelet's `computePodActions`): the container is killed with
-/// the kubelet's message and started again if the restart policy says so
-/// (through the usual back-off).
+/// actions (the kubelet's `computePodActions` and, for sidecars,
+/// `computeInitContainerActions`): the container is killed with the
+/// kubelet's message and started again if the restart policy says so
+/// (through the usual back-off); a sidecar always restarts.
 pub fn probe_kills(pod: &Pod, status: &PodStatus, results: &Results, actions: &mut PodActions) {
     if actions.kill_pod || actions.create_sandbox || actions.terminal.is_some() {
         return;
@@ -145,7 +147,19 @@ pub fn probe_kills(pod: &Pod, status: &PodStatus, results: &Results, actions: &m
         return;
     };
     let restarts = RestartPolicy::of(pod) != RestartPolicy::Never;
-    for (j, c) in spec.containers.iter().enumerate() {
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, c)| is_sidecar(c))
+        .map(|(i, c)| (c, Slot::Init(i)));
+    let apps = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(j, c)| (c, Slot::App(j)));
+    for (c, slot) in sidecars.chain(apps) {
         let Some(s) = latest(status, &c.name).filter(|s| s.state == ContainerState::Running) else {
             continue;
         };
@@ -155,22 +169,46 @@ pub fn probe_kills(pod: &Pod, status: &PodStatus, results: &Results, actions: &m
         let failed = [ProbeKind::Liveness, ProbeKind::Startup]
             .into_iter()
             .find(|k| k.of(c).is_some() && results.get(&s.id, *k) == Some(ProbeResult::Failure));
-        if let Some(kind) = failed {
-            actions.kill.push(Kill {
-                id: s.id.clone(),
-                name: c.name.clone(),
-                reason: format!(
-                    "Container {} failed {} probe, will be restarted",
-                    c.name,
-                    kind.name()
-                ),
-                grace_seconds: kind.of(c).and_then(|p| p.termination_grace_period_seconds),
-            });
-            if restarts && !actions.start.contains(&j) {
-                actions.start.push(j);
-            }
+        let Some(kind) = failed else { continue };
+        let reason = match slot {
+            Slot::Init(_) => format!("Init container {} failed {} probe", c.name, kind.name()),
+            Slot::App(_) => format!(
+                "Container {} failed {} probe, will be restarted",
+                c.name,
+                kind.name()
+            ),
+        };
+        actions.kill.push(Kill {
+            id: s.id.clone(),
+            name: c.name.clone(),
+            reason,
+            grace_seconds: kind.of(c).and_then(|p| p.termination_grace_period_seconds),
+        });
+        match slot {
+            Slot::Init(i) if !actions.start_init.contains(&i) => actions.start_init.push(i),
+            Slot::App(j) if restarts && !actions.start.contains(&j) => actions.start.push(j),
+            _ => {}
         }
     }
+}
+
+/// Where a probed container is in the spec.
+#[derive(Clone, Copy)]
+enum Slot {
+    Init(usize),
+    App(usize),
+}
+
+/// The containers of a pod whose probes run: the app containers and the
+/// sidecars (restartable init containers), as the kubelet's `AddPod`.
+fn probed(pod: &Pod) -> impl Iterator<Item = &k8s_openapi::api::core::v1::Container> {
+    let spec = pod.spec.as_ref();
+    let sidecars = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| is_sidecar(c));
+    sidecars.chain(spec.into_iter().flat_map(|s| s.containers.iter()))
 }
 
 /// Starts and stops the probe workers of the pods.
@@ -210,11 +248,8 @@ impl ProberManager {
         if workers.contains_key(uid) {
             return;
         }
-        let Some(spec) = pod.spec.as_ref() else {
-            return;
-        };
         let mut tasks = Vec::new();
-        for c in &spec.containers {
+        for c in probed(pod) {
             for kind in ProbeKind::ALL {
                 let Some(probe) = kind.of(c) else { continue };
                 let w = worker::Worker {
@@ -355,5 +390,58 @@ mod tests {
         while changed.try_recv().is_ok() {}
         results.set(&uid, &id(1), ProbeKind::Liveness, ProbeResult::Failure);
         assert!(changed.try_recv().is_err());
+    }
+
+    /// A sidecar's failed liveness or startup probe kills it with the
+    /// kubelet's init-container message, and it starts again whatever the
+    /// pod's policy; a plain init container is never probed.
+    #[test]
+    fn a_sidecar_s_failed_probe_kills_and_restarts_it_under_any_policy() {
+        let uid = PodUid::parse(&"a".repeat(32)).unwrap();
+        let id = |n: u8| ContainerId::parse(&format!("{n:064x}")).unwrap();
+        for (kind, policy) in [
+            (ProbeKind::Liveness, "Never"),
+            (ProbeKind::Startup, "Always"),
+        ] {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "uid": "a".repeat(32)},
+                "spec": {
+                    "restartPolicy": policy,
+                    "initContainers": [
+                        {"name": "init"},
+                        {"name": "side", "restartPolicy": "Always",
+                         "livenessProbe": {"exec": {"command": ["true"]}},
+                         "startupProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 7}},
+                    ],
+                    "containers": [{"name": "app"}]
+                }
+            }))
+            .unwrap();
+            assert_eq!(
+                probed(&pod).map(|c| c.name.as_str()).collect::<Vec<_>>(),
+                ["side", "app"]
+            );
+            let status = PodStatus {
+                containers: vec![running(2, "side"), running(3, "app")],
+                ..PodStatus::default()
+            };
+            let (results, _changed) = Results::new();
+            results.set(&uid, &id(2), kind, ProbeResult::Failure);
+            let mut actions = PodActions::default();
+            probe_kills(&pod, &status, &results, &mut actions);
+            assert_eq!(actions.kill.len(), 1, "{kind:?}");
+            assert_eq!(
+                actions.kill[0].reason,
+                format!("Init container side failed {} probe", kind.name())
+            );
+            assert_eq!(
+                actions.kill[0].grace_seconds,
+                (kind == ProbeKind::Startup).then_some(7)
+            );
+            assert_eq!(
+                (actions.start_init.clone(), actions.start.clone()),
+                (vec![1], vec![])
+            );
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use tracing::{debug, info};
 
-use super::handlers::Handlers;
+use super::handlers::{Handlers, Outcome};
 use super::{ProbeKind, ProbeResult, Results};
 use crate::container::ContainerState;
 use crate::pleg::cache::PodStatusCache;
@@ -200,25 +200,13 @@ impl Worker {
                     let ips = entry.as_ref().map(|e| e.status.ips.as_slice());
                     let handler = self.handler.at_pod(&self.pod, ips.unwrap_or_default());
                     let outcome = match handler.run(&self.container, &id, &self.probe).await {
-                        Ok((ProbeResult::Failure, why)) => {
-                            let kind = self.kind.name();
-                            let mut title = kind.to_owned();
-                            title[..1].make_ascii_uppercase();
-                            self.events.record(
-                                &self.pod,
-                                Some(&self.container.name),
-                                crate::events::EventType::Warning,
-                                crate::events::UNHEALTHY,
-                                format!("{title} probe failed: {why}"),
-                            );
-                            ProbeResult::Failure
-                        }
-                        Ok((r, _)) => r,
+                        Ok(outcome) => outcome,
                         Err(e) => {
                             debug!(error = %e, "probe not run; its result is thrown away");
                             continue;
                         }
                     };
+                    let outcome = self.record(outcome);
                     if let Some(result) = counter.observe(outcome) {
                         info!(
                             pod = %self.uid,
@@ -233,6 +221,44 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+impl Worker {
+    /// The kubelet's `prober.probe`: a failure is an `Unhealthy` event, a
+    /// success with a warning a `ProbeWarning` event (and a success).
+    fn record(&self, outcome: Outcome) -> ProbeResult {
+        let Some((reason, message, result)) = event_of(self.kind, &outcome) else {
+            return ProbeResult::Success;
+        };
+        self.events.record(
+            &self.pod,
+            Some(&self.container.name),
+            crate::events::EventType::Warning,
+            reason,
+            message,
+        );
+        result
+    }
+}
+
+/// The event the kubelet records for a probe's outcome (reason, message)
+/// and the result it counts; `None` for a plain success (no event).
+pub fn event_of(kind: ProbeKind, outcome: &Outcome) -> Option<(&'static str, String, ProbeResult)> {
+    let mut title = kind.name().to_owned();
+    title[..1].make_ascii_uppercase();
+    match outcome {
+        Outcome::Success => None,
+        Outcome::Warning(why) => Some((
+            crate::events::PROBE_WARNING,
+            format!("{title} probe warning: {why}"),
+            ProbeResult::Success,
+        )),
+        Outcome::Failure(why) => Some((
+            crate::events::UNHEALTHY,
+            format!("{title} probe failed: {why}"),
+            ProbeResult::Failure,
+        )),
     }
 }
 
@@ -295,6 +321,41 @@ mod tests {
             let mut c = Counter::new(*kind, *th);
             let got: Vec<_> = outcomes.iter().map(|o| c.observe(*o)).collect();
             assert_eq!(&got, want, "{kind:?} {th:?} {outcomes:?}");
+        }
+    }
+
+    #[test]
+    fn outcomes_are_recorded_as_the_kubelet_records_them() {
+        let cases = [
+            (ProbeKind::Readiness, Outcome::Success, None),
+            (
+                ProbeKind::Readiness,
+                Outcome::Warning("Probe terminated redirects, Response body: x".into()),
+                Some((
+                    "ProbeWarning",
+                    "Readiness probe warning: Probe terminated redirects, Response body: x",
+                    S,
+                )),
+            ),
+            (
+                ProbeKind::Liveness,
+                Outcome::Failure("HTTP probe failed with statuscode: 500".into()),
+                Some((
+                    "Unhealthy",
+                    "Liveness probe failed: HTTP probe failed with statuscode: 500",
+                    F,
+                )),
+            ),
+            (
+                ProbeKind::Startup,
+                Outcome::Warning("w".into()),
+                Some(("ProbeWarning", "Startup probe warning: w", S)),
+            ),
+        ];
+        for (kind, outcome, want) in cases {
+            let got = event_of(kind, &outcome);
+            let got = got.as_ref().map(|(r, m, res)| (*r, m.as_str(), *res));
+            assert_eq!(got, want, "{kind:?} {outcome:?}");
         }
     }
 

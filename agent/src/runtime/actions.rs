@@ -12,8 +12,9 @@
 //! * Init containers run one at a time, in order, each to completion before the
 //!   next; app containers start once all succeeded. A sidecar (an init
 //!   container with `restartPolicy: Always`, KEP-753) is started in its turn
-//!   and the next init container starts once it runs (there are no startup
-//!   probes yet: running is started); it keeps running next to the app
+//!   and the next init container starts once it has started (it runs and its
+//!   startup probe, if any, succeeded: the caller's `started`, from
+//!   [`crate::prober`]); it keeps running next to the app
 //!   containers, is restarted whenever it exits (with its back-off), whatever
 //!   the pod's policy, and does not count for the pod's end: once the app
 //!   containers are done the pod is terminal and its sidecars are stopped,
@@ -175,13 +176,28 @@ pub fn restart_count(status: &PodStatus, name: &str) -> u32 {
     latest(status, name).map(|c| c.attempt).unwrap_or(0)
 }
 
-/// Computes the actions for `pod` given `status`, `backoff` and the time.
+/// Computes the actions for `pod` given `status`, `backoff` and the time,
+/// every running sidecar counted as started (no probes).
 pub fn compute_pod_actions(
     pod: &Pod,
     uid: &PodUid,
     status: &PodStatus,
     backoff: &CrashBackoff,
     now_unix_ns: i64,
+) -> PodActions {
+    compute_pod_actions_probed(pod, uid, status, backoff, now_unix_ns, &|_, _| true)
+}
+
+/// [`compute_pod_actions`] with `started` saying whether a running sidecar
+/// has started (its startup probe succeeded, or it has none): until then the
+/// next init container waits, as the kubelet's `computeInitContainerActions`.
+pub fn compute_pod_actions_probed(
+    pod: &Pod,
+    uid: &PodUid,
+    status: &PodStatus,
+    backoff: &CrashBackoff,
+    now_unix_ns: i64,
+    started: &dyn Fn(&Container, &ContainerId) -> bool,
 ) -> PodActions {
     let mut actions = PodActions::default();
     let spec = pod.spec.clone().unwrap_or_default();
@@ -295,7 +311,12 @@ pub fn compute_pod_actions(
             let newest = latest(status, &c.name);
             if is_sidecar(c) {
                 match newest {
-                    Some(s) if s.state == ContainerState::Running => continue,
+                    Some(s) if s.state == ContainerState::Running => {
+                        if initialized || started(c, &s.id) {
+                            continue;
+                        }
+                        return actions;
+                    }
                     Some(s) if s.state == ContainerState::Unknown => return actions,
                     Some(s) if s.state == ContainerState::Exited => {
                         if !wait_backoff(&mut actions, c, s) {
@@ -853,5 +874,41 @@ mod tests {
             (vec![], 1),
             "{a:?}"
         );
+    }
+
+    /// A running sidecar whose startup probe has not succeeded holds the
+    /// next init container back; once the pod was initialized it does not.
+    #[test]
+    fn a_sidecar_s_startup_gates_the_next_init_container() {
+        use ContainerState::*;
+        let b = CrashBackoff::default();
+        let p = pod("Always", &["side", "init"], &["app"]);
+        let cases = [
+            (vec![cs(1, "side", Running, None, 0)], false, vec![]),
+            (vec![cs(1, "side", Running, None, 0)], true, vec![1]),
+            (
+                vec![
+                    cs(1, "side", Running, None, 0),
+                    cs(3, "app", Running, None, 0),
+                ],
+                false,
+                vec![],
+            ),
+        ];
+        for (observed, started, want) in cases {
+            let a = compute_pod_actions_probed(
+                &p,
+                &uid(),
+                &status(observed.clone()),
+                &b,
+                NOW,
+                &|c, s| {
+                    assert_eq!((c.name.as_str(), s), ("side", &id(1)));
+                    started
+                },
+            );
+            assert_eq!(a.start_init, want, "{observed:?} started={started}");
+            assert!(a.start.is_empty());
+        }
     }
 }

@@ -117,8 +117,8 @@ impl KubeRuntime {
                 let cid = crate::pleg::ContainerId::parse(id)
                     .ok_or_else(|| failed(format!("{id:?} is not a container id")))?;
                 return match handlers.run(c, &cid, &probe).await {
-                    Ok((crate::prober::ProbeResult::Success, _)) => Ok(()),
-                    Ok((_, why)) => Err(failed(why)),
+                    Ok(crate::prober::http::Outcome::Failure(why)) => Err(failed(why)),
+                    Ok(_) => Ok(()),
                     Err(e) => Err(failed(e.to_string())),
                 };
             }

@@ -11,7 +11,7 @@ use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::{info, warn};
 
-use super::actions::{backoff_key, compute_pod_actions, format_pod, latest};
+use super::actions::{backoff_key, compute_pod_actions_probed, format_pod, latest};
 use super::cri_config::{container_config, host_network, sandbox_config};
 use super::images::PullPolicy;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
@@ -40,7 +40,9 @@ impl KubeRuntime {
         let now = unix_now_ns();
         let mut actions = {
             let backoff = lock(&self.backoff);
-            compute_pod_actions(&pod, &uid, &entry.status, &backoff, now)
+            compute_pod_actions_probed(&pod, &uid, &entry.status, &backoff, now, &|c, id| {
+                self.probes.started(c, id)
+            })
         };
         crate::prober::probe_kills(&pod, &entry.status, &self.probes, &mut actions);
         self.publish(&pod, &uid, &entry.status, &actions, actions.terminal);

@@ -6,7 +6,8 @@
 //! Running while a container runs (or restarts, with restartPolicy Always);
 //! Succeeded / Failed when every container terminated and none will restart.
 //! Sidecars (init containers with `restartPolicy: Always`) always restart, are
-//! part of Initialized once started and of ContainersReady while running, and
+//! part of Initialized once started (their startup probe succeeded) and of
+//! ContainersReady while ready (their readiness probe), and
 //! never decide the phase by their exit.
 //! Conditions: PodReadyToStartContainers (a ready sandbox), PodScheduled,
 //! Initialized, ContainersReady, Ready (a running
@@ -203,10 +204,12 @@ fn init_succeeded(c: &ApiContainerStatus) -> bool {
         .is_some_and(|t| t.exit_code == 0)
 }
 
-/// A sidecar started at least once (it runs, or it ran and waits to restart).
+/// A sidecar started at least once (it runs and its startup probe, if any,
+/// succeeded: `started`; or it ran and waits to restart), as the kubelet's
+/// `isInitContainerInitialized`.
 fn sidecar_started(c: &ApiContainerStatus) -> bool {
     let state = c.state.clone().unwrap_or_default();
-    state.running.is_some()
+    state.running.is_some() && c.started == Some(true)
         || state.terminated.is_some()
         || c.last_state
             .as_ref()

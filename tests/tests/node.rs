@@ -1,0 +1,183 @@
+//! The node's admission end to end (issue #14, the kubelet's
+//! `lifecycle/predicate.go`): the whole agent against the real containerd and
+//! the fake API server, the node's labels, taints and pod capacity from
+//! flags; pods from the API are rejected with the kubelet's reason and
+//! message (Failed, written to the API), a static pod is exempt from taints.
+//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
+//! failure under `CI=true`.
+
+use evpleg_tests::e2e::*;
+use evpleg_tests::privileged;
+use k8s_openapi::api::core::v1::Pod;
+
+fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+/// An API pod tolerating the node's taint, with `selector` as nodeSelector.
+fn tolerant(name: &str, selector: Option<&str>) -> Pod {
+    let mut p = api_pod(name, "Always", "exec sleep 600");
+    let spec = p.spec.as_mut().expect("spec");
+    spec.tolerations = Some(vec![
+        serde_json::from_value(
+            serde_json::json!({"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoExecute"}),
+        )
+        .expect("toleration"),
+    ]);
+    spec.node_selector = selector.map(|s| [("zone".to_owned(), s.to_owned())].into());
+    p
+}
+
+/// Waits for the API pod `name` to be rejected; its (reason, message).
+async fn rejected(e: &E2e, name: &str) -> (String, String) {
+    let p = e.wait_api(name, "rejected", |p| phase(p) == "Failed").await;
+    let s = p.status.expect("status");
+    (s.reason.unwrap_or_default(), s.message.unwrap_or_default())
+}
+
+// NoExecute taint not tolerated -> TaintToleration; nodeSelector not matching
+// the node's labels -> NodeAffinity; one pod more than --max-pods ->
+// OutOfpods; a static pod runs whatever the taints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_checks_taints_selectors_and_pod_capacity() {
+    if !privileged("admission_checks_taints_selectors_and_pod_capacity") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(
+        "node_admission",
+        true,
+        &[
+            "--node-labels",
+            "zone=a",
+            "--register-with-taints",
+            "dedicated=db:NoExecute",
+            "--max-pods",
+            "3",
+        ],
+    )
+    .await;
+    e.api()
+        .add_pod(api_pod("intolerant", "Always", "exec sleep 600"));
+    assert_eq!(
+        rejected(&e, "intolerant").await,
+        (
+            "TaintToleration".to_owned(),
+            "Pod was rejected: Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate".to_owned()
+        )
+    );
+    e.api().add_pod(tolerant("elsewhere", Some("b")));
+    assert_eq!(
+        rejected(&e, "elsewhere").await,
+        (
+            "NodeAffinity".to_owned(),
+            "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector".to_owned()
+        )
+    );
+    e.write(
+        "static.yaml",
+        &manifest("static", "Always", "exec sleep 600", ""),
+    );
+    e.wait_for("static", "running", |p| {
+        container(p, "app")["state"]["running"].is_object()
+    })
+    .await;
+    for name in ["here", "third"] {
+        e.api().add_pod(tolerant(name, Some("a")));
+        e.wait_api(name, "Running", |p| phase(p) == "Running").await;
+    }
+    e.api().add_pod(tolerant("fourth", None));
+    assert_eq!(
+        rejected(&e, "fourth").await,
+        (
+            "OutOfpods".to_owned(),
+            "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".to_owned()
+        )
+    );
+    e.finish().await;
+}
+
+// With --kubeconfig the node is registered (the harness created the Node
+// already, so as the kubelet only its default labels are reconciled), its
+// capacity and allocatable and conditions written (Ready), and its Lease in
+// kube-node-lease renewed every quarter of its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
+    if !privileged("the_node_is_registered_with_a_renewed_lease_and_ready") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(
+        "node_status",
+        true,
+        &[
+            "--node-labels",
+            "zone=a",
+            "--register-with-taints",
+            "dedicated=db:NoSchedule",
+            "--max-pods",
+            "7",
+            "--node-lease-duration-seconds",
+            "1",
+            "--node-status-update-frequency",
+            "200ms",
+        ],
+    )
+    .await;
+    let wait = std::time::Duration::from_secs(30);
+    let condition = |n: &k8s_openapi::api::core::v1::Node, kind: &str| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == kind).cloned())
+    };
+    e.api()
+        .wait_for_node(NODE, "registered and Ready", wait, |n| {
+            n.and_then(|n| condition(n, "Ready"))
+                .is_some_and(|c| c.status == "True")
+        })
+        .await;
+    let node = e.api().node(NODE).expect("the node");
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["kubernetes.io/hostname"], NODE);
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels.contains_key("kubernetes.io/arch"), "{labels:?}");
+    // --node-labels and taints apply at creation only, as the kubelet's.
+    assert!(!labels.contains_key("zone"), "{labels:?}");
+    let status = node.status.clone().expect("status");
+    assert_eq!(status.capacity.expect("capacity")["pods"].0, "7");
+    assert!(
+        status
+            .allocatable
+            .expect("allocatable")
+            .contains_key("memory")
+    );
+    let ready = condition(&node, "Ready").expect("Ready");
+    assert_eq!(ready.reason.as_deref(), Some("KubeletReady"));
+    for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert!(condition(&node, kind).is_some(), "{kind}: {node:?}");
+    }
+    // The lease: held by the node, renewed (its renewTime moves).
+    let renew = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec.as_ref().and_then(|s| s.renew_time.clone())
+    };
+    e.api()
+        .wait_for_lease("kube-node-lease", NODE, "the lease", wait, |l| {
+            l.is_some_and(|l| renew(l).is_some())
+        })
+        .await;
+    let first = e.api().lease("kube-node-lease", NODE).expect("the lease");
+    let spec = first.spec.clone().expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
+    assert_eq!(spec.lease_duration_seconds, Some(1));
+    let first_renew = renew(&first);
+    e.api()
+        .wait_for_lease("kube-node-lease", NODE, "renewed", wait, |l| {
+            l.is_some_and(|l| renew(l) != first_renew)
+        })
+        .await;
+    e.finish().await;
+}
