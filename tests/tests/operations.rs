@@ -120,7 +120,22 @@ async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothi
         "calls: {calls:?}"
     );
     observer.stop().await;
+    proxy.stop().await;
     e.finish().await;
+}
+
+/// `evpleg cri-proxy` in front of the harness's containerd.
+async fn cri_proxy(e: &E2e) -> evpleg::cri_proxy::CriProxy {
+    let listen = format!("unix://{}", e.cri().base().join("metrics-proxy.sock").display());
+    let endpoint = e.cri().endpoint();
+    let argv = ["evpleg", "cri-proxy", "--listen", &listen, "--runtime-endpoint", &endpoint,
+        "--http-listen", "127.0.0.1:0"];
+    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("cri-proxy flags").command else {
+        panic!("not cri-proxy")
+    };
+    evpleg::cri_proxy::CriProxy::start(&args)
+        .await
+        .unwrap_or_else(|e| panic!("cri proxy: {e}"))
 }
 
 /// The metric names of the tables in docs/operations.md.
@@ -156,7 +171,7 @@ fn served_metrics(text: &str) -> BTreeSet<String> {
 
 /// Every metric docs/operations.md names is served, and every metric served
 /// is documented: the agent (`run`, here in `evented-cri` mode) after a pod ran,
-/// and `observe` (the kernel PLEG) beside it.
+/// `observe` (the kernel PLEG) and `cri-proxy` beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_metric_is_served_and_every_served_one_documented() {
     if !evpleg_tests::privileged("every_documented_metric_is_served") {
@@ -168,8 +183,10 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     e.write("done.yaml", &manifest("done", "Never", "exit 0", ""));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
+    let proxy = cri_proxy(&e).await;
     let mut served = served_metrics(&http_get(e.agent().addr, "/metrics").await);
     served.extend(served_metrics(&http_get(observer.addr, "/metrics").await));
+    served.extend(served_metrics(&http_get(proxy.http_addr, "/metrics").await));
     let documented = documented_metrics();
     assert!(documented.len() > 30, "the tables parse: {documented:?}");
     let missing: Vec<_> = documented.difference(&served).collect();

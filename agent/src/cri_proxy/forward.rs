@@ -113,8 +113,15 @@ impl Upstream {
         req: hyper::Request<Body>,
     ) -> Result<hyper::Response<Incoming>, ForwardError> {
         let mut sender = self.sender().await?;
-        sender.ready().await.map_err(|e| self.http(e))?;
-        sender.send_request(req).await.map_err(|e| self.http(e))
+        let sent = match sender.ready().await {
+            Ok(()) => sender.send_request(req).await,
+            Err(e) => Err(e),
+        };
+        if sent.is_err() {
+            // The next call dials again.
+            *self.sender.lock().await = None;
+        }
+        sent.map_err(|e| self.http(e))
     }
 
     /// Forwards a call untouched, streaming both ways.

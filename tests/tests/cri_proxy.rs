@@ -1,0 +1,463 @@
+//! `evpleg cri-proxy` (issue #15) in front of the real containerd (1.6, which
+//! has no event stream of its own): the project's CRI client through the
+//! proxy and directly side by side, the proxy's GetContainerEvents, the
+//! overlay as a 1.37 kubelet in hint mode meets it, a subscriber that never
+//! reads, and a runtime restart behind the proxy. Privileged (the kernel
+//! PLEG); one test at a time ([`SERIAL`]): each starts its own containerd
+//! and proxy, and a kernel PLEG sees every container of the host.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use evpleg::config::{Cli, Command};
+use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg::cri_proxy::CriProxy;
+use evpleg_cri_api::v1;
+use evpleg_tests::containerd::Containerd;
+use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
+use evpleg_tests::e2e::{find_container_pid, http_get};
+use v1::ContainerEventType as T;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A proxy in front of `containerd`, with `flags`.
+async fn proxy(containerd: &Containerd, flags: &[&str]) -> (CriProxy, CriClient) {
+    let socket = containerd.base().join("proxy.sock");
+    let listen = format!("unix://{}", socket.display());
+    let endpoint = containerd.endpoint();
+    let argv = [
+        "evpleg",
+        "cri-proxy",
+        "--listen",
+        &listen,
+        "--runtime-endpoint",
+        &endpoint,
+        "--http-listen",
+        "127.0.0.1:0",
+    ]
+    .into_iter()
+    .chain(flags.iter().copied());
+    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("flags").command else {
+        panic!("not cri-proxy")
+    };
+    let proxy = CriProxy::start(&args)
+        .await
+        .unwrap_or_else(|e| panic!("cri proxy: {e}"));
+    let client = CriClient::connect(&listen, CriClientConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect through the proxy: {e}"));
+    (proxy, client)
+}
+
+/// A GetContainerEvents subscription through the proxy.
+struct Subscription {
+    stream: tonic::Streaming<v1::ContainerEventResponse>,
+    seen: Vec<v1::ContainerEventResponse>,
+}
+
+impl Subscription {
+    async fn new(client: &CriClient) -> Self {
+        let stream = tokio::time::timeout(WAIT, client.get_container_events())
+            .await
+            .expect("the proxy answers GetContainerEvents at once")
+            .unwrap_or_else(|e| panic!("GetContainerEvents: {e}"));
+        Self {
+            stream,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next event of `t` for `id` (bounded by [`WAIT`]).
+    async fn wait(&mut self, id: &str, t: T) -> v1::ContainerEventResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = tokio::time::timeout(left, self.stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("no {t:?} for {id} within {WAIT:?}: {:?}", self.types()))
+                .unwrap_or_else(|e| panic!("the event stream failed: {e}"))
+                .expect("the event stream ended");
+            self.seen.push(ev.clone());
+            if ev.container_id == id && ev.container_event_type() == t {
+                return ev;
+            }
+        }
+    }
+
+    fn types(&self) -> Vec<(String, T)> {
+        self.seen
+            .iter()
+            .map(|e| (e.container_id[..12].to_owned(), e.container_event_type()))
+            .collect()
+    }
+
+    fn of(&self, id: &str) -> Vec<T> {
+        self.seen
+            .iter()
+            .filter(|e| e.container_id == id)
+            .map(|e| e.container_event_type())
+            .collect()
+    }
+}
+
+fn status_of<'a>(ev: &'a v1::ContainerEventResponse, id: &str) -> &'a v1::ContainerStatus {
+    ev.containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("{id} not in the event's payload: {ev:?}"))
+}
+
+async fn status(client: &CriClient, id: &str) -> v1::ContainerStatus {
+    client
+        .container_status(id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .status
+        .expect("checked by the client")
+}
+
+/// The value of a metric line `name` (with its labels) in a scrape.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    evpleg_tests::cri_pod::tokio_runtime()
+}
+
+/// The project's CRI client through the proxy gives what it gives directly:
+/// versions, images, a pod's whole life, listings, statuses, exec, and an
+/// error's code. The ExecSync produces no STOPPED and no overlay.
+#[test]
+fn calls_through_the_proxy_answer_as_the_runtime_does() {
+    if !evpleg_tests::privileged("calls_through_the_proxy_answer_as_the_runtime_does") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "transparent");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+
+        assert_eq!(through.version().await.unwrap(), direct.version().await.unwrap());
+        let images = |c: &CriClient| {
+            let c = c.clone();
+            async move {
+                let mut i = c.list_images(None).await.unwrap();
+                i.sort_by(|a, b| a.id.cmp(&b.id));
+                i
+            }
+        };
+        assert_eq!(images(&through).await, images(&direct).await);
+        let spec = v1::ImageSpec {
+            image: evpleg_tests::containerd::BUSYBOX_IMAGE.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            through.image_status(&spec, false).await.unwrap(),
+            direct.image_status(&spec, false).await.unwrap()
+        );
+        // An error keeps its code.
+        let unknown = evpleg_tests::container_id();
+        let (a, b) = (
+            through.container_status(&unknown, false).await.unwrap_err(),
+            direct.container_status(&unknown, false).await.unwrap_err(),
+        );
+        assert!(a.is_not_found(), "{a}");
+        assert_eq!((a.code(), a.to_string()), (b.code(), b.to_string()));
+
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(&through, &pod, &sandbox, &pod.container("sleeper", &["sleep", "600"])).await;
+        events.wait(&sandbox, T::ContainerCreatedEvent).await;
+        events.wait(&id, T::ContainerCreatedEvent).await;
+        let started = events.wait(&id, T::ContainerStartedEvent).await;
+        assert_eq!(
+            status_of(&started, &id).state(),
+            v1::ContainerState::ContainerRunning
+        );
+        let meta = started.pod_sandbox_status.as_ref().and_then(|s| s.metadata.as_ref());
+        assert_eq!(meta.map(|m| m.uid.as_str()), Some(pod.uid.as_str()));
+
+        // Exec: the same output both ways; no death for it.
+        let t = Duration::from_secs(10);
+        let cmd = ["sh", "-c", "echo out; echo err >&2; exit 3"];
+        let (a, b) = (
+            through.exec_sync(&id, &cmd, t).await.unwrap(),
+            direct.exec_sync(&id, &cmd, t).await.unwrap(),
+        );
+        assert_eq!(a, b);
+        assert_eq!((a.exit_code, a.stdout.as_slice()), (3, &b"out\n"[..]));
+        assert_eq!(status(&through, &id).await, status(&direct, &id).await);
+        assert_eq!(
+            status(&through, &id).await.state(),
+            v1::ContainerState::ContainerRunning
+        );
+        let listed = |c: &CriClient| {
+            let c = c.clone();
+            let sandbox = sandbox.clone();
+            async move {
+                let f = v1::ContainerFilter {
+                    pod_sandbox_id: sandbox,
+                    ..Default::default()
+                };
+                c.list_containers(Some(f)).await.unwrap()
+            }
+        };
+        assert_eq!(listed(&through).await, listed(&direct).await);
+        assert_eq!(
+            through.pod_sandbox_status(&sandbox, false).await.unwrap(),
+            direct.pod_sandbox_status(&sandbox, false).await.unwrap()
+        );
+
+        through.stop_container(&id, 0).await.unwrap();
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 137);
+        through.remove_container(&id).await.unwrap();
+        events.wait(&id, T::ContainerDeletedEvent).await;
+        assert!(direct.container_status(&id, false).await.unwrap_err().is_not_found());
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        // One event of each kind for the container: the exec made none.
+        assert_eq!(
+            events.of(&id),
+            [
+                T::ContainerCreatedEvent,
+                T::ContainerStartedEvent,
+                T::ContainerStoppedEvent,
+                T::ContainerDeletedEvent
+            ],
+            "{:?}",
+            events.types()
+        );
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total"), 0.0, "no overlay while it ran");
+        assert!(metric(&scrape, "evpleg_cri_proxy_events_total{type=\"CONTAINER_STOPPED_EVENT\"}") >= 1.0, "{scrape}");
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_subscribers"), 1.0);
+        assert!(http_get(proxy.http_addr, "/healthz").await.starts_with("ok"));
+        proxy.stop().await;
+    });
+}
+
+/// What a 1.37 kubelet in hint mode does on each event: ask ContainerStatus
+/// through the proxy; the runtime is asked directly at the same moment.
+/// Returns (through the proxy, directly).
+async fn on_event(
+    through: &CriClient,
+    direct: &CriClient,
+    id: &str,
+) -> (v1::ContainerStatus, v1::ContainerStatus) {
+    tokio::join!(status(through, id), status(direct, id))
+}
+
+/// A container that exits by itself (3) and one killed from outside (137):
+/// STARTED and STOPPED with the exit code in the payload, and with the
+/// overlay on, the first ContainerStatus through the proxy after the event
+/// says exited with that code.
+#[test]
+fn stopped_events_carry_the_exit_code_and_the_overlay_shows_it_at_once() {
+    if !evpleg_tests::privileged("stopped_events_carry_the_exit_code") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "hints");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut lagged = 0;
+        for (name, code) in [("exits", 3), ("killed", 137)] {
+            let config = if code == 137 {
+                pod.container(name, &["sleep", "600"])
+            } else {
+                pod.waiting_container_exiting(name, 3)
+            };
+            let id = run_container(&through, &pod, &sandbox, &config).await;
+            let started = events.wait(&id, T::ContainerStartedEvent).await;
+            assert_eq!(status_of(&started, &id).state(), v1::ContainerState::ContainerRunning);
+            if code == 137 {
+                let pid = find_container_pid(&id).expect("the sleeper's pid");
+                // SAFETY: a signal to the test's own container process.
+                assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+            } else {
+                pod.release(name);
+            }
+            let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+            let (hint, runtime) = on_event(&through, &direct, &id).await;
+            let payload = status_of(&stopped, &id);
+            assert!(exited(payload), "{payload:?}");
+            assert_eq!(payload.exit_code, code, "{payload:?}");
+            assert!(stopped.created_at > 0 && stopped.created_at <= payload.finished_at.max(stopped.created_at));
+            assert!(exited(&hint), "{name}: the first call after the event: {hint:?}");
+            assert_eq!(hint.exit_code, code, "{hint:?}");
+            assert_eq!(hint.reason, "Error", "{hint:?}");
+            if !exited(&runtime) {
+                lagged += 1;
+            }
+            eprintln!("{name}: runtime asked at the same moment: {:?} (code {})", runtime.state(), runtime.exit_code);
+            // Once the runtime caught up its own answer passes.
+            let caught_up = evpleg_tests::containerd::wait_container_status(&direct, &id, "exited", exited).await;
+            assert_eq!(caught_up.exit_code, code);
+            assert_eq!(status(&through, &id).await, caught_up);
+        }
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        eprintln!("the runtime still said running at the event for {lagged} of 2");
+        eprintln!(
+            "answers overlaid: {}",
+            metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total")
+        );
+        assert!(metric(&scrape, "evpleg_cri_proxy_kernel_lead_seconds_count") >= 2.0, "{scrape}");
+        proxy.stop().await;
+    });
+}
+
+/// With `--overlay=false` the proxy's answer is the runtime's: between a
+/// direct answer just before and one just after.
+#[test]
+fn with_the_overlay_off_statuses_are_the_runtimes() {
+    if !evpleg_tests::privileged("with_the_overlay_off_statuses_are_the_runtimes") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "no-overlay");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &["--overlay=false"]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut states = BTreeMap::new();
+        for n in 0..3 {
+            let name = format!("exits{n}");
+            let id = run_container(&through, &pod, &sandbox, &pod.waiting_container_exiting(&name, 5)).await;
+            events.wait(&id, T::ContainerStartedEvent).await;
+            pod.release(&name);
+            let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+            assert_eq!(status_of(&stopped, &id).exit_code, 5, "the payload has the kernel's code");
+            let before = status(&direct, &id).await;
+            let seen = status(&through, &id).await;
+            let after = status(&direct, &id).await;
+            assert!(
+                seen.state() == before.state() || seen.state() == after.state(),
+                "{seen:?} between {before:?} and {after:?}"
+            );
+            if exited(&seen) {
+                assert_eq!(seen.exit_code, 5);
+            }
+            *states.entry(format!("{:?}", seen.state())).or_insert(0) += 1;
+        }
+        eprintln!("through the proxy at the event, without the overlay: {states:?}");
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total"), 0.0);
+        proxy.stop().await;
+    });
+}
+
+/// A GetContainerEvents subscriber over raw HTTP/2 that reads nothing: its
+/// receive window is 1 KiB, so the proxy's buffer for it (4 events) fills.
+async fn never_reading_subscriber(
+    socket: &std::path::Path,
+) -> hyper::Response<hyper::body::Incoming> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let stream = tokio::net::UnixStream::connect(socket).await.expect("dial the proxy");
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1024)
+        .handshake(TokioIo::new(stream))
+        .await
+        .expect("http/2");
+    tokio::spawn(conn);
+    let req = hyper::Request::post("http://proxy/runtime.v1.RuntimeService/GetContainerEvents")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("a request");
+    sender.send_request(req).await.expect("the proxy answers")
+}
+
+/// A subscriber that never reads is dropped once its buffer is full; the
+/// others keep every event; its stream then ends RESOURCE_EXHAUSTED.
+#[test]
+fn a_subscriber_that_never_reads_is_dropped_and_the_others_are_not_held() {
+    if !evpleg_tests::privileged("a_subscriber_that_never_reads_is_dropped") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "slow-subscriber");
+    runtime().block_on(async {
+        use http_body_util::BodyExt;
+        let (proxy, through) = proxy(&containerd, &["--subscriber-buffer", "4"]).await;
+        let slow = never_reading_subscriber(&containerd.base().join("proxy.sock")).await;
+        assert_eq!(slow.status(), 200);
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut ids = Vec::new();
+        for n in 0..5 {
+            let id = run_container(&through, &pod, &sandbox, &pod.container(&format!("short{n}"), &["true"])).await;
+            ids.push(id);
+        }
+        for id in &ids {
+            let stopped = events.wait(id, T::ContainerStoppedEvent).await;
+            assert_eq!(status_of(&stopped, id).exit_code, 0);
+        }
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_subscribers_dropped_total"), 1.0, "{scrape}");
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_subscribers"), 1.0, "{scrape}");
+        // Read now: what fitted, then the reason.
+        let mut body = slow.into_body();
+        let trailers = tokio::time::timeout(WAIT, async {
+            loop {
+                let frame = body.frame().await.expect("trailers come").expect("a frame");
+                if let Ok(t) = frame.into_trailers() {
+                    return t;
+                }
+            }
+        })
+        .await
+        .expect("the slow stream ends");
+        assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+        proxy.stop().await;
+    });
+}
+
+/// containerd restarts behind the proxy: calls through it go on (the
+/// client's retry of UNAVAILABLE covers the gap), and a subscriber keeps its
+/// stream: a death after the restart is served on it.
+#[test]
+fn forwarding_and_events_go_on_across_a_runtime_restart() {
+    if !evpleg_tests::privileged("forwarding_and_events_go_on_across_a_runtime_restart") {
+        return;
+    }
+    let _serial = serial();
+    let mut containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "restart");
+    let rt = runtime();
+    let (proxy, through, mut events, sandbox) = rt.block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        (proxy, through, events, sandbox)
+    });
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let listed = through.list_pod_sandboxes(None).await.unwrap_or_else(|e| panic!("after the restart: {e}"));
+        assert!(listed.iter().any(|s| s.id == sandbox), "{listed:?}");
+        let id = run_container(&through, &pod, &sandbox, &pod.waiting_container_exiting("after", 4)).await;
+        events.wait(&id, T::ContainerStartedEvent).await;
+        pod.release("after");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 4);
+        proxy.stop().await;
+    });
+}
