@@ -11,7 +11,8 @@ use anyhow::Context;
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::{
-    Cli, Command, CriProxyArgs, Describe, DescribeArgs, ObserveArgs, OutputFormat, RunArgs, VersionArgs,
+    Cli, Command, CriProxyArgs, Describe, DescribeArgs, ObserveArgs, OutputFormat, RunArgs,
+    VersionArgs,
 };
 use evpleg::cri_proxy::CriProxy;
 use evpleg::observe::{ObservedEvent, Observer};

@@ -167,14 +167,35 @@ fn the_cri_proxy_deploy_files_run_it_with_flags_it_has_and_least_privilege() {
     let caps = sc.capabilities.expect("capabilities");
     assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
     let added: BTreeSet<_> = caps.add.expect("added").into_iter().collect();
-    assert_eq!(added, ["BPF", "PERFMON", "SYS_NICE"].map(String::from).into());
+    assert_eq!(
+        added,
+        ["BPF", "PERFMON", "SYS_NICE"].map(String::from).into()
+    );
     let mounts = c.volume_mounts.clone().expect("mounts");
-    let mounted = |p: &std::path::Path| mounts.iter().any(|m| std::path::Path::new(&m.mount_path) == p);
-    assert!(mounted(&args.runtime_endpoint), "{:?} mounted", args.runtime_endpoint);
-    assert!(mounted(args.listen.parent().expect("a directory")), "the socket's directory mounted");
+    let mounted = |p: &std::path::Path| {
+        mounts
+            .iter()
+            .any(|m| std::path::Path::new(&m.mount_path) == p)
+    };
+    assert!(
+        mounted(&args.runtime_endpoint),
+        "{:?} mounted",
+        args.runtime_endpoint
+    );
+    assert!(
+        mounted(args.listen.parent().expect("a directory")),
+        "the socket's directory mounted"
+    );
     let port = args.http_listen.port();
-    let probe = c.liveness_probe.clone().and_then(|p| p.http_get).expect("a probe");
-    assert_eq!(probe.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port)));
+    let probe = c
+        .liveness_probe
+        .clone()
+        .and_then(|p| p.http_get)
+        .expect("a probe");
+    assert_eq!(
+        probe.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port))
+    );
 
     let unit = read("deploy/cri-proxy/evpleg-cri-proxy.service");
     let exec = unit
@@ -183,13 +204,19 @@ fn the_cri_proxy_deploy_files_run_it_with_flags_it_has_and_least_privilege() {
         .expect("an ExecStart");
     let args = parse(exec.split_whitespace().skip(1).map(String::from).collect());
     let listen = format!("unix://{}", args.listen.display());
-    assert!(docs.contains(&format!("--container-runtime-endpoint={listen}")), "docs/cri-proxy.md points the kubelet at {listen}");
+    assert!(
+        docs.contains(&format!("--container-runtime-endpoint={listen}")),
+        "docs/cri-proxy.md points the kubelet at {listen}"
+    );
     let caps: BTreeSet<&str> = unit
         .lines()
         .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
         .expect("a bounding set")
         .split_whitespace()
         .collect();
-    assert_eq!(caps, ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_NICE", "CAP_CHOWN"].into());
+    assert_eq!(
+        caps,
+        ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_NICE", "CAP_CHOWN"].into()
+    );
     assert!(unit.contains("NoNewPrivileges=yes"));
 }

@@ -126,11 +126,23 @@ async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothi
 
 /// `evpleg cri-proxy` in front of the harness's containerd.
 async fn cri_proxy(e: &E2e) -> evpleg::cri_proxy::CriProxy {
-    let listen = format!("unix://{}", e.cri().base().join("metrics-proxy.sock").display());
+    let listen = format!(
+        "unix://{}",
+        e.cri().base().join("metrics-proxy.sock").display()
+    );
     let endpoint = e.cri().endpoint();
-    let argv = ["evpleg", "cri-proxy", "--listen", &listen, "--runtime-endpoint", &endpoint,
-        "--http-listen", "127.0.0.1:0"];
-    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("cri-proxy flags").command else {
+    let argv = [
+        "evpleg",
+        "cri-proxy",
+        "--listen",
+        &listen,
+        "--runtime-endpoint",
+        &endpoint,
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("cri-proxy flags").command
+    else {
         panic!("not cri-proxy")
     };
     evpleg::cri_proxy::CriProxy::start(&args)

@@ -130,9 +130,20 @@ mod tests {
 
     #[test]
     fn socket_flags_are_checked() {
-        assert_eq!(unix_socket("unix:///a/b.sock").unwrap(), PathBuf::from("/a/b.sock"));
-        assert!(unix_socket("tcp://127.0.0.1:1").unwrap_err().contains("only unix"));
-        assert!(unix_socket("unix://rel.sock").unwrap_err().contains("absolute"));
+        assert_eq!(
+            unix_socket("unix:///a/b.sock").unwrap(),
+            PathBuf::from("/a/b.sock")
+        );
+        assert!(
+            unix_socket("tcp://127.0.0.1:1")
+                .unwrap_err()
+                .contains("only unix")
+        );
+        assert!(
+            unix_socket("unix://rel.sock")
+                .unwrap_err()
+                .contains("absolute")
+        );
         assert_eq!(octal_mode("0660"), Ok(0o660));
         assert!(octal_mode("1777").is_err());
         assert!(octal_mode("rw").is_err());

@@ -258,7 +258,10 @@ impl Events {
             ..Default::default()
         };
         let Some(sandbox_id) = sandbox_id else {
-            warn!(id, "no pod sandbox found for the event's container: sent without its pod's state");
+            warn!(
+                id,
+                "no pod sandbox found for the event's container: sent without its pod's state"
+            );
             return resp;
         };
         resp.pod_sandbox_status = match self.cri.pod_sandbox_status(&sandbox_id, false).await {
@@ -282,12 +285,18 @@ impl Events {
             pod_sandbox_id: sandbox_id.clone(),
             ..Default::default()
         };
-        let listed = self.cri.list_containers(Some(filter)).await.unwrap_or_else(|e| {
-            warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
-            Vec::new()
-        });
+        let listed = self
+            .cri
+            .list_containers(Some(filter))
+            .await
+            .unwrap_or_else(|e| {
+                warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
+                Vec::new()
+            });
         for c in listed {
-            self.known.sandbox_of.insert(c.id.clone(), sandbox_id.clone());
+            self.known
+                .sandbox_of
+                .insert(c.id.clone(), sandbox_id.clone());
             match self.cri.container_status(&c.id, false).await {
                 Ok(r) => {
                     let mut s = r.status.unwrap_or_default();
@@ -342,7 +351,9 @@ async fn confirm(
     let mut wait = CHECK_FIRST;
     loop {
         let state = cri.container_status(id.as_str(), false).await.map(|r| {
-            r.status.map(|s| s.state()).unwrap_or(v1::ContainerState::ContainerUnknown)
+            r.status
+                .map(|s| s.state())
+                .unwrap_or(v1::ContainerState::ContainerUnknown)
         });
         let now = clock.now_ns();
         match state {

@@ -79,12 +79,13 @@ impl Upstream {
         if let Some(s) = slot.as_ref().filter(|s| !s.is_closed()) {
             return Ok(s.clone());
         }
-        let stream = UnixStream::connect(&self.path)
-            .await
-            .map_err(|source| ForwardError::Dial {
-                path: self.path.clone(),
-                source,
-            })?;
+        let stream =
+            UnixStream::connect(&self.path)
+                .await
+                .map_err(|source| ForwardError::Dial {
+                    path: self.path.clone(),
+                    source,
+                })?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await
@@ -129,7 +130,9 @@ impl Upstream {
         &self,
         req: hyper::Request<Incoming>,
     ) -> Result<hyper::Response<Body>, ForwardError> {
-        let resp = self.send(req.map(|b| b.map_err(BoxError::from).boxed())).await?;
+        let resp = self
+            .send(req.map(|b| b.map_err(BoxError::from).boxed()))
+            .await?;
         Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
     }
 

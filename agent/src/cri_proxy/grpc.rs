@@ -71,7 +71,13 @@ pub fn trailers(code: u32, message: &str) -> HeaderMap {
         // grpc-message is percent-encoded; ours are ASCII without `%`.
         let clean: String = message
             .chars()
-            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
             .collect();
         if let Ok(v) = HeaderValue::from_str(&clean.replace('%', "%25")) {
             t.insert("grpc-message", v);

@@ -192,7 +192,13 @@ mod tests {
             let f = slow.frame().await.unwrap().unwrap();
             assert_eq!(f.into_data().unwrap(), Bytes::from(vec![n]));
         }
-        let t = slow.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        let t = slow
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_trailers()
+            .unwrap();
         assert_eq!(t["grpc-status"], "8");
         assert!(t["grpc-message"].to_str().unwrap().contains("too slow"));
         assert!(slow.frame().await.is_none());

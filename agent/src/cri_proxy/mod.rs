@@ -117,7 +117,11 @@ impl CriProxy {
             stats.clone(),
             clock.clone(),
         );
-        tasks.push(tokio::spawn(events.run(pleg_rx, calls_rx, shutdown.clone())));
+        tasks.push(tokio::spawn(events.run(
+            pleg_rx,
+            calls_rx,
+            shutdown.clone(),
+        )));
         let service = Arc::new(server::Service {
             upstream: forward::Upstream::new(args.runtime_endpoint.clone()),
             hub: hub.clone(),

@@ -140,7 +140,11 @@ impl Overlay {
 
     /// ListContainers: entries overlaid; with a state filter of RUNNING, the
     /// ones shown exited are left out, as the runtime will leave them out.
-    pub fn list(&self, resp: &mut v1::ListContainersResponse, filter_state: Option<i32>) -> Vec<Seen> {
+    pub fn list(
+        &self,
+        resp: &mut v1::ListContainersResponse,
+        filter_state: Option<i32>,
+    ) -> Vec<Seen> {
         let mut seen = Vec::new();
         resp.containers.retain_mut(|c| {
             let s = self.listed(c);
@@ -195,14 +199,20 @@ mod tests {
         o.died(id(1), death(137, false));
         let mut s = status(1, Running);
         assert_eq!(o.status(&mut s), Some(Seen::Overlaid));
-        assert_eq!((s.state(), s.exit_code, s.reason.as_str()), (Exited, 137, "Error"));
+        assert_eq!(
+            (s.state(), s.exit_code, s.reason.as_str()),
+            (Exited, 137, "Error")
+        );
         assert_eq!(s.finished_at, death(137, false).finished_at);
         assert_eq!(s.started_at, 1, "the rest is the runtime's");
         // Pending + the runtime says exited: its answer passes, the entry ends.
         let mut runtime = status(1, Exited);
         runtime.exit_code = 137;
         let before = runtime.clone();
-        assert_eq!(o.status(&mut runtime), Some(Seen::CaughtUp(death(137, false))));
+        assert_eq!(
+            o.status(&mut runtime),
+            Some(Seen::CaughtUp(death(137, false)))
+        );
         assert_eq!(runtime, before);
         assert!(o.is_empty());
         // Removed or contradicted: forgotten.

@@ -54,7 +54,11 @@ pub enum ListenError {
 }
 
 /// Binds `path` (a stale socket there is replaced), with `mode` and `owner`.
-pub fn listen(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<UnixListener, ListenError> {
+pub fn listen(
+    path: &Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<UnixListener, ListenError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| ListenError::Dir {
@@ -198,7 +202,11 @@ impl Service {
             }
             "RuntimeService/ContainerStatus" => {
                 rewrite::<v1::ContainerStatusResponse>(&answer.data, |r| {
-                    r.status.as_mut().and_then(|s| self.overlay.status(s)).into_iter().collect()
+                    r.status
+                        .as_mut()
+                        .and_then(|s| self.overlay.status(s))
+                        .into_iter()
+                        .collect()
                 })
             }
             _ => rewrite::<v1::PodSandboxStatusResponse>(&answer.data, |r| {

@@ -102,7 +102,9 @@ impl ProxyStats {
 
     pub fn event(&self, t: &str) {
         self.events
-            .get_or_create(&EventType { r#type: t.to_owned() })
+            .get_or_create(&EventType {
+                r#type: t.to_owned(),
+            })
             .inc();
     }
 }
