@@ -120,7 +120,6 @@ async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothi
         "calls: {calls:?}"
     );
     observer.stop().await;
-    proxy.stop().await;
     e.finish().await;
 }
 
@@ -208,5 +207,6 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
         "documented but not served: {missing:?}\nserved but not documented: {undocumented:?}"
     );
     observer.stop().await;
+    proxy.stop().await;
     e.finish().await;
 }
