@@ -563,3 +563,105 @@ fn forwarding_and_events_go_on_across_a_runtime_restart() {
         proxy.stop().await;
     });
 }
+
+/// containerd 1.7 has a stream of its own: side by side on the same
+/// containers, the proxy's STOPPED carries the same exit code and an earlier
+/// `created_at` (the kernel's exit, before the runtime made its event); which
+/// one arrived first is recorded.
+#[test]
+fn on_containerd_17_the_proxys_stopped_comes_before_the_runtimes_own() {
+    if !evpleg_tests::privileged("on_containerd_17_the_proxys_stopped_comes_before") {
+        return;
+    }
+    let _serial = serial();
+    let Some(containerd) = evpleg_tests::cri_pod::start_containerd_17(
+        "on_containerd_17_the_proxys_stopped_comes_before",
+    ) else {
+        return;
+    };
+    let pod = TestPod::new(&containerd, "side-by-side");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        assert!(
+            direct
+                .version()
+                .await
+                .unwrap()
+                .runtime_version
+                .starts_with("1.7")
+        );
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut ours = Subscription::new(&through).await;
+        // containerd sends its answer's headers with its first event: read
+        // its stream in a task of its own.
+        let (tx, mut theirs) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn({
+            let direct = direct.clone();
+            async move {
+                let mut s = direct
+                    .get_container_events()
+                    .await
+                    .expect("containerd 1.7's stream");
+                while let Ok(Some(ev)) = s.message().await {
+                    if tx.send((ev, Instant::now())).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut first = BTreeMap::from([("proxy", 0), ("containerd", 0)]);
+        for n in 0..3 {
+            let name = format!("app{n}");
+            let id = run_container(
+                &through,
+                &pod,
+                &sandbox,
+                &pod.waiting_container_exiting(&name, 7),
+            )
+            .await;
+            ours.wait(&id, T::ContainerStartedEvent).await;
+            pod.release(&name);
+            let mine = ours.wait(&id, T::ContainerStoppedEvent).await;
+            let mine_at = Instant::now();
+            let (theirs_ev, theirs_at) = tokio::time::timeout(WAIT, async {
+                loop {
+                    let (ev, at) = theirs.recv().await.expect("containerd's stream goes on");
+                    if ev.container_id == id
+                        && ev.container_event_type() == T::ContainerStoppedEvent
+                    {
+                        return (ev, at);
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("containerd's own STOPPED for {id} within {WAIT:?}"));
+            assert_eq!(status_of(&mine, &id).exit_code, 7);
+            assert_eq!(status_of(&theirs_ev, &id).exit_code, 7, "{theirs_ev:?}");
+            assert!(
+                mine.created_at < theirs_ev.created_at,
+                "the kernel's exit ({}) before containerd's event ({})",
+                mine.created_at,
+                theirs_ev.created_at
+            );
+            *first
+                .get_mut(if mine_at <= theirs_at {
+                    "proxy"
+                } else {
+                    "containerd"
+                })
+                .unwrap() += 1;
+            eprintln!(
+                "{name}: created_at {:.1} ms apart; received {:?} apart",
+                (theirs_ev.created_at - mine.created_at) as f64 / 1e6,
+                theirs_at.checked_duration_since(mine_at).map_or_else(
+                    || format!("-{:?}", mine_at - theirs_at),
+                    |d| format!("{d:?}")
+                )
+            );
+        }
+        eprintln!("STOPPED received first: {first:?}");
+        reader.abort();
+        proxy.stop().await;
+    });
+}

@@ -144,9 +144,15 @@ async fn cri_proxy(e: &E2e) -> evpleg::cri_proxy::CriProxy {
     else {
         panic!("not cri-proxy")
     };
-    evpleg::cri_proxy::CriProxy::start(&args)
+    let proxy = evpleg::cri_proxy::CriProxy::start(&args)
         .await
-        .unwrap_or_else(|e| panic!("cri proxy: {e}"))
+        .unwrap_or_else(|e| panic!("cri proxy: {e}"));
+    // A call through it (Version), so that its per-method histogram has a
+    // sample to show.
+    evpleg::cri::CriClient::connect(&listen, evpleg::cri::CriClientConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("through the proxy: {e}"));
+    proxy
 }
 
 /// The metric names of the tables in docs/operations.md.

@@ -310,6 +310,7 @@ impl Events {
             self.known.sandbox_of.remove(id);
             if sandbox {
                 self.known.sandboxes.remove(id);
+                self.known.sandbox_of.retain(|_, s| s != id);
             }
         }
         resp

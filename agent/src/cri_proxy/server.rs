@@ -163,7 +163,7 @@ impl Service {
             .get_or_create(&label)
             .observe(started.elapsed().as_secs_f64());
         Ok(answer.unwrap_or_else(|e| {
-            self.stats.forward_errors.get_or_create(&label).inc();
+            self.stats.forward_errors.inc();
             debug!(path, error = %e, "answering unavailable");
             grpc::error_response(grpc::UNAVAILABLE, &format!("evpleg cri-proxy: {e}"))
         }))

@@ -33,7 +33,7 @@ pub struct ProxyStats {
     pub subscribers: Gauge,
     pub subscribers_dropped: Counter,
     pub forward_seconds: HistogramFamily,
-    pub forward_errors: Family<Method, Counter>,
+    pub forward_errors: Counter,
     pub kernel_lead_seconds: Histogram,
     pub overlaid: Counter,
     pub contradictions: Counter,
@@ -41,12 +41,24 @@ pub struct ProxyStats {
 
 impl Default for ProxyStats {
     fn default() -> Self {
+        let events = Family::<EventType, Counter>::default();
+        // Every type from 0, so that a rate is defined before the first event.
+        for t in [
+            "CONTAINER_CREATED_EVENT",
+            "CONTAINER_STARTED_EVENT",
+            "CONTAINER_STOPPED_EVENT",
+            "CONTAINER_DELETED_EVENT",
+        ] {
+            events.get_or_create(&EventType {
+                r#type: t.to_owned(),
+            });
+        }
         Self {
-            events: Family::default(),
+            events,
             subscribers: Gauge::default(),
             subscribers_dropped: Counter::default(),
             forward_seconds: Family::new_with_constructor(forward_histogram),
-            forward_errors: Family::default(),
+            forward_errors: Counter::default(),
             // 1 ms to about 4 s.
             kernel_lead_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 13)),
             overlaid: Counter::default(),
@@ -80,7 +92,7 @@ impl ProxyStats {
         );
         registry.register(
             "cri_proxy_forward_errors",
-            "Calls that could not reach the runtime (answered UNAVAILABLE), by method",
+            "Calls that could not reach the runtime (answered UNAVAILABLE)",
             self.forward_errors.clone(),
         );
         registry.register(
