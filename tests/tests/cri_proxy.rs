@@ -665,3 +665,53 @@ fn on_containerd_17_the_proxys_stopped_comes_before_the_runtimes_own() {
         proxy.stop().await;
     });
 }
+
+/// Dogfood: the agent in `evented-cri` mode with its CRI endpoint the proxy
+/// and its periodic relist 5 min away: a container's death reaches it through
+/// the proxy's GetContainerEvents, and the pod ends Failed with the exit code.
+#[test]
+fn the_agent_in_evented_cri_mode_runs_a_pod_through_the_proxy() {
+    if !evpleg_tests::privileged("the_agent_in_evented_cri_mode_runs_a_pod_through_the_proxy") {
+        return;
+    }
+    let _serial = serial();
+    use evpleg_tests::e2e::{E2e, container, manifest};
+    let containerd = E2e::containerd();
+    runtime().block_on(async {
+        let (proxy, _) = proxy(&containerd, &[]).await;
+        let endpoint = format!("unix://{}", containerd.base().join("proxy.sock").display());
+        let e = E2e::start_via(
+            containerd,
+            &endpoint,
+            "dogfood",
+            &["--pleg", "evented-cri", "--relist-period", "5m"],
+        )
+        .await;
+        e.write(
+            "once.yaml",
+            &manifest("once", "Never", "sleep 0.5; exit 3", ""),
+        );
+        let pod = e
+            .wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed")
+            .await;
+        assert_eq!(
+            container(&pod, "app")["state"]["terminated"]["exitCode"],
+            3,
+            "{pod:#}"
+        );
+        let agent = http_get(e.agent().addr, "/metrics").await;
+        assert!(
+            metric(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
+            "the agent's stream is the proxy's: {agent}"
+        );
+        let served = http_get(proxy.http_addr, "/metrics").await;
+        assert!(
+            metric(
+                &served,
+                "evpleg_cri_proxy_events_total{type=\"CONTAINER_STOPPED_EVENT\"}"
+            ) >= 1.0
+        );
+        e.finish().await;
+        proxy.stop().await;
+    });
+}
