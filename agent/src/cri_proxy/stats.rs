@@ -49,7 +49,7 @@ impl Default for ProxyStats {
             "CONTAINER_STOPPED_EVENT",
             "CONTAINER_DELETED_EVENT",
         ] {
-            events.get_or_create(&EventType {
+            let _ = events.get_or_create(&EventType {
                 r#type: t.to_owned(),
             });
         }
