@@ -244,7 +244,11 @@ fn calls_through_the_proxy_answer_as_the_runtime_does() {
         );
         through.stop_pod_sandbox(&sandbox).await.unwrap();
         through.remove_pod_sandbox(&sandbox).await.unwrap();
-        events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        let gone = events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        // A removed sandbox's event carries its last status, not ready.
+        let last = gone.pod_sandbox_status.expect("the sandbox's last status");
+        assert_eq!(last.state(), v1::PodSandboxState::SandboxNotready);
+        assert_eq!(last.metadata.map(|m| m.uid), Some(pod.uid.clone()));
         // One event of each kind for the container: the exec made none.
         assert_eq!(
             events.of(&id),
@@ -396,9 +400,17 @@ fn with_the_overlay_off_statuses_are_the_runtimes() {
     let pod = TestPod::new(&containerd, "no-overlay");
     runtime().block_on(async {
         let direct = containerd.client().await;
+        // A container running before the proxy: its start is no event.
+        let sandbox = run_sandbox(&direct, &pod).await;
+        let before = run_container(
+            &direct,
+            &pod,
+            &sandbox,
+            &pod.container("before", &["sleep", "600"]),
+        )
+        .await;
         let (proxy, through) = proxy(&containerd, &["--overlay=false"]).await;
         let mut events = Subscription::new(&through).await;
-        let sandbox = run_sandbox(&through, &pod).await;
         let mut states = BTreeMap::new();
         for n in 0..3 {
             let name = format!("exits{n}");
@@ -430,6 +442,7 @@ fn with_the_overlay_off_statuses_are_the_runtimes() {
             *states.entry(format!("{:?}", seen.state())).or_insert(0) += 1;
         }
         eprintln!("through the proxy at the event, without the overlay: {states:?}");
+        assert_eq!(events.of(&before), [], "{:?}", events.types());
         let scrape = http_get(proxy.http_addr, "/metrics").await;
         assert_eq!(
             metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total"),

@@ -109,7 +109,9 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, shutdown: Canc
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
+                    // Out of file descriptors, say: back off a little.
                     warn!(error = %e, "accepting a cri connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             },
