@@ -7,6 +7,7 @@ pub mod cgroups;
 pub mod containerd;
 pub mod cri_interceptor;
 pub mod cri_pod;
+pub mod cri_proxy;
 pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;

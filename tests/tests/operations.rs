@@ -123,38 +123,6 @@ async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothi
     e.finish().await;
 }
 
-/// `evpleg cri-proxy` in front of the harness's containerd.
-async fn cri_proxy(e: &E2e) -> evpleg::cri_proxy::CriProxy {
-    let listen = format!(
-        "unix://{}",
-        e.cri().base().join("metrics-proxy.sock").display()
-    );
-    let endpoint = e.cri().endpoint();
-    let argv = [
-        "evpleg",
-        "cri-proxy",
-        "--listen",
-        &listen,
-        "--runtime-endpoint",
-        &endpoint,
-        "--http-listen",
-        "127.0.0.1:0",
-    ];
-    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("cri-proxy flags").command
-    else {
-        panic!("not cri-proxy")
-    };
-    let proxy = evpleg::cri_proxy::CriProxy::start(&args)
-        .await
-        .unwrap_or_else(|e| panic!("cri proxy: {e}"));
-    // A call through it (Version), so that its per-method histogram has a
-    // sample to show.
-    evpleg::cri::CriClient::connect(&listen, evpleg::cri::CriClientConfig::default())
-        .await
-        .unwrap_or_else(|e| panic!("through the proxy: {e}"));
-    proxy
-}
-
 /// The metric names of the tables in docs/operations.md.
 fn documented_metrics() -> BTreeSet<String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md");
@@ -200,7 +168,8 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     e.write("done.yaml", &manifest("done", "Never", "exit 0", ""));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
-    let proxy = cri_proxy(&e).await;
+    // Its per-method histogram shows the Version call of the client's connect.
+    let (proxy, _client) = evpleg_tests::cri_proxy::proxy(e.cri(), &[]).await;
     let mut served = served_metrics(&http_get(e.agent().addr, "/metrics").await);
     served.extend(served_metrics(&http_get(observer.addr, "/metrics").await));
     served.extend(served_metrics(&http_get(proxy.http_addr, "/metrics").await));

@@ -19,8 +19,9 @@
 //! happened before the proxy started (its first relist lists everything) are
 //! not events. A kernel death's exit code, reason and finish time are laid on
 //! the payload read for its STOPPED when the runtime has not caught up
-//! ([`super::overlay`]), whatever `--overlay` says: the event and its payload
-//! never disagree.
+//! ([`super::overlay`]), whatever `--overlay` says, and a STARTED's container
+//! still CREATED in the runtime's answer is shown running since the kernel's
+//! exec: the event and its payload never disagree.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -179,7 +180,10 @@ impl Events {
             self.overlay.forget(&id);
         }
         let created_at = monotonic_to_unix_ns(ev.at_ns);
-        let resp = self.payload(id.as_str(), t, sandbox, created_at).await;
+        let mut resp = self.payload(id.as_str(), t, sandbox, created_at).await;
+        if ev.source == EventSource::Kernel && ev.kind == EventKind::ContainerStarted {
+            started_on(&mut resp, created_at);
+        }
         if ev.source != EventSource::Kernel && self.before_start(&resp, t) {
             debug!(id = %id, kind = ?ev.kind, "a transition from before the proxy started");
             return;
@@ -332,6 +336,20 @@ impl Events {
     }
 }
 
+/// The runtime also lags at a start: read right after the kernel saw the
+/// main process exec, the container may still be CREATED (StartContainer has
+/// not returned). The STARTED's payload then says running since the exec, so
+/// that the event and its payload agree.
+fn started_on(resp: &mut v1::ContainerEventResponse, started_at: i64) {
+    let id = resp.container_id.clone();
+    if let Some(s) = resp.containers_statuses.iter_mut().find(|s| s.id == id)
+        && s.state() == v1::ContainerState::ContainerCreated
+    {
+        s.state = v1::ContainerState::ContainerRunning as i32;
+        s.started_at = started_at;
+    }
+}
+
 /// First and last wait between two checks of a pending death.
 const CHECK_FIRST: Duration = Duration::from_millis(5);
 const CHECK_MAX: Duration = Duration::from_millis(50);
@@ -389,5 +407,44 @@ async fn confirm(
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(CHECK_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_payload_shows_running_since_the_exec() {
+        let status = |id: &str, state: v1::ContainerState| v1::ContainerStatus {
+            id: id.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: "a".into(),
+            containers_statuses: vec![
+                status("a", v1::ContainerState::ContainerCreated),
+                status("b", v1::ContainerState::ContainerCreated),
+            ],
+            ..Default::default()
+        };
+        started_on(&mut resp, 42);
+        let a = &resp.containers_statuses[0];
+        assert_eq!(
+            (a.state(), a.started_at),
+            (v1::ContainerState::ContainerRunning, 42)
+        );
+        // Another container of the pod is the runtime's.
+        assert_eq!(
+            resp.containers_statuses[1].state(),
+            v1::ContainerState::ContainerCreated
+        );
+        // An exited one (a very short run) is left as it is.
+        let mut exited = resp.clone();
+        exited.containers_statuses[0] = status("a", v1::ContainerState::ContainerExited);
+        let before = exited.clone();
+        started_on(&mut exited, 42);
+        assert_eq!(exited, before);
     }
 }
