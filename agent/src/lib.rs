@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod container;
 pub mod cri;
+pub mod cri_proxy;
 pub mod describe;
 pub mod events;
 pub mod metrics;

@@ -1,7 +1,8 @@
 //! The `evpleg` binary: `evpleg run` runs the node agent (`evpleg::agent`),
 //! `evpleg observe` the PLEG alone next to a real kubelet (`evpleg::observe`),
 //! `evpleg version` says what was built, `evpleg describe pod` shows a pod and
-//! its events as a running agent knows them.
+//! its events as a running agent knows them, `evpleg cri-proxy` serves the CRI
+//! to a stock kubelet with kernel-speed events (`evpleg::cri_proxy`).
 
 use std::io::Write;
 use std::time::Duration;
@@ -10,8 +11,10 @@ use anyhow::Context;
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::{
-    Cli, Command, Describe, DescribeArgs, ObserveArgs, OutputFormat, RunArgs, VersionArgs,
+    Cli, Command, CriProxyArgs, Describe, DescribeArgs, ObserveArgs, OutputFormat, RunArgs,
+    VersionArgs,
 };
+use evpleg::cri_proxy::CriProxy;
 use evpleg::observe::{ObservedEvent, Observer};
 use tracing::info;
 
@@ -57,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Observe(args) => observe(&args).await,
         Command::Version(args) => version(&args),
         Command::Describe(args) => describe(&args).await,
+        Command::CriProxy(args) => cri_proxy(&args).await,
     }
 }
 
@@ -106,6 +110,17 @@ async fn observe(args: &ObserveArgs) -> anyhow::Result<()> {
     }
     observer.stop().await;
     info!("observer stopped");
+    Ok(())
+}
+
+async fn cri_proxy(args: &CriProxyArgs) -> anyhow::Result<()> {
+    let mut signals = Signals::install()?;
+    let proxy = CriProxy::start(args)
+        .await
+        .context("starting the cri proxy")?;
+    signals.until_stopped(args.run_for).await;
+    proxy.stop().await;
+    info!("cri proxy stopped");
     Ok(())
 }
 

@@ -531,6 +531,11 @@ impl Metrics {
         self
     }
 
+    /// Also exports what `evpleg cri-proxy` counts.
+    pub fn register_cri_proxy(&mut self, stats: &crate::cri_proxy::ProxyStats) {
+        stats.register(&mut self.registry);
+    }
+
     /// Also counts the essential tasks that stopped ([`crate::tasks`]).
     pub fn with_task_health(mut self, health: Vec<Arc<crate::tasks::TaskHealth>>) -> Self {
         self.registry

@@ -15,10 +15,14 @@ fn read(path: &str) -> String {
 }
 
 fn daemonset() -> DaemonSet {
-    let text = read("deploy/daemonset.yaml");
+    daemonset_in("deploy/daemonset.yaml")
+}
+
+fn daemonset_in(path: &str) -> DaemonSet {
+    let text = read(path);
     let docs: Vec<serde_json::Value> = serde_saphyr::read(&mut text.as_bytes())
         .collect::<Result<_, _>>()
-        .expect("deploy/daemonset.yaml parses");
+        .unwrap_or_else(|e| panic!("{path} parses: {e}"));
     let ds = docs
         .into_iter()
         .find(|d| d["kind"] == "DaemonSet")
@@ -110,6 +114,7 @@ fn every_flag_is_in_docs_operations_md_and_every_flag_there_exists() {
     all.extend(flags("observe"));
     all.extend(flags("version"));
     all.extend(flags("describe pod"));
+    all.extend(flags("cri-proxy"));
     for flag in &all {
         assert!(
             doc.contains(&format!("`{flag}`")),
@@ -131,4 +136,87 @@ fn every_flag_is_in_docs_operations_md_and_every_flag_there_exists() {
             );
         }
     }
+}
+
+/// deploy/cri-proxy/: the DaemonSet and the systemd unit run `cri-proxy`
+/// with flags it has, serving the socket the docs tell the kubelet to use,
+/// with the capabilities of `observe` (and CAP_CHOWN for the unit's
+/// `--socket-owner`), nothing more.
+#[test]
+fn the_cri_proxy_deploy_files_run_it_with_flags_it_has_and_least_privilege() {
+    let parse = |args: Vec<String>| {
+        let cli = Cli::try_parse_from(std::iter::once("evpleg".to_owned()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        match cli.command {
+            Command::CriProxy(a) => a,
+            other => panic!("not cri-proxy: {other:?}"),
+        }
+    };
+    let docs = read("docs/cri-proxy.md");
+
+    let ds = daemonset_in("deploy/cri-proxy/daemonset.yaml");
+    let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+    assert_eq!(pod.host_pid, Some(true));
+    let [c] = pod.containers.as_slice() else {
+        panic!("one container")
+    };
+    let args = parse(c.args.clone().expect("args"));
+    let sc = c.security_context.clone().expect("security context");
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let caps = sc.capabilities.expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
+    let added: BTreeSet<_> = caps.add.expect("added").into_iter().collect();
+    assert_eq!(
+        added,
+        ["BPF", "PERFMON", "SYS_NICE"].map(String::from).into()
+    );
+    let mounts = c.volume_mounts.clone().expect("mounts");
+    let mounted = |p: &std::path::Path| {
+        mounts
+            .iter()
+            .any(|m| std::path::Path::new(&m.mount_path) == p)
+    };
+    assert!(
+        mounted(&args.runtime_endpoint),
+        "{:?} mounted",
+        args.runtime_endpoint
+    );
+    assert!(
+        mounted(args.listen.parent().expect("a directory")),
+        "the socket's directory mounted"
+    );
+    let port = args.http_listen.port();
+    let probe = c
+        .liveness_probe
+        .clone()
+        .and_then(|p| p.http_get)
+        .expect("a probe");
+    assert_eq!(
+        probe.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port))
+    );
+
+    let unit = read("deploy/cri-proxy/evpleg-cri-proxy.service");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart");
+    let args = parse(exec.split_whitespace().skip(1).map(String::from).collect());
+    let listen = format!("unix://{}", args.listen.display());
+    assert!(
+        docs.contains(&format!("--container-runtime-endpoint={listen}")),
+        "docs/cri-proxy.md points the kubelet at {listen}"
+    );
+    let caps: BTreeSet<&str> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("a bounding set")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        caps,
+        ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_NICE", "CAP_CHOWN"].into()
+    );
+    assert!(unit.contains("NoNewPrivileges=yes"));
 }

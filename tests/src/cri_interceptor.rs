@@ -1,6 +1,7 @@
 //! A CRI interceptor: an HTTP/2 proxy on its own unix socket in front of a
 //! runtime's socket. Every gRPC call is counted by method (the last part of
-//! `/runtime.v1.RuntimeService/StopContainer`) and forwarded unchanged:
+//! `/runtime.v1.RuntimeService/StopContainer`) and forwarded unchanged by
+//! `evpleg cri-proxy`'s forwarder ([`evpleg::cri_proxy::forward::Upstream`]):
 //! headers, streamed bodies and trailers pass through as they are. A test
 //! points a client at [`CriInterceptor::endpoint`] and then reads which calls
 //! it made ([`CriInterceptor::calls`], [`CriInterceptor::mutating_calls`]).
@@ -9,6 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use evpleg::cri_proxy::forward::Upstream;
+use evpleg::cri_proxy::grpc;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -93,34 +96,35 @@ impl Drop for CriInterceptor {
 }
 
 async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls) {
+    let upstream = Arc::new(Upstream::new(upstream));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
         let (upstream, calls) = (upstream.clone(), calls.clone());
         tokio::spawn(async move {
-            if let Err(e) = proxy(stream, &upstream, calls).await {
+            if let Err(e) = proxy(stream, upstream, calls).await {
                 tracing::debug!(error = %e, "cri interceptor: connection ended");
             }
         });
     }
 }
 
-/// One client connection, over one connection to the runtime.
+/// One client connection, over the shared connection to the runtime.
 async fn proxy(
     stream: UnixStream,
-    upstream: &Path,
+    upstream: Arc<Upstream>,
     calls: Calls,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let up = UnixStream::connect(upstream).await?;
-    let (sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(up)).await?;
-    tokio::spawn(connection);
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let method = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
         *lock(&calls).entry(method).or_default() += 1;
-        let mut sender = sender.clone();
-        async move { sender.send_request(req).await }
+        let upstream = upstream.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(upstream.forward(req).await.unwrap_or_else(|e| {
+                grpc::error_response(grpc::UNAVAILABLE, &format!("cri interceptor: {e}"))
+            }))
+        }
     });
     hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(stream), service)

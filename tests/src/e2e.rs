@@ -90,7 +90,21 @@ impl E2e {
         Self::start_on(containerd, None, name, false, extra).await
     }
 
-    fn containerd() -> Containerd {
+    /// [`E2e::start_with`] on `containerd`, started by the caller, with the
+    /// agent's CRI endpoint `endpoint` (a proxy in front of it).
+    pub async fn start_via(
+        containerd: Containerd,
+        endpoint: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Self {
+        let mut flags = extra.to_vec();
+        flags.extend(["--cri-endpoint", endpoint]);
+        Self::start_on(containerd, None, name, false, &flags).await
+    }
+
+    /// A containerd for [`E2e::start_via`].
+    pub fn containerd() -> Containerd {
         crate::containerd::init_test_logging();
         Containerd::start().unwrap_or_else(|e| panic!("containerd: {e}"))
     }
@@ -107,10 +121,11 @@ impl E2e {
         let logs = containerd.base().join("pod-logs");
         let root = containerd.base().join("agent-root");
         let endpoint = containerd.endpoint();
+        // The harness's containerd, unless the caller names another endpoint.
+        let own_endpoint =
+            (!extra.contains(&"--cri-endpoint")).then_some(["--cri-endpoint", endpoint.as_str()]);
         let base = [
             "evpleg",
-            "--cri-endpoint",
-            &endpoint,
             "--manifest-dir",
             manifests.to_str().expect("utf-8"),
             "--node-name",
@@ -132,7 +147,12 @@ impl E2e {
             "--image-pull-backoff-max",
             "4s",
         ];
-        let mut flags: Vec<String> = base.iter().chain(extra).map(|s| s.to_string()).collect();
+        let mut flags: Vec<String> = base
+            .iter()
+            .chain(own_endpoint.iter().flatten())
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
         let api = if with_api {
             let api = FakeApiServer::start().await;
             api.add_node(NODE);

@@ -8,6 +8,7 @@ pub mod cni;
 pub mod containerd;
 pub mod cri_interceptor;
 pub mod cri_pod;
+pub mod cri_proxy;
 pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;

@@ -156,7 +156,7 @@ fn served_metrics(text: &str) -> BTreeSet<String> {
 
 /// Every metric docs/operations.md names is served, and every metric served
 /// is documented: the agent (`run`, here in `evented-cri` mode) after a pod ran,
-/// and `observe` (the kernel PLEG) beside it.
+/// `observe` (the kernel PLEG) and `cri-proxy` beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_metric_is_served_and_every_served_one_documented() {
     if !evpleg_tests::privileged("every_documented_metric_is_served") {
@@ -168,8 +168,11 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     e.write("done.yaml", &manifest("done", "Never", "exit 0", ""));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
+    // Its per-method histogram shows the Version call of the client's connect.
+    let (proxy, _client) = evpleg_tests::cri_proxy::proxy(e.cri(), &[]).await;
     let mut served = served_metrics(&http_get(e.agent().addr, "/metrics").await);
     served.extend(served_metrics(&http_get(observer.addr, "/metrics").await));
+    served.extend(served_metrics(&http_get(proxy.http_addr, "/metrics").await));
     let documented = documented_metrics();
     assert!(documented.len() > 30, "the tables parse: {documented:?}");
     let missing: Vec<_> = documented.difference(&served).collect();
@@ -179,5 +182,6 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
         "documented but not served: {missing:?}\nserved but not documented: {undocumented:?}"
     );
     observer.stop().await;
+    proxy.stop().await;
     e.finish().await;
 }

@@ -1,12 +1,14 @@
 //! The command line: `evpleg run` (the node agent), `evpleg observe` (the PLEG
 //! alone, next to a real kubelet), `evpleg version` and `evpleg describe pod`
-//! (a pod and its events, from a running agent). Every flag is also read
+//! (a pod and its events, from a running agent), `evpleg cri-proxy` (a CRI
+//! proxy serving kernel-speed container events to a stock kubelet). Every flag is also read
 //! from an `EVPLEG_*` environment variable; durations are written as the
 //! kubelet's are (`1m0s`, `300ms`: [`duration`]). Values that cannot work (a
 //! zero period, a zero channel capacity, a ring buffer that is not a power of
 //! two, a number without its unit) are refused by the parser with a message
 //! naming the flag, never a panic later.
 
+mod cri_proxy;
 pub mod duration;
 mod run;
 
@@ -16,6 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub use cri_proxy::{CRI_PROXY_HTTP, CRI_PROXY_SOCKET, CriProxyArgs};
 pub use run::{CgroupDriverFlag, RunArgs};
 
 use crate::pleg::PlegMode;
@@ -54,6 +57,11 @@ pub enum Command {
     /// Show a resource as the running agent knows it, as `kubectl describe`
     /// does (`describe pod NAME|UID`: status, containers and events).
     Describe(DescribeArgs),
+    /// A CRI proxy between an unmodified kubelet and its runtime: every call
+    /// forwarded untouched, GetContainerEvents served from the kernel PLEG,
+    /// and (unless `--overlay=false`) deaths the kernel saw with certainty
+    /// shown in status answers before the runtime reports them.
+    CriProxy(Box<CriProxyArgs>),
 }
 
 /// `evpleg describe`'s resources.

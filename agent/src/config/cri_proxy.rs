@@ -1,0 +1,153 @@
+//! `evpleg cri-proxy`'s flags (see [`crate::cri_proxy`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{channel_capacity, duration, ring_buffer_bytes};
+use crate::pleg::kernel::{
+    DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, DEFAULT_ROOTS, KernelPlegConfig,
+};
+
+/// The CRI socket the proxy serves by default.
+pub const CRI_PROXY_SOCKET: &str = "unix:///run/evpleg/cri.sock";
+/// The proxy's HTTP endpoints by default, clear of the kubelet's and `observe`'s.
+pub const CRI_PROXY_HTTP: &str = "127.0.0.1:10266";
+
+/// `evpleg cri-proxy`'s flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CriProxyArgs {
+    /// The socket the proxy serves the CRI on (unix only: `unix:///path`);
+    /// point the kubelet's `--container-runtime-endpoint` at it.
+    #[arg(long, env = "EVPLEG_CRI_PROXY_LISTEN", default_value = CRI_PROXY_SOCKET,
+          value_parser = unix_socket)]
+    pub listen: PathBuf,
+
+    /// The runtime's CRI socket the proxy forwards to (unix only:
+    /// `unix:///run/containerd/containerd.sock`).
+    #[arg(long, env = "EVPLEG_RUNTIME_ENDPOINT", value_parser = unix_socket)]
+    pub runtime_endpoint: PathBuf,
+
+    /// Permission bits of the served socket, in octal.
+    #[arg(long, env = "EVPLEG_SOCKET_MODE", default_value = "0660", value_parser = octal_mode)]
+    pub socket_mode: u32,
+
+    /// Owner of the served socket, `UID:GID` (numeric); default: the
+    /// proxy's own user and group.
+    #[arg(long, env = "EVPLEG_SOCKET_OWNER", value_parser = owner)]
+    pub socket_owner: Option<(u32, u32)>,
+
+    /// Show a container whose death the kernel saw with certainty as exited in
+    /// ListContainers, ContainerStatus and PodSandboxStatus answers while the
+    /// runtime still says running (`--overlay=false`: forward them unchanged).
+    #[arg(long, env = "EVPLEG_OVERLAY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub overlay: bool,
+
+    /// Events buffered for each GetContainerEvents subscriber; a subscriber
+    /// this far behind is dropped (its stream ends with RESOURCE_EXHAUSTED).
+    #[arg(long, env = "EVPLEG_SUBSCRIBER_BUFFER", default_value_t = 1000,
+          value_parser = channel_capacity)]
+    pub subscriber_buffer: usize,
+
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).
+    #[arg(long, env = "EVPLEG_HTTP_LISTEN", default_value = CRI_PROXY_HTTP)]
+    pub http_listen: SocketAddr,
+
+    /// Full relist period of the proxy's PLEG (its reconciling relist).
+    #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
+    pub relist_period: Option<Duration>,
+
+    /// Load this eBPF object instead of the one embedded at build time.
+    #[arg(long, env = "EVPLEG_BPF_OBJECT")]
+    pub bpf_object: Option<PathBuf>,
+
+    /// Root cgroups whose tasks and cgroups are reported (repeatable; paths
+    /// relative to the cgroup hierarchy root).
+    #[arg(long = "cgroup-root", env = "EVPLEG_CGROUP_ROOTS", value_delimiter = ',',
+          default_values_t = DEFAULT_ROOTS.map(String::from))]
+    pub cgroup_roots: Vec<String>,
+
+    /// Ring buffer size in bytes (a power of two, at least a page).
+    #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES,
+          value_parser = ring_buffer_bytes)]
+    pub ring_buffer_bytes: u32,
+
+    /// SCHED_FIFO priority of the ring-buffer reader; 0 disables real-time.
+    #[arg(long, env = "EVPLEG_REALTIME_PRIORITY", default_value_t = DEFAULT_REALTIME_PRIORITY)]
+    pub realtime_priority: i32,
+
+    /// Stop after this long (`0`: run until SIGTERM or SIGINT).
+    #[arg(long, env = "EVPLEG_RUN_FOR", default_value = "0", value_parser = duration::parse)]
+    pub run_for: Duration,
+}
+
+impl CriProxyArgs {
+    /// The kernel PLEG's configuration.
+    pub fn kernel_pleg(&self) -> KernelPlegConfig {
+        KernelPlegConfig {
+            object: self.bpf_object.clone(),
+            ring_buffer_bytes: self.ring_buffer_bytes,
+            roots: self.cgroup_roots.clone(),
+            realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
+            tap: None,
+        }
+    }
+
+    /// The runtime's endpoint as the CRI client dials it.
+    pub fn runtime_uri(&self) -> String {
+        format!("unix://{}", self.runtime_endpoint.display())
+    }
+}
+
+/// `unix:///absolute/path` to the path; anything else (TCP included: the
+/// CRI has no authentication) is refused.
+fn unix_socket(s: &str) -> Result<PathBuf, String> {
+    let path = s
+        .strip_prefix("unix://")
+        .ok_or_else(|| format!("{s:?}: only unix:///path sockets are served and dialled"))?;
+    if !path.starts_with('/') {
+        return Err(format!("{s:?}: the socket path must be absolute"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn octal_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?}: permission bits in octal (0600, 0660)"))
+}
+
+fn owner(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{s:?}: numeric UID:GID (0:0)");
+    let (u, g) = s.split_once(':').ok_or_else(bad)?;
+    Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_flags_are_checked() {
+        assert_eq!(
+            unix_socket("unix:///a/b.sock").unwrap(),
+            PathBuf::from("/a/b.sock")
+        );
+        assert!(
+            unix_socket("tcp://127.0.0.1:1")
+                .unwrap_err()
+                .contains("only unix")
+        );
+        assert!(
+            unix_socket("unix://rel.sock")
+                .unwrap_err()
+                .contains("absolute")
+        );
+        assert_eq!(octal_mode("0660"), Ok(0o660));
+        assert!(octal_mode("1777").is_err());
+        assert!(octal_mode("rw").is_err());
+        assert_eq!(owner("0:995"), Ok((0, 995)));
+        assert!(owner("root:root").is_err());
+    }
+}

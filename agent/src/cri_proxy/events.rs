@@ -1,0 +1,450 @@
+//! GetContainerEvents served from the kernel PLEG, as containerd 1.7 serves
+//! its own stream (`generateAndSendContainerEvent`): each event names the
+//! container (or sandbox), its type, `created_at`, and the pod's state read
+//! from the runtime right after it, which the 1.26-1.36 Evented PLEG writes
+//! into its cache as the pod's status (`GeneratePodStatus`), and the 1.37
+//! hint mode uses only to relist the pod.
+//!
+//! | event | when | `created_at` |
+//! |---|---|---|
+//! | CREATED | a CreateContainer or RunPodSandbox through the proxy succeeded | the answer's arrival |
+//! | STARTED | the PLEG's ContainerStarted / SandboxStarted (the kernel saw the main process exec) | the kernel's timestamp |
+//! | STOPPED | the PLEG's ContainerDied / SandboxDied: certain deaths only | the kernel's timestamp of the exit |
+//! | DELETED | a RemoveContainer or RemovePodSandbox through the proxy succeeded, or the PLEG's relist found it gone | the answer's arrival, or the relist's |
+//!
+//! Where it differs from containerd: CREATED is not the cgroup's creation
+//! (with containerd, runc creates the cgroup in StartContainer, not in
+//! CreateContainer), so it comes from the call; a container created on the
+//! runtime by another client has no CREATED. Relist-sourced reports of what
+//! happened before the proxy started (its first relist lists everything) are
+//! not events. A kernel death's exit code, reason and finish time are laid on
+//! the payload read for its STOPPED when the runtime has not caught up
+//! ([`super::overlay`]), whatever `--overlay` says, and a STARTED's container
+//! still CREATED in the runtime's answer is shown running since the kernel's
+//! exec: the event and its payload never disagree.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::grpc;
+use super::hub::Hub;
+use super::overlay::{CONFIRM_BOUND, KernelDeath, Overlay};
+use super::stats::ProxyStats;
+use crate::clock::SharedClock;
+use crate::container::{monotonic_to_unix_ns, wall_clock_ns};
+use crate::cri::CriClient;
+use crate::pleg::{ContainerId, EventKind, EventSource, PodLifecycleEvent};
+
+use v1::ContainerEventType as T;
+
+/// A call through the proxy that makes an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// CreateContainer (with its sandbox) or RunPodSandbox (sandbox: None).
+    Created { id: String, sandbox: Option<String> },
+    /// RemoveContainer or RemovePodSandbox.
+    Removed { id: String, sandbox: bool },
+}
+
+/// Ids remembered so that a DELETED still has its pod.
+#[derive(Debug, Default)]
+struct Known {
+    /// container -> its sandbox.
+    sandbox_of: HashMap<String, String>,
+    /// sandbox -> its last status read.
+    sandboxes: HashMap<String, v1::PodSandboxStatus>,
+    /// Recently deleted (the relist's later report is not a second DELETED).
+    deleted: VecDeque<String>,
+    deleted_set: HashSet<String>,
+}
+
+const DELETED_MEMORY: usize = 4096;
+
+impl Known {
+    fn mark_deleted(&mut self, id: &str) -> bool {
+        if !self.deleted_set.insert(id.to_owned()) {
+            return false;
+        }
+        self.deleted.push_back(id.to_owned());
+        if self.deleted.len() > DELETED_MEMORY
+            && let Some(old) = self.deleted.pop_front()
+        {
+            self.deleted_set.remove(&old);
+        }
+        true
+    }
+}
+
+/// Turns PLEG events and calls into served events.
+#[derive(Debug)]
+pub struct Events {
+    pub cri: CriClient,
+    pub hub: Arc<Hub>,
+    pub overlay: Arc<Overlay>,
+    pub stats: Arc<ProxyStats>,
+    pub clock: SharedClock,
+    /// Unix ns when the proxy started.
+    pub start_wall_ns: i64,
+    known: Known,
+}
+
+/// What one PLEG event becomes: the type, the id, whether it is a sandbox.
+fn event_type(kind: EventKind) -> Option<(T, bool)> {
+    match kind {
+        EventKind::ContainerStarted => Some((T::ContainerStartedEvent, false)),
+        EventKind::ContainerDied => Some((T::ContainerStoppedEvent, false)),
+        EventKind::ContainerRemoved => Some((T::ContainerDeletedEvent, false)),
+        EventKind::SandboxStarted => Some((T::ContainerStartedEvent, true)),
+        EventKind::SandboxDied => Some((T::ContainerStoppedEvent, true)),
+        EventKind::SandboxRemoved => Some((T::ContainerDeletedEvent, true)),
+        // A hint: the PLEG relists the pod and reports what it finds.
+        EventKind::PodSync => None,
+    }
+}
+
+impl Events {
+    pub fn new(
+        cri: CriClient,
+        hub: Arc<Hub>,
+        overlay: Arc<Overlay>,
+        stats: Arc<ProxyStats>,
+        clock: SharedClock,
+    ) -> Self {
+        Self {
+            cri,
+            hub,
+            overlay,
+            stats,
+            clock,
+            start_wall_ns: wall_clock_ns(),
+            known: Known::default(),
+        }
+    }
+
+    /// Serves events until `shutdown` or until both inputs end.
+    pub async fn run(
+        mut self,
+        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
+        mut calls: mpsc::Receiver<Call>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                ev = pleg.recv() => match ev {
+                    Some(ev) => self.pleg_event(ev).await,
+                    None => break,
+                },
+                Some(call) = calls.recv() => self.call(call).await,
+                () = shutdown.cancelled() => break,
+            }
+        }
+        self.hub.close();
+    }
+
+    async fn pleg_event(&mut self, ev: PodLifecycleEvent) {
+        let Some((t, sandbox)) = event_type(ev.kind) else {
+            return;
+        };
+        let Some(id) = ev.container_id.clone() else {
+            return;
+        };
+        if ev.kind == EventKind::ContainerDied
+            && ev.source == EventSource::Kernel
+            && let Some(exit) = ev.exit
+        {
+            let death = KernelDeath {
+                exit,
+                at_ns: ev.at_ns,
+                finished_at: monotonic_to_unix_ns(ev.at_ns),
+            };
+            self.overlay.died(id.clone(), death);
+            tokio::spawn(confirm(
+                self.cri.clone(),
+                self.overlay.clone(),
+                self.stats.clone(),
+                self.clock.clone(),
+                id.clone(),
+                death,
+            ));
+        }
+        if t == T::ContainerDeletedEvent {
+            if !self.known.mark_deleted(id.as_str()) {
+                return;
+            }
+            self.overlay.forget(&id);
+        }
+        let created_at = monotonic_to_unix_ns(ev.at_ns);
+        let mut resp = self.payload(id.as_str(), t, sandbox, created_at).await;
+        if ev.source == EventSource::Kernel && ev.kind == EventKind::ContainerStarted {
+            started_on(&mut resp, created_at);
+        }
+        if ev.source != EventSource::Kernel && self.before_start(&resp, t) {
+            debug!(id = %id, kind = ?ev.kind, "a transition from before the proxy started");
+            return;
+        }
+        self.send(resp);
+    }
+
+    async fn call(&mut self, call: Call) {
+        let now = wall_clock_ns();
+        let resp = match call {
+            Call::Created { id, sandbox } => {
+                if let Some(s) = &sandbox {
+                    self.known.sandbox_of.insert(id.clone(), s.clone());
+                }
+                self.payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
+                    .await
+            }
+            Call::Removed { id, sandbox } => {
+                if !self.known.mark_deleted(&id) {
+                    return;
+                }
+                if let Some(c) = ContainerId::parse(&id) {
+                    self.overlay.forget(&c);
+                }
+                self.payload(&id, T::ContainerDeletedEvent, sandbox, now)
+                    .await
+            }
+        };
+        self.send(resp);
+    }
+
+    fn send(&self, resp: v1::ContainerEventResponse) {
+        self.stats.event(resp.container_event_type().as_str_name());
+        self.hub.publish(&grpc::frame(&resp));
+    }
+
+    /// A relist-sourced report whose runtime timestamp is older than the
+    /// proxy (the first relist reports every existing container).
+    fn before_start(&self, resp: &v1::ContainerEventResponse, t: T) -> bool {
+        let at = match resp
+            .containers_statuses
+            .iter()
+            .find(|c| c.id == resp.container_id)
+        {
+            Some(c) if t == T::ContainerStartedEvent => c.started_at,
+            Some(c) if t == T::ContainerStoppedEvent => c.finished_at,
+            Some(_) => return false,
+            None => match &resp.pod_sandbox_status {
+                Some(s) if s.id == resp.container_id && t == T::ContainerStartedEvent => {
+                    s.created_at
+                }
+                _ => return false,
+            },
+        };
+        at > 0 && at < self.start_wall_ns
+    }
+
+    /// The event with the pod's state as the runtime reports it now, kernel
+    /// deaths laid on containers it still reports running.
+    async fn payload(
+        &mut self,
+        id: &str,
+        t: T,
+        sandbox: bool,
+        created_at: i64,
+    ) -> v1::ContainerEventResponse {
+        let sandbox_id = if sandbox {
+            Some(id.to_owned())
+        } else {
+            self.sandbox_of(id).await
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: id.to_owned(),
+            container_event_type: t as i32,
+            created_at,
+            ..Default::default()
+        };
+        let Some(sandbox_id) = sandbox_id else {
+            warn!(
+                id,
+                "no pod sandbox found for the event's container: sent without its pod's state"
+            );
+            return resp;
+        };
+        resp.pod_sandbox_status = match self.cri.pod_sandbox_status(&sandbox_id, false).await {
+            Ok(r) => {
+                let s = r.status;
+                if let Some(s) = &s {
+                    self.known.sandboxes.insert(sandbox_id.clone(), s.clone());
+                }
+                s
+            }
+            Err(e) => {
+                debug!(sandbox = %sandbox_id, error = %e, "sandbox status for an event");
+                // Removed: its last status, no longer ready.
+                self.known.sandboxes.get(&sandbox_id).cloned().map(|mut s| {
+                    s.state = v1::PodSandboxState::SandboxNotready as i32;
+                    s
+                })
+            }
+        };
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: sandbox_id.clone(),
+            ..Default::default()
+        };
+        let listed = self
+            .cri
+            .list_containers(Some(filter))
+            .await
+            .unwrap_or_else(|e| {
+                warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
+                Vec::new()
+            });
+        for c in listed {
+            self.known
+                .sandbox_of
+                .insert(c.id.clone(), sandbox_id.clone());
+            match self.cri.container_status(&c.id, false).await {
+                Ok(r) => {
+                    let mut s = r.status.unwrap_or_default();
+                    self.overlay.status(&mut s);
+                    resp.containers_statuses.push(s);
+                }
+                Err(e) => debug!(id = %c.id, error = %e, "container status for an event"),
+            }
+        }
+        if t == T::ContainerDeletedEvent {
+            self.known.sandbox_of.remove(id);
+            if sandbox {
+                self.known.sandboxes.remove(id);
+                self.known.sandbox_of.retain(|_, s| s != id);
+            }
+        }
+        resp
+    }
+
+    /// The sandbox of container `id`: remembered, else asked.
+    async fn sandbox_of(&mut self, id: &str) -> Option<String> {
+        if let Some(s) = self.known.sandbox_of.get(id) {
+            return Some(s.clone());
+        }
+        let filter = v1::ContainerFilter {
+            id: id.to_owned(),
+            ..Default::default()
+        };
+        let c = self.cri.list_containers(Some(filter)).await.ok()?;
+        let s = c.first()?.pod_sandbox_id.clone();
+        self.known.sandbox_of.insert(id.to_owned(), s.clone());
+        Some(s)
+    }
+}
+
+/// The runtime also lags at a start: read right after the kernel saw the
+/// main process exec, the container may still be CREATED (StartContainer has
+/// not returned). The STARTED's payload then says running since the exec, so
+/// that the event and its payload agree.
+fn started_on(resp: &mut v1::ContainerEventResponse, started_at: i64) {
+    let id = resp.container_id.clone();
+    if let Some(s) = resp.containers_statuses.iter_mut().find(|s| s.id == id)
+        && s.state() == v1::ContainerState::ContainerCreated
+    {
+        s.state = v1::ContainerState::ContainerRunning as i32;
+        s.started_at = started_at;
+    }
+}
+
+/// First and last wait between two checks of a pending death.
+const CHECK_FIRST: Duration = Duration::from_millis(5);
+const CHECK_MAX: Duration = Duration::from_millis(50);
+
+/// Asks the runtime about a pending death (5 ms doubling to 50 ms) until it
+/// reports the container not running: the lead is recorded and the entry
+/// ends. Still running past [`CONFIRM_BOUND`]: the runtime wins, loudly
+/// (the kernel PLEG's contract clause 3).
+async fn confirm(
+    cri: CriClient,
+    overlay: Arc<Overlay>,
+    stats: Arc<ProxyStats>,
+    clock: SharedClock,
+    id: ContainerId,
+    death: KernelDeath,
+) {
+    let deadline = death.at_ns + CONFIRM_BOUND.as_nanos() as u64;
+    let mut wait = CHECK_FIRST;
+    loop {
+        let state = cri.container_status(id.as_str(), false).await.map(|r| {
+            r.status
+                .map(|s| s.state())
+                .unwrap_or(v1::ContainerState::ContainerUnknown)
+        });
+        let now = clock.now_ns();
+        match state {
+            Ok(v1::ContainerState::ContainerRunning) if now < deadline => {}
+            Ok(v1::ContainerState::ContainerRunning) => {
+                if overlay.forget(&id).is_some() {
+                    stats.contradictions.inc();
+                    warn!(id = %id, exit_code = death.exit.code,
+                        "the runtime still reports running {}s after the kernel saw the container's main process exit: the runtime wins",
+                        CONFIRM_BOUND.as_secs());
+                }
+                return;
+            }
+            Ok(_) => {
+                stats
+                    .kernel_lead_seconds
+                    .observe(now.saturating_sub(death.at_ns) as f64 / 1e9);
+                overlay.forget(&id);
+                return;
+            }
+            // Removed (NotFound), or the runtime is away: nothing to overlay.
+            Err(e) if e.is_not_found() => {
+                overlay.forget(&id);
+                return;
+            }
+            Err(e) if now >= deadline => {
+                debug!(id = %id, error = %e, "a pending death unconfirmed at the bound");
+                overlay.forget(&id);
+                return;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(CHECK_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_payload_shows_running_since_the_exec() {
+        let status = |id: &str, state: v1::ContainerState| v1::ContainerStatus {
+            id: id.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: "a".into(),
+            containers_statuses: vec![
+                status("a", v1::ContainerState::ContainerCreated),
+                status("b", v1::ContainerState::ContainerCreated),
+            ],
+            ..Default::default()
+        };
+        started_on(&mut resp, 42);
+        let a = &resp.containers_statuses[0];
+        assert_eq!(
+            (a.state(), a.started_at),
+            (v1::ContainerState::ContainerRunning, 42)
+        );
+        // Another container of the pod is the runtime's.
+        assert_eq!(
+            resp.containers_statuses[1].state(),
+            v1::ContainerState::ContainerCreated
+        );
+        // An exited one (a very short run) is left as it is.
+        let mut exited = resp.clone();
+        exited.containers_statuses[0] = status("a", v1::ContainerState::ContainerExited);
+        let before = exited.clone();
+        started_on(&mut exited, 42);
+        assert_eq!(exited, before);
+    }
+}

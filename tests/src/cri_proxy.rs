@@ -1,0 +1,144 @@
+//! `evpleg cri-proxy` under test: a proxy in front of the containerd
+//! harness, a GetContainerEvents subscription read with a timeout, and a raw
+//! subscriber that never reads (`tests/cri_proxy.rs`, `tests/operations.rs`).
+
+use std::time::Instant;
+
+use clap::Parser;
+use evpleg::config::{Cli, Command};
+use evpleg::cri::{CriClient, CriClientConfig};
+use evpleg::cri_proxy::CriProxy;
+use evpleg_cri_api::v1;
+use v1::ContainerEventType as T;
+
+use crate::containerd::Containerd;
+use crate::cri_pod::WAIT;
+
+/// A proxy in front of `containerd`, with `flags`.
+pub async fn proxy(containerd: &Containerd, flags: &[&str]) -> (CriProxy, CriClient) {
+    let socket = containerd.base().join("proxy.sock");
+    let listen = format!("unix://{}", socket.display());
+    let endpoint = containerd.endpoint();
+    let argv = [
+        "evpleg",
+        "cri-proxy",
+        "--listen",
+        &listen,
+        "--runtime-endpoint",
+        &endpoint,
+        "--http-listen",
+        "127.0.0.1:0",
+    ]
+    .into_iter()
+    .chain(flags.iter().copied());
+    let Command::CriProxy(args) = Cli::try_parse_from(argv).expect("flags").command else {
+        panic!("not cri-proxy")
+    };
+    let proxy = CriProxy::start(&args)
+        .await
+        .unwrap_or_else(|e| panic!("cri proxy: {e}"));
+    let client = CriClient::connect(&listen, CriClientConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect through the proxy: {e}"));
+    (proxy, client)
+}
+
+/// A GetContainerEvents subscription through the proxy.
+#[derive(Debug)]
+pub struct Subscription {
+    stream: tonic::Streaming<v1::ContainerEventResponse>,
+    pub seen: Vec<v1::ContainerEventResponse>,
+}
+
+impl Subscription {
+    pub async fn new(client: &CriClient) -> Self {
+        let stream = tokio::time::timeout(WAIT, client.get_container_events())
+            .await
+            .expect("the proxy answers GetContainerEvents at once")
+            .unwrap_or_else(|e| panic!("GetContainerEvents: {e}"));
+        Self {
+            stream,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next event of `t` for `id` (bounded by [`WAIT`]).
+    pub async fn wait(&mut self, id: &str, t: T) -> v1::ContainerEventResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = tokio::time::timeout(left, self.stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("no {t:?} for {id} within {WAIT:?}: {:?}", self.types()))
+                .unwrap_or_else(|e| panic!("the event stream failed: {e}"))
+                .expect("the event stream ended");
+            self.seen.push(ev.clone());
+            if ev.container_id == id && ev.container_event_type() == t {
+                return ev;
+            }
+        }
+    }
+
+    pub fn types(&self) -> Vec<(String, T)> {
+        self.seen
+            .iter()
+            .map(|e| (e.container_id[..12].to_owned(), e.container_event_type()))
+            .collect()
+    }
+
+    pub fn of(&self, id: &str) -> Vec<T> {
+        self.seen
+            .iter()
+            .filter(|e| e.container_id == id)
+            .map(|e| e.container_event_type())
+            .collect()
+    }
+}
+
+pub fn status_of<'a>(ev: &'a v1::ContainerEventResponse, id: &str) -> &'a v1::ContainerStatus {
+    ev.containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("{id} not in the event's payload: {ev:?}"))
+}
+
+pub async fn status(client: &CriClient, id: &str) -> v1::ContainerStatus {
+    client
+        .container_status(id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .status
+        .expect("checked by the client")
+}
+
+/// The value of a metric line `name` (with its labels) in a scrape.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A GetContainerEvents subscriber over raw HTTP/2 that reads nothing: its
+/// receive window is 1 KiB, so the proxy's buffer for it (4 events) fills.
+pub async fn never_reading_subscriber(
+    socket: &std::path::Path,
+) -> hyper::Response<hyper::body::Incoming> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .expect("dial the proxy");
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1024)
+        .handshake(TokioIo::new(stream))
+        .await
+        .expect("http/2");
+    tokio::spawn(conn);
+    let req = hyper::Request::post("http://proxy/runtime.v1.RuntimeService/GetContainerEvents")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
+        .expect("a request");
+    sender.send_request(req).await.expect("the proxy answers")
+}

@@ -1,0 +1,614 @@
+//! `evpleg cri-proxy` (issue #15) in front of the real containerd (1.6, which
+//! has no event stream of its own): the project's CRI client through the
+//! proxy and directly side by side, the proxy's GetContainerEvents, the
+//! overlay as a 1.37 kubelet in hint mode meets it, a subscriber that never
+//! reads, and a runtime restart behind the proxy. Privileged (the kernel
+//! PLEG); one test at a time ([`SERIAL`]): each starts its own containerd
+//! and proxy, and a kernel PLEG sees every container of the host.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use evpleg::cri::CriClient;
+use evpleg_cri_api::v1;
+use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
+use evpleg_tests::cri_proxy::{
+    Subscription, metric, never_reading_subscriber, proxy, status, status_of,
+};
+use evpleg_tests::e2e::{find_container_pid, http_get};
+use v1::ContainerEventType as T;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    evpleg_tests::cri_pod::tokio_runtime()
+}
+
+/// The project's CRI client through the proxy gives what it gives directly:
+/// versions, images, a pod's whole life, listings, statuses, exec, and an
+/// error's code. The ExecSync produces no STOPPED and no overlay.
+#[test]
+fn calls_through_the_proxy_answer_as_the_runtime_does() {
+    if !evpleg_tests::privileged("calls_through_the_proxy_answer_as_the_runtime_does") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "transparent");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+
+        assert_eq!(
+            through.version().await.unwrap(),
+            direct.version().await.unwrap()
+        );
+        // Recorded, not asserted: what the hop costs a small unary call.
+        let mut took = BTreeMap::new();
+        for (name, c) in [("direct", &direct), ("through the proxy", &through)] {
+            let mut d: Vec<Duration> = Vec::new();
+            for _ in 0..100 {
+                let t = Instant::now();
+                c.version().await.unwrap();
+                d.push(t.elapsed());
+            }
+            d.sort();
+            took.insert(name, (d[50], d[95]));
+        }
+        eprintln!("Version, p50 and p95 of 100: {took:?}");
+        let images = |c: &CriClient| {
+            let c = c.clone();
+            async move {
+                let mut i = c.list_images(None).await.unwrap();
+                i.sort_by(|a, b| a.id.cmp(&b.id));
+                i
+            }
+        };
+        assert_eq!(images(&through).await, images(&direct).await);
+        let spec = v1::ImageSpec {
+            image: evpleg_tests::containerd::BUSYBOX_IMAGE.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            through.image_status(&spec, false).await.unwrap(),
+            direct.image_status(&spec, false).await.unwrap()
+        );
+        // An error keeps its code.
+        let unknown = evpleg_tests::container_id();
+        let (a, b) = (
+            through.container_status(&unknown, false).await.unwrap_err(),
+            direct.container_status(&unknown, false).await.unwrap_err(),
+        );
+        assert!(a.is_not_found(), "{a}");
+        assert_eq!((a.code(), a.to_string()), (b.code(), b.to_string()));
+
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.container("sleeper", &["sleep", "600"]),
+        )
+        .await;
+        events.wait(&sandbox, T::ContainerCreatedEvent).await;
+        events.wait(&id, T::ContainerCreatedEvent).await;
+        let started = events.wait(&id, T::ContainerStartedEvent).await;
+        assert_eq!(
+            status_of(&started, &id).state(),
+            v1::ContainerState::ContainerRunning
+        );
+        let meta = started
+            .pod_sandbox_status
+            .as_ref()
+            .and_then(|s| s.metadata.as_ref());
+        assert_eq!(meta.map(|m| m.uid.as_str()), Some(pod.uid.as_str()));
+
+        // Exec: the same output both ways; no death for it.
+        let t = Duration::from_secs(10);
+        let cmd = ["sh", "-c", "echo out; echo err >&2; exit 3"];
+        let (a, b) = (
+            through.exec_sync(&id, &cmd, t).await.unwrap(),
+            direct.exec_sync(&id, &cmd, t).await.unwrap(),
+        );
+        assert_eq!(a, b);
+        assert_eq!((a.exit_code, a.stdout.as_slice()), (3, &b"out\n"[..]));
+        assert_eq!(status(&through, &id).await, status(&direct, &id).await);
+        assert_eq!(
+            status(&through, &id).await.state(),
+            v1::ContainerState::ContainerRunning
+        );
+        let listed = |c: &CriClient| {
+            let c = c.clone();
+            let sandbox = sandbox.clone();
+            async move {
+                let f = v1::ContainerFilter {
+                    pod_sandbox_id: sandbox,
+                    ..Default::default()
+                };
+                c.list_containers(Some(f)).await.unwrap()
+            }
+        };
+        assert_eq!(listed(&through).await, listed(&direct).await);
+        assert_eq!(
+            through.pod_sandbox_status(&sandbox, false).await.unwrap(),
+            direct.pod_sandbox_status(&sandbox, false).await.unwrap()
+        );
+
+        through.stop_container(&id, 0).await.unwrap();
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 137);
+        through.remove_container(&id).await.unwrap();
+        events.wait(&id, T::ContainerDeletedEvent).await;
+        assert!(
+            direct
+                .container_status(&id, false)
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        let gone = events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        // A removed sandbox's event carries its last status, not ready.
+        let last = gone.pod_sandbox_status.expect("the sandbox's last status");
+        assert_eq!(last.state(), v1::PodSandboxState::SandboxNotready);
+        assert_eq!(last.metadata.map(|m| m.uid), Some(pod.uid.clone()));
+        // One event of each kind for the container: the exec made none.
+        assert_eq!(
+            events.of(&id),
+            [
+                T::ContainerCreatedEvent,
+                T::ContainerStartedEvent,
+                T::ContainerStoppedEvent,
+                T::ContainerDeletedEvent
+            ],
+            "{:?}",
+            events.types()
+        );
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total"),
+            0.0,
+            "no overlay while it ran"
+        );
+        assert!(
+            metric(
+                &scrape,
+                "evpleg_cri_proxy_events_total{type=\"CONTAINER_STOPPED_EVENT\"}"
+            ) >= 1.0,
+            "{scrape}"
+        );
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_subscribers"), 1.0);
+        let health = http_get(proxy.http_addr, "/healthz").await;
+        assert!(
+            health.starts_with("HTTP/1.1 200") && health.contains("\r\n\r\nok"),
+            "{health}"
+        );
+        proxy.stop().await;
+    });
+}
+
+/// What a 1.37 kubelet in hint mode does on each event: ask ContainerStatus
+/// through the proxy; the runtime is asked directly at the same moment.
+/// Returns (through the proxy, directly).
+async fn on_event(
+    through: &CriClient,
+    direct: &CriClient,
+    id: &str,
+) -> (v1::ContainerStatus, v1::ContainerStatus) {
+    tokio::join!(status(through, id), status(direct, id))
+}
+
+/// A container that exits by itself (3) and one killed from outside (137):
+/// STARTED and STOPPED with the exit code in the payload, and with the
+/// overlay on, the first ContainerStatus through the proxy after the event
+/// says exited with that code.
+#[test]
+fn stopped_events_carry_the_exit_code_and_the_overlay_shows_it_at_once() {
+    if !evpleg_tests::privileged("stopped_events_carry_the_exit_code") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "hints");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut lagged = 0;
+        for (name, code) in [("exits", 3), ("killed", 137)] {
+            let config = if code == 137 {
+                pod.container(name, &["sleep", "600"])
+            } else {
+                pod.waiting_container_exiting(name, 3)
+            };
+            let id = run_container(&through, &pod, &sandbox, &config).await;
+            let started = events.wait(&id, T::ContainerStartedEvent).await;
+            assert_eq!(
+                status_of(&started, &id).state(),
+                v1::ContainerState::ContainerRunning
+            );
+            if code == 137 {
+                let pid = find_container_pid(&id).expect("the sleeper's pid");
+                // SAFETY: a signal to the test's own container process.
+                assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+            } else {
+                pod.release(name);
+            }
+            let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+            let (hint, runtime) = on_event(&through, &direct, &id).await;
+            let payload = status_of(&stopped, &id);
+            assert!(exited(payload), "{payload:?}");
+            assert_eq!(payload.exit_code, code, "{payload:?}");
+            assert!(
+                stopped.created_at > 0
+                    && stopped.created_at <= payload.finished_at.max(stopped.created_at)
+            );
+            assert!(
+                exited(&hint),
+                "{name}: the first call after the event: {hint:?}"
+            );
+            assert_eq!(hint.exit_code, code, "{hint:?}");
+            assert_eq!(hint.reason, "Error", "{hint:?}");
+            if !exited(&runtime) {
+                lagged += 1;
+            }
+            eprintln!(
+                "{name}: runtime asked at the same moment: {:?} (code {})",
+                runtime.state(),
+                runtime.exit_code
+            );
+            // Once the runtime caught up its own answer passes.
+            let caught_up =
+                evpleg_tests::containerd::wait_container_status(&direct, &id, "exited", exited)
+                    .await;
+            assert_eq!(caught_up.exit_code, code);
+            assert_eq!(status(&through, &id).await, caught_up);
+        }
+        // Each death's check records the lead once the runtime reports it.
+        let deadline = Instant::now() + WAIT;
+        let scrape = loop {
+            let scrape = http_get(proxy.http_addr, "/metrics").await;
+            if metric(&scrape, "evpleg_cri_proxy_kernel_lead_seconds_count") >= 2.0 {
+                break scrape;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "two leads recorded within {WAIT:?}: {scrape}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        eprintln!("the runtime still said running at the event for {lagged} of 2");
+        eprintln!(
+            "answers overlaid: {}",
+            metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total")
+        );
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_contradictions_total"),
+            0.0
+        );
+        proxy.stop().await;
+    });
+}
+
+/// With `--overlay=false` the proxy's answer is the runtime's: between a
+/// direct answer just before and one just after.
+#[test]
+fn with_the_overlay_off_statuses_are_the_runtimes() {
+    if !evpleg_tests::privileged("with_the_overlay_off_statuses_are_the_runtimes") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "no-overlay");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        // A container running before the proxy: its start is no event.
+        let sandbox = run_sandbox(&direct, &pod).await;
+        let before = run_container(
+            &direct,
+            &pod,
+            &sandbox,
+            &pod.container("before", &["sleep", "600"]),
+        )
+        .await;
+        let (proxy, through) = proxy(&containerd, &["--overlay=false"]).await;
+        let mut events = Subscription::new(&through).await;
+        let mut states = BTreeMap::new();
+        for n in 0..3 {
+            let name = format!("exits{n}");
+            let id = run_container(
+                &through,
+                &pod,
+                &sandbox,
+                &pod.waiting_container_exiting(&name, 5),
+            )
+            .await;
+            events.wait(&id, T::ContainerStartedEvent).await;
+            pod.release(&name);
+            let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+            assert_eq!(
+                status_of(&stopped, &id).exit_code,
+                5,
+                "the payload has the kernel's code"
+            );
+            let before = status(&direct, &id).await;
+            let seen = status(&through, &id).await;
+            let after = status(&direct, &id).await;
+            assert!(
+                seen.state() == before.state() || seen.state() == after.state(),
+                "{seen:?} between {before:?} and {after:?}"
+            );
+            if exited(&seen) {
+                assert_eq!(seen.exit_code, 5);
+            }
+            *states.entry(format!("{:?}", seen.state())).or_insert(0) += 1;
+        }
+        eprintln!("through the proxy at the event, without the overlay: {states:?}");
+        assert_eq!(events.of(&before), [], "{:?}", events.types());
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_overlaid_answers_total"),
+            0.0
+        );
+        proxy.stop().await;
+    });
+}
+
+/// A subscriber that never reads is dropped once its buffer is full; the
+/// others keep every event; its stream then ends RESOURCE_EXHAUSTED.
+#[test]
+fn a_subscriber_that_never_reads_is_dropped_and_the_others_are_not_held() {
+    if !evpleg_tests::privileged("a_subscriber_that_never_reads_is_dropped") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "slow-subscriber");
+    runtime().block_on(async {
+        use http_body_util::BodyExt;
+        let (proxy, through) = proxy(&containerd, &["--subscriber-buffer", "4"]).await;
+        let slow = never_reading_subscriber(&containerd.base().join("proxy.sock")).await;
+        assert_eq!(slow.status(), 200);
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut ids = Vec::new();
+        for n in 0..5 {
+            let id = run_container(
+                &through,
+                &pod,
+                &sandbox,
+                &pod.container(&format!("short{n}"), &["true"]),
+            )
+            .await;
+            ids.push(id);
+        }
+        for id in &ids {
+            let stopped = events.wait(id, T::ContainerStoppedEvent).await;
+            assert_eq!(status_of(&stopped, id).exit_code, 0);
+        }
+        let scrape = http_get(proxy.http_addr, "/metrics").await;
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_subscribers_dropped_total"),
+            1.0,
+            "{scrape}"
+        );
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_subscribers"),
+            1.0,
+            "{scrape}"
+        );
+        // Read now: what fitted, then the reason.
+        let mut body = slow.into_body();
+        let trailers = tokio::time::timeout(WAIT, async {
+            loop {
+                let frame = body.frame().await.expect("trailers come").expect("a frame");
+                if let Ok(t) = frame.into_trailers() {
+                    return t;
+                }
+            }
+        })
+        .await
+        .expect("the slow stream ends");
+        assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+        proxy.stop().await;
+    });
+}
+
+/// containerd restarts behind the proxy: calls through it go on (the
+/// client's retry of UNAVAILABLE covers the gap), and a subscriber keeps its
+/// stream: a death after the restart is served on it.
+#[test]
+fn forwarding_and_events_go_on_across_a_runtime_restart() {
+    if !evpleg_tests::privileged("forwarding_and_events_go_on_across_a_runtime_restart") {
+        return;
+    }
+    let _serial = serial();
+    let mut containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "restart");
+    let rt = runtime();
+    let (proxy, through, mut events, sandbox) = rt.block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        (proxy, through, events, sandbox)
+    });
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let listed = through
+            .list_pod_sandboxes(None)
+            .await
+            .unwrap_or_else(|e| panic!("after the restart: {e}"));
+        assert!(listed.iter().any(|s| s.id == sandbox), "{listed:?}");
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("after", 4),
+        )
+        .await;
+        events.wait(&id, T::ContainerStartedEvent).await;
+        pod.release("after");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 4);
+        proxy.stop().await;
+    });
+}
+
+/// containerd 1.7 has a stream of its own: side by side on the same
+/// containers, the proxy's STOPPED carries the same exit code and an earlier
+/// `created_at` (the kernel's exit, before the runtime made its event); which
+/// one arrived first is recorded.
+#[test]
+fn on_containerd_17_the_proxys_stopped_comes_before_the_runtimes_own() {
+    if !evpleg_tests::privileged("on_containerd_17_the_proxys_stopped_comes_before") {
+        return;
+    }
+    let _serial = serial();
+    let Some(containerd) = evpleg_tests::cri_pod::start_containerd_17(
+        "on_containerd_17_the_proxys_stopped_comes_before",
+    ) else {
+        return;
+    };
+    let pod = TestPod::new(&containerd, "side-by-side");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        assert!(
+            direct
+                .version()
+                .await
+                .unwrap()
+                .runtime_version
+                .starts_with("1.7")
+        );
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut ours = Subscription::new(&through).await;
+        // containerd sends its answer's headers with its first event: read
+        // its stream in a task of its own.
+        let (tx, mut theirs) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn({
+            let direct = direct.clone();
+            async move {
+                let mut s = direct
+                    .get_container_events()
+                    .await
+                    .expect("containerd 1.7's stream");
+                while let Ok(Some(ev)) = s.message().await {
+                    if tx.send((ev, Instant::now())).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let sandbox = run_sandbox(&through, &pod).await;
+        let mut first = BTreeMap::from([("proxy", 0), ("containerd", 0)]);
+        for n in 0..3 {
+            let name = format!("app{n}");
+            let id = run_container(
+                &through,
+                &pod,
+                &sandbox,
+                &pod.waiting_container_exiting(&name, 7),
+            )
+            .await;
+            ours.wait(&id, T::ContainerStartedEvent).await;
+            pod.release(&name);
+            let mine = ours.wait(&id, T::ContainerStoppedEvent).await;
+            let mine_at = Instant::now();
+            let (theirs_ev, theirs_at) = tokio::time::timeout(WAIT, async {
+                loop {
+                    let (ev, at) = theirs.recv().await.expect("containerd's stream goes on");
+                    if ev.container_id == id
+                        && ev.container_event_type() == T::ContainerStoppedEvent
+                    {
+                        return (ev, at);
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("containerd's own STOPPED for {id} within {WAIT:?}"));
+            assert_eq!(status_of(&mine, &id).exit_code, 7);
+            assert_eq!(status_of(&theirs_ev, &id).exit_code, 7, "{theirs_ev:?}");
+            assert!(
+                mine.created_at < theirs_ev.created_at,
+                "the kernel's exit ({}) before containerd's event ({})",
+                mine.created_at,
+                theirs_ev.created_at
+            );
+            *first
+                .get_mut(if mine_at <= theirs_at {
+                    "proxy"
+                } else {
+                    "containerd"
+                })
+                .unwrap() += 1;
+            eprintln!(
+                "{name}: created_at {:.1} ms apart; received {:?} apart",
+                (theirs_ev.created_at - mine.created_at) as f64 / 1e6,
+                theirs_at.checked_duration_since(mine_at).map_or_else(
+                    || format!("-{:?}", mine_at - theirs_at),
+                    |d| format!("{d:?}")
+                )
+            );
+        }
+        eprintln!("STOPPED received first: {first:?}");
+        reader.abort();
+        proxy.stop().await;
+    });
+}
+
+/// Dogfood: the agent in `evented-cri` mode with its CRI endpoint the proxy
+/// and its periodic relist 5 min away: a container's death reaches it through
+/// the proxy's GetContainerEvents, and the pod ends Failed with the exit code.
+#[test]
+fn the_agent_in_evented_cri_mode_runs_a_pod_through_the_proxy() {
+    if !evpleg_tests::privileged("the_agent_in_evented_cri_mode_runs_a_pod_through_the_proxy") {
+        return;
+    }
+    let _serial = serial();
+    use evpleg_tests::e2e::{E2e, container, manifest};
+    let containerd = E2e::containerd();
+    runtime().block_on(async {
+        let (proxy, _) = proxy(&containerd, &[]).await;
+        let endpoint = format!("unix://{}", containerd.base().join("proxy.sock").display());
+        let e = E2e::start_via(
+            containerd,
+            &endpoint,
+            "dogfood",
+            &["--pleg", "evented-cri", "--relist-period", "5m"],
+        )
+        .await;
+        e.write(
+            "once.yaml",
+            &manifest("once", "Never", "sleep 0.5; exit 3", ""),
+        );
+        let pod = e
+            .wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed")
+            .await;
+        assert_eq!(
+            container(&pod, "app")["state"]["terminated"]["exitCode"],
+            3,
+            "{pod:#}"
+        );
+        let agent = http_get(e.agent().addr, "/metrics").await;
+        assert!(
+            metric(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
+            "the agent's stream is the proxy's: {agent}"
+        );
+        let served = http_get(proxy.http_addr, "/metrics").await;
+        assert!(
+            metric(
+                &served,
+                "evpleg_cri_proxy_events_total{type=\"CONTAINER_STOPPED_EVENT\"}"
+            ) >= 1.0
+        );
+        e.finish().await;
+        proxy.stop().await;
+    });
+}
