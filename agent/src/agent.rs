@@ -183,7 +183,7 @@ impl Agent {
         let pleg = Pleg::start(
             common.pleg,
             CriRuntime::new(cri.clone()),
-            common.kernel_pleg(),
+            common.kernel.config(),
             pleg_tx,
             clock.clone(),
             common.relist_period,

@@ -4,10 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{channel_capacity, duration, ring_buffer_bytes};
-use crate::pleg::kernel::{
-    DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, DEFAULT_ROOTS, KernelPlegConfig,
-};
+use super::{KernelArgs, channel_capacity, duration};
 
 /// The CRI socket the proxy serves by default.
 pub const CRI_PROXY_SOCKET: &str = "unix:///run/evpleg/cri.sock";
@@ -57,24 +54,8 @@ pub struct CriProxyArgs {
     #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
     pub relist_period: Option<Duration>,
 
-    /// Load this eBPF object instead of the one embedded at build time.
-    #[arg(long, env = "EVPLEG_BPF_OBJECT")]
-    pub bpf_object: Option<PathBuf>,
-
-    /// Root cgroups whose tasks and cgroups are reported (repeatable; paths
-    /// relative to the cgroup hierarchy root).
-    #[arg(long = "cgroup-root", env = "EVPLEG_CGROUP_ROOTS", value_delimiter = ',',
-          default_values_t = DEFAULT_ROOTS.map(String::from))]
-    pub cgroup_roots: Vec<String>,
-
-    /// Ring buffer size in bytes (a power of two, at least a page).
-    #[arg(long, env = "EVPLEG_RING_BUFFER_BYTES", default_value_t = DEFAULT_RING_BUFFER_BYTES,
-          value_parser = ring_buffer_bytes)]
-    pub ring_buffer_bytes: u32,
-
-    /// SCHED_FIFO priority of the ring-buffer reader; 0 disables real-time.
-    #[arg(long, env = "EVPLEG_REALTIME_PRIORITY", default_value_t = DEFAULT_REALTIME_PRIORITY)]
-    pub realtime_priority: i32,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
 
     /// Stop after this long (`0`: run until SIGTERM or SIGINT).
     #[arg(long, env = "EVPLEG_RUN_FOR", default_value = "0", value_parser = duration::parse)]
@@ -82,17 +63,6 @@ pub struct CriProxyArgs {
 }
 
 impl CriProxyArgs {
-    /// The kernel PLEG's configuration.
-    pub fn kernel_pleg(&self) -> KernelPlegConfig {
-        KernelPlegConfig {
-            object: self.bpf_object.clone(),
-            ring_buffer_bytes: self.ring_buffer_bytes,
-            roots: self.cgroup_roots.clone(),
-            realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
-            tap: None,
-        }
-    }
-
     /// The runtime's endpoint as the CRI client dials it.
     pub fn runtime_uri(&self) -> String {
         format!("unix://{}", self.runtime_endpoint.display())

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use cri_proxy::{CRI_PROXY_HTTP, CRI_PROXY_SOCKET, CriProxyArgs};
 pub use run::{CgroupDriverFlag, RunArgs};
@@ -133,6 +133,28 @@ pub struct Common {
     #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
     pub relist_period: Option<Duration>,
 
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+
+    /// Capacity of the lifecycle event channel (the kubelet uses 1000).
+    #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000,
+          value_parser = channel_capacity)]
+    pub event_channel: usize,
+
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz; /pods in
+    /// `run`). Default: 127.0.0.1:10255 (the kubelet's read-only port) for
+    /// `run`, 127.0.0.1:10265 for `observe`, which runs next to a kubelet.
+    #[arg(long, env = "EVPLEG_LISTEN")]
+    pub listen: Option<SocketAddr>,
+
+    /// Stop after this long (`0`: run until SIGTERM or SIGINT).
+    #[arg(long, env = "EVPLEG_RUN_FOR", default_value = "0", value_parser = duration::parse)]
+    pub run_for: Duration,
+}
+
+/// The kernel PLEG's flags, shared by every subcommand that runs it.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct KernelArgs {
     /// Load this eBPF object instead of the one embedded at build time.
     #[arg(long, env = "EVPLEG_BPF_OBJECT")]
     pub bpf_object: Option<PathBuf>,
@@ -151,21 +173,19 @@ pub struct Common {
     /// SCHED_FIFO priority of the ring-buffer reader; 0 disables real-time.
     #[arg(long, env = "EVPLEG_REALTIME_PRIORITY", default_value_t = DEFAULT_REALTIME_PRIORITY)]
     pub realtime_priority: i32,
+}
 
-    /// Capacity of the lifecycle event channel (the kubelet uses 1000).
-    #[arg(long, env = "EVPLEG_EVENT_CHANNEL", default_value_t = 1000,
-          value_parser = channel_capacity)]
-    pub event_channel: usize,
-
-    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz; /pods in
-    /// `run`). Default: 127.0.0.1:10255 (the kubelet's read-only port) for
-    /// `run`, 127.0.0.1:10265 for `observe`, which runs next to a kubelet.
-    #[arg(long, env = "EVPLEG_LISTEN")]
-    pub listen: Option<SocketAddr>,
-
-    /// Stop after this long (`0`: run until SIGTERM or SIGINT).
-    #[arg(long, env = "EVPLEG_RUN_FOR", default_value = "0", value_parser = duration::parse)]
-    pub run_for: Duration,
+impl KernelArgs {
+    /// The kernel PLEG's configuration.
+    pub fn config(&self) -> KernelPlegConfig {
+        KernelPlegConfig {
+            object: self.bpf_object.clone(),
+            ring_buffer_bytes: self.ring_buffer_bytes,
+            roots: self.cgroup_roots.clone(),
+            realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
+            tap: None,
+        }
+    }
 }
 
 /// `run`'s default listen address: the kubelet's read-only port.
@@ -183,17 +203,6 @@ pub struct NoEndpoint {
 }
 
 impl Common {
-    /// The kernel PLEG's configuration.
-    pub fn kernel_pleg(&self) -> KernelPlegConfig {
-        KernelPlegConfig {
-            object: self.bpf_object.clone(),
-            ring_buffer_bytes: self.ring_buffer_bytes,
-            roots: self.cgroup_roots.clone(),
-            realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
-            tap: None,
-        }
-    }
-
     /// The runtime's endpoint: the flag (`none`: no runtime), else the first
     /// of [`CRI_SOCKETS`] that exists under `root` (`/` on a node).
     pub fn endpoint(&self, root: &Path) -> Result<Option<String>, NoEndpoint> {
@@ -341,11 +350,11 @@ mod tests {
             panic!("run")
         };
         assert_eq!(
-            run.common.cgroup_roots,
+            run.common.kernel.cgroup_roots,
             ["/kubepods", "/kubepods.slice", "/k8s.io"]
         );
         assert_eq!(
-            run.common.kernel_pleg().realtime_priority,
+            run.common.kernel.config().realtime_priority,
             Some(DEFAULT_REALTIME_PRIORITY)
         );
         assert_eq!(run.common.listen_or(RUN_LISTEN).port(), 10255);
@@ -366,8 +375,8 @@ mod tests {
         else {
             panic!("observe")
         };
-        assert_eq!(obs.common.cgroup_roots, ["/a", "/b"]);
-        assert_eq!(obs.common.kernel_pleg().realtime_priority, None);
+        assert_eq!(obs.common.kernel.cgroup_roots, ["/a", "/b"]);
+        assert_eq!(obs.common.kernel.config().realtime_priority, None);
         assert_eq!(obs.output, OutputFormat::Table);
         assert_eq!(obs.compare_period, Duration::from_secs(1));
         assert_eq!(obs.common.listen_or(OBSERVE_LISTEN).port(), 10265);

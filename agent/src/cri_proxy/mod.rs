@@ -98,7 +98,7 @@ impl CriProxy {
         let pleg = Pleg::start(
             PlegMode::Ebpf,
             CriRuntime::new(cri.clone()),
-            args.kernel_pleg(),
+            args.kernel.config(),
             tx,
             clock.clone(),
             args.relist_period,

@@ -125,7 +125,7 @@ impl Observer {
                 }
                 let (tx, rx) = mpsc::channel(common.event_channel);
                 let kernel =
-                    KernelPleg::start(common.kernel_pleg(), tx, Arc::new(RelistSignal::new()))?;
+                    KernelPleg::start(common.kernel.config(), tx, Arc::new(RelistSignal::new()))?;
                 let metrics = Metrics::new(None, Some(kernel.stats().clone()));
                 let state =
                     ServerState::new(Arc::new(metrics), None, clock.clone(), Duration::ZERO);
@@ -138,7 +138,7 @@ impl Observer {
                 let pleg = Pleg::start(
                     common.pleg,
                     CriRuntime::new(cri.clone()),
-                    common.kernel_pleg(),
+                    common.kernel.config(),
                     tx,
                     clock.clone(),
                     common.relist_period,
