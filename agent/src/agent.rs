@@ -154,7 +154,7 @@ impl Agent {
             &args.node_labels,
             &args.register_with_taints,
         )?;
-        let host = Allocatable::of_host();
+        let host = Allocatable::of_host(&args.root_dir);
         let allocatable = host.minus(reserved, args.max_pods);
         let capacity = Allocatable {
             pods: args.max_pods,

@@ -39,8 +39,9 @@ async fn rejected(e: &E2e, name: &str) -> (String, String) {
 }
 
 // NoExecute taint not tolerated -> TaintToleration; nodeSelector not matching
-// the node's labels -> NodeAffinity; one pod more than --max-pods ->
-// OutOfpods; a static pod runs whatever the taints.
+// the node's labels -> NodeAffinity; more ephemeral storage than the node's
+// -> OutOfephemeral-storage; one pod more than --max-pods -> OutOfpods; a
+// static pod runs whatever the taints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_checks_taints_selectors_and_pod_capacity() {
     if !privileged("admission_checks_taints_selectors_and_pod_capacity") {
@@ -76,6 +77,19 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
             "NodeAffinity".to_owned(),
             "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector".to_owned()
         )
+    );
+    // More ephemeral storage than the filesystem of --root-dir holds.
+    let mut hungry = tolerant("hungry", Some("a"));
+    hungry.spec.as_mut().expect("spec").containers[0].resources = Some(
+        serde_json::from_value(serde_json::json!({"requests": {"ephemeral-storage": "1Pi"}}))
+            .expect("resources"),
+    );
+    e.api().add_pod(hungry);
+    let (reason, message) = rejected(&e, "hungry").await;
+    assert_eq!(reason, "OutOfephemeral-storage");
+    assert!(
+        message.starts_with("Pod was rejected: Node didn't have enough resource: ephemeral-storage, requested: 1125899906842624, used: 0, capacity: "),
+        "{message}"
     );
     e.write(
         "static.yaml",

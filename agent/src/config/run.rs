@@ -140,7 +140,7 @@ pub struct RunArgs {
     #[arg(long, env = "EVPLEG_REGISTER_WITH_TAINTS", default_value = "")]
     pub register_with_taints: String,
 
-    /// Resources set aside for the system (`cpu=500m,memory=1Gi`), taken
+    /// Resources set aside for the system (`cpu=500m,memory=1Gi,ephemeral-storage=10Gi`), taken
     /// from the node's allocatable.
     #[arg(long, env = "EVPLEG_SYSTEM_RESERVED", default_value = "")]
     pub system_reserved: String,
