@@ -8,7 +8,7 @@
 //! when it was learned, so that a reconcile with the runtime can forget what the
 //! runtime no longer lists without forgetting what was learned since.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -59,13 +59,18 @@ impl IndexEntry {
 }
 
 /// cgroup2 id to what the cgroup is.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ContainerIndex {
     entries: HashMap<u64, IndexEntry>,
     /// Cgroups known to be outside Kubernetes (under a configured root such as
     /// `/system.slice` but not a container) or with a malformed path, with when
     /// they were learned: tasks in them are ignored without a rescan.
     ignored: HashMap<u64, u64>,
+    /// The entries by the pod their path names and by the container they
+    /// serve, so that a pod's reconcile visits that pod's entries only
+    /// ([`ContainerIndex::retain_scoped`]).
+    by_pod: HashMap<PodUid, HashSet<u64>>,
+    by_container: HashMap<ContainerId, HashSet<u64>>,
 }
 
 impl ContainerIndex {
@@ -93,20 +98,24 @@ impl ContainerIndex {
                 return Err(e);
             }
         };
-        self.entries.insert(
-            cgroup_id,
-            IndexEntry {
-                path: path.to_owned(),
-                class,
-                learned_at_ns: at_ns,
-            },
-        );
+        let entry = IndexEntry {
+            path: path.to_owned(),
+            class,
+            learned_at_ns: at_ns,
+        };
+        if let Some(old) = self.entries.remove(&cgroup_id) {
+            unlink(&mut self.by_pod, &mut self.by_container, cgroup_id, &old);
+        }
+        link(&mut self.by_pod, &mut self.by_container, cgroup_id, &entry);
+        self.entries.insert(cgroup_id, entry);
         Ok(self.entries.get(&cgroup_id))
     }
 
     pub fn remove(&mut self, cgroup_id: u64) -> Option<IndexEntry> {
         self.ignored.remove(&cgroup_id);
-        self.entries.remove(&cgroup_id)
+        let old = self.entries.remove(&cgroup_id)?;
+        unlink(&mut self.by_pod, &mut self.by_container, cgroup_id, &old);
+        Some(old)
     }
 
     /// Whether the cgroup is known to be outside Kubernetes.
@@ -122,7 +131,40 @@ impl ContainerIndex {
     pub fn retain(&mut self, mut keep: impl FnMut(&IndexEntry) -> bool) -> usize {
         let before = self.entries.len();
         self.entries.retain(|_, e| keep(e));
+        self.by_pod.clear();
+        self.by_container.clear();
+        for (id, e) in &self.entries {
+            link(&mut self.by_pod, &mut self.by_container, *id, e);
+        }
         before - self.entries.len()
+    }
+
+    /// As [`ContainerIndex::retain`], visiting only the entries whose path
+    /// names `pod` and those serving one of `containers`: `keep` must hold
+    /// for every other entry. Costs the pod's entries, not the node's.
+    pub fn retain_scoped(
+        &mut self,
+        pod: &PodUid,
+        containers: &HashSet<&ContainerId>,
+        mut keep: impl FnMut(&IndexEntry) -> bool,
+    ) -> usize {
+        let mut visit: Vec<u64> = self
+            .by_pod
+            .get(pod)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for c in containers {
+            visit.extend(self.by_container.get(*c).into_iter().flatten());
+        }
+        let mut removed = 0;
+        for id in visit {
+            if self.entries.get(&id).is_some_and(|e| !keep(e)) {
+                let old = self.entries.remove(&id).expect("just seen");
+                unlink(&mut self.by_pod, &mut self.by_container, id, &old);
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Forgets the ignored cgroups learned before `ns` (a rescan learns those that
@@ -143,6 +185,46 @@ impl ContainerIndex {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// Adds entry `id` to the by-pod and by-container maps.
+fn link(
+    by_pod: &mut HashMap<PodUid, HashSet<u64>>,
+    by_container: &mut HashMap<ContainerId, HashSet<u64>>,
+    id: u64,
+    e: &IndexEntry,
+) {
+    if let Some(pod) = e.pod() {
+        by_pod.entry(pod.clone()).or_default().insert(id);
+    }
+    if let Some(c) = e.container_id() {
+        by_container.entry(c.clone()).or_default().insert(id);
+    }
+}
+
+/// Removes entry `id` from the by-pod and by-container maps.
+fn unlink(
+    by_pod: &mut HashMap<PodUid, HashSet<u64>>,
+    by_container: &mut HashMap<ContainerId, HashSet<u64>>,
+    id: u64,
+    e: &IndexEntry,
+) {
+    if let Some(pod) = e.pod()
+        && let Some(set) = by_pod.get_mut(pod)
+    {
+        set.remove(&id);
+        if set.is_empty() {
+            by_pod.remove(pod);
+        }
+    }
+    if let Some(c) = e.container_id()
+        && let Some(set) = by_container.get_mut(c)
+    {
+        set.remove(&id);
+        if set.is_empty() {
+            by_container.remove(c);
+        }
     }
 }
 

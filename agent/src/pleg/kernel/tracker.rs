@@ -235,6 +235,10 @@ pub struct Tracker {
     sandboxes: HashMap<ContainerId, Option<PodUid>>,
     /// Running containers the runtime lists whose cgroup a rescan did not find.
     unfound: HashMap<ContainerId, PodUid>,
+    /// The ids `containers`, `sandboxes` and `unfound` hold for each pod (a
+    /// superset: removals leave them until that pod's next reconcile or the
+    /// next full one), so that a pod's reconcile costs that pod's containers.
+    by_pod: HashMap<PodUid, HashSet<ContainerId>>,
     oom_victims: OomVictims,
     tick_ns: u64,
     /// [`PRUNE_GRACE_NS`], changed by tests.
@@ -250,6 +254,7 @@ impl Tracker {
             containers: HashMap::new(),
             sandboxes: HashMap::new(),
             unfound: HashMap::new(),
+            by_pod: HashMap::new(),
             oom_victims: OomVictims::default(),
             tick_ns: 1_000_000_000 / ticks_per_second.max(1),
             prune_grace_ns: PRUNE_GRACE_NS,
@@ -278,6 +283,21 @@ impl Tracker {
     /// How many OOM victim reports are kept.
     pub fn oom_victims_len(&self) -> usize {
         self.oom_victims.0.len()
+    }
+
+    /// Records that `id` is held for `pod` (see `by_pod`).
+    fn link(&mut self, pod: &PodUid, id: &ContainerId) {
+        self.by_pod
+            .entry(pod.clone())
+            .or_default()
+            .insert(id.clone());
+    }
+
+    fn insert_container(&mut self, id: ContainerId, c: Container) {
+        if let Some(pod) = &c.pod_uid {
+            self.link(&pod.clone(), &id);
+        }
+        self.containers.insert(id, c);
     }
 
     /// Marks an id as a pod sandbox (the runtime knows; the cgroup path does not).
@@ -314,7 +334,7 @@ impl Tracker {
             .get(&id)
             .is_some_and(|c| c.cgroup_id == cgroup_id);
         if !known {
-            self.containers.insert(
+            self.insert_container(
                 id,
                 Container {
                     cgroup_id,
@@ -487,7 +507,7 @@ impl Tracker {
                     }
                     // New, or a cgroup re-created under the same name.
                     _ => {
-                        self.containers.insert(
+                        self.insert_container(
                             id,
                             Container {
                                 cgroup_id: change.cgroup_id,
@@ -528,5 +548,7 @@ impl Tracker {
     }
 }
 
+#[cfg(test)]
+mod prune_tests;
 #[cfg(test)]
 mod tests;

@@ -37,16 +37,28 @@ impl Tracker {
     /// for ran; running containers still unknown are remembered as not found (no
     /// rescan for them again while the runtime lists them).
     pub fn reconcile(&mut self, r: &Reconciliation, after_rescan: bool) -> ReconcileOutcome {
+        self.reconcile_with(r, after_rescan, Self::prune)
+    }
+
+    /// [`Tracker::reconcile`] with the prune given (tests compare two).
+    pub(super) fn reconcile_with(
+        &mut self,
+        r: &Reconciliation,
+        after_rescan: bool,
+        prune: fn(&mut Self, &Reconciliation) -> usize,
+    ) -> ReconcileOutcome {
         let view = &r.view;
         let mut outcome = ReconcileOutcome::default();
         for c in &view.containers {
             if c.sandbox {
                 self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
+                self.link(&c.pod, &c.id);
             }
             let Some(container) = self.containers.get_mut(&c.id) else {
                 if c.running {
                     if after_rescan {
                         self.unfound.insert(c.id.clone(), c.pod.clone());
+                        self.link(&c.pod, &c.id);
                     } else if !self.unfound.contains_key(&c.id) {
                         outcome.rescan_due = true;
                     }
@@ -56,7 +68,11 @@ impl Tracker {
             // `/k8s.io/<id>` does not name the pod; the runtime does.
             if container.pod_uid.is_none() {
                 container.pod_uid = Some(c.pod.clone());
+                self.link(&c.pod, &c.id);
             }
+            let Some(container) = self.containers.get_mut(&c.id) else {
+                continue;
+            };
             let Some(proc) = r.mains.get(&c.id) else {
                 continue;
             };
@@ -84,38 +100,94 @@ impl Tracker {
             // Confirmation has no effect to report.
             self.apply(&c.id, step, view.listed_at_ns, None, &mut Output::default());
         }
-        outcome.pruned = self.prune(r);
+        outcome.pruned = prune(self, r);
         self.stats.pruned += outcome.pruned as u64;
         outcome
     }
 
     /// Forgets what the view's scope no longer lists, except what was learned
     /// after the listing started, or less than the grace before it. Returns how
-    /// many containers were forgotten.
-    fn prune(&mut self, r: &Reconciliation) -> usize {
+    /// many containers were forgotten. A pod's view visits what is held for
+    /// that pod only (`by_pod`); a full view visits everything.
+    pub(super) fn prune(&mut self, r: &Reconciliation) -> usize {
+        match r.view.scope.clone() {
+            None => self.prune_all(r),
+            Some(scope) => self.prune_pod(r, &scope),
+        }
+    }
+
+    fn prune_all(&mut self, r: &Reconciliation) -> usize {
         let view = &r.view;
         let at = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
         let listed: HashSet<&ContainerId> = view.containers.iter().map(|c| &c.id).collect();
         let pods: HashSet<&PodUid> = view.containers.iter().map(|c| &c.pod).collect();
-        let in_scope = |pod: Option<&PodUid>| match &view.scope {
-            None => true,
-            Some(scope) => pod == Some(scope),
-        };
         let gone: Vec<ContainerId> = self
             .containers
             .iter()
-            .filter(|(id, c)| {
-                in_scope(c.pod_uid.as_ref()) && !listed.contains(id) && c.learned_at_ns < at
-            })
+            .filter(|(id, c)| !listed.contains(id) && c.learned_at_ns < at)
             .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            self.containers.remove(id);
+        }
+        let containers = &self.containers;
+        self.index.retain(|e| {
+            if e.learned_at_ns >= at {
+                return true;
+            }
+            match &e.class {
+                CgroupClass::Container { id, .. } | CgroupClass::RuntimeHelper { id } => {
+                    listed.contains(id) || containers.contains_key(id)
+                }
+                CgroupClass::Pod { uid, .. } => pods.contains(uid),
+                CgroupClass::NodeLevel { .. } => true,
+            }
+        });
+        self.index.forget_ignored_before(at);
+        self.sandboxes
+            .retain(|id, _| listed.contains(id) || containers.contains_key(id));
+        self.unfound.retain(|id, _| listed.contains(id));
+        self.by_pod.clear();
+        let held = (self.containers.iter())
+            .filter_map(|(id, c)| Some((c.pod_uid.clone()?, id)))
+            .chain((self.sandboxes.iter()).filter_map(|(id, pod)| Some((pod.clone()?, id))))
+            .chain(self.unfound.iter().map(|(id, pod)| (pod.clone(), id)))
+            .map(|(pod, id)| (pod, id.clone()))
+            .collect::<Vec<_>>();
+        for (pod, id) in held {
+            self.by_pod.entry(pod).or_default().insert(id);
+        }
+        gone.len()
+    }
+
+    fn prune_pod(&mut self, r: &Reconciliation, scope: &PodUid) -> usize {
+        let view = &r.view;
+        let at = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
+        let listed: HashSet<&ContainerId> = view.containers.iter().map(|c| &c.id).collect();
+        let pod_listed = view.containers.iter().any(|c| c.pod == *scope);
+        let held: Vec<ContainerId> = self
+            .by_pod
+            .remove(scope)
+            .map(|s| s.into_iter().collect())
+            .unwrap_or_default();
+        let gone: Vec<ContainerId> = (held.iter())
+            .filter(|id| {
+                self.containers.get(*id).is_some_and(|c| {
+                    c.pod_uid.as_ref() == Some(scope)
+                        && !listed.contains(id)
+                        && c.learned_at_ns < at
+                })
+            })
+            .cloned()
             .collect();
         for id in &gone {
             self.containers.remove(id);
         }
         let gone_set: HashSet<&ContainerId> = gone.iter().collect();
         let containers = &self.containers;
-        let full = view.scope.is_none();
-        self.index.retain(|e| {
+        // Entries of other pods, and those naming no pod, are kept unless
+        // they serve a container forgotten here.
+        self.index.retain_scoped(scope, &gone_set, |e| {
             if e.learned_at_ns >= at {
                 return true;
             }
@@ -124,23 +196,41 @@ impl Tracker {
                     if gone_set.contains(id) {
                         return false;
                     }
-                    let scoped = full || in_scope(e.pod());
-                    !scoped || listed.contains(id) || containers.contains_key(id)
+                    e.pod() != Some(scope) || listed.contains(id) || containers.contains_key(id)
                 }
-                CgroupClass::Pod { uid, .. } => !in_scope(Some(uid)) || pods.contains(uid),
+                CgroupClass::Pod { uid, .. } => uid != scope || pod_listed,
                 CgroupClass::NodeLevel { .. } => true,
             }
         });
-        if full {
-            self.index.forget_ignored_before(at);
+        for id in &held {
+            let drop_sandbox = self.sandboxes.get(id).is_some_and(|pod| {
+                gone_set.contains(id)
+                    || (pod.as_ref() == Some(scope)
+                        && !listed.contains(id)
+                        && !self.containers.contains_key(id))
+            });
+            if drop_sandbox {
+                self.sandboxes.remove(id);
+            }
+            if self.unfound.get(id) == Some(scope) && !listed.contains(id) {
+                self.unfound.remove(id);
+            }
         }
-        self.sandboxes.retain(|id, pod| {
-            let scoped = full || in_scope(pod.as_ref());
-            !gone_set.contains(id)
-                && (!scoped || listed.contains(id) || containers.contains_key(id))
-        });
-        self.unfound
-            .retain(|id, pod| !in_scope(Some(&*pod)) || listed.contains(id));
+        let still: HashSet<ContainerId> = (held.into_iter())
+            .filter(|id| {
+                self.containers
+                    .get(id)
+                    .is_some_and(|c| c.pod_uid.as_ref() == Some(scope))
+                    || self
+                        .sandboxes
+                        .get(id)
+                        .is_some_and(|p| p.as_ref() == Some(scope))
+                    || self.unfound.get(id) == Some(scope)
+            })
+            .collect();
+        if !still.is_empty() {
+            self.by_pod.insert(scope.clone(), still);
+        }
         gone.len()
     }
 }
