@@ -40,6 +40,17 @@ pub struct CriProxyArgs {
     #[arg(long, env = "EVPLEG_OVERLAY", default_value_t = true, action = clap::ArgAction::Set)]
     pub overlay: bool,
 
+    /// Also subscribe to the runtime's own GetContainerEvents stream
+    /// (containerd >= 1.7) and pass on its events the proxy did not serve
+    /// (a container created or removed by another client, a death the kernel
+    /// missed); an event the proxy served already is suppressed, so none is
+    /// served twice. A runtime without a stream (containerd 1.6) is logged
+    /// once and the proxy goes on alone.
+    #[arg(long, env = "EVPLEG_MERGE_RUNTIME_EVENTS", default_value_t = false,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub merge_runtime_events: bool,
+
     /// Events buffered for each GetContainerEvents subscriber; a subscriber
     /// this far behind is dropped (its stream ends with RESOURCE_EXHAUSTED).
     #[arg(long, env = "EVPLEG_SUBSCRIBER_BUFFER", default_value_t = 1000,
