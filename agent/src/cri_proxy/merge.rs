@@ -285,7 +285,12 @@ mod tests {
             (&[Deleted], Deleted, Runtime, Duplicate),
             (&[Deleted], Deleted, Proxy, Duplicate),
             // ...even once a later one was served.
-            (&[Created, Started, Stopped, Deleted], Stopped, Proxy, Duplicate),
+            (
+                &[Created, Started, Stopped, Deleted],
+                Stopped,
+                Proxy,
+                Duplicate,
+            ),
             (&[Started, Deleted], Started, Runtime, Duplicate),
             // An earlier stage not served, from the runtime, would go back in
             // time.
