@@ -571,8 +571,8 @@ fn on_containerd_17_the_proxys_stopped_comes_before_the_runtimes_own() {
 /// CREATED, which neither the kernel nor a call through the proxy shows, and
 /// its DELETED come (the relist is 5 min away); its STARTED and STOPPED come
 /// once each, the other source's copy suppressed; no (container, type) is
-/// served twice. At the STOPPED, PodSandboxStatus through the proxy shows the
-/// container exited with its code (1.7 fills `containers_statuses`).
+/// served twice. At the STOPPED, ContainerStatus through the proxy says
+/// exited with the code.
 #[test]
 fn merged_with_the_runtimes_stream_what_the_kernel_missed_comes_once() {
     if !evpleg_tests::privileged("merged_with_the_runtimes_stream") {
@@ -619,15 +619,31 @@ fn merged_with_the_runtimes_stream_what_the_kernel_missed_comes_once() {
         events.wait(&id, T::ContainerStartedEvent).await;
         pod.release("other");
         let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
-        let sandbox_status = through.pod_sandbox_status(&sandbox, false).await.unwrap();
+        let (sandbox_status, hint) = tokio::join!(
+            through.pod_sandbox_status(&sandbox, false),
+            status(&through, &id)
+        );
+        let sandbox_status = sandbox_status.unwrap();
         assert_eq!(status_of(&stopped, &id).exit_code, 7);
-        let listed = sandbox_status
+        assert!(exited(&hint), "{hint:?}");
+        assert_eq!(hint.exit_code, 7, "{hint:?}");
+        // containerd 1.7 leaves PodSandboxStatus's containers_statuses empty
+        // (timestamp 0: the kubelet then asks ContainerStatus, as above);
+        // a runtime that fills it gets the overlay there too
+        // (server::tests).
+        eprintln!(
+            "PodSandboxStatus: timestamp {}, {} container statuses",
+            sandbox_status.timestamp,
+            sandbox_status.containers_statuses.len()
+        );
+        if let Some(listed) = sandbox_status
             .containers_statuses
             .iter()
             .find(|c| c.id == id)
-            .unwrap_or_else(|| panic!("{id} in PodSandboxStatus: {sandbox_status:?}"));
-        assert!(exited(listed), "{listed:?}");
-        assert_eq!(listed.exit_code, 7, "{listed:?}");
+        {
+            assert!(exited(listed), "{listed:?}");
+            assert_eq!(listed.exit_code, 7, "{listed:?}");
+        }
         direct.remove_container(&id).await.unwrap();
         events.wait(&id, T::ContainerDeletedEvent).await;
         // containerd's own STOPPED came too and was suppressed (or came
