@@ -123,6 +123,32 @@ impl E2e {
         e
     }
 
+    /// With [`E2e::start_via_proxy`]: the agent's event stream was the
+    /// proxy's, and the proxy served the agent's containers' STARTED events.
+    pub async fn assert_served_through_proxy(&self) {
+        let Some(proxy) = &self.proxy else {
+            return;
+        };
+        let line = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let agent = http_get(self.agent().addr, "/metrics").await;
+        assert!(
+            line(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
+            "the agent subscribed to the proxy: {agent}"
+        );
+        let served = http_get(proxy.http_addr, "/metrics").await;
+        assert!(
+            line(
+                &served,
+                "evpleg_cri_proxy_events_total{type=\"CONTAINER_STARTED_EVENT\"}"
+            ) >= 1.0,
+            "the proxy served STARTED events: {served}"
+        );
+    }
+
     /// A containerd for [`E2e::start_via`].
     pub fn containerd() -> Containerd {
         crate::containerd::init_test_logging();
@@ -568,6 +594,7 @@ macro_rules! e2e_test {
                 &$crate::e2e::E2e,
             ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> = $body;
             f(&e).await;
+            e.assert_served_through_proxy().await;
             e.finish().await;
         }
     };
