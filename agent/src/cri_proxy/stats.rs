@@ -59,6 +59,7 @@ impl Default for ProxyStats {
     fn default() -> Self {
         let events = Family::<EventType, Counter>::default();
         let merged = Family::<EventType, Counter>::default();
+        let suppressed = Family::<Suppressed, Counter>::default();
         // Every type from 0, so that a rate is defined before the first event.
         for t in [
             "CONTAINER_CREATED_EVENT",
@@ -71,6 +72,18 @@ impl Default for ProxyStats {
             };
             let _ = events.get_or_create(&t);
             let _ = merged.get_or_create(&t);
+            // The proxy's own events are never stale (super::merge).
+            for (origin, reason) in [
+                ("proxy", "duplicate"),
+                ("runtime", "duplicate"),
+                ("runtime", "stale"),
+            ] {
+                let _ = suppressed.get_or_create(&Suppressed {
+                    r#type: t.r#type.clone(),
+                    origin: origin.to_owned(),
+                    reason: reason.to_owned(),
+                });
+            }
         }
         Self {
             events,
@@ -84,7 +97,7 @@ impl Default for ProxyStats {
             contradictions: Counter::default(),
             runtime_events: Counter::default(),
             merged,
-            suppressed: Family::default(),
+            suppressed,
             runtime_stream_failures: Counter::default(),
         }
     }
