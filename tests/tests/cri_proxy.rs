@@ -683,7 +683,8 @@ fn merged_with_the_runtimes_stream_what_the_kernel_missed_comes_once() {
 }
 
 /// The proxy restarts (stopped, started again on the same socket): its
-/// subscriber's stream ends, the same client's calls go on once it is back,
+/// subscriber's stream ends UNAVAILABLE (the connection shut down gracefully,
+/// the trailers sent), the same client's calls go on once it is back,
 /// and a subscriber that reconnects gets the events of what happens after.
 #[test]
 fn after_a_proxy_restart_calls_go_on_and_a_subscriber_that_reconnects_gets_events() {
@@ -699,8 +700,10 @@ fn after_a_proxy_restart_calls_go_on_and_a_subscriber_that_reconnects_gets_event
         let sandbox = run_sandbox(&through, &pod).await;
         events.wait(&sandbox, T::ContainerStartedEvent).await;
         first.stop().await;
-        let ended = events.ended().await;
-        eprintln!("the subscriber's stream ended: {ended:?}");
+        // A clean end the kubelet's client retries: UNAVAILABLE, named.
+        let ended = events.ended().await.expect("a status");
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        assert!(ended.message().contains("stopping"), "{ended:?}");
         let (second, _) = proxy(&containerd, &[]).await;
         // The client the kubelet holds dials the socket again (its retry of
         // UNAVAILABLE covers a call that met the gap).

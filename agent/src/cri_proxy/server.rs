@@ -101,7 +101,13 @@ pub struct Service {
     pub stats: Arc<ProxyStats>,
 }
 
-/// Accepts connections until `shutdown`.
+/// How long connections may take to finish at shutdown (an event stream's
+/// trailers, a call in flight) before they are cut.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Accepts connections until `shutdown`; then each connection shuts down
+/// gracefully (HTTP/2 GOAWAY: calls in flight finish, event streams end with
+/// their UNAVAILABLE trailers, [`Hub::close`]) within [`SHUTDOWN_GRACE`].
 pub async fn serve(listener: UnixListener, service: Arc<Service>, shutdown: CancellationToken) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -118,16 +124,34 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, shutdown: Canc
             () = shutdown.cancelled() => break,
         };
         let service = service.clone();
+        let stop = shutdown.clone();
         connections.spawn(async move {
             let svc = service_fn(move |req| service.clone().handle(req));
-            if let Err(e) = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
                 debug!(error = %e, "cri client connection ended");
             }
         });
         while connections.try_join_next().is_some() {}
+    }
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        debug!(
+            left = connections.len(),
+            "cri connections cut after the shutdown grace"
+        );
     }
     connections.shutdown().await;
 }
