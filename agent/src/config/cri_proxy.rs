@@ -131,4 +131,33 @@ mod tests {
         assert_eq!(owner("0:995"), Ok((0, 995)));
         assert!(owner("root:root").is_err());
     }
+
+    /// `--merge-runtime-events`: off by default, a switch, or `=true|false`.
+    #[test]
+    fn merge_runtime_events_is_a_switch_that_takes_a_value() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let argv = [
+                "evpleg",
+                "cri-proxy",
+                "--runtime-endpoint",
+                "unix:///r.sock",
+            ]
+            .into_iter()
+            .chain(extra.iter().copied());
+            match crate::config::Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(crate::config::Command::CriProxy(a)) => Ok(a.merge_runtime_events),
+                Ok(_) => panic!("not cri-proxy"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(false));
+        assert_eq!(parse(&["--merge-runtime-events"]), Ok(true));
+        assert_eq!(parse(&["--merge-runtime-events=true"]), Ok(true));
+        assert_eq!(parse(&["--merge-runtime-events=false"]), Ok(false));
+        assert_eq!(
+            parse(&["--merge-runtime-events=maybe"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
+    }
 }
