@@ -14,8 +14,9 @@
 //! * the node status checked every `--node-status-update-frequency` (10 s)
 //!   and patched when a condition changed or 5 min passed since the last
 //!   patch (`nodeStatusReportFrequency`): Ready (True `KubeletReady`, or
-//!   False `KubeletNotReady` with "PLEG is not healthy: ..." when the health
-//!   check of `/healthz` fails), MemoryPressure (`memory.available` below the
+//!   False `KubeletNotReady` with the runtime's errors ([`runtime_state`]:
+//!   "container runtime is down", its network not ready) and "PLEG is not
+//!   healthy: ..." when the health check of `/healthz` fails), MemoryPressure (`memory.available` below the
 //!   kubelet's hard eviction default 100Mi, from `/proc/meminfo`
 //!   MemAvailable), DiskPressure (`nodefs.available` below 10 % of the root
 //!   filesystem), PIDPressure (never: the kubelet has no default PID
@@ -41,6 +42,8 @@ use tracing::{info, warn};
 
 use crate::admission::Allocatable;
 use crate::admission::node::NodeInfo;
+
+pub mod runtime_state;
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
