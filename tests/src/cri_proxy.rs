@@ -98,7 +98,10 @@ impl Subscription {
         tokio::time::timeout(WAIT, async {
             loop {
                 match self.stream.message().await {
-                    Ok(Some(ev)) => self.seen.push(ev),
+                    Ok(Some(ev)) => {
+                        self.seen.push(ev);
+                        self.taken.push(false);
+                    }
                     Ok(None) => return None,
                     Err(status) => return Some(status),
                 }
