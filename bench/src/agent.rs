@@ -5,7 +5,12 @@
 //! times (death latency through every stage, from the agent's stage log). In
 //! the `generic` and `evented-cri` modes a kernel PLEG beside the agent is the
 //! stopwatch (its exit timestamps only: its own reader's stages are not the
-//! agent's and are left out).
+//! agent's and are left out). In `cri-proxy` mode (issue #15) the agent runs
+//! in `evented-cri` mode, as a stock kubelet with the EventedPLEG gate, its
+//! CRI endpoint an `evpleg cri-proxy` in front of the same containerd; the
+//! proxy's kernel PLEG is the stopwatch, and only the agent's own
+//! `worker-sync` and `status-held` are kept (the proxy's PLEG records a
+//! `delivered` of its own for the same containers).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,6 +45,48 @@ const START_OPS: [&str; 5] = [
 /// stopwatch's.
 const AGENT_STAGES: [Stage; 3] = [Stage::Delivered, Stage::WorkerSync, Stage::StatusHeld];
 
+/// How the agent meets the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentMode {
+    /// Directly, with its PLEG in this mode.
+    Pleg(PlegMode),
+    /// In `evented-cri` mode through `evpleg cri-proxy`.
+    CriProxy,
+}
+
+impl AgentMode {
+    pub const ALL: [AgentMode; 4] = [
+        AgentMode::Pleg(PlegMode::Ebpf),
+        AgentMode::Pleg(PlegMode::EventedCri),
+        AgentMode::Pleg(PlegMode::Generic),
+        AgentMode::CriProxy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pleg(m) => crate::death::Observer::Pleg(m).name(),
+            Self::CriProxy => "cri-proxy",
+        }
+    }
+
+    /// The agent's `--pleg`.
+    fn pleg(self) -> PlegMode {
+        match self {
+            Self::Pleg(m) => m,
+            Self::CriProxy => PlegMode::EventedCri,
+        }
+    }
+
+    /// The stages of the agent's own that are kept (`None`: every stage).
+    fn kept(self) -> Option<&'static [Stage]> {
+        match self {
+            Self::Pleg(PlegMode::Ebpf) => None,
+            Self::Pleg(_) => Some(&AGENT_STAGES),
+            Self::CriProxy => Some(&AGENT_STAGES[1..]),
+        }
+    }
+}
+
 /// What the full-agent run measured.
 #[derive(Debug, Default)]
 pub struct AgentRun {
@@ -59,7 +106,7 @@ struct Pod {
 /// fails.
 pub async fn run(
     containerd: &Containerd,
-    mode: PlegMode,
+    mode: AgentMode,
     reps: usize,
     n: usize,
     window: Duration,
@@ -69,12 +116,19 @@ pub async fn run(
     let logs = base.join("pod-logs");
     std::fs::create_dir_all(&manifests)?;
     std::fs::create_dir_all(&logs)?;
-    let endpoint = containerd.endpoint();
-    let mode_name = crate::death::Observer::Pleg(mode).name();
+    let proxy = match mode {
+        AgentMode::CriProxy => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
+        AgentMode::Pleg(_) => None,
+    };
+    let endpoint = match mode {
+        AgentMode::CriProxy => format!("unix://{}", containerd.base().join("proxy.sock").display()),
+        AgentMode::Pleg(_) => containerd.endpoint(),
+    };
+    let pleg = crate::death::Observer::Pleg(mode.pleg()).name();
     let args = RunArgs::try_parse_from([
         "evpleg",
         "--pleg",
-        mode_name,
+        pleg,
         "--cri-endpoint",
         &endpoint,
         "--manifest-dir",
@@ -87,10 +141,12 @@ pub async fn run(
         logs.to_str().context("utf-8 path")?,
     ])?;
     crate::stages::start();
-    let _stopwatch = (mode != PlegMode::Ebpf).then(evpleg_tests::cri_pod::ExitClock::start);
+    // The proxy's own kernel PLEG records the exits in cri-proxy mode.
+    let _stopwatch = matches!(mode, AgentMode::Pleg(m) if m != PlegMode::Ebpf)
+        .then(evpleg_tests::cri_pod::ExitClock::start);
     let agent = Agent::start(&args).await.context("starting the agent")?;
     let mut uids = Vec::new();
-    let outcome = measure(&agent, mode_name, &manifests, reps, n, window, &mut uids).await;
+    let mut outcome = measure(&agent, mode, &manifests, reps, n, window, &mut uids).await;
     // Clean-up, whatever happened: the pods removed through the agent, then
     // the agent stopped and the pod cgroups runc leaves removed.
     for f in std::fs::read_dir(&manifests)
@@ -105,6 +161,20 @@ pub async fn run(
         tokio::time::sleep(POLL).await;
     }
     agent.stop().await;
+    if let Some(p) = proxy {
+        p.stop().await;
+        if let Ok(out) = &mut outcome {
+            out.notes.push(
+                "cri-proxy: the full agent in `evented-cri` mode (as a stock kubelet with the \
+                 EventedPLEG gate), its CRI endpoint `evpleg cri-proxy` in front of the same \
+                 containerd: every call forwarded, GetContainerEvents served from the proxy's \
+                 kernel PLEG, the overlay on. The proxy's kernel PLEG is the stopwatch; its own \
+                 `delivered` (to the proxy's event task) is left out, so the agent's stages shown \
+                 are `worker-sync` and `status-held`."
+                    .into(),
+            );
+        }
+    }
     // Under every hierarchy (hybrid hosts mount cgroup2 at /sys/fs/cgroup/unified).
     let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
     roots.extend(
@@ -189,7 +259,7 @@ fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
 
 async fn measure(
     agent: &Agent,
-    mode: &str,
+    agent_mode: AgentMode,
     manifests: &std::path::Path,
     reps: usize,
     n: usize,
@@ -197,6 +267,7 @@ async fn measure(
     uids: &mut Vec<String>,
 ) -> Result<AgentRun> {
     let mut out = AgentRun::default();
+    let mode = agent_mode.name();
     let mut deaths: BTreeMap<&'static str, (Vec<Percentiles>, Vec<f64>)> = BTreeMap::new();
     let mut order: Vec<&'static str> = Vec::new();
     let mut lost = 0;
@@ -275,8 +346,8 @@ async fn measure(
         }
         let records = crate::stages::snapshot();
         let (mut stages, missing) = crate::stages::samples(&ids, &records);
-        if mode != "ebpf" {
-            stages.retain(|(s, _)| AGENT_STAGES.contains(s));
+        if let Some(kept) = agent_mode.kept() {
+            stages.retain(|(s, _)| kept.contains(s));
         }
         lost += missing;
         let mut line = String::new();

@@ -50,7 +50,9 @@ struct Cli {
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Only these observers in the death workloads (floor, ebpf, evented-cri,
-    /// generic); all by default.
+    /// generic) and modes of the full agent (ebpf, evented-cri, generic,
+    /// cri-proxy: the agent in evented-cri mode behind `evpleg cri-proxy`);
+    /// all by default.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// The scale workload's cgroup counts (default 1000,10000; 300 with
@@ -217,14 +219,13 @@ fn main() -> Result<()> {
         }
     }
     if wanted("agent") {
-        for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
-            if !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == Observer::Pleg(mode).name()))
-            {
+        for mode in agent::AgentMode::ALL {
+            if !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == mode.name())) {
                 continue;
             }
             progress(&format!(
                 "full agent ({}): {reps} repetitions of {n} static pods, started one by one, then killed",
-                Observer::Pleg(mode).name()
+                mode.name()
             ));
             let a = rt.block_on(agent::run(&containerd, mode, reps, n, window))?;
             results.latency.extend(a.latencies);

@@ -443,7 +443,8 @@ const NOT_YET: &str = "## Not measured yet (issue #11)\n\n\
 kernel path alone runs there).\n\
 - Idle cost above 200 containers: the machine holds more (each costs a shim of a few \
 MiB), the 15-minute budget does not.\n\
-- `cri-proxy` mode (the proxy is not in this benchmark yet).\n";
+- `cri-proxy` in the death workloads without the agent (it is measured through the full \
+agent, `agent-killed`).\n";
 
 /// The whole report. `plots` are (title, relative path) of SVG files.
 pub fn render(r: &Results, plots: &[(String, String)]) -> String {
@@ -472,7 +473,9 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          whole agent runs in each mode (file source, sync loop, pod workers, status manager; \
          in `generic` and `evented-cri` mode a kernel PLEG beside it is the stopwatch, and \
          `delivered` is the relist's or the event stream's ContainerDied taken by the \
-         workers' channel). \
+         workers' channel; in `cri-proxy` mode the agent runs in `evented-cri` mode behind \
+         `evpleg cri-proxy` in front of the same containerd, the proxy's kernel PLEG the \
+         stopwatch). \
          Latencies start at the kernel's exit \
          timestamp (`bpf_ktime_get_ns` in the `sched_process_exit` record, CLOCK_MONOTONIC): \
          in `ebpf` mode the PLEG's own record, in the other modes a kernel PLEG run alongside \

@@ -92,6 +92,39 @@ impl Subscription {
         }
     }
 
+    /// Reads until the stream ends (bounded by [`WAIT`]): its final status,
+    /// `None` when it ended without one.
+    pub async fn ended(&mut self) -> Option<tonic::Status> {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match self.stream.message().await {
+                    Ok(Some(ev)) => {
+                        self.seen.push(ev);
+                        self.taken.push(false);
+                    }
+                    Ok(None) => return None,
+                    Err(status) => return Some(status),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the event stream did not end within {WAIT:?}"))
+    }
+
+    /// Every (container, type) served more than once so far.
+    pub fn repeated(&self) -> Vec<(String, T)> {
+        let mut seen = std::collections::BTreeMap::new();
+        for e in &self.seen {
+            *seen
+                .entry((e.container_id.clone(), e.container_event_type() as i32))
+                .or_insert(0) += 1;
+        }
+        seen.into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|((id, t), _)| (id, T::try_from(t).expect("a known type")))
+            .collect()
+    }
+
     pub fn types(&self) -> Vec<(String, T)> {
         self.seen
             .iter()
@@ -129,6 +162,36 @@ pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The sum of every line of metric `name` whose labels start with `labels`
+/// (`evpleg_x_total`, `{type="A"`: every `origin` and `reason` of type A).
+pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(labels))
+        .filter_map(|rest| rest.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Scrapes `addr`'s `/metrics` until `done` holds (bounded by [`WAIT`]);
+/// returns that scrape.
+pub async fn wait_metrics(
+    addr: std::net::SocketAddr,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let scrape = crate::e2e::http_get(addr, "/metrics").await;
+        if done(&scrape) {
+            return scrape;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {WAIT:?}: {scrape}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// A GetContainerEvents subscriber over raw HTTP/2 that reads nothing: its

@@ -36,6 +36,9 @@ pub struct E2e {
     pub api: Option<FakeApiServer>,
     /// The private image registry, when started with [`E2e::start_with_registry`].
     pub registry: Option<Registry>,
+    /// The `evpleg cri-proxy` in front of containerd, when started with
+    /// [`E2e::start_via_proxy`].
+    pub proxy: Option<evpleg::cri_proxy::CriProxy>,
     pub manifests: PathBuf,
     pub uids: Mutex<HashSet<String>>,
 }
@@ -101,6 +104,49 @@ impl E2e {
         let mut flags = extra.to_vec();
         flags.extend(["--cri-endpoint", endpoint]);
         Self::start_on(containerd, None, name, false, &flags).await
+    }
+
+    /// Dogfood (issue #15): the agent in `evented-cri` mode, as a stock
+    /// kubelet with the EventedPLEG gate, its CRI endpoint an
+    /// `evpleg cri-proxy` in front of the harness's containerd (1.6, which has
+    /// no event stream of its own: every event is the proxy's) and its
+    /// periodic relist 5 min away, so that what the agent learns in a test
+    /// comes through the proxy's GetContainerEvents.
+    pub async fn start_via_proxy(name: &str, extra: &[&str]) -> Self {
+        let containerd = Self::containerd();
+        let (proxy, _) = crate::cri_proxy::proxy(&containerd, &[]).await;
+        let endpoint = format!("unix://{}", containerd.base().join("proxy.sock").display());
+        let mut flags = vec!["--pleg", "evented-cri", "--relist-period", "5m"];
+        flags.extend(extra);
+        let mut e = Self::start_via(containerd, &endpoint, name, &flags).await;
+        e.proxy = Some(proxy);
+        e
+    }
+
+    /// With [`E2e::start_via_proxy`]: the agent's event stream was the
+    /// proxy's, and the proxy served the agent's containers' STARTED events.
+    pub async fn assert_served_through_proxy(&self) {
+        let Some(proxy) = &self.proxy else {
+            return;
+        };
+        let line = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let agent = http_get(self.agent().addr, "/metrics").await;
+        assert!(
+            line(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
+            "the agent subscribed to the proxy: {agent}"
+        );
+        let served = http_get(proxy.http_addr, "/metrics").await;
+        assert!(
+            line(
+                &served,
+                "evpleg_cri_proxy_events_total{type=\"CONTAINER_STARTED_EVENT\"}"
+            ) >= 1.0,
+            "the proxy served STARTED events: {served}"
+        );
     }
 
     /// A containerd for [`E2e::start_via`].
@@ -174,6 +220,7 @@ impl E2e {
             containerd: Some(containerd),
             api,
             registry,
+            proxy: None,
             manifests,
             uids: Mutex::new(HashSet::new()),
         }
@@ -328,6 +375,9 @@ impl E2e {
         if let Some(a) = self.agent.take() {
             a.stop().await;
         }
+        if let Some(p) = self.proxy.take() {
+            p.stop().await;
+        }
     }
 }
 
@@ -336,6 +386,7 @@ impl Drop for E2e {
         // Pods, containerd and its files go first, then the pod cgroups the agent
         // made (RemovePodSandbox leaves them; the agent's removal may not have run).
         drop(self.agent.take());
+        drop(self.proxy.take());
         drop(self.registry.take());
         drop(self.containerd.take());
         let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
@@ -527,6 +578,26 @@ pub async fn list_sandboxes(containerd: &Containerd) -> Vec<String> {
 /// ([`E2e::start_with_registry`]).
 #[macro_export]
 macro_rules! e2e_test {
+    // The test, and the same body once more as `$proxied` with the agent in
+    // `evented-cri` mode behind an `evpleg cri-proxy` ([`E2e::start_via_proxy`]).
+    ($name:ident, also_via_proxy $proxied:ident, $body:expr) => {
+        $crate::e2e_test!($name, $body);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $proxied() {
+            if !$crate::privileged(stringify!($proxied)) {
+                return;
+            }
+            let _serial = $crate::e2e::SERIAL.lock().await;
+            let e = $crate::e2e::E2e::start_via_proxy(stringify!($proxied), &[]).await;
+            let f: fn(
+                &$crate::e2e::E2e,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> = $body;
+            f(&e).await;
+            e.assert_served_through_proxy().await;
+            e.finish().await;
+        }
+    };
     ($name:ident, registry, $body:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {

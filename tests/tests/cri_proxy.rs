@@ -2,7 +2,9 @@
 //! has no event stream of its own): the project's CRI client through the
 //! proxy and directly side by side, the proxy's GetContainerEvents, the
 //! overlay as a 1.37 kubelet in hint mode meets it, a subscriber that never
-//! reads, and a runtime restart behind the proxy. Privileged (the kernel
+//! reads, a runtime restart behind the proxy, a restart of the proxy, and on
+//! containerd 1.7 the runtime's own stream beside the proxy's and merged
+//! into it (`--merge-runtime-events`). Privileged (the kernel
 //! PLEG); one test at a time ([`SERIAL`]): each starts its own containerd
 //! and proxy, and a kernel PLEG sees every container of the host.
 
@@ -13,7 +15,8 @@ use evpleg::cri::CriClient;
 use evpleg_cri_api::v1;
 use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
 use evpleg_tests::cri_proxy::{
-    Subscription, metric, never_reading_subscriber, proxy, status, status_of,
+    Subscription, metric, metric_sum, never_reading_subscriber, proxy, status, status_of,
+    wait_metrics,
 };
 use evpleg_tests::e2e::{find_container_pid, http_get};
 use v1::ContainerEventType as T;
@@ -560,6 +563,172 @@ fn on_containerd_17_the_proxys_stopped_comes_before_the_runtimes_own() {
         eprintln!("STOPPED received first: {first:?}");
         reader.abort();
         proxy.stop().await;
+    });
+}
+
+/// `--merge-runtime-events` on containerd 1.7, whose own stream is merged: a
+/// container another client creates and removes directly on the runtime. Its
+/// CREATED, which neither the kernel nor a call through the proxy shows, and
+/// its DELETED come (the relist is 5 min away); its STARTED and STOPPED come
+/// once each, the other source's copy suppressed; no (container, type) is
+/// served twice. At the STOPPED, ContainerStatus through the proxy says
+/// exited with the code.
+#[test]
+fn merged_with_the_runtimes_stream_what_the_kernel_missed_comes_once() {
+    if !evpleg_tests::privileged("merged_with_the_runtimes_stream") {
+        return;
+    }
+    let _serial = serial();
+    let Some(containerd) =
+        evpleg_tests::cri_pod::start_containerd_17("merged_with_the_runtimes_stream")
+    else {
+        return;
+    };
+    let pod = TestPod::new(&containerd, "merged");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(
+            &containerd,
+            &["--merge-runtime-events", "--relist-period", "5m"],
+        )
+        .await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        events.wait(&sandbox, T::ContainerStartedEvent).await;
+        // The proxy is subscribed to containerd's stream once an event of the
+        // sandbox came on it.
+        let events_total = "evpleg_cri_proxy_runtime_events_total";
+        wait_metrics(proxy.http_addr, "the runtime's stream followed", |m| {
+            metric(m, events_total) >= 1.0
+        })
+        .await;
+
+        // Another client, directly on the runtime.
+        let id = run_container(
+            &direct,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("other", 7),
+        )
+        .await;
+        let created = events.wait(&id, T::ContainerCreatedEvent).await;
+        assert_eq!(
+            created.pod_sandbox_status.map(|s| s.id),
+            Some(sandbox.clone())
+        );
+        events.wait(&id, T::ContainerStartedEvent).await;
+        pod.release("other");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        let (sandbox_status, hint) = tokio::join!(
+            through.pod_sandbox_status(&sandbox, false),
+            status(&through, &id)
+        );
+        let sandbox_status = sandbox_status.unwrap();
+        assert_eq!(status_of(&stopped, &id).exit_code, 7);
+        assert!(exited(&hint), "{hint:?}");
+        assert_eq!(hint.exit_code, 7, "{hint:?}");
+        // containerd 1.7 leaves PodSandboxStatus's containers_statuses empty
+        // (timestamp 0: the kubelet then asks ContainerStatus, as above);
+        // a runtime that fills it gets the overlay there too
+        // (server::tests).
+        eprintln!(
+            "PodSandboxStatus: timestamp {}, {} container statuses",
+            sandbox_status.timestamp,
+            sandbox_status.containers_statuses.len()
+        );
+        if let Some(listed) = sandbox_status
+            .containers_statuses
+            .iter()
+            .find(|c| c.id == id)
+        {
+            assert!(exited(listed), "{listed:?}");
+            assert_eq!(listed.exit_code, 7, "{listed:?}");
+        }
+        direct.remove_container(&id).await.unwrap();
+        events.wait(&id, T::ContainerDeletedEvent).await;
+        // containerd's own STOPPED came too and was suppressed (or came
+        // first and the kernel's was).
+        let suppressed = "evpleg_cri_proxy_suppressed_events_total";
+        let scrape = wait_metrics(proxy.http_addr, "a STOPPED suppressed", |m| {
+            metric_sum(m, suppressed, "{type=\"CONTAINER_STOPPED_EVENT\"") >= 1.0
+        })
+        .await;
+        // Then a last event through the proxy: whatever was served before it
+        // has been read.
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        assert_eq!(
+            events.of(&id),
+            [
+                T::ContainerCreatedEvent,
+                T::ContainerStartedEvent,
+                T::ContainerStoppedEvent,
+                T::ContainerDeletedEvent
+            ],
+            "{:?}",
+            events.types()
+        );
+        assert_eq!(events.repeated(), [], "{:?}", events.types());
+        let merged = "evpleg_cri_proxy_merged_events_total{type=\"CONTAINER_CREATED_EVENT\"}";
+        assert!(metric(&scrape, merged) >= 1.0, "{scrape}");
+        for line in scrape.lines().filter(|l| {
+            l.starts_with("evpleg_cri_proxy_merged_events_total")
+                || l.starts_with("evpleg_cri_proxy_suppressed_events_total")
+        }) {
+            eprintln!("{line}");
+        }
+        proxy.stop().await;
+    });
+}
+
+/// The proxy restarts (stopped, started again on the same socket): its
+/// subscriber's stream ends UNAVAILABLE (the connection shut down gracefully,
+/// the trailers sent), the same client's calls go on once it is back,
+/// and a subscriber that reconnects gets the events of what happens after.
+#[test]
+fn after_a_proxy_restart_calls_go_on_and_a_subscriber_that_reconnects_gets_events() {
+    if !evpleg_tests::privileged("after_a_proxy_restart_calls_go_on") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "proxy-restart");
+    runtime().block_on(async {
+        let (first, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        events.wait(&sandbox, T::ContainerStartedEvent).await;
+        first.stop().await;
+        // A clean end the kubelet's client retries: UNAVAILABLE, named.
+        let ended = events.ended().await.expect("a status");
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        assert!(ended.message().contains("stopping"), "{ended:?}");
+        let (second, _) = proxy(&containerd, &[]).await;
+        // The client the kubelet holds dials the socket again (its retry of
+        // UNAVAILABLE covers a call that met the gap).
+        through
+            .version()
+            .await
+            .unwrap_or_else(|e| panic!("calls through the new proxy: {e}"));
+        let listed = through.list_pod_sandboxes(None).await.unwrap();
+        assert!(listed.iter().any(|s| s.id == sandbox), "{listed:?}");
+        let mut again = Subscription::new(&through).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("after", 6),
+        )
+        .await;
+        again.wait(&id, T::ContainerCreatedEvent).await;
+        again.wait(&id, T::ContainerStartedEvent).await;
+        pod.release("after");
+        let stopped = again.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 6);
+        // The sandbox, running since before this proxy, made no event.
+        assert_eq!(again.of(&sandbox), [], "{:?}", again.types());
+        second.stop().await;
     });
 }
 

@@ -3,6 +3,12 @@
 //! directory; statuses read from the local `/pods` store (and once over HTTP).
 //! Privileged: skipped with a reason without root/BTF/the eBPF object, a failure
 //! under `CI=true`. One test at a time (each runs a containerd and an agent).
+//!
+//! Dogfood (issue #15): the tests marked `also_via_proxy` (start with an init
+//! container, a death with its exit code, a container killed from outside
+//! and restarted, termination) run a second time as `via_proxy_*`, the agent
+//! in `evented-cri` mode, as a stock kubelet with the EventedPLEG gate,
+//! behind `evpleg cri-proxy` with its relist 5 min away.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,7 +17,7 @@ use evpleg_tests::e2e::*;
 use evpleg_tests::{e2e_test, privileged};
 use serde_json::Value;
 
-e2e_test!(a_manifest_runs_with_its_init_container_first, |e| Box::pin(
+e2e_test!(a_manifest_runs_with_its_init_container_first, also_via_proxy via_proxy_a_manifest_runs_with_its_init_container_first, |e| Box::pin(
     async move {
         let metric = |text: &str, name: &str| -> f64 {
             text.lines()
@@ -106,7 +112,7 @@ e2e_test!(on_failure_restarts_and_counts, |e| Box::pin(async move {
     );
 }));
 
-e2e_test!(never_fails_with_the_exit_code, |e| Box::pin(async move {
+e2e_test!(never_fails_with_the_exit_code, also_via_proxy via_proxy_never_fails_with_the_exit_code, |e| Box::pin(async move {
     e.write("once.yaml", &manifest("once", "Never", "exit 3", ""));
     let pod = e
         .wait_for("once", "phase Failed", |p| p["status"]["phase"] == "Failed")
@@ -116,7 +122,7 @@ e2e_test!(never_fails_with_the_exit_code, |e| Box::pin(async move {
     assert_eq!(container(&pod, "app")["restartCount"], 0);
 }));
 
-e2e_test!(a_container_killed_from_outside_is_restarted, |e| Box::pin(
+e2e_test!(a_container_killed_from_outside_is_restarted, also_via_proxy via_proxy_a_container_killed_from_outside_is_restarted, |e| Box::pin(
     async move {
         e.write(
             "victim.yaml",
@@ -160,7 +166,7 @@ e2e_test!(a_container_over_its_memory_limit_is_oom_killed, |e| {
     })
 });
 
-e2e_test!(removing_the_manifest_stops_and_removes_the_pod, |e| {
+e2e_test!(removing_the_manifest_stops_and_removes_the_pod, also_via_proxy via_proxy_removing_the_manifest_stops_and_removes_the_pod, |e| {
     Box::pin(async move {
         e.write(
             "gone.yaml",

@@ -40,6 +40,17 @@ pub struct CriProxyArgs {
     #[arg(long, env = "EVPLEG_OVERLAY", default_value_t = true, action = clap::ArgAction::Set)]
     pub overlay: bool,
 
+    /// Also subscribe to the runtime's own GetContainerEvents stream
+    /// (containerd >= 1.7) and pass on its events the proxy did not serve
+    /// (a container created or removed by another client, a death the kernel
+    /// missed); an event the proxy served already is suppressed, so none is
+    /// served twice. A runtime without a stream (containerd 1.6) is logged
+    /// once and the proxy goes on alone.
+    #[arg(long, env = "EVPLEG_MERGE_RUNTIME_EVENTS", default_value_t = false,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub merge_runtime_events: bool,
+
     /// Events buffered for each GetContainerEvents subscriber; a subscriber
     /// this far behind is dropped (its stream ends with RESOURCE_EXHAUSTED).
     #[arg(long, env = "EVPLEG_SUBSCRIBER_BUFFER", default_value_t = 1000,
@@ -119,5 +130,34 @@ mod tests {
         assert!(octal_mode("rw").is_err());
         assert_eq!(owner("0:995"), Ok((0, 995)));
         assert!(owner("root:root").is_err());
+    }
+
+    /// `--merge-runtime-events`: off by default, a switch, or `=true|false`.
+    #[test]
+    fn merge_runtime_events_is_a_switch_that_takes_a_value() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let argv = [
+                "evpleg",
+                "cri-proxy",
+                "--runtime-endpoint",
+                "unix:///r.sock",
+            ]
+            .into_iter()
+            .chain(extra.iter().copied());
+            match crate::config::Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(crate::config::Command::CriProxy(a)) => Ok(a.merge_runtime_events),
+                Ok(_) => panic!("not cri-proxy"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(false));
+        assert_eq!(parse(&["--merge-runtime-events"]), Ok(true));
+        assert_eq!(parse(&["--merge-runtime-events=true"]), Ok(true));
+        assert_eq!(parse(&["--merge-runtime-events=false"]), Ok(false));
+        assert_eq!(
+            parse(&["--merge-runtime-events=maybe"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
     }
 }

@@ -22,6 +22,12 @@
 //! ([`super::overlay`]), whatever `--overlay` says, and a STARTED's container
 //! still CREATED in the runtime's answer is shown running since the kernel's
 //! exec: the event and its payload never disagree.
+//!
+//! With `--merge-runtime-events` a third input is the runtime's own stream
+//! ([`super::merge`]): its events pass when the proxy has not served their
+//! stage yet (a CREATED or DELETED of another client's call, a death the
+//! kernel missed), and every event, whatever its source, is served at most
+//! once per container and stage.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -34,6 +40,7 @@ use tracing::{debug, warn};
 
 use super::grpc;
 use super::hub::Hub;
+use super::merge::{Decision, Origin, Served, Stage};
 use super::overlay::{CONFIRM_BOUND, KernelDeath, Overlay};
 use super::stats::ProxyStats;
 use crate::clock::SharedClock;
@@ -92,6 +99,8 @@ pub struct Events {
     /// Unix ns when the proxy started.
     pub start_wall_ns: i64,
     known: Known,
+    /// `--merge-runtime-events`: what was served, per id ([`super::merge`]).
+    served: Option<Served>,
 }
 
 /// What one PLEG event becomes: the type, the id, whether it is a sandbox.
@@ -124,27 +133,111 @@ impl Events {
             clock,
             start_wall_ns: wall_clock_ns(),
             known: Known::default(),
+            served: None,
         }
     }
 
-    /// Serves events until `shutdown` or until both inputs end.
+    /// Merges the runtime's own stream: every event is then checked against
+    /// what was served ([`super::merge`]).
+    pub fn merging(mut self) -> Self {
+        self.served = Some(Served::default());
+        self
+    }
+
+    /// Whether an event of `t` for `id` from `origin` is served (always,
+    /// without the merge); a suppressed one is counted.
+    fn admit(&self, id: &str, t: T, origin: Origin) -> bool {
+        let Some(served) = &self.served else {
+            return true;
+        };
+        let decision = served.decide(id, Stage::of(t), origin);
+        if decision != Decision::Pass {
+            debug!(
+                id,
+                event = t.as_str_name(),
+                origin = origin.label(),
+                why = decision.label(),
+                "event suppressed"
+            );
+            self.stats
+                .suppressed
+                .get_or_create(&super::stats::Suppressed {
+                    r#type: t.as_str_name().to_owned(),
+                    origin: origin.label().to_owned(),
+                    reason: decision.label().to_owned(),
+                })
+                .inc();
+        }
+        decision == Decision::Pass
+    }
+
+    /// Serves events until `shutdown` or until the PLEG ends; `runtime`:
+    /// the runtime's own stream, with `--merge-runtime-events`.
     pub async fn run(
         mut self,
         mut pleg: mpsc::Receiver<PodLifecycleEvent>,
         mut calls: mpsc::Receiver<Call>,
+        mut runtime: Option<mpsc::Receiver<v1::ContainerEventResponse>>,
         shutdown: CancellationToken,
     ) {
         loop {
+            let from_runtime = async {
+                match runtime.as_mut() {
+                    Some(r) => r.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 ev = pleg.recv() => match ev {
                     Some(ev) => self.pleg_event(ev).await,
                     None => break,
                 },
                 Some(call) = calls.recv() => self.call(call).await,
+                ev = from_runtime => match ev {
+                    Some(ev) => self.runtime_event(ev),
+                    // The runtime has no stream (its follower ended).
+                    None => runtime = None,
+                },
                 () = shutdown.cancelled() => break,
             }
         }
         self.hub.close();
+    }
+
+    /// An event of the runtime's own stream: passed on when the proxy has not
+    /// served its stage yet, with pending kernel deaths laid on its payload.
+    fn runtime_event(&mut self, mut ev: v1::ContainerEventResponse) {
+        let t = ev.container_event_type();
+        let id = ev.container_id.clone();
+        if !self.admit(&id, t, Origin::Runtime) {
+            return;
+        }
+        if t == T::ContainerDeletedEvent {
+            self.known.mark_deleted(&id);
+            if let Some(c) = ContainerId::parse(&id) {
+                self.overlay.forget(&c);
+            }
+            self.known.sandbox_of.remove(&id);
+            if self.known.sandboxes.remove(&id).is_some() {
+                self.known.sandbox_of.retain(|_, s| *s != id);
+            }
+        } else if let Some(s) = &ev.pod_sandbox_status
+            && s.id != id
+            && !s.id.is_empty()
+        {
+            self.known.sandbox_of.insert(id.clone(), s.id.clone());
+        }
+        for s in &mut ev.containers_statuses {
+            self.overlay.status(s);
+        }
+        self.stats
+            .merged
+            .get_or_create(&super::stats::EventType {
+                r#type: t.as_str_name().to_owned(),
+            })
+            .inc();
+        debug!(id = %id, event = t.as_str_name(), "the runtime's event passed on");
+        self.send(ev);
     }
 
     async fn pleg_event(&mut self, ev: PodLifecycleEvent) {
@@ -154,6 +247,7 @@ impl Events {
         let Some(id) = ev.container_id.clone() else {
             return;
         };
+        let admitted = self.admit(id.as_str(), t, Origin::Proxy);
         if ev.kind == EventKind::ContainerDied
             && ev.source == EventSource::Kernel
             && let Some(exit) = ev.exit
@@ -172,6 +266,9 @@ impl Events {
                 id.clone(),
                 death,
             ));
+        }
+        if !admitted {
+            return;
         }
         if t == T::ContainerDeletedEvent {
             if !self.known.mark_deleted(id.as_str()) {
@@ -198,11 +295,16 @@ impl Events {
                 if let Some(s) = &sandbox {
                     self.known.sandbox_of.insert(id.clone(), s.clone());
                 }
+                if !self.admit(&id, T::ContainerCreatedEvent, Origin::Proxy) {
+                    return;
+                }
                 self.payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
                     .await
             }
             Call::Removed { id, sandbox } => {
-                if !self.known.mark_deleted(&id) {
+                if !self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy)
+                    || !self.known.mark_deleted(&id)
+                {
                     return;
                 }
                 if let Some(c) = ContainerId::parse(&id) {
@@ -215,8 +317,12 @@ impl Events {
         self.send(resp);
     }
 
-    fn send(&self, resp: v1::ContainerEventResponse) {
-        self.stats.event(resp.container_event_type().as_str_name());
+    fn send(&mut self, resp: v1::ContainerEventResponse) {
+        let t = resp.container_event_type();
+        if let Some(served) = &mut self.served {
+            served.served(&resp.container_id, Stage::of(t));
+        }
+        self.stats.event(t.as_str_name());
         self.hub.publish(&grpc::frame(&resp));
     }
 

@@ -17,6 +17,9 @@
 //!   ListContainers, ContainerStatus and PodSandboxStatus answers, so that a
 //!   kubelet relisting the pod on the event sees the death at once;
 //!   `--overlay=false` switches it off.
+//! - With `--merge-runtime-events`, the runtime's own stream (containerd 1.7
+//!   and later) is merged in ([`merge`]): what the kernel and the calls did
+//!   not show is passed on, nothing is served twice.
 //!
 //! The PLEG inside is the kernel PLEG of `evpleg run` in `ebpf` mode over the
 //! runtime behind the proxy, with its trust rules (docs/pleg.md): only certain
@@ -26,6 +29,7 @@ pub mod events;
 pub mod forward;
 pub mod grpc;
 pub mod hub;
+pub mod merge;
 pub mod overlay;
 pub mod server;
 pub mod stats;
@@ -110,16 +114,30 @@ impl CriProxy {
         let (calls_tx, calls_rx) = mpsc::channel(CALL_QUEUE);
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
-        let events = events::Events::new(
+        let mut events = events::Events::new(
             cri.clone(),
             hub.clone(),
             overlay.clone(),
             stats.clone(),
             clock.clone(),
         );
+        let runtime_rx = if args.merge_runtime_events {
+            events = events.merging();
+            let (tx, rx) = mpsc::channel(CALL_QUEUE);
+            tasks.push(tokio::spawn(merge::follow(
+                cri.clone(),
+                tx,
+                stats.clone(),
+                shutdown.clone(),
+            )));
+            Some(rx)
+        } else {
+            None
+        };
         tasks.push(tokio::spawn(events.run(
             pleg_rx,
             calls_rx,
+            runtime_rx,
             shutdown.clone(),
         )));
         let service = Arc::new(server::Service {
@@ -158,7 +176,8 @@ impl CriProxy {
             }
         }));
         info!(listen = %args.listen.display(), runtime = %args.runtime_endpoint.display(),
-            overlay = args.overlay, http = %http_addr, "cri proxy serving");
+            overlay = args.overlay, merge_runtime_events = args.merge_runtime_events,
+            http = %http_addr, "cri proxy serving");
         Ok(Self {
             http_addr,
             stats,

@@ -101,7 +101,13 @@ pub struct Service {
     pub stats: Arc<ProxyStats>,
 }
 
-/// Accepts connections until `shutdown`.
+/// How long connections may take to finish at shutdown (an event stream's
+/// trailers, a call in flight) before they are cut.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Accepts connections until `shutdown`; then each connection shuts down
+/// gracefully (HTTP/2 GOAWAY: calls in flight finish, event streams end with
+/// their UNAVAILABLE trailers, [`Hub::close`]) within [`SHUTDOWN_GRACE`].
 pub async fn serve(listener: UnixListener, service: Arc<Service>, shutdown: CancellationToken) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -118,16 +124,34 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, shutdown: Canc
             () = shutdown.cancelled() => break,
         };
         let service = service.clone();
+        let stop = shutdown.clone();
         connections.spawn(async move {
             let svc = service_fn(move |req| service.clone().handle(req));
-            if let Err(e) = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
                 debug!(error = %e, "cri client connection ended");
             }
         });
         while connections.try_join_next().is_some() {}
+    }
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        debug!(
+            left = connections.len(),
+            "cri connections cut after the shutdown grace"
+        );
     }
     connections.shutdown().await;
 }
@@ -196,29 +220,7 @@ impl Service {
             let data = answer.data.clone();
             return Ok(answer.into_response(data));
         }
-        let rewritten = match method {
-            "RuntimeService/ListContainers" => {
-                rewrite::<v1::ListContainersResponse>(&answer.data, |r| {
-                    self.overlay.list(r, filter_state)
-                })
-            }
-            "RuntimeService/ContainerStatus" => {
-                rewrite::<v1::ContainerStatusResponse>(&answer.data, |r| {
-                    r.status
-                        .as_mut()
-                        .and_then(|s| self.overlay.status(s))
-                        .into_iter()
-                        .collect()
-                })
-            }
-            _ => rewrite::<v1::PodSandboxStatusResponse>(&answer.data, |r| {
-                r.containers_statuses
-                    .iter_mut()
-                    .filter_map(|s| self.overlay.status(s))
-                    .collect()
-            }),
-        };
-        let data = match rewritten {
+        let data = match overlay_answer(&self.overlay, method, &answer.data, filter_state) {
             Some(data) => {
                 self.stats.overlaid.inc();
                 data
@@ -278,6 +280,37 @@ impl Service {
     }
 }
 
+/// The answer `data` of `method` (ListContainers, ContainerStatus,
+/// PodSandboxStatus: its `containers_statuses`) with pending kernel deaths
+/// laid on it; `None`: nothing overlaid, the runtime's bytes stand.
+/// `filter_state`: a ListContainers request's state filter.
+fn overlay_answer(
+    overlay: &Overlay,
+    method: &str,
+    data: &[u8],
+    filter_state: Option<i32>,
+) -> Option<Bytes> {
+    match method {
+        "RuntimeService/ListContainers" => {
+            rewrite::<v1::ListContainersResponse>(data, |r| overlay.list(r, filter_state))
+        }
+        "RuntimeService/ContainerStatus" => rewrite::<v1::ContainerStatusResponse>(data, |r| {
+            r.status
+                .as_mut()
+                .and_then(|s| overlay.status(s))
+                .into_iter()
+                .collect()
+        }),
+        "RuntimeService/PodSandboxStatus" => rewrite::<v1::PodSandboxStatusResponse>(data, |r| {
+            r.containers_statuses
+                .iter_mut()
+                .filter_map(|s| overlay.status(s))
+                .collect()
+        }),
+        _ => None,
+    }
+}
+
 /// Decodes `data`, lets `lay` change it, re-encodes it if it overlaid
 /// anything; `None`: leave the runtime's bytes as they are.
 fn rewrite<M: prost::Message + Default>(
@@ -287,4 +320,121 @@ fn rewrite<M: prost::Message + Default>(
     let mut msg = grpc::unary::<M>(data)?;
     let seen = lay(&mut msg);
     seen.contains(&Seen::Overlaid).then(|| grpc::frame(&msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pleg::{ContainerId, ExitStatus};
+    use v1::ContainerState::{ContainerExited as Exited, ContainerRunning as Running};
+
+    fn id(n: u8) -> String {
+        format!("{n:064x}")
+    }
+
+    fn pending(o: &Overlay, n: u8, code: i32) {
+        let death = crate::cri_proxy::overlay::KernelDeath {
+            exit: ExitStatus {
+                code,
+                signal: None,
+                core_dumped: false,
+                oom_killed: false,
+            },
+            at_ns: 1,
+            finished_at: 1_700_000_000_000_000_000,
+        };
+        o.died(ContainerId::parse(&id(n)).unwrap(), death);
+    }
+
+    fn status(n: u8, state: v1::ContainerState) -> v1::ContainerStatus {
+        v1::ContainerStatus {
+            id: id(n),
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    /// PodSandboxStatus: a pending death is laid on the answer's
+    /// `containers_statuses` (the 1.27+ kubelet's Evented PLEG reads the pod
+    /// from it); the pod's other containers and its own status are the
+    /// runtime's; an answer with nothing pending keeps the runtime's bytes.
+    #[test]
+    fn a_pod_sandbox_status_shows_a_certain_death_exited() {
+        let o = Overlay::default();
+        let answer = v1::PodSandboxStatusResponse {
+            status: Some(v1::PodSandboxStatus {
+                id: "sandbox".into(),
+                state: v1::PodSandboxState::SandboxReady as i32,
+                ..Default::default()
+            }),
+            containers_statuses: vec![status(1, Running), status(2, Running)],
+            timestamp: 42,
+            ..Default::default()
+        };
+        let data = grpc::frame(&answer);
+        let method = "RuntimeService/PodSandboxStatus";
+        assert_eq!(
+            overlay_answer(&o, method, &data, None),
+            None,
+            "nothing pending"
+        );
+        pending(&o, 1, 137);
+        let out = overlay_answer(&o, method, &data, None).expect("rewritten");
+        let out: v1::PodSandboxStatusResponse = grpc::unary(&out).expect("decodes");
+        let dead = &out.containers_statuses[0];
+        assert_eq!((dead.state(), dead.exit_code), (Exited, 137));
+        assert_eq!(dead.reason, "Error");
+        assert_eq!(out.containers_statuses[1], status(2, Running));
+        assert_eq!((out.status, out.timestamp), (answer.status.clone(), 42));
+        // The runtime caught up: its answer passes and the entry ends.
+        let mut caught_up = answer.clone();
+        caught_up.containers_statuses[0].state = Exited as i32;
+        let data = grpc::frame(&caught_up);
+        assert_eq!(overlay_answer(&o, method, &data, None), None);
+        assert!(o.is_empty());
+    }
+
+    /// The same death through ContainerStatus and ListContainers; another
+    /// method is never rewritten.
+    #[test]
+    fn container_status_and_list_show_it_too() {
+        let o = Overlay::default();
+        pending(&o, 1, 3);
+        let answer = v1::ContainerStatusResponse {
+            status: Some(status(1, Running)),
+            ..Default::default()
+        };
+        let out = overlay_answer(
+            &o,
+            "RuntimeService/ContainerStatus",
+            &grpc::frame(&answer),
+            None,
+        )
+        .expect("rewritten");
+        let out: v1::ContainerStatusResponse = grpc::unary(&out).unwrap();
+        assert_eq!(
+            out.status.map(|s| (s.state(), s.exit_code)),
+            Some((Exited, 3))
+        );
+        let list = v1::ListContainersResponse {
+            containers: vec![v1::Container {
+                id: id(1),
+                state: Running as i32,
+                ..Default::default()
+            }],
+        };
+        let out = overlay_answer(
+            &o,
+            "RuntimeService/ListContainers",
+            &grpc::frame(&list),
+            None,
+        )
+        .expect("rewritten");
+        let out: v1::ListContainersResponse = grpc::unary(&out).unwrap();
+        assert_eq!(out.containers[0].state(), Exited);
+        assert_eq!(
+            overlay_answer(&o, "RuntimeService/Version", &grpc::frame(&list), None),
+            None
+        );
+    }
 }

@@ -13,6 +13,16 @@ pub struct EventType {
     pub r#type: String,
 }
 
+/// The labels of a suppressed event: its type, where it came from (`proxy`:
+/// the kernel or a call; `runtime`: the runtime's own stream) and why
+/// (`duplicate`, `stale`: [`super::merge`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Suppressed {
+    pub r#type: String,
+    pub origin: String,
+    pub reason: String,
+}
+
 /// The `method` label: `RuntimeService/ContainerStatus`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Method {
@@ -37,11 +47,19 @@ pub struct ProxyStats {
     pub kernel_lead_seconds: Histogram,
     pub overlaid: Counter,
     pub contradictions: Counter,
+    /// `--merge-runtime-events`: the runtime's events received, passed on,
+    /// suppressed, and its stream's breaks.
+    pub runtime_events: Counter,
+    pub merged: Family<EventType, Counter>,
+    pub suppressed: Family<Suppressed, Counter>,
+    pub runtime_stream_failures: Counter,
 }
 
 impl Default for ProxyStats {
     fn default() -> Self {
         let events = Family::<EventType, Counter>::default();
+        let merged = Family::<EventType, Counter>::default();
+        let suppressed = Family::<Suppressed, Counter>::default();
         // Every type from 0, so that a rate is defined before the first event.
         for t in [
             "CONTAINER_CREATED_EVENT",
@@ -49,9 +67,23 @@ impl Default for ProxyStats {
             "CONTAINER_STOPPED_EVENT",
             "CONTAINER_DELETED_EVENT",
         ] {
-            let _ = events.get_or_create(&EventType {
+            let t = EventType {
                 r#type: t.to_owned(),
-            });
+            };
+            let _ = events.get_or_create(&t);
+            let _ = merged.get_or_create(&t);
+            // The proxy's own events are never stale (super::merge).
+            for (origin, reason) in [
+                ("proxy", "duplicate"),
+                ("runtime", "duplicate"),
+                ("runtime", "stale"),
+            ] {
+                let _ = suppressed.get_or_create(&Suppressed {
+                    r#type: t.r#type.clone(),
+                    origin: origin.to_owned(),
+                    reason: reason.to_owned(),
+                });
+            }
         }
         Self {
             events,
@@ -63,6 +95,10 @@ impl Default for ProxyStats {
             kernel_lead_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 13)),
             overlaid: Counter::default(),
             contradictions: Counter::default(),
+            runtime_events: Counter::default(),
+            merged,
+            suppressed,
+            runtime_stream_failures: Counter::default(),
         }
     }
 }
@@ -109,6 +145,26 @@ impl ProxyStats {
             "cri_proxy_contradictions",
             "Kernel deaths the runtime still contradicted past the bound (the runtime won)",
             self.contradictions.clone(),
+        );
+        registry.register(
+            "cri_proxy_runtime_events",
+            "Events received on the runtime's own stream (--merge-runtime-events)",
+            self.runtime_events.clone(),
+        );
+        registry.register(
+            "cri_proxy_merged_events",
+            "Events of the runtime's own stream passed on because the proxy had not served them, by type",
+            self.merged.clone(),
+        );
+        registry.register(
+            "cri_proxy_suppressed_events",
+            "Events not served because their container's stage was served already (duplicate) or a later one was (stale), by type, origin and reason",
+            self.suppressed.clone(),
+        );
+        registry.register(
+            "cri_proxy_runtime_stream_failures",
+            "Breaks of the runtime's own event stream (subscribed again with a back-off)",
+            self.runtime_stream_failures.clone(),
         );
     }
 
