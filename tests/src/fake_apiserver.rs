@@ -18,7 +18,8 @@
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
 //!   and listed in a namespace ([`events`]); Nodes created and their status
 //!   patched, `coordination.k8s.io/v1` Leases created, read and replaced
-//!   ([`nodes`]).
+//!   ([`nodes`]); PersistentVolumeClaims and PersistentVolumes read
+//!   ([`storage`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -57,6 +58,7 @@ use tokio::sync::{mpsc, watch};
 
 mod events;
 mod nodes;
+mod storage;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -134,6 +136,10 @@ struct Inner {
     events: BTreeMap<(String, String), Value>,
     /// `coordination.k8s.io/v1` Leases by namespace and name ([`nodes`]).
     leases: BTreeMap<(String, String), k8s_openapi::api::coordination::v1::Lease>,
+    /// PersistentVolumeClaims by namespace and name ([`storage`]).
+    claims: BTreeMap<(String, String), k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    /// PersistentVolumes by name ([`storage`]).
+    persistent_volumes: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
     refused: u64,
     uid_counter: u64,
 }
@@ -186,6 +192,8 @@ impl FakeApiServer {
                 requests: Vec::new(),
                 events: BTreeMap::new(),
                 leases: BTreeMap::new(),
+                claims: BTreeMap::new(),
+                persistent_volumes: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
             }),
@@ -848,6 +856,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .merge(events::routes())
         .merge(nodes::routes())
+        .merge(storage::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

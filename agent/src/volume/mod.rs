@@ -1,0 +1,3 @@
+//! Volumes. See `csi` for CSI volumes.
+
+pub mod csi;

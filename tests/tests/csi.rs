@@ -1,0 +1,409 @@
+//! CSI volumes end to end (issue #14): the whole agent against the real
+//! containerd and the test CSI node driver (`evpleg-csi-driver`, a process of
+//! its own, tests/src/csi_driver/), which registers through the agent's
+//! `<root-dir>/plugins_registry/` and bind-mounts a directory per volume.
+//! An inline ephemeral volume and a PVC-backed volume (PV `spec.csi`) are
+//! staged (the PV only), published, visible in the container, and
+//! unpublished and unstaged when the pod is deleted, their directories gone;
+//! a driver error is FailedMount with the pod ContainerCreating, retried
+//! until the driver recovers. Privileged: skipped with a reason without
+//! root/BTF/the eBPF object, a failure under `CI=true`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use evpleg_tests::csi_driver::{Call, CsiDriverProcess, DRIVER_NAME, mounts};
+use evpleg_tests::e2e::*;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::Api;
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const DRIVER_BIN: &str = env!("CARGO_BIN_EXE_evpleg-csi-driver");
+const PV_HANDLE: &str = "pv-handle-1";
+
+fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn start_driver(e: &E2e, extra: &[&str]) -> CsiDriverProcess {
+    let base = e.args.root_dir.parent().expect("the harness's base dir");
+    CsiDriverProcess::start(
+        DRIVER_BIN,
+        DRIVER_NAME,
+        base,
+        &e.args.root_dir.join("plugins_registry"),
+        extra,
+    )
+    .unwrap_or_else(|err| panic!("CSI driver: {err}"))
+}
+
+/// Waits (bounded) until the driver's calls satisfy `done`; returns them.
+async fn wait_calls(
+    d: &CsiDriverProcess,
+    what: &str,
+    done: impl Fn(&[Call]) -> bool,
+) -> Vec<Call> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let calls = d.calls();
+        if done(&calls) {
+            return calls;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {DEADLINE:?}; calls: {calls:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn position(calls: &[Call], f: impl Fn(&Call) -> bool) -> Option<usize> {
+    calls.iter().position(f)
+}
+
+fn ok(c: &Call, method: &str, volume: &str) -> bool {
+    c.method == method && c.volume_id == volume && c.error.is_none()
+}
+
+fn registered(calls: &[Call]) -> bool {
+    calls
+        .iter()
+        .any(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(true))
+}
+
+fn pv_and_claim() -> (PersistentVolume, PersistentVolumeClaim) {
+    let pv = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv-1"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "default", "name": "claim-1", "uid": "claim-1-uid"},
+            "csi": {"driver": DRIVER_NAME, "volumeHandle": PV_HANDLE, "volumeAttributes": {"kind": "persistent"}},
+        },
+        "status": {"phase": "Bound"},
+    });
+    let pvc = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim-1", "namespace": "default", "uid": "claim-1-uid"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
+    });
+    (
+        serde_json::from_value(pv).expect("a PV"),
+        serde_json::from_value(pvc).expect("a PVC"),
+    )
+}
+
+/// A pod with an inline ephemeral CSI volume, a read-only one, and the
+/// claim; its container writes into the two writable ones and reports
+/// whether the read-only one refused a write.
+fn csi_pod(name: &str) -> Pod {
+    let script = "cat /inline/volume-id > /data/seen-inline && echo from-pod > /inline/from-pod \
+        && echo from-pod > /data/from-pod \
+        && (touch /ro/x 2>/dev/null && echo rw || echo ro) > /data/ro-result; exec sleep 600";
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 2,
+            "volumes": [
+                {"name": "inline", "csi": {"driver": DRIVER_NAME, "volumeAttributes": {"size": "1Mi"}}},
+                {"name": "ro", "csi": {"driver": DRIVER_NAME, "readOnly": true}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "claim-1"}},
+            ],
+            "containers": [{
+                "name": "app", "image": IMAGE, "command": ["sh", "-c", script],
+                "volumeMounts": [
+                    {"name": "inline", "mountPath": "/inline"},
+                    {"name": "ro", "mountPath": "/ro"},
+                    {"name": "data", "mountPath": "/data"},
+                ],
+            }],
+        },
+    }))
+    .expect("a valid pod")
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+fn uid(p: &Pod) -> String {
+    p.metadata.uid.clone().expect("a uid")
+}
+
+async fn delete(e: &E2e, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(e.api().kube_client(), "default");
+    pods.delete(name, &DeleteParams::default())
+        .await
+        .expect("graceful delete");
+    e.api()
+        .wait_for_pods(&format!("{name} deleted for good"), DEADLINE, |pods| {
+            !pods.iter().any(|p| p.metadata.name.as_deref() == Some(name))
+        })
+        .await;
+}
+
+struct Paths {
+    staging: PathBuf,
+    pv_target: PathBuf,
+    inline_target: PathBuf,
+    ro_target: PathBuf,
+    inline_handle: String,
+    ro_handle: String,
+    pod_dir: PathBuf,
+}
+
+/// The kubelet's paths for the pod `uid`, computed here independently.
+fn paths(root: &Path, uid: &str) -> Paths {
+    let vols = root.join("pods").join(uid).join("volumes/kubernetes.io~csi");
+    Paths {
+        staging: root
+            .join("plugins/kubernetes.io/csi")
+            .join(DRIVER_NAME)
+            .join(sha256_hex(PV_HANDLE))
+            .join("globalmount"),
+        pv_target: vols.join("data/mount"),
+        inline_target: vols.join("inline/mount"),
+        ro_target: vols.join("ro/mount"),
+        inline_handle: format!("csi-{}", sha256_hex(&format!("{uid}inline"))),
+        ro_handle: format!("csi-{}", sha256_hex(&format!("{uid}ro"))),
+        pod_dir: root.join("pods").join(uid),
+    }
+}
+
+// The driver registers through the plugin socket directory: GetInfo, then
+// NodeGetInfo, then NotifyRegistrationStatus(registered); a driver whose
+// only version is 2.x is told why it was refused; a stopped driver is
+// deregistered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_registers_through_the_plugin_socket_directory() {
+    let name = "a_driver_registers_through_the_plugin_socket_directory";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let mut d = start_driver(&e, &[]);
+    let calls = wait_calls(&d, "registered", registered).await;
+    let order: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
+    assert_eq!(
+        order[..3],
+        ["GetInfo", "NodeGetInfo", "NotifyRegistrationStatus"],
+        "{calls:#?}"
+    );
+    e.wait_until("the driver in the agent's registry", || {
+        e.agent().csi_drivers.names() == [DRIVER_NAME]
+    })
+    .await;
+    let driver = e.agent().csi_drivers.get(DRIVER_NAME).expect("registered");
+    assert_eq!(driver.endpoint, d.csi_socket);
+    assert_eq!(driver.node_id, "e2e");
+    d.stop();
+    e.wait_until("the stopped driver deregistered", || {
+        e.agent().csi_drivers.names().is_empty()
+    })
+    .await;
+
+    let refused = start_driver(&e, &["--versions", "2.0.0"]);
+    let calls = wait_calls(&refused, "told it was refused", |c| {
+        c.iter()
+            .any(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(false))
+    })
+    .await;
+    let told = calls
+        .iter()
+        .find(|c| c.method == "NotifyRegistrationStatus")
+        .unwrap();
+    let error = told.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("none of the versions specified [\"2.0.0\"] are supported"),
+        "{error}"
+    );
+    assert!(!calls.iter().any(|c| c.method == "NodeGetInfo"), "{calls:#?}");
+    assert!(e.agent().csi_drivers.names().is_empty());
+    e.finish().await;
+}
+
+// An inline ephemeral volume, a read-only one and a PVC-backed one: the PV
+// is staged at the kubelet's staging path before it is published with that
+// path; the inline ones are published unstaged with the ephemeral and pod
+// info keys; the container sees them (the read-only one refuses writes);
+// deleting the pod unpublishes everything, then unstages the PV, and the
+// mounts and directories go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
+    let name = "inline_and_pvc_volumes_are_staged_published_visible_and_undone";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let d = start_driver(&e, &[]);
+    wait_calls(&d, "registered", registered).await;
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    let pod = e.api().add_pod(csi_pod("vols"));
+    let pod_uid = uid(&pod);
+    e.wait_api("vols", "Running", running).await;
+    let p = paths(&e.args.root_dir, &pod_uid);
+
+    let calls = d.calls();
+    let stage = position(&calls, |c| ok(c, "NodeStageVolume", PV_HANDLE)).expect("staged");
+    assert_eq!(calls[stage].staging_target_path, p.staging.display().to_string());
+    assert_eq!(calls[stage].volume_context.get("kind").map(String::as_str), Some("persistent"));
+    let publish = position(&calls, |c| ok(c, "NodePublishVolume", PV_HANDLE)).expect("published");
+    assert!(stage < publish, "staged before published: {calls:#?}");
+    let c = &calls[publish];
+    assert_eq!(c.staging_target_path, p.staging.display().to_string());
+    assert_eq!(c.target_path, p.pv_target.display().to_string());
+    assert!(!c.readonly);
+    assert_eq!(c.volume_context.get("csi.storage.k8s.io/ephemeral").map(String::as_str), Some("false"));
+    let inline = position(&calls, |c| ok(c, "NodePublishVolume", &p.inline_handle))
+        .unwrap_or_else(|| panic!("inline published: {calls:#?}"));
+    let c = &calls[inline];
+    assert_eq!(c.staging_target_path, "", "ephemeral volumes are not staged");
+    assert_eq!(c.target_path, p.inline_target.display().to_string());
+    for (k, v) in [
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.name", "vols"),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", pod_uid.as_str()),
+        ("size", "1Mi"),
+    ] {
+        assert_eq!(c.volume_context.get(k).map(String::as_str), Some(v), "{k}: {c:#?}");
+    }
+    assert!(!calls.iter().any(|c| c.method == "NodeStageVolume" && c.volume_id == p.inline_handle));
+    let ro = position(&calls, |c| ok(c, "NodePublishVolume", &p.ro_handle)).expect("ro published");
+    assert!(calls[ro].readonly);
+    for t in [&p.staging, &p.pv_target, &p.inline_target, &p.ro_target] {
+        assert!(mounts::is_mount_point(t), "{} mounted", t.display());
+    }
+    assert!(mounts::is_read_only(&p.ro_target));
+
+    // What the container wrote is in the driver's backing directories.
+    let pv_backing = d.backing_dir(PV_HANDLE);
+    let inline_backing = d.backing_dir(&p.inline_handle);
+    e.wait_until("the container's files", || {
+        std::fs::read_to_string(pv_backing.join("ro-result")).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(pv_backing.join("from-pod")).unwrap(), "from-pod\n");
+    assert_eq!(std::fs::read_to_string(inline_backing.join("from-pod")).unwrap(), "from-pod\n");
+    assert_eq!(
+        std::fs::read_to_string(pv_backing.join("seen-inline")).unwrap(),
+        p.inline_handle,
+        "the container read the inline volume's own file"
+    );
+    assert_eq!(std::fs::read_to_string(pv_backing.join("ro-result")).unwrap(), "ro\n");
+
+    // Deleted: unpublished, then unstaged; mounts and dirs gone.
+    let before = d.calls().len();
+    delete(&e, "vols").await;
+    let calls = wait_calls(&d, "unstaged", |c| {
+        c.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE))
+    })
+    .await;
+    let after = &calls[before..];
+    let unpublish_pv = position(after, |c| ok(c, "NodeUnpublishVolume", PV_HANDLE)).expect("pv unpublished");
+    let unstage = position(after, |c| ok(c, "NodeUnstageVolume", PV_HANDLE)).unwrap();
+    assert!(unpublish_pv < unstage, "unpublished before unstaged: {after:#?}");
+    assert_eq!(after[unstage].staging_target_path, p.staging.display().to_string());
+    for (h, t) in [(&p.inline_handle, &p.inline_target), (&p.ro_handle, &p.ro_target)] {
+        let i = position(after, |c| ok(c, "NodeUnpublishVolume", h)).unwrap_or_else(|| panic!("{h} unpublished: {after:#?}"));
+        assert_eq!(after[i].target_path, t.display().to_string());
+    }
+    e.wait_until("the mounts and directories gone", || {
+        [&p.staging, &p.pv_target, &p.inline_target, &p.ro_target]
+            .iter()
+            .all(|t| !mounts::is_mount_point(t) && !t.exists())
+            && !p.staging.parent().unwrap().exists()
+            && !p.pod_dir.exists()
+    })
+    .await;
+    assert!(!inline_backing.exists(), "the ephemeral volume's data went with it");
+    assert!(pv_backing.join("from-pod").exists(), "the persistent volume's data stays");
+    e.finish().await;
+}
+
+// NodePublishVolume of the PV fails: FailedMount with the driver's error, the
+// pod waits in ContainerCreating, the agent retries; once the driver
+// recovers the pod runs; deleted, it is cleaned up as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_error_is_failed_mount_and_retried() {
+    let name = "a_driver_error_is_failed_mount_and_retried";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let d = start_driver(&e, &[]);
+    wait_calls(&d, "registered", registered).await;
+    d.inject_error(PV_HANDLE, "NodePublishVolume", "injected failure for the test");
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    let pod = e.api().add_pod(csi_pod("failing"));
+    let pod_uid = uid(&pod);
+    let failed = |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
+    wait_calls(&d, "two failed publishes (a retry)", |c| {
+        c.iter().filter(|c| failed(c)).count() >= 2
+    })
+    .await;
+    let path = "/pods/default/failing/events";
+    let deadline = Instant::now() + DEADLINE;
+    let event = loop {
+        let response = http_get(e.agent().addr, path).await;
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let list: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let found = list["items"].as_array().and_then(|a| {
+            a.iter()
+                .find(|ev| ev["reason"] == "FailedMount")
+                .cloned()
+        });
+        if let Some(ev) = found {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "no FailedMount: {list:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(event["type"], "Warning");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected failure for the test"), "{message}");
+    let api_pod = e.api().pod("default", "failing").expect("the pod");
+    let status = api_pod.status.clone().unwrap_or_default();
+    assert_eq!(status.phase.as_deref(), Some("Pending"), "{status:?}");
+    let waiting = status
+        .container_statuses
+        .as_ref()
+        .and_then(|s| s.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.clone());
+    assert_eq!(waiting.as_deref(), Some("ContainerCreating"), "{status:?}");
+    assert!(e.sandboxes(&pod_uid).await.is_empty(), "no sandbox before the volumes are mounted");
+
+    d.clear_error(PV_HANDLE, "NodePublishVolume");
+    e.wait_api("failing", "Running after the driver recovered", running).await;
+    let p = paths(&e.args.root_dir, &pod_uid);
+    assert!(mounts::is_mount_point(&p.pv_target));
+    delete(&e, "failing").await;
+    e.wait_until("cleaned up", || {
+        !p.pod_dir.exists() && !p.staging.parent().unwrap().exists()
+    })
+    .await;
+    let calls = d.calls();
+    assert!(calls.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE)), "{calls:#?}");
+    e.finish().await;
+}
