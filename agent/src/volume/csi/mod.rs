@@ -34,7 +34,7 @@ pub mod client;
 pub mod drivers;
 pub mod error;
 pub mod paths;
-// pub mod plugin; (after merging vol)
+pub mod plugin;
 pub mod registration;
 pub mod spec;
 pub mod state;
