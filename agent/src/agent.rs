@@ -60,6 +60,8 @@ pub enum AgentError {
     Reserved(#[from] crate::admission::ReservedError),
     #[error("--node-labels / --register-with-taints: {0}")]
     NodeFlags(#[from] crate::admission::node::NodeFlagError),
+    #[error("CSI plugin registration: {0}")]
+    PluginRegistry(#[from] crate::volume::csi::CsiError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -108,6 +110,8 @@ pub struct Agent {
     pub local: Arc<LocalStore>,
     /// The pods' events ([`crate::events`]).
     pub events: Recorder,
+    /// The CSI drivers registered through the plugin registration directory.
+    pub csi_drivers: crate::volume::csi::CsiDrivers,
     pub status: Arc<StatusManager>,
     pub addr: SocketAddr,
     shutdown: CancellationToken,
@@ -218,6 +222,19 @@ impl Agent {
             }
             None => Recorder::new(&node_name, wall, Default::default(), None),
         };
+        // CSI drivers register through <root-dir>/plugins_registry (the
+        // kubelet's plugin manager); the CSI volume plugin finds them there.
+        let csi_drivers = crate::volume::csi::CsiDrivers::new();
+        let watcher = crate::volume::csi::PluginWatcher::new(
+            &args.root_dir,
+            csi_drivers.clone(),
+            crate::volume::csi::CsiClientConfig::default(),
+        )?;
+        tasks.push(health.spawn(
+            "plugin watcher",
+            shutdown.clone(),
+            watcher.run(shutdown.clone()),
+        ));
         let status_task = health.spawn(
             "status manager",
             shutdown.clone(),
@@ -413,6 +430,7 @@ impl Agent {
         Ok(Self {
             local,
             events,
+            csi_drivers,
             status,
             addr,
             shutdown,

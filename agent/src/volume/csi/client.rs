@@ -144,8 +144,9 @@ impl CsiClient {
     /// `GetPluginInfo`: the driver's own name and version.
     pub async fn plugin_info(&self) -> Result<v1::GetPluginInfoResponse> {
         let mut c = self.identity.clone();
-        self.call("GetPluginInfo", "-", |t| {
+        self.call("GetPluginInfo", "-", move |t| async move {
             c.get_plugin_info(with_timeout(v1::GetPluginInfoRequest {}, t))
+                .await
         })
         .await
     }
@@ -155,8 +156,9 @@ impl CsiClient {
     pub async fn node_get_info(&self) -> Result<NodeInfo> {
         let mut c = self.node.clone();
         let r = self
-            .call("NodeGetInfo", "-", |t| {
+            .call("NodeGetInfo", "-", move |t| async move {
                 c.node_get_info(with_timeout(v1::NodeGetInfoRequest {}, t))
+                    .await
             })
             .await?;
         if r.node_id.is_empty() {
@@ -177,8 +179,9 @@ impl CsiClient {
     pub async fn node_get_capabilities(&self) -> Result<NodeCapabilities> {
         let mut c = self.node.clone();
         let r = self
-            .call("NodeGetCapabilities", "-", |t| {
+            .call("NodeGetCapabilities", "-", move |t| async move {
                 c.node_get_capabilities(with_timeout(v1::NodeGetCapabilitiesRequest {}, t))
+                    .await
             })
             .await?;
         Ok(capabilities_of(&r))
@@ -187,8 +190,8 @@ impl CsiClient {
     pub async fn node_stage_volume(&self, req: v1::NodeStageVolumeRequest) -> Result<()> {
         let volume = req.volume_id.clone();
         let mut c = self.node.clone();
-        self.call("NodeStageVolume", &volume, |t| {
-            c.node_stage_volume(with_timeout(req, t))
+        self.call("NodeStageVolume", &volume, move |t| async move {
+            c.node_stage_volume(with_timeout(req, t)).await
         })
         .await
         .map(drop)
@@ -197,8 +200,8 @@ impl CsiClient {
     pub async fn node_unstage_volume(&self, req: v1::NodeUnstageVolumeRequest) -> Result<()> {
         let volume = req.volume_id.clone();
         let mut c = self.node.clone();
-        self.call("NodeUnstageVolume", &volume, |t| {
-            c.node_unstage_volume(with_timeout(req, t))
+        self.call("NodeUnstageVolume", &volume, move |t| async move {
+            c.node_unstage_volume(with_timeout(req, t)).await
         })
         .await
         .map(drop)
@@ -207,8 +210,8 @@ impl CsiClient {
     pub async fn node_publish_volume(&self, req: v1::NodePublishVolumeRequest) -> Result<()> {
         let volume = req.volume_id.clone();
         let mut c = self.node.clone();
-        self.call("NodePublishVolume", &volume, |t| {
-            c.node_publish_volume(with_timeout(req, t))
+        self.call("NodePublishVolume", &volume, move |t| async move {
+            c.node_publish_volume(with_timeout(req, t)).await
         })
         .await
         .map(drop)
@@ -217,8 +220,8 @@ impl CsiClient {
     pub async fn node_unpublish_volume(&self, req: v1::NodeUnpublishVolumeRequest) -> Result<()> {
         let volume = req.volume_id.clone();
         let mut c = self.node.clone();
-        self.call("NodeUnpublishVolume", &volume, |t| {
-            c.node_unpublish_volume(with_timeout(req, t))
+        self.call("NodeUnpublishVolume", &volume, move |t| async move {
+            c.node_unpublish_volume(with_timeout(req, t)).await
         })
         .await
         .map(drop)

@@ -16,7 +16,7 @@ pub enum CsiError {
     )]
     DriverNotRegistered { driver: String },
     /// The driver answered the call with a gRPC error.
-    #[error("{method} of CSI driver {driver} for volume {volume}: rpc error: code = {code:?} desc = {message}{}", retry_note(*code))]
+    #[error("{method} of CSI driver {driver} for volume {volume}: rpc error: code = {code:?} desc = {message}{}", retry_note(.code))]
     Call {
         driver: String,
         method: &'static str,
@@ -46,7 +46,7 @@ pub enum CsiError {
         reason: String,
     },
     /// A directory or file of the volume's paths.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {source}", .path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
@@ -57,8 +57,8 @@ pub enum CsiError {
     InvalidSpec { volume: String, reason: String },
 }
 
-fn retry_note(code: Code) -> &'static str {
-    if is_final(code) {
+fn retry_note(code: &Code) -> &'static str {
+    if is_final(*code) {
         ""
     } else {
         " (retryable; the operation may still complete)"

@@ -120,7 +120,8 @@ impl CsiPlugin {
         next
     }
 
-    /// The staging path of `v`: the kubelet's, for a persistent volume.
+    /// The staging path of `v`: the kubelet's, for a persistent volume (what
+    /// [`VolumePlugin::device_mount_path`] gives the manager).
     pub fn staging_path(&self, v: &CsiVolume) -> PathBuf {
         paths::staging_path(&self.root_dir, &v.driver, &v.handle)
     }
@@ -181,11 +182,11 @@ impl CsiPlugin {
         let v = Self::volume(spec, "")?;
         let client = self.client(&v)?;
         let caps = client.node_get_capabilities().await?;
-        if caps.stage_unstage {
-            if let Err(e) = client.node_unstage_volume(v.unstage_request(staging)).await {
-                self.stage_event(&v, &StageEvent::UnstageFailed);
-                return Err(e);
-            }
+        if caps.stage_unstage
+            && let Err(e) = client.node_unstage_volume(v.unstage_request(staging)).await
+        {
+            self.stage_event(&v, &StageEvent::UnstageFailed);
+            return Err(e);
         }
         self.stage_event(&v, &StageEvent::UnstageSucceeded);
         paths::remove_mount_dir(staging)
@@ -285,6 +286,15 @@ impl VolumePlugin for CsiPlugin {
 
     fn host_path(&self, _spec: &Spec, dir: &Path) -> PathBuf {
         paths::target_path(dir)
+    }
+
+    fn device_mount_path(
+        &self,
+        spec: &Spec,
+        root_dir: &Path,
+    ) -> Result<Option<PathBuf>, PluginError> {
+        let v = Self::volume(spec, "").map_err(to_plugin_error)?;
+        Ok(Some(paths::staging_path(root_dir, &v.driver, &v.handle)))
     }
 
     async fn mount_device(&self, spec: &Spec, device_mount_path: &Path) -> Result<(), PluginError> {

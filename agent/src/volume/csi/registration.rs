@@ -69,11 +69,11 @@ impl std::fmt::Display for Version {
 /// Why a plugin was not registered. The text is what the plugin is told.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
-    #[error("registration socket {}: GetInfo failed (retryable): {message}", socket.display())]
+    #[error("registration socket {}: GetInfo failed (retryable): {message}", .socket.display())]
     GetInfo { socket: PathBuf, message: String },
-    #[error("no handler registered for plugin type: {kind} at socket {}", socket.display())]
+    #[error("no handler registered for plugin type: {kind} at socket {}", .socket.display())]
     UnknownType { kind: String, socket: PathBuf },
-    #[error("registration socket {}: plugin name is empty", socket.display())]
+    #[error("registration socket {}: plugin name is empty", .socket.display())]
     EmptyName { socket: PathBuf },
     #[error(
         "RegisterPlugin for CSI driver {driver} failed: plugin returned an empty list for supported versions"
