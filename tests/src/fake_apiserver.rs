@@ -18,7 +18,8 @@
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
 //!   and listed in a namespace ([`events`]); Nodes created and their status
 //!   patched, `coordination.k8s.io/v1` Leases created, read and replaced
-//!   ([`nodes`]).
+//!   ([`nodes`]); ConfigMaps and Secrets read, ServiceAccount tokens
+//!   requested (TokenRequest, [`objects`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -57,6 +58,7 @@ use tokio::sync::{mpsc, watch};
 
 mod events;
 mod nodes;
+pub mod objects;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -136,6 +138,8 @@ struct Inner {
     leases: BTreeMap<(String, String), k8s_openapi::api::coordination::v1::Lease>,
     refused: u64,
     uid_counter: u64,
+    /// ConfigMaps, Secrets, ServiceAccounts, TokenRequests ([`objects`]).
+    objects: objects::Objects,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +192,7 @@ impl FakeApiServer {
                 leases: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
+                objects: Default::default(),
             }),
             changes,
         });
@@ -848,6 +853,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .merge(events::routes())
         .merge(nodes::routes())
+        .merge(objects::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
