@@ -4,7 +4,8 @@
 //! same workers; workers -> the status manager -> the local `/pods` store and,
 //! with a kubeconfig, the API server; pod events kept per pod
 //! (`/pods/<namespace>/<name>/events`) and, with a kubeconfig, written to the
-//! API server. Also `/metrics` and `/healthz`.
+//! API server; the volume manager's reconciler mounting the pods' volumes.
+//! Also `/metrics` and `/healthz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -286,11 +287,30 @@ impl Agent {
             host_ip.clone(),
             events.clone(),
         ));
+        // Volumes: the built-in plugins (others register on `plugins`), the
+        // reconciler as an essential task.
+        let volume_host = crate::volume::VolumeHost {
+            root_dir: args.root_dir.clone(),
+            node_name: node_name.clone(),
+            kube: kube.clone(),
+        };
+        let plugins = crate::volume::builtin_plugins(&volume_host);
+        let volumes = Arc::new(crate::volume::VolumeManager::new(
+            volume_host,
+            plugins,
+            events.clone(),
+        ));
+        tasks.push(health.spawn(
+            "volume manager",
+            shutdown.clone(),
+            volumes.clone().run(shutdown.clone()),
+        ));
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
                 .with_image_pull_backoff(image_backoff)
                 .with_probes(probe_results)
-                .with_events(events.clone()),
+                .with_events(events.clone())
+                .with_volumes(volumes),
         );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(

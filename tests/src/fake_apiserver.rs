@@ -18,8 +18,9 @@
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
 //!   and listed in a namespace ([`events`]); Nodes created and their status
 //!   patched, `coordination.k8s.io/v1` Leases created, read and replaced
-//!   ([`nodes`]); PersistentVolumeClaims and PersistentVolumes read
-//!   ([`storage`]).
+//!   ([`nodes`]); ConfigMaps and Secrets read, ServiceAccount tokens
+//!   requested (TokenRequest, [`objects`]); PersistentVolumeClaims and
+//!   PersistentVolumes read ([`storage`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -58,6 +59,7 @@ use tokio::sync::{mpsc, watch};
 
 mod events;
 mod nodes;
+pub mod objects;
 mod storage;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
@@ -142,6 +144,8 @@ struct Inner {
     persistent_volumes: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
     refused: u64,
     uid_counter: u64,
+    /// ConfigMaps, Secrets, ServiceAccounts, TokenRequests ([`objects`]).
+    objects: objects::Objects,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +200,7 @@ impl FakeApiServer {
                 persistent_volumes: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
+                objects: Default::default(),
             }),
             changes,
         });
@@ -856,6 +861,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .merge(events::routes())
         .merge(nodes::routes())
+        .merge(objects::routes())
         .merge(storage::routes())
         .fallback(|| async {
             ApiError::new(

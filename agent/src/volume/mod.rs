@@ -42,6 +42,7 @@ pub mod populator;
 pub mod projection;
 pub mod reconciler;
 pub mod state;
+pub mod subpath;
 pub mod token;
 pub mod util;
 
