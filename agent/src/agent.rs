@@ -294,7 +294,15 @@ impl Agent {
             node_name: node_name.clone(),
             kube: kube.clone(),
         };
-        let plugins = crate::volume::builtin_plugins(&volume_host);
+        let mut plugins = crate::volume::builtin_plugins(&volume_host);
+        // CSI volumes, through the drivers of the plugin watcher.
+        if let Err(e) = plugins.register(Arc::new(crate::volume::csi::plugin::CsiPlugin::new(
+            &args.root_dir,
+            &node_name,
+            csi_drivers.clone(),
+        ))) {
+            warn!(error = %e, "the CSI volume plugin is not registered");
+        }
         let volumes = Arc::new(crate::volume::VolumeManager::new(
             volume_host,
             plugins,

@@ -126,7 +126,7 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
 
 /// The volume types the volume manager mounts ([`crate::volume`]); a
 /// claim is mounted by the plugin of its PersistentVolume's type.
-pub const SUPPORTED_VOLUMES: [&str; 8] = [
+pub const SUPPORTED_VOLUMES: [&str; 9] = [
     "emptyDir",
     "hostPath",
     "configMap",
@@ -135,6 +135,8 @@ pub const SUPPORTED_VOLUMES: [&str; 8] = [
     "projected",
     "persistentVolumeClaim",
     "ephemeral",
+    // Inline ephemeral CSI volumes (crate::volume::csi).
+    "csi",
 ];
 
 /// A volume of a type no plugin mounts (`spec.volumes[v].nfs`), or a
