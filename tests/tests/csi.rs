@@ -43,11 +43,7 @@ fn start_driver(e: &E2e, extra: &[&str]) -> CsiDriverProcess {
 }
 
 /// Waits (bounded) until the driver's calls satisfy `done`; returns them.
-async fn wait_calls(
-    d: &CsiDriverProcess,
-    what: &str,
-    done: impl Fn(&[Call]) -> bool,
-) -> Vec<Call> {
+async fn wait_calls(d: &CsiDriverProcess, what: &str, done: impl Fn(&[Call]) -> bool) -> Vec<Call> {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let calls = d.calls();
@@ -149,7 +145,9 @@ async fn delete(e: &E2e, name: &str) {
         .expect("graceful delete");
     e.api()
         .wait_for_pods(&format!("{name} deleted for good"), DEADLINE, |pods| {
-            !pods.iter().any(|p| p.metadata.name.as_deref() == Some(name))
+            !pods
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some(name))
         })
         .await;
 }
@@ -166,7 +164,10 @@ struct Paths {
 
 /// The kubelet's paths for the pod `uid`, computed here independently.
 fn paths(root: &Path, uid: &str) -> Paths {
-    let vols = root.join("pods").join(uid).join("volumes/kubernetes.io~csi");
+    let vols = root
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~csi");
     Paths {
         staging: root
             .join("plugins/kubernetes.io/csi")
@@ -230,7 +231,10 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
         error.contains("none of the versions specified [\"2.0.0\"] are supported"),
         "{error}"
     );
-    assert!(!calls.iter().any(|c| c.method == "NodeGetInfo"), "{calls:#?}");
+    assert!(
+        !calls.iter().any(|c| c.method == "NodeGetInfo"),
+        "{calls:#?}"
+    );
     assert!(e.agent().csi_drivers.names().is_empty());
     e.finish().await;
 }
@@ -261,19 +265,33 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
 
     let calls = d.calls();
     let stage = position(&calls, |c| ok(c, "NodeStageVolume", PV_HANDLE)).expect("staged");
-    assert_eq!(calls[stage].staging_target_path, p.staging.display().to_string());
-    assert_eq!(calls[stage].volume_context.get("kind").map(String::as_str), Some("persistent"));
+    assert_eq!(
+        calls[stage].staging_target_path,
+        p.staging.display().to_string()
+    );
+    assert_eq!(
+        calls[stage].volume_context.get("kind").map(String::as_str),
+        Some("persistent")
+    );
     let publish = position(&calls, |c| ok(c, "NodePublishVolume", PV_HANDLE)).expect("published");
     assert!(stage < publish, "staged before published: {calls:#?}");
     let c = &calls[publish];
     assert_eq!(c.staging_target_path, p.staging.display().to_string());
     assert_eq!(c.target_path, p.pv_target.display().to_string());
     assert!(!c.readonly);
-    assert_eq!(c.volume_context.get("csi.storage.k8s.io/ephemeral").map(String::as_str), Some("false"));
+    assert_eq!(
+        c.volume_context
+            .get("csi.storage.k8s.io/ephemeral")
+            .map(String::as_str),
+        Some("false")
+    );
     let inline = position(&calls, |c| ok(c, "NodePublishVolume", &p.inline_handle))
         .unwrap_or_else(|| panic!("inline published: {calls:#?}"));
     let c = &calls[inline];
-    assert_eq!(c.staging_target_path, "", "ephemeral volumes are not staged");
+    assert_eq!(
+        c.staging_target_path, "",
+        "ephemeral volumes are not staged"
+    );
     assert_eq!(c.target_path, p.inline_target.display().to_string());
     for (k, v) in [
         ("csi.storage.k8s.io/ephemeral", "true"),
@@ -282,9 +300,17 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
         ("csi.storage.k8s.io/pod.uid", pod_uid.as_str()),
         ("size", "1Mi"),
     ] {
-        assert_eq!(c.volume_context.get(k).map(String::as_str), Some(v), "{k}: {c:#?}");
+        assert_eq!(
+            c.volume_context.get(k).map(String::as_str),
+            Some(v),
+            "{k}: {c:#?}"
+        );
     }
-    assert!(!calls.iter().any(|c| c.method == "NodeStageVolume" && c.volume_id == p.inline_handle));
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.method == "NodeStageVolume" && c.volume_id == p.inline_handle)
+    );
     let ro = position(&calls, |c| ok(c, "NodePublishVolume", &p.ro_handle)).expect("ro published");
     assert!(calls[ro].readonly);
     for t in [&p.staging, &p.pv_target, &p.inline_target, &p.ro_target] {
@@ -299,14 +325,23 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
         std::fs::read_to_string(pv_backing.join("ro-result")).is_ok_and(|s| s.ends_with('\n'))
     })
     .await;
-    assert_eq!(std::fs::read_to_string(pv_backing.join("from-pod")).unwrap(), "from-pod\n");
-    assert_eq!(std::fs::read_to_string(inline_backing.join("from-pod")).unwrap(), "from-pod\n");
+    assert_eq!(
+        std::fs::read_to_string(pv_backing.join("from-pod")).unwrap(),
+        "from-pod\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(inline_backing.join("from-pod")).unwrap(),
+        "from-pod\n"
+    );
     assert_eq!(
         std::fs::read_to_string(pv_backing.join("seen-inline")).unwrap(),
         p.inline_handle,
         "the container read the inline volume's own file"
     );
-    assert_eq!(std::fs::read_to_string(pv_backing.join("ro-result")).unwrap(), "ro\n");
+    assert_eq!(
+        std::fs::read_to_string(pv_backing.join("ro-result")).unwrap(),
+        "ro\n"
+    );
 
     // Deleted: unpublished, then unstaged; mounts and dirs gone.
     let before = d.calls().len();
@@ -316,12 +351,23 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
     })
     .await;
     let after = &calls[before..];
-    let unpublish_pv = position(after, |c| ok(c, "NodeUnpublishVolume", PV_HANDLE)).expect("pv unpublished");
+    let unpublish_pv =
+        position(after, |c| ok(c, "NodeUnpublishVolume", PV_HANDLE)).expect("pv unpublished");
     let unstage = position(after, |c| ok(c, "NodeUnstageVolume", PV_HANDLE)).unwrap();
-    assert!(unpublish_pv < unstage, "unpublished before unstaged: {after:#?}");
-    assert_eq!(after[unstage].staging_target_path, p.staging.display().to_string());
-    for (h, t) in [(&p.inline_handle, &p.inline_target), (&p.ro_handle, &p.ro_target)] {
-        let i = position(after, |c| ok(c, "NodeUnpublishVolume", h)).unwrap_or_else(|| panic!("{h} unpublished: {after:#?}"));
+    assert!(
+        unpublish_pv < unstage,
+        "unpublished before unstaged: {after:#?}"
+    );
+    assert_eq!(
+        after[unstage].staging_target_path,
+        p.staging.display().to_string()
+    );
+    for (h, t) in [
+        (&p.inline_handle, &p.inline_target),
+        (&p.ro_handle, &p.ro_target),
+    ] {
+        let i = position(after, |c| ok(c, "NodeUnpublishVolume", h))
+            .unwrap_or_else(|| panic!("{h} unpublished: {after:#?}"));
         assert_eq!(after[i].target_path, t.display().to_string());
     }
     e.wait_until("the mounts and directories gone", || {
@@ -332,8 +378,14 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
             && !p.pod_dir.exists()
     })
     .await;
-    assert!(!inline_backing.exists(), "the ephemeral volume's data went with it");
-    assert!(pv_backing.join("from-pod").exists(), "the persistent volume's data stays");
+    assert!(
+        !inline_backing.exists(),
+        "the ephemeral volume's data went with it"
+    );
+    assert!(
+        pv_backing.join("from-pod").exists(),
+        "the persistent volume's data stays"
+    );
     e.finish().await;
 }
 
@@ -350,13 +402,18 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     let e = E2e::start_with(name, true, &[]).await;
     let d = start_driver(&e, &[]);
     wait_calls(&d, "registered", registered).await;
-    d.inject_error(PV_HANDLE, "NodePublishVolume", "injected failure for the test");
+    d.inject_error(
+        PV_HANDLE,
+        "NodePublishVolume",
+        "injected failure for the test",
+    );
     let (pv, pvc) = pv_and_claim();
     e.api().add_pv(pv);
     e.api().add_pvc(pvc);
     let pod = e.api().add_pod(csi_pod("failing"));
     let pod_uid = uid(&pod);
-    let failed = |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
+    let failed =
+        |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
     wait_calls(&d, "two failed publishes (a retry)", |c| {
         c.iter().filter(|c| failed(c)).count() >= 2
     })
@@ -367,11 +424,9 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         let response = http_get(e.agent().addr, path).await;
         let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
         let list: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-        let found = list["items"].as_array().and_then(|a| {
-            a.iter()
-                .find(|ev| ev["reason"] == "FailedMount")
-                .cloned()
-        });
+        let found = list["items"]
+            .as_array()
+            .and_then(|a| a.iter().find(|ev| ev["reason"] == "FailedMount").cloned());
         if let Some(ev) = found {
             break ev;
         }
@@ -380,7 +435,10 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     };
     assert_eq!(event["type"], "Warning");
     let message = event["message"].as_str().unwrap_or_default();
-    assert!(message.contains("injected failure for the test"), "{message}");
+    assert!(
+        message.contains("injected failure for the test"),
+        "{message}"
+    );
     let api_pod = e.api().pod("default", "failing").expect("the pod");
     let status = api_pod.status.clone().unwrap_or_default();
     assert_eq!(status.phase.as_deref(), Some("Pending"), "{status:?}");
@@ -392,10 +450,14 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         .and_then(|s| s.waiting.as_ref())
         .and_then(|w| w.reason.clone());
     assert_eq!(waiting.as_deref(), Some("ContainerCreating"), "{status:?}");
-    assert!(e.sandboxes(&pod_uid).await.is_empty(), "no sandbox before the volumes are mounted");
+    assert!(
+        e.sandboxes(&pod_uid).await.is_empty(),
+        "no sandbox before the volumes are mounted"
+    );
 
     d.clear_error(PV_HANDLE, "NodePublishVolume");
-    e.wait_api("failing", "Running after the driver recovered", running).await;
+    e.wait_api("failing", "Running after the driver recovered", running)
+        .await;
     let p = paths(&e.args.root_dir, &pod_uid);
     assert!(mounts::is_mount_point(&p.pv_target));
     delete(&e, "failing").await;
@@ -404,6 +466,9 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     })
     .await;
     let calls = d.calls();
-    assert!(calls.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE)), "{calls:#?}");
+    assert!(
+        calls.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE)),
+        "{calls:#?}"
+    );
     e.finish().await;
 }

@@ -70,8 +70,8 @@ mod tests {
             }),
             ..Default::default()
         };
-        let decoded = v1::NodeStageVolumeRequest::decode(req.encode_to_vec().as_slice())
-            .expect("decodes");
+        let decoded =
+            v1::NodeStageVolumeRequest::decode(req.encode_to_vec().as_slice()).expect("decodes");
         assert_eq!(decoded, req);
     }
 

@@ -9,7 +9,9 @@ use evpleg_tests::csi_driver::{DRIVER_NAME, DriverConfig, serve};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(about = "A CSI node driver whose volumes are bind-mounted directories, for evpleg's tests")]
+#[command(
+    about = "A CSI node driver whose volumes are bind-mounted directories, for evpleg's tests"
+)]
 struct Args {
     /// The driver's name.
     #[arg(long, env = "EVPLEG_CSI_DRIVER_NAME", default_value = DRIVER_NAME)]

@@ -68,7 +68,10 @@ pub async fn serve(
     // watcher sees a socket that already accepts.
     let tmp = registration.with_file_name(format!(
         ".{}.tmp",
-        registration.file_name().and_then(|n| n.to_str()).unwrap_or("reg")
+        registration
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("reg")
     ));
     let reg = bind(&tmp)?;
     std::fs::rename(&tmp, registration)?;

@@ -80,8 +80,7 @@ pub fn is_read_only(path: &Path) -> bool {
     };
     let want = path.as_os_str().as_bytes();
     info.lines()
-        .filter(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
-        .last()
+        .rfind(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
         .and_then(|l| l.split(' ').nth(5))
         .is_some_and(|opts| opts.split(',').any(|o| o == "ro"))
 }
@@ -91,7 +90,10 @@ fn unescape(s: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;

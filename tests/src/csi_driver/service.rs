@@ -100,7 +100,11 @@ impl TestDriver {
         let _g = self.log.lock().unwrap_or_else(|e| e.into_inner());
         let path = self.config.state_dir.join("calls.jsonl");
         let line = serde_json::to_string(call).unwrap_or_default();
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
             let _ = writeln!(f, "{line}");
         }
     }
@@ -214,7 +218,9 @@ fn internal(path: &Path, e: std::io::Error) -> Status {
 
 fn need(field: &str, value: &str) -> Result<(), Status> {
     if value.is_empty() {
-        return Err(Status::invalid_argument(format!("{field} missing in request")));
+        return Err(Status::invalid_argument(format!(
+            "{field} missing in request"
+        )));
     }
     Ok(())
 }
@@ -270,12 +276,15 @@ impl Node for Services {
             need("volume_id", &r.volume_id)?;
             need("staging_target_path", &r.staging_target_path)?;
             if r.volume_capability.is_none() {
-                return Err(Status::invalid_argument("volume_capability missing in request"));
+                return Err(Status::invalid_argument(
+                    "volume_capability missing in request",
+                ));
             }
             if !self.0.config.stage_unstage {
                 return Err(Status::unimplemented("STAGE_UNSTAGE_VOLUME not offered"));
             }
-            self.0.stage(&r.volume_id, Path::new(&r.staging_target_path))
+            self.0
+                .stage(&r.volume_id, Path::new(&r.staging_target_path))
         })?;
         Ok(Response::new(v1::NodeStageVolumeResponse {}))
     }
@@ -317,11 +326,15 @@ impl Node for Services {
             need("volume_id", &r.volume_id)?;
             need("target_path", &r.target_path)?;
             if r.volume_capability.is_none() {
-                return Err(Status::invalid_argument("volume_capability missing in request"));
+                return Err(Status::invalid_argument(
+                    "volume_capability missing in request",
+                ));
             }
             if self.0.config.stage_unstage
                 && r.staging_target_path.is_empty()
-                && r.volume_context.get("csi.storage.k8s.io/ephemeral").map(String::as_str)
+                && r.volume_context
+                    .get("csi.storage.k8s.io/ephemeral")
+                    .map(String::as_str)
                     != Some("true")
             {
                 return Err(Status::failed_precondition(
@@ -370,7 +383,9 @@ impl Node for Services {
             method: "NodeGetCapabilities".into(),
             ..Default::default()
         });
-        Ok(Response::new(v1::NodeGetCapabilitiesResponse { capabilities }))
+        Ok(Response::new(v1::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
     async fn node_get_info(

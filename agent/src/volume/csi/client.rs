@@ -171,7 +171,10 @@ impl CsiClient {
         Ok(NodeInfo {
             node_id: r.node_id,
             max_volumes_per_node: r.max_volumes_per_node,
-            topology: r.accessible_topology.map(|t| t.segments).unwrap_or_default(),
+            topology: r
+                .accessible_topology
+                .map(|t| t.segments)
+                .unwrap_or_default(),
         })
     }
 
@@ -261,7 +264,10 @@ mod tests {
             (vec![], false),
             (vec![cap(rpc::Type::GetVolumeStats)], false),
             (
-                vec![cap(rpc::Type::GetVolumeStats), cap(rpc::Type::StageUnstageVolume)],
+                vec![
+                    cap(rpc::Type::GetVolumeStats),
+                    cap(rpc::Type::StageUnstageVolume),
+                ],
                 true,
             ),
         ];
@@ -302,6 +308,10 @@ mod tests {
         .unwrap();
         let e = c.node_get_capabilities().await.unwrap_err();
         assert!(e.is_retryable(), "{e}");
-        assert!(e.to_string().starts_with("NodeGetCapabilities of CSI driver d"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("NodeGetCapabilities of CSI driver d"),
+            "{e}"
+        );
     }
 }

@@ -170,7 +170,10 @@ mod tests {
             code: Code::Unavailable,
             message: "gone".into(),
         };
-        assert!(e.to_string().ends_with("(retryable; the operation may still complete)"));
+        assert!(
+            e.to_string()
+                .ends_with("(retryable; the operation may still complete)")
+        );
         let e = CsiError::DriverNotRegistered { driver: "x".into() };
         assert!(e.is_retryable() && !e.is_uncertain());
     }

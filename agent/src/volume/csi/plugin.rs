@@ -96,7 +96,11 @@ impl CsiPlugin {
     fn stage_event(&self, v: &CsiVolume, event: &StageEvent) -> StageState {
         let mut map = self.staged.lock().unwrap_or_else(|e| e.into_inner());
         let key = (v.driver.clone(), v.handle.clone());
-        let next = map.get(&key).copied().unwrap_or(StageState::Unstaged).on(event);
+        let next = map
+            .get(&key)
+            .copied()
+            .unwrap_or(StageState::Unstaged)
+            .on(event);
         if next == StageState::Unstaged {
             map.remove(&key);
         } else {
@@ -128,7 +132,11 @@ impl CsiPlugin {
 
     /// A persistent volume's staging state: known from this run, else (after
     /// a restart) staged if its directory exists.
-    async fn staged_for_publish(&self, v: &CsiVolume, client: &CsiClient) -> Result<Option<PathBuf>, CsiError> {
+    async fn staged_for_publish(
+        &self,
+        v: &CsiVolume,
+        client: &CsiClient,
+    ) -> Result<Option<PathBuf>, CsiError> {
         if !v.stages() {
             return Ok(None);
         }
@@ -230,7 +238,10 @@ impl CsiPlugin {
         let v = Self::volume(args.spec, args.pod_uid.as_str())?;
         let target = paths::target_path(args.dir);
         let client = self.client(&v)?;
-        if let Err(e) = client.node_unpublish_volume(v.unpublish_request(&target)).await {
+        if let Err(e) = client
+            .node_unpublish_volume(v.unpublish_request(&target))
+            .await
+        {
             self.publish_event(&target, &PublishEvent::UnpublishFailed);
             return Err(e);
         }
@@ -303,7 +314,11 @@ impl VolumePlugin for CsiPlugin {
             .map_err(to_plugin_error)
     }
 
-    async fn unmount_device(&self, spec: &Spec, device_mount_path: &Path) -> Result<(), PluginError> {
+    async fn unmount_device(
+        &self,
+        spec: &Spec,
+        device_mount_path: &Path,
+    ) -> Result<(), PluginError> {
         self.unmount_device_csi(spec, device_mount_path)
             .await
             .map_err(to_plugin_error)

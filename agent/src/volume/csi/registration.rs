@@ -184,8 +184,7 @@ pub async fn register(
     };
     let mut req = tonic::Request::new(status);
     req.set_timeout(REGISTRATION_TIMEOUT);
-    match tokio::time::timeout(REGISTRATION_TIMEOUT, client.notify_registration_status(req)).await
-    {
+    match tokio::time::timeout(REGISTRATION_TIMEOUT, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => {}
         Ok(Err(s)) => {
             warn!(socket = %socket.display(), error = %s.message(), "NotifyRegistrationStatus failed")

@@ -92,7 +92,11 @@ impl CsiVolume {
     /// An inline ephemeral volume (`volumes[].csi`) of the pod with `pod_uid`.
     pub fn inline(pod_uid: &str, name: &str, src: &CSIVolumeSource) -> Result<Self> {
         non_empty_driver(name, &src.driver)?;
-        no_secrets(name, "csi.nodePublishSecretRef", src.node_publish_secret_ref.is_some())?;
+        no_secrets(
+            name,
+            "csi.nodePublishSecretRef",
+            src.node_publish_secret_ref.is_some(),
+        )?;
         Ok(Self {
             name: name.to_owned(),
             driver: src.driver.clone(),
@@ -112,10 +116,12 @@ impl CsiVolume {
     pub fn persistent(name: &str, pv: &PersistentVolume, claim_read_only: bool) -> Result<Self> {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let spec = pv.spec.as_ref();
-        let src = spec.and_then(|s| s.csi.as_ref()).ok_or_else(|| CsiError::InvalidSpec {
-            volume: name.to_owned(),
-            reason: format!("persistent volume {pv_name} has no spec.csi"),
-        })?;
+        let src = spec
+            .and_then(|s| s.csi.as_ref())
+            .ok_or_else(|| CsiError::InvalidSpec {
+                volume: name.to_owned(),
+                reason: format!("persistent volume {pv_name} has no spec.csi"),
+            })?;
         non_empty_driver(name, &src.driver)?;
         if src.volume_handle.is_empty() {
             return Err(CsiError::InvalidSpec {
@@ -123,8 +129,16 @@ impl CsiVolume {
                 reason: format!("persistent volume {pv_name}: spec.csi.volumeHandle is empty"),
             });
         }
-        no_secrets(name, "spec.csi.nodeStageSecretRef", src.node_stage_secret_ref.is_some())?;
-        no_secrets(name, "spec.csi.nodePublishSecretRef", src.node_publish_secret_ref.is_some())?;
+        no_secrets(
+            name,
+            "spec.csi.nodeStageSecretRef",
+            src.node_stage_secret_ref.is_some(),
+        )?;
+        no_secrets(
+            name,
+            "spec.csi.nodePublishSecretRef",
+            src.node_publish_secret_ref.is_some(),
+        )?;
         let access = spec
             .and_then(|s| s.access_modes.as_ref())
             .and_then(|m| m.first())
@@ -220,7 +234,10 @@ pub fn pod_info(pod: &Pod, mode: LifecycleMode) -> Vec<(String, String)> {
         .unwrap_or_else(|| "default".to_owned());
     vec![
         (POD_NAME_KEY.into(), m.name.clone().unwrap_or_default()),
-        (POD_NAMESPACE_KEY.into(), m.namespace.clone().unwrap_or_else(|| "default".into())),
+        (
+            POD_NAMESPACE_KEY.into(),
+            m.namespace.clone().unwrap_or_else(|| "default".into()),
+        ),
         (POD_UID_KEY.into(), m.uid.clone().unwrap_or_default()),
         (SERVICE_ACCOUNT_KEY.into(), sa),
         (
@@ -233,7 +250,9 @@ pub fn pod_info(pod: &Pod, mode: LifecycleMode) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec, SecretReference};
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, PersistentVolumeSpec, SecretReference,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod() -> Pod {
@@ -302,15 +321,49 @@ mod tests {
     #[test]
     fn persistent_volumes_map_access_modes_and_read_only() {
         let table = [
-            (&["ReadWriteOnce"][..], None, false, access_mode::Mode::SingleNodeWriter, false),
-            (&["ReadOnlyMany", "ReadWriteOnce"][..], None, false, access_mode::Mode::MultiNodeReaderOnly, false),
-            (&["ReadWriteMany"][..], Some(true), false, access_mode::Mode::MultiNodeMultiWriter, true),
-            (&["ReadWriteOncePod"][..], None, true, access_mode::Mode::SingleNodeWriter, true),
-            (&[][..], None, false, access_mode::Mode::SingleNodeWriter, false),
+            (
+                &["ReadWriteOnce"][..],
+                None,
+                false,
+                access_mode::Mode::SingleNodeWriter,
+                false,
+            ),
+            (
+                &["ReadOnlyMany", "ReadWriteOnce"][..],
+                None,
+                false,
+                access_mode::Mode::MultiNodeReaderOnly,
+                false,
+            ),
+            (
+                &["ReadWriteMany"][..],
+                Some(true),
+                false,
+                access_mode::Mode::MultiNodeMultiWriter,
+                true,
+            ),
+            (
+                &["ReadWriteOncePod"][..],
+                None,
+                true,
+                access_mode::Mode::SingleNodeWriter,
+                true,
+            ),
+            (
+                &[][..],
+                None,
+                false,
+                access_mode::Mode::SingleNodeWriter,
+                false,
+            ),
         ];
         for (modes, src_ro, claim_ro, want_mode, want_ro) in table {
             let v = CsiVolume::persistent("data", &pv(modes, src_ro), claim_ro).unwrap();
-            assert_eq!((v.access_mode, v.read_only), (want_mode, want_ro), "{modes:?}");
+            assert_eq!(
+                (v.access_mode, v.read_only),
+                (want_mode, want_ro),
+                "{modes:?}"
+            );
             assert!(v.stages());
         }
         let v = CsiVolume::persistent("data", &pv(&["ReadWriteOnce"], None), false).unwrap();
@@ -320,16 +373,28 @@ mod tests {
         let Some(AccessType::Mount(m)) = s.volume_capability.unwrap().access_type else {
             panic!("mount")
         };
-        assert_eq!((m.fs_type.as_str(), m.mount_flags), ("ext4", vec!["noatime".to_owned()]));
+        assert_eq!(
+            (m.fs_type.as_str(), m.mount_flags),
+            ("ext4", vec!["noatime".to_owned()])
+        );
         let p = v.publish_request(&pod(), Path::new("/t"), Some(Path::new("/s")));
         assert_eq!(p.staging_target_path, "/s");
-        assert_eq!(p.volume_context.get(EPHEMERAL_KEY).map(String::as_str), Some("false"));
+        assert_eq!(
+            p.volume_context.get(EPHEMERAL_KEY).map(String::as_str),
+            Some("false")
+        );
     }
 
     #[test]
     fn bad_specs_are_refused_naming_the_volume() {
         let mut p = pv(&["ReadWriteOnce"], None);
-        p.spec.as_mut().unwrap().csi.as_mut().unwrap().node_stage_secret_ref = Some(SecretReference::default());
+        p.spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .node_stage_secret_ref = Some(SecretReference::default());
         let e = CsiVolume::persistent("data", &p, false).unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -338,7 +403,9 @@ mod tests {
         let mut p = pv(&["ReadWriteOnce"], None);
         p.spec.as_mut().unwrap().csi = None;
         assert_eq!(
-            CsiVolume::persistent("data", &p, false).unwrap_err().to_string(),
+            CsiVolume::persistent("data", &p, false)
+                .unwrap_err()
+                .to_string(),
             "volume data: persistent volume pv1 has no spec.csi"
         );
         let e = CsiVolume::inline("u", "v", &CSIVolumeSource::default()).unwrap_err();

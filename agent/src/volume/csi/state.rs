@@ -29,7 +29,9 @@ pub enum StageState {
 pub enum StageEvent {
     StageSucceeded,
     /// `uncertain`: a non-final error.
-    StageFailed { uncertain: bool },
+    StageFailed {
+        uncertain: bool,
+    },
     /// The driver lacks STAGE_UNSTAGE_VOLUME.
     StageSkipped,
     UnstageSucceeded,

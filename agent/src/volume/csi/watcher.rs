@@ -130,9 +130,10 @@ pub fn transition(
         }
         (Some(S::Registered(r)), E::Removed) => (None, A::Deregister(r.clone())),
         (Some(S::Registered(r)), E::Appeared) => (pending(0, now, None), A::Reregister(r.clone())),
-        (Some(s @ S::Registered(_)), E::Tick | E::RegistrationSucceeded(_) | E::RegistrationFailed(_)) => {
-            (Some(s.clone()), A::Nothing)
-        }
+        (
+            Some(s @ S::Registered(_)),
+            E::Tick | E::RegistrationSucceeded(_) | E::RegistrationFailed(_),
+        ) => (Some(s.clone()), A::Nothing),
     }
 }
 
@@ -142,8 +143,7 @@ fn is_plugin_socket(path: &Path) -> bool {
         .file_name()
         .and_then(|n| n.to_str())
         .is_none_or(|n| n.starts_with('.'));
-    !hidden
-        && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+    !hidden && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
 /// The watcher of `<root-dir>/plugins_registry/`.
@@ -158,9 +158,14 @@ pub struct PluginWatcher {
 
 impl PluginWatcher {
     /// A watcher of `<root_dir>/plugins_registry`, creating the directory.
-    pub fn new(root_dir: &Path, drivers: CsiDrivers, config: CsiClientConfig) -> Result<Self, CsiError> {
+    pub fn new(
+        root_dir: &Path,
+        drivers: CsiDrivers,
+        config: CsiClientConfig,
+    ) -> Result<Self, CsiError> {
         let dir = root_dir.join(PLUGINS_REGISTRY_DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("plugin registration directory", &dir, e))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| CsiError::io("plugin registration directory", &dir, e))?;
         Ok(Self {
             dir,
             drivers,
@@ -335,29 +340,104 @@ mod tests {
         let ms = Duration::from_millis;
         let r = SocketState::Registered(reg());
         #[rustfmt::skip]
-        let table: Vec<(Option<SocketState>, E, u64, Option<SocketState>, A)> = vec![
+        type Row = (Option<SocketState>, E, u64, Option<SocketState>, A);
+        let table: Vec<Row> = vec![
             // A new socket is registered at once.
-            (None, E::Appeared, 0, Some(SocketState::Pending { failures: 0, retry_at: ms(0), last_error: None }), A::Register),
+            (
+                None,
+                E::Appeared,
+                0,
+                Some(SocketState::Pending {
+                    failures: 0,
+                    retry_at: ms(0),
+                    last_error: None,
+                }),
+                A::Register,
+            ),
             (None, E::Removed, 0, None, A::Nothing),
             (None, E::Tick, 0, None, A::Nothing),
             // A failure waits for the back-off: 500 ms, then 1 s, ...
-            (Some(SocketState::Pending { failures: 0, retry_at: ms(0), last_error: None }), E::RegistrationFailed("boom".into()), 100, Some(pending(1, 600)), A::Nothing),
-            (Some(pending(1, 600)), E::RegistrationFailed("boom".into()), 700, Some(pending(2, 1700)), A::Nothing),
-            (Some(pending(1, 600)), E::Tick, 599, Some(pending(1, 600)), A::Nothing),
-            (Some(pending(1, 600)), E::Tick, 600, Some(pending(1, 600)), A::Register),
+            (
+                Some(SocketState::Pending {
+                    failures: 0,
+                    retry_at: ms(0),
+                    last_error: None,
+                }),
+                E::RegistrationFailed("boom".into()),
+                100,
+                Some(pending(1, 600)),
+                A::Nothing,
+            ),
+            (
+                Some(pending(1, 600)),
+                E::RegistrationFailed("boom".into()),
+                700,
+                Some(pending(2, 1700)),
+                A::Nothing,
+            ),
+            (
+                Some(pending(1, 600)),
+                E::Tick,
+                599,
+                Some(pending(1, 600)),
+                A::Nothing,
+            ),
+            (
+                Some(pending(1, 600)),
+                E::Tick,
+                600,
+                Some(pending(1, 600)),
+                A::Register,
+            ),
             // A pending socket that goes is forgotten; one that is re-created starts over.
             (Some(pending(3, 9000)), E::Removed, 100, None, A::Nothing),
-            (Some(pending(3, 9000)), E::Appeared, 100, Some(SocketState::Pending { failures: 0, retry_at: ms(100), last_error: None }), A::Register),
-            (Some(pending(1, 600)), E::RegistrationSucceeded(reg()), 100, Some(r.clone()), A::Nothing),
+            (
+                Some(pending(3, 9000)),
+                E::Appeared,
+                100,
+                Some(SocketState::Pending {
+                    failures: 0,
+                    retry_at: ms(100),
+                    last_error: None,
+                }),
+                A::Register,
+            ),
+            (
+                Some(pending(1, 600)),
+                E::RegistrationSucceeded(reg()),
+                100,
+                Some(r.clone()),
+                A::Nothing,
+            ),
             // Registered: removal deregisters; re-creation registers again.
             (Some(r.clone()), E::Removed, 100, None, A::Deregister(reg())),
-            (Some(r.clone()), E::Appeared, 100, Some(SocketState::Pending { failures: 0, retry_at: ms(100), last_error: None }), A::Reregister(reg())),
+            (
+                Some(r.clone()),
+                E::Appeared,
+                100,
+                Some(SocketState::Pending {
+                    failures: 0,
+                    retry_at: ms(100),
+                    last_error: None,
+                }),
+                A::Reregister(reg()),
+            ),
             (Some(r.clone()), E::Tick, 100, Some(r.clone()), A::Nothing),
-            (Some(r.clone()), E::RegistrationFailed("late".into()), 100, Some(r.clone()), A::Nothing),
+            (
+                Some(r.clone()),
+                E::RegistrationFailed("late".into()),
+                100,
+                Some(r.clone()),
+                A::Nothing,
+            ),
         ];
         for (i, (state, event, now, want_state, want_action)) in table.into_iter().enumerate() {
             let (s, a) = transition(state.as_ref(), &event, ms(now));
-            assert_eq!((s, a), (want_state, want_action), "row {i}: {state:?} + {event:?}");
+            assert_eq!(
+                (s, a),
+                (want_state, want_action),
+                "row {i}: {state:?} + {event:?}"
+            );
         }
     }
 
@@ -366,7 +446,10 @@ mod tests {
         assert_eq!(backoff(1), Duration::from_millis(500));
         assert_eq!(backoff(2), Duration::from_secs(1));
         assert_eq!(backoff(3), Duration::from_secs(2));
-        assert_eq!(backoff(9), Duration::from_secs(122).min(Duration::from_millis(500 * 256)));
+        assert_eq!(
+            backoff(9),
+            Duration::from_secs(122).min(Duration::from_millis(500 * 256))
+        );
         assert_eq!(backoff(30), BACKOFF_MAX);
     }
 
