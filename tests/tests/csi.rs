@@ -31,10 +31,14 @@ fn sha256_hex(s: &str) -> String {
 }
 
 fn start_driver(e: &E2e, extra: &[&str]) -> CsiDriverProcess {
+    start_named(e, DRIVER_NAME, extra)
+}
+
+fn start_named(e: &E2e, name: &str, extra: &[&str]) -> CsiDriverProcess {
     let base = e.args.root_dir.parent().expect("the harness's base dir");
     CsiDriverProcess::start(
         DRIVER_BIN,
-        DRIVER_NAME,
+        name,
         base,
         &e.args.root_dir.join("plugins_registry"),
         extra,
@@ -216,16 +220,21 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
     })
     .await;
 
-    let refused = start_driver(&e, &["--versions", "2.0.0"]);
+    let refused = start_named(&e, "csi.evpleg.v2", &["--versions", "2.0.0"]);
     let calls = wait_calls(&refused, "told it was refused", |c| {
         c.iter()
             .any(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(false))
     })
     .await;
-    let told = calls
+    let told: Vec<&Call> = calls
         .iter()
-        .find(|c| c.method == "NotifyRegistrationStatus")
-        .unwrap();
+        .filter(|c| c.method == "NotifyRegistrationStatus")
+        .collect();
+    assert!(
+        told.iter().all(|c| c.registered == Some(false)),
+        "{calls:#?}"
+    );
+    let told = told[0];
     let error = told.error.as_deref().unwrap_or_default();
     assert!(
         error.contains("none of the versions specified [\"2.0.0\"] are supported"),
