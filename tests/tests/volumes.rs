@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use evpleg_tests::e2e::*;
+use evpleg_tests::e2e_test;
 use serde_json::{Value, json};
 
 async fn exec(e: &E2e, pod: &Value, container: &str, script: &str) -> (i32, String) {

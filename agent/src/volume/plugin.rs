@@ -90,7 +90,7 @@ impl PluginError {
 pub enum VolumeSource {
     /// An inline volume (emptyDir, hostPath, configMap, secret, downwardAPI,
     /// projected, an inline ephemeral `csi`, ...): the pod's own entry.
-    Inline(Volume),
+    Inline(Box<Volume>),
     /// A claim and the volume bound to it (the claim is Bound, the volume's
     /// `claimRef` names the claim's UID).
     Persistent {
@@ -115,7 +115,7 @@ impl Spec {
     /// The inline volume, if it is one.
     pub fn inline(&self) -> Option<&Volume> {
         match &self.source {
-            VolumeSource::Inline(v) => Some(v),
+            VolumeSource::Inline(v) => Some(v.as_ref()),
             VolumeSource::Persistent { .. } => None,
         }
     }
@@ -388,10 +388,10 @@ mod tests {
     fn spec(name: &str) -> Spec {
         Spec {
             name: name.into(),
-            source: VolumeSource::Inline(Volume {
+            source: VolumeSource::Inline(Box::new(Volume {
                 name: name.into(),
                 ..Default::default()
-            }),
+            })),
             read_only: false,
         }
     }

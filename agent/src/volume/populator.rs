@@ -122,7 +122,7 @@ async fn spec_of(
     } else {
         return Ok(Spec {
             name: vol.name.clone(),
-            source: VolumeSource::Inline(vol),
+            source: VolumeSource::Inline(Box::new(vol)),
             read_only: false,
         });
     };

@@ -178,12 +178,16 @@ impl Pending {
     }
 }
 
+/// The pod of a per-pod operation: its context, its name for the volume,
+/// the volume's directory.
+type PodPart = Option<(PodContext, String, PathBuf)>;
+
 /// What an operation needs, copied out of the states under the lock.
 struct Job {
     op: Operation,
     plugin: Arc<dyn VolumePlugin>,
     spec: Spec,
-    pod: Option<(PodContext, String, PathBuf)>,
+    pod: PodPart,
     /// The node-global directory, or why the plugin could not name it.
     device_path: Result<PathBuf, String>,
 }
@@ -346,11 +350,7 @@ async fn run(shared: Arc<Shared>, job: Job) {
 fn finish(
     shared: &Arc<Shared>,
     op: Operation,
-    (plugin, spec, pod): (
-        Arc<dyn VolumePlugin>,
-        Spec,
-        Option<(PodContext, String, PathBuf)>,
-    ),
+    (plugin, spec, pod): (Arc<dyn VolumePlugin>, Spec, PodPart),
     result: Result<(), PluginError>,
     device_path: PathBuf,
 ) {
