@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use evpleg_tests::e2e::*;
+use evpleg_tests::e2e_test;
 use serde_json::{Value, json};
 
 async fn exec(e: &E2e, pod: &Value, container: &str, script: &str) -> (i32, String) {
@@ -164,105 +165,144 @@ spec:
 // container and on the node; hostPath's subPath and readOnly; downwardAPI
 // files. Once the pod is removed its volumes are torn down (the tmpfs
 // unmounted, the pod's directory gone) and the hostPath is left as it was.
-e2e_test!(empty_dir_host_path_and_downward_api_from_a_static_pod, |e| Box::pin(async move {
-    let host = e.cri().base().join("host-vol");
-    std::fs::create_dir_all(host.join("sub")).unwrap();
-    std::fs::write(host.join("sub/f"), "in-sub").unwrap();
-    std::fs::write(host.join("top"), "at-top").unwrap();
-    e.write("vols.yaml", &static_pod(&host));
-    let p = e.wait_for("vols", "both containers running", |p| running(p, &["writer", "reader"])).await;
-    // Shared: the writer's file seen by the reader, whose mount is read-only.
-    exec_until(e, &p, "reader", "cat /data/msg", "from-writer\n").await;
-    let (code, out) = exec(e, &p, "reader", "touch /data/other").await;
-    assert_ne!(code, 0, "a readOnly mount refuses writes: {out}");
-    assert!(out.contains("Read-only file system"), "{out}");
-    // hostPath: the subPath only, writable; the whole path read-only.
-    exec_until(e, &p, "reader", "cat /host-sub/f", "in-sub").await;
-    exec_until(e, &p, "reader", "echo new > /host-sub/new && ls /host-sub", "f\nnew\n").await;
-    assert_eq!(std::fs::read_to_string(host.join("sub/new")).unwrap(), "new\n");
-    exec_until(e, &p, "reader", "cat /host-ro/top", "at-top").await;
-    let (code, _) = exec(e, &p, "reader", "touch /host-ro/x").await;
-    assert_ne!(code, 0, "the readOnly hostPath mount refuses writes");
-    assert!(!host.join("x").exists());
-    // downwardAPI.
-    exec_until(e, &p, "reader", "cat /etc/podinfo/name", "vols-e2e").await;
-    exec_until(e, &p, "reader", "cat /etc/podinfo/labels", "app=\"vols\"").await;
-    // Memory: a tmpfs of 8 MiB in the container...
-    let (code, out) = exec(e, &p, "writer", "grep ' /mem ' /proc/mounts").await;
-    assert_eq!(code, 0, "{out}");
-    assert!(out.starts_with("tmpfs /mem tmpfs ") && out.contains("size=8192k"), "{out}");
-    // ... and on the node, under the pod's volumes.
-    let pod_dir = e.args.root_dir.join("pods").join(uid(&p));
-    let mem = pod_dir.join("volumes/kubernetes.io~empty-dir/mem");
-    assert_eq!(
-        mounts_under(&pod_dir),
-        vec![(mem.display().to_string(), "tmpfs".to_owned())]
-    );
-    assert!(pod_dir.join("volumes/kubernetes.io~empty-dir/shared/msg").is_file());
-    // Removed: torn down after the containers stopped, before it is forgotten.
-    e.remove("vols.yaml");
-    e.wait_gone("vols").await;
-    e.wait_until("the pod's directory removed", || !pod_dir.exists()).await;
-    assert_eq!(mounts_under(&pod_dir), vec![], "the tmpfs is unmounted");
-    assert_eq!(std::fs::read_to_string(host.join("sub/f")).unwrap(), "in-sub");
-}));
+e2e_test!(
+    empty_dir_host_path_and_downward_api_from_a_static_pod,
+    |e| Box::pin(async move {
+        let host = e.cri().base().join("host-vol");
+        std::fs::create_dir_all(host.join("sub")).unwrap();
+        std::fs::write(host.join("sub/f"), "in-sub").unwrap();
+        std::fs::write(host.join("top"), "at-top").unwrap();
+        e.write("vols.yaml", &static_pod(&host));
+        let p = e
+            .wait_for("vols", "both containers running", |p| {
+                running(p, &["writer", "reader"])
+            })
+            .await;
+        // Shared: the writer's file seen by the reader, whose mount is read-only.
+        exec_until(e, &p, "reader", "cat /data/msg", "from-writer\n").await;
+        let (code, out) = exec(e, &p, "reader", "touch /data/other").await;
+        assert_ne!(code, 0, "a readOnly mount refuses writes: {out}");
+        assert!(out.contains("Read-only file system"), "{out}");
+        // hostPath: the subPath only, writable; the whole path read-only.
+        exec_until(e, &p, "reader", "cat /host-sub/f", "in-sub").await;
+        exec_until(
+            e,
+            &p,
+            "reader",
+            "echo new > /host-sub/new && ls /host-sub",
+            "f\nnew\n",
+        )
+        .await;
+        assert_eq!(
+            std::fs::read_to_string(host.join("sub/new")).unwrap(),
+            "new\n"
+        );
+        exec_until(e, &p, "reader", "cat /host-ro/top", "at-top").await;
+        let (code, _) = exec(e, &p, "reader", "touch /host-ro/x").await;
+        assert_ne!(code, 0, "the readOnly hostPath mount refuses writes");
+        assert!(!host.join("x").exists());
+        // downwardAPI.
+        exec_until(e, &p, "reader", "cat /etc/podinfo/name", "vols-e2e").await;
+        exec_until(e, &p, "reader", "cat /etc/podinfo/labels", "app=\"vols\"").await;
+        // Memory: a tmpfs of 8 MiB in the container...
+        let (code, out) = exec(e, &p, "writer", "grep ' /mem ' /proc/mounts").await;
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.starts_with("tmpfs /mem tmpfs ") && out.contains("size=8192k"),
+            "{out}"
+        );
+        // ... and on the node, under the pod's volumes.
+        let pod_dir = e.args.root_dir.join("pods").join(uid(&p));
+        let mem = pod_dir.join("volumes/kubernetes.io~empty-dir/mem");
+        assert_eq!(
+            mounts_under(&pod_dir),
+            vec![(mem.display().to_string(), "tmpfs".to_owned())]
+        );
+        assert!(
+            pod_dir
+                .join("volumes/kubernetes.io~empty-dir/shared/msg")
+                .is_file()
+        );
+        // Removed: torn down after the containers stopped, before it is forgotten.
+        e.remove("vols.yaml");
+        e.wait_gone("vols").await;
+        e.wait_until("the pod's directory removed", || !pod_dir.exists())
+            .await;
+        assert_eq!(mounts_under(&pod_dir), vec![], "the tmpfs is unmounted");
+        assert_eq!(
+            std::fs::read_to_string(host.join("sub/f")).unwrap(),
+            "in-sub"
+        );
+    })
+);
 
 // A hostPath whose type does not match: the kubelet's FailedMount events
 // (the plugin's error, then the sync's "Unable to attach or mount
 // volumes"), the container waiting in ContainerCreating, no sandbox made.
 // Once the path is what the type says, the reconciler's retry mounts it and
 // the pod starts.
-e2e_test!(host_path_type_mismatch_is_failed_mount_until_fixed, |e| Box::pin(async move {
-    let path = e.cri().base().join("not-a-dir");
-    std::fs::write(&path, "a file").unwrap();
-    let extra = format!(
-        "  volumes:\n    - name: h\n      hostPath:\n        path: {}\n        type: Directory\n",
-        path.display()
-    );
-    let mut yaml = manifest("hp", "Always", "exec sleep 1000", &extra);
-    yaml.push_str("      volumeMounts:\n        - name: h\n          mountPath: /h\n");
-    e.write("hp.yaml", &yaml);
-    let message = wait_event(e, "hp", "FailedMount", "MountVolume.SetUp failed").await;
-    assert_eq!(
-        message,
-        format!(
-            "MountVolume.SetUp failed for volume \"h\" : hostPath type check failed: {} is not a directory",
+e2e_test!(host_path_type_mismatch_is_failed_mount_until_fixed, |e| {
+    Box::pin(async move {
+        let path = e.cri().base().join("not-a-dir");
+        std::fs::write(&path, "a file").unwrap();
+        let extra = format!(
+            "  volumes:\n    - name: h\n      hostPath:\n        path: {}\n        type: Directory\n",
             path.display()
-        )
-    );
-    let message = wait_event(e, "hp", "FailedMount", "Unable to attach").await;
-    assert_eq!(
-        message,
-        "Unable to attach or mount volumes: unmounted volumes=[h], unattached volumes=[], failed to process volumes=[]: timed out waiting for the condition"
-    );
-    let p = e
-        .wait_for("hp", "waiting in ContainerCreating", |p| {
-            container(p, "app")["state"]["waiting"]["reason"] == "ContainerCreating"
-        })
-        .await;
-    assert_eq!(p["status"]["phase"], "Pending");
-    assert!(e.sandboxes(&uid(&p)).await.is_empty(), "no sandbox before the volumes");
-    // Fixed: a directory there now.
-    std::fs::remove_file(&path).unwrap();
-    std::fs::create_dir(&path).unwrap();
-    std::fs::write(path.join("ok"), "ok").unwrap();
-    let p = e.wait_for("hp", "running once the path is a directory", |p| running(p, &["app"])).await;
-    exec_until(e, &p, "app", "cat /h/ok", "ok").await;
-}));
+        );
+        let mut yaml = manifest("hp", "Always", "exec sleep 1000", &extra);
+        yaml.push_str("      volumeMounts:\n        - name: h\n          mountPath: /h\n");
+        e.write("hp.yaml", &yaml);
+        let message = wait_event(e, "hp", "FailedMount", "MountVolume.SetUp failed").await;
+        assert_eq!(
+            message,
+            format!(
+                "MountVolume.SetUp failed for volume \"h\" : hostPath type check failed: {} is not a directory",
+                path.display()
+            )
+        );
+        let message = wait_event(e, "hp", "FailedMount", "Unable to attach").await;
+        assert_eq!(
+            message,
+            "Unable to attach or mount volumes: unmounted volumes=[h], unattached volumes=[], failed to process volumes=[]: timed out waiting for the condition"
+        );
+        let p = e
+            .wait_for("hp", "waiting in ContainerCreating", |p| {
+                container(p, "app")["state"]["waiting"]["reason"] == "ContainerCreating"
+            })
+            .await;
+        assert_eq!(p["status"]["phase"], "Pending");
+        assert!(
+            e.sandboxes(&uid(&p)).await.is_empty(),
+            "no sandbox before the volumes"
+        );
+        // Fixed: a directory there now.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("ok"), "ok").unwrap();
+        let p = e
+            .wait_for("hp", "running once the path is a directory", |p| {
+                running(p, &["app"])
+            })
+            .await;
+        exec_until(e, &p, "app", "cat /h/ok", "ok").await;
+    })
+});
 
 // Without --kubeconfig a configMap volume cannot be read: FailedMount
 // naming the object and the pod.
-e2e_test!(config_map_without_an_api_server_fails_naming_it, |e| Box::pin(async move {
-    let extra = "  volumes:\n    - name: c\n      configMap:\n        name: settings\n";
-    let mut yaml = manifest("nocfg", "Always", "exec sleep 1000", extra);
-    yaml.push_str("      volumeMounts:\n        - name: c\n          mountPath: /c\n");
-    e.write("nocfg.yaml", &yaml);
-    let message = wait_event(e, "nocfg", "FailedMount", "MountVolume.SetUp failed").await;
-    assert_eq!(
-        message,
-        "MountVolume.SetUp failed for volume \"c\" : configmap \"settings\" of pod default/nocfg-e2e: no API server to read it from (the agent runs without --kubeconfig)"
-    );
-}));
+e2e_test!(config_map_without_an_api_server_fails_naming_it, |e| {
+    Box::pin(async move {
+        let extra = "  volumes:\n    - name: c\n      configMap:\n        name: settings\n";
+        let mut yaml = manifest("nocfg", "Always", "exec sleep 1000", extra);
+        yaml.push_str("      volumeMounts:\n        - name: c\n          mountPath: /c\n");
+        e.write("nocfg.yaml", &yaml);
+        let message = wait_event(e, "nocfg", "FailedMount", "MountVolume.SetUp failed").await;
+        assert_eq!(
+            message,
+            "MountVolume.SetUp failed for volume \"c\" : configmap \"settings\" of pod default/nocfg-e2e: no API server to read it from (the agent runs without --kubeconfig)"
+        );
+    })
+});
 
 fn data_target(dir: &Path) -> PathBuf {
     std::fs::read_link(dir.join("..data")).expect("..data is a symlink")
@@ -325,13 +365,23 @@ async fn config_map_secret_and_token_from_the_api_server() {
         p.status
             .as_ref()
             .and_then(|s| s.container_statuses.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())))
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            })
     })
     .await;
     let p = serde_json::to_value(api.pod("default", "cfg-pod").unwrap()).unwrap();
     exec_until(&e, &p, "app", "cat /cfg/a /cfg/b", "onetwo").await;
     exec_until(&e, &p, "app", "cat /sub-a", "one").await;
-    exec_until(&e, &p, "app", "cat /sec/password; stat -L -c %a /sec/password", "s3cret400\n").await;
+    exec_until(
+        &e,
+        &p,
+        "app",
+        "cat /sec/password; stat -L -c %a /sec/password",
+        "s3cret400\n",
+    )
+    .await;
     let (code, out) = exec(&e, &p, "app", "touch /cfg/x").await;
     assert_ne!(code, 0, "configMap volumes are read-only: {out}");
     exec_until(&e, &p, "app", "cat /proj/cfg/b", "two").await;
@@ -345,7 +395,11 @@ async fn config_map_secret_and_token_from_the_api_server() {
     assert_eq!(request.status.as_ref().unwrap().token, token);
     let bound = request.spec.bound_object_ref.as_ref().unwrap();
     assert_eq!(
-        (bound.kind.as_deref(), bound.name.as_deref(), bound.uid.as_deref()),
+        (
+            bound.kind.as_deref(),
+            bound.name.as_deref(),
+            bound.uid.as_deref()
+        ),
         (Some("Pod"), Some("cfg-pod"), Some(pod_uid.as_str()))
     );
     let claims = token.split('.').nth(1).expect("a JWT");
@@ -358,18 +412,26 @@ async fn config_map_secret_and_token_from_the_api_server() {
     assert_eq!(claims["kubernetes.io"]["pod"]["uid"], pod_uid);
 
     // The update: swapped in atomically.
-    let dir = e
-        .args
-        .root_dir
-        .join(format!("pods/{pod_uid}/volumes/kubernetes.io~configmap/cfg"));
+    let dir = e.args.root_dir.join(format!(
+        "pods/{pod_uid}/volumes/kubernetes.io~configmap/cfg"
+    ));
     let before = data_target(&dir);
-    assert_eq!(std::fs::read_link(dir.join("a")).unwrap(), Path::new("..data/a"));
+    assert_eq!(
+        std::fs::read_link(dir.join("a")).unwrap(),
+        Path::new("..data/a")
+    );
     api.put_config_map(cm("uno"));
     exec_until(&e, &p, "app", "cat /cfg/a /cfg/b", "unotwo").await;
     let after = data_target(&dir);
     assert_ne!(before, after, "a new payload directory behind ..data");
-    assert!(!dir.join(&before).exists(), "the old payload directory is removed");
-    assert_eq!(std::fs::read_link(dir.join("a")).unwrap(), Path::new("..data/a"));
+    assert!(
+        !dir.join(&before).exists(),
+        "the old payload directory is removed"
+    );
+    assert_eq!(
+        std::fs::read_link(dir.join("a")).unwrap(),
+        Path::new("..data/a")
+    );
     // A subPath mount keeps what it had, as under the kubelet.
     exec_until(&e, &p, "app", "cat /sub-a", "one").await;
     e.finish().await;

@@ -84,9 +84,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
             .is_some_and(|r| !r.is_empty()),
         "runtimeClassName",
     );
-    for v in s.volumes.iter().flatten() {
-        volume(v, out);
-    }
     if let Some(sc) = &s.security_context {
         set(
             sc.app_armor_profile
@@ -116,6 +113,9 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
             sc.windows_options.is_some(),
             "securityContext.windowsOptions",
         );
+    }
+    for v in s.volumes.iter().flatten() {
+        volume(v, out);
     }
     if let Some(os) = &s.os
         && os.name != "linux"
@@ -156,7 +156,10 @@ fn volume(v: &Volume, out: &mut Vec<String>) {
             (s.pod_certificate.is_some(), "podCertificate"),
         ] {
             if present {
-                out.push(format!("spec.volumes[{}].projected.sources[{i}].{field}", v.name));
+                out.push(format!(
+                    "spec.volumes[{}].projected.sources[{i}].{field}",
+                    v.name
+                ));
             }
         }
     }

@@ -293,7 +293,9 @@ pub fn container_mounts(
             ))
         })?;
         let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => crate::volume::subpath::resolve(&vol.host_path, sub).map_err(|e| fail(&e))?,
+            Some(sub) => {
+                crate::volume::subpath::resolve(&vol.host_path, sub).map_err(|e| fail(&e))?
+            }
             None => vol.host_path.clone(),
         };
         let propagation = match m.mount_propagation.as_deref() {
@@ -445,8 +447,20 @@ mod tests {
         let vol = root.path().join("cache");
         std::fs::create_dir(&vol).unwrap();
         let volumes = BTreeMap::from([
-            ("cache".to_owned(), PodVolume { host_path: vol.clone(), read_only: false }),
-            ("cfg".to_owned(), PodVolume { host_path: "/cfg".into(), read_only: true }),
+            (
+                "cache".to_owned(),
+                PodVolume {
+                    host_path: vol.clone(),
+                    read_only: false,
+                },
+            ),
+            (
+                "cfg".to_owned(),
+                PodVolume {
+                    host_path: "/cfg".into(),
+                    read_only: true,
+                },
+            ),
         ]);
         let c: Container = serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [
             {"name": "cache", "mountPath": "/a"},
@@ -457,7 +471,15 @@ mod tests {
         let mounts = container_mounts(&c, &volumes).unwrap();
         let got: Vec<(&str, String, bool, i32, bool)> = mounts
             .iter()
-            .map(|m| (m.container_path.as_str(), m.host_path.clone(), m.readonly, m.propagation, m.selinux_relabel))
+            .map(|m| {
+                (
+                    m.container_path.as_str(),
+                    m.host_path.clone(),
+                    m.readonly,
+                    m.propagation,
+                    m.selinux_relabel,
+                )
+            })
             .collect();
         let sub = vol.canonicalize().unwrap().join("sub");
         assert_eq!(
@@ -470,19 +492,33 @@ mod tests {
         );
         assert!(sub.is_dir(), "the subPath is created");
         let cases = [
-            (serde_json::json!({"name": "gone", "mountPath": "/g"}), "cannot find volume \"gone\" to mount into container \"app\""),
-            (serde_json::json!({"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}), "Bidirectional mount propagation is available only to privileged containers"),
-            (serde_json::json!({"name": "cache", "mountPath": "/g", "subPath": "../x"}), "must not contain '..'"),
+            (
+                serde_json::json!({"name": "gone", "mountPath": "/g"}),
+                "cannot find volume \"gone\" to mount into container \"app\"",
+            ),
+            (
+                serde_json::json!({"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}),
+                "Bidirectional mount propagation is available only to privileged containers",
+            ),
+            (
+                serde_json::json!({"name": "cache", "mountPath": "/g", "subPath": "../x"}),
+                "must not contain '..'",
+            ),
         ];
         for (m, want) in cases {
-            let c: Container = serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [m]})).unwrap();
+            let c: Container =
+                serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [m]}))
+                    .unwrap();
             let err = container_mounts(&c, &volumes).unwrap_err().0;
             assert!(err.contains(want), "{err}");
         }
         let privileged: Container = serde_json::from_value(serde_json::json!({"name": "app",
             "securityContext": {"privileged": true},
             "volumeMounts": [{"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}]})).unwrap();
-        assert_eq!(container_mounts(&privileged, &volumes).unwrap()[0].propagation, 2);
+        assert_eq!(
+            container_mounts(&privileged, &volumes).unwrap()[0].propagation,
+            2
+        );
     }
 
     #[test]

@@ -43,7 +43,10 @@ pub enum AtomicWriteError {
     },
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> AtomicWriteError + '_ {
+fn io<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> AtomicWriteError + 'a {
     move |source| AtomicWriteError::Io {
         action,
         path: path.to_path_buf(),
@@ -188,7 +191,9 @@ pub(crate) fn write_with(
 }
 
 fn top(p: &str) -> &str {
-    p.split('/').find(|s| !s.is_empty() && *s != ".").unwrap_or(p)
+    p.split('/')
+        .find(|s| !s.is_empty() && *s != ".")
+        .unwrap_or(p)
 }
 
 fn link_user_visible(target: &Path, tops: &BTreeSet<&str>) -> Result<(), AtomicWriteError> {
@@ -224,18 +229,21 @@ fn files_under(dir: &Path) -> BTreeSet<String> {
     out
 }
 
-/// The kubelet's `shouldWritePayload` reversed: same names, contents, modes.
-fn unchanged(dir: &Path, old: &BTreeSet<String>, payload: &BTreeMap<String, FileProjection>) -> bool {
+/// The kubelet's `shouldWritePayload` reversed: same names and contents
+/// (modes are not compared, as there: an `fsGroup` changes them after the
+/// write, and a pod's modes cannot change).
+fn unchanged(
+    dir: &Path,
+    old: &BTreeSet<String>,
+    payload: &BTreeMap<String, FileProjection>,
+) -> bool {
     let new: BTreeSet<String> = payload.keys().map(|k| clean(k)).collect();
     if &new != old {
         return false;
     }
-    payload.iter().all(|(k, f)| {
-        let path = dir.join(k);
-        let same_mode = std::fs::metadata(&path)
-            .is_ok_and(|m| m.permissions().mode() & 0o7777 == f.mode & 0o7777);
-        same_mode && std::fs::read(&path).is_ok_and(|d| d == f.data)
-    })
+    payload
+        .iter()
+        .all(|(k, f)| std::fs::read(dir.join(k)).is_ok_and(|d| d == f.data))
 }
 
 fn clean(p: &str) -> String {
@@ -305,8 +313,14 @@ mod tests {
         assert_eq!(read(&dir, "a").as_deref(), Some("1"));
         assert_eq!(read(&dir, "sub/b").as_deref(), Some("2"));
         // The user-visible names are links through ..data.
-        assert_eq!(std::fs::read_link(dir.join("a")).unwrap(), Path::new("..data/a"));
-        assert_eq!(std::fs::read_link(dir.join("sub")).unwrap(), Path::new("..data/sub"));
+        assert_eq!(
+            std::fs::read_link(dir.join("a")).unwrap(),
+            Path::new("..data/a")
+        );
+        assert_eq!(
+            std::fs::read_link(dir.join("sub")).unwrap(),
+            Path::new("..data/sub")
+        );
         let first = data_dir(&dir);
         assert!(first.starts_with("..") && first.len() > "..2026_12_01_10_00_00.".len());
         // The same payload again: nothing written.
@@ -326,7 +340,10 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
-        assert_eq!(names, vec![second.clone(), DATA_DIR.into(), "a".into(), "c".into()]);
+        assert_eq!(
+            names,
+            vec![second.clone(), DATA_DIR.into(), "a".into(), "c".into()]
+        );
     }
 
     #[test]

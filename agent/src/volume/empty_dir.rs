@@ -68,7 +68,11 @@ impl VolumePlugin for EmptyDirPlugin {
     }
 
     async fn set_up(&self, args: SetUpArgs<'_>) -> Result<(), PluginError> {
-        let source = args.spec.inline().and_then(|v| v.empty_dir.clone()).unwrap_or_default();
+        let source = args
+            .spec
+            .inline()
+            .and_then(|v| v.empty_dir.clone())
+            .unwrap_or_default();
         let dir = args.dir;
         std::fs::create_dir_all(dir).map_err(PluginError::io("create", dir))?;
         match source.medium.as_deref().unwrap_or_default() {
@@ -130,9 +134,15 @@ mod tests {
             (Some("0"), vec![Some("16Mi")], Some(16 << 20)),
         ];
         for (limit, containers, want) in cases {
-            assert_eq!(memory_size(limit, &pod(&containers)).unwrap(), want, "{limit:?} {containers:?}");
+            assert_eq!(
+                memory_size(limit, &pod(&containers)).unwrap(),
+                want,
+                "{limit:?} {containers:?}"
+            );
         }
-        let err = memory_size(Some("lots"), &pod(&[])).unwrap_err().to_string();
+        let err = memory_size(Some("lots"), &pod(&[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("emptyDir sizeLimit \"lots\""), "{err}");
     }
 }

@@ -22,7 +22,12 @@ fn source(spec: &Spec) -> Option<(PathBuf, String)> {
     if let Some(h) = spec.inline().and_then(|v| v.host_path.as_ref()) {
         return Some((PathBuf::from(&h.path), h.type_.clone().unwrap_or_default()));
     }
-    let h = spec.persistent_volume()?.spec.as_ref()?.host_path.as_ref()?;
+    let h = spec
+        .persistent_volume()?
+        .spec
+        .as_ref()?
+        .host_path
+        .as_ref()?;
     Some((PathBuf::from(&h.path), h.type_.clone().unwrap_or_default()))
 }
 
@@ -71,7 +76,9 @@ pub fn check_type(path: &Path, kind: &str) -> Result<(), PluginError> {
             Some(t) if t.is_block_device() => Ok(()),
             _ => fail("a block device"),
         },
-        other => Err(PluginError::Failed(format!("{other} is an invalid volume type"))),
+        other => Err(PluginError::Failed(format!(
+            "{other} is an invalid volume type"
+        ))),
     }
 }
 
@@ -93,12 +100,15 @@ impl VolumePlugin for HostPathPlugin {
     }
 
     fn host_path(&self, spec: &Spec, dir: &Path) -> PathBuf {
-        source(spec).map(|(p, _)| p).unwrap_or_else(|| dir.to_path_buf())
+        source(spec)
+            .map(|(p, _)| p)
+            .unwrap_or_else(|| dir.to_path_buf())
     }
 
     async fn set_up(&self, args: SetUpArgs<'_>) -> Result<(), PluginError> {
-        let (path, kind) = source(args.spec)
-            .ok_or_else(|| PluginError::Failed(format!("volume {:?} is no hostPath", args.spec.name)))?;
+        let (path, kind) = source(args.spec).ok_or_else(|| {
+            PluginError::Failed(format!("volume {:?} is no hostPath", args.spec.name))
+        })?;
         check_type(&path, &kind)
     }
 
@@ -144,7 +154,10 @@ mod tests {
                 (Some(g), Some(w)) => {
                     assert!(g.contains(w), "{kind} {}: {g}", path.display());
                     if w.starts_with("is not") {
-                        assert_eq!(g, format!("hostPath type check failed: {} {w}", path.display()));
+                        assert_eq!(
+                            g,
+                            format!("hostPath type check failed: {} {w}", path.display())
+                        );
                     }
                 }
                 (g, w) => panic!("{kind} {}: got {g:?}, want {w:?}", path.display()),

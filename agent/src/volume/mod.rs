@@ -67,7 +67,7 @@ pub const MOUNT_WAIT: Duration = Duration::from_secs(5);
 pub const UNMOUNT_WAIT: Duration = Duration::from_secs(10);
 
 /// What plugins may need of the node (the kubelet's `VolumeHost`).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct VolumeHost {
     /// `--root-dir`.
     pub root_dir: PathBuf,
@@ -75,6 +75,16 @@ pub struct VolumeHost {
     /// The API client, with `--kubeconfig`; configMap, secret, token and
     /// claim volumes need it.
     pub kube: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for VolumeHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeHost")
+            .field("root_dir", &self.root_dir)
+            .field("node_name", &self.node_name)
+            .field("api", &self.kube.is_some())
+            .finish()
+    }
 }
 
 /// The built-in plugins: emptyDir, hostPath, configMap, secret, downwardAPI,
@@ -89,7 +99,10 @@ pub fn builtin_plugins(host: &VolumeHost) -> VolumePluginMgr {
         Arc::new(projection::ProjectionPlugin::config_map(host.kube.clone())),
         Arc::new(projection::ProjectionPlugin::secret(host.kube.clone())),
         Arc::new(projection::ProjectionPlugin::downward_api()),
-        Arc::new(projection::ProjectionPlugin::projected(host.kube.clone(), tokens)),
+        Arc::new(projection::ProjectionPlugin::projected(
+            host.kube.clone(),
+            tokens,
+        )),
     ];
     for p in plugins {
         // Distinct names: registration cannot fail.

@@ -65,7 +65,10 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    pub fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+    pub fn io<'a>(
+        action: &'static str,
+        path: &'a Path,
+    ) -> impl FnOnce(std::io::Error) -> Self + 'a {
         move |source| Self::Io {
             action,
             path: path.to_path_buf(),
@@ -87,7 +90,7 @@ impl PluginError {
 pub enum VolumeSource {
     /// An inline volume (emptyDir, hostPath, configMap, secret, downwardAPI,
     /// projected, an inline ephemeral `csi`, ...): the pod's own entry.
-    Inline(Volume),
+    Inline(Box<Volume>),
     /// A claim and the volume bound to it (the claim is Bound, the volume's
     /// `claimRef` names the claim's UID).
     Persistent {
@@ -112,7 +115,7 @@ impl Spec {
     /// The inline volume, if it is one.
     pub fn inline(&self) -> Option<&Volume> {
         match &self.source {
-            VolumeSource::Inline(v) => Some(v),
+            VolumeSource::Inline(v) => Some(v.as_ref()),
             VolumeSource::Persistent { .. } => None,
         }
     }
@@ -274,7 +277,11 @@ pub trait VolumePlugin: fmt::Debug + Send + Sync + 'static {
 
     /// The node-global step (`MountDevice`), into `device_mount_path`
     /// ([`Self::device_mount_path`]; its parent created by the manager).
-    async fn mount_device(&self, _spec: &Spec, _device_mount_path: &Path) -> Result<(), PluginError> {
+    async fn mount_device(
+        &self,
+        _spec: &Spec,
+        _device_mount_path: &Path,
+    ) -> Result<(), PluginError> {
         Ok(())
     }
 
@@ -317,7 +324,11 @@ impl VolumePluginMgr {
 
     /// The one plugin supporting `spec` (`FindPluginBySpec`).
     pub fn find(&self, spec: &Spec) -> Result<Arc<dyn VolumePlugin>, PluginError> {
-        let found: Vec<_> = self.plugins.iter().filter(|p| p.can_support(spec)).collect();
+        let found: Vec<_> = self
+            .plugins
+            .iter()
+            .filter(|p| p.can_support(spec))
+            .collect();
         match found.as_slice() {
             [one] => Ok((*one).clone()),
             [] => Err(PluginError::NoPlugin(format!(
@@ -377,10 +388,10 @@ mod tests {
     fn spec(name: &str) -> Spec {
         Spec {
             name: name.into(),
-            source: VolumeSource::Inline(Volume {
+            source: VolumeSource::Inline(Box::new(Volume {
                 name: name.into(),
                 ..Default::default()
-            }),
+            })),
             read_only: false,
         }
     }
@@ -391,10 +402,16 @@ mod tests {
         mgr.register(Arc::new(Named("a/x", "x"))).unwrap();
         mgr.register(Arc::new(Named("a/xy", "xy"))).unwrap();
         let dup = mgr.register(Arc::new(Named("a/x", "z"))).unwrap_err();
-        assert!(dup.to_string().contains("\"a/x\" was registered more than once"));
+        assert!(
+            dup.to_string()
+                .contains("\"a/x\" was registered more than once")
+        );
         assert_eq!(mgr.find(&spec("xa")).unwrap().name(), "a/x");
         let many = mgr.find(&spec("xya")).unwrap_err().to_string();
-        assert!(many.contains("multiple volume plugins matched volume \"xya\": a/x,a/xy"), "{many}");
+        assert!(
+            many.contains("multiple volume plugins matched volume \"xya\": a/x,a/xy"),
+            "{many}"
+        );
         let none = mgr.find(&spec("q")).unwrap_err().to_string();
         assert_eq!(none, "no volume plugin matched volume \"q\"");
         let uid = PodUid::parse("0123abcd").unwrap();
@@ -402,6 +419,9 @@ mod tests {
             Named("a/x", "x").unique_name(&spec("xv"), &uid).unwrap().0,
             "a/x/0123abcd-xv"
         );
-        assert_eq!(escape_plugin_name("kubernetes.io/empty-dir"), "kubernetes.io~empty-dir");
+        assert_eq!(
+            escape_plugin_name("kubernetes.io/empty-dir"),
+            "kubernetes.io~empty-dir"
+        );
     }
 }

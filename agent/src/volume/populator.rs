@@ -20,7 +20,9 @@ use super::plugin::{PodContext, Spec, VolumePluginMgr, VolumeSource};
 /// Why a claim cannot be resolved (the kubelet's words).
 #[derive(Debug, thiserror::Error)]
 pub enum PopulatorError {
-    #[error("error processing PVC {claim}: no API server to read it from (the agent runs without --kubeconfig)")]
+    #[error(
+        "error processing PVC {claim}: no API server to read it from (the agent runs without --kubeconfig)"
+    )]
     NoApiServer { claim: String },
     #[error("error processing PVC {claim}: failed to fetch PVC from API server: {message}")]
     ClaimFetch { claim: String, message: String },
@@ -34,9 +36,13 @@ pub enum PopulatorError {
         phase: String,
         volume: String,
     },
-    #[error("error processing PVC {claim}: PVC {claim} was not created for pod {pod} (pod is not owner)")]
+    #[error(
+        "error processing PVC {claim}: PVC {claim} was not created for pod {pod} (pod is not owner)"
+    )]
     NotOwner { claim: String, pod: String },
-    #[error("error processing PVC {claim}: failed to fetch PV {volume:?} from API server: {message}")]
+    #[error(
+        "error processing PVC {claim}: failed to fetch PV {volume:?} from API server: {message}"
+    )]
     VolumeFetch {
         claim: String,
         volume: String,
@@ -61,7 +67,12 @@ pub async fn desired_pod(
 ) -> DesiredPod {
     let mut volumes = BTreeMap::new();
     let mut errors = BTreeMap::new();
-    let specs = ctx.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+    let specs = ctx
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
     for vol in specs {
         let name = vol.name.clone();
         let spec = match spec_of(kube, &ctx, vol).await {
@@ -111,7 +122,7 @@ async fn spec_of(
     } else {
         return Ok(Spec {
             name: vol.name.clone(),
-            source: VolumeSource::Inline(vol),
+            source: VolumeSource::Inline(Box::new(vol)),
             read_only: false,
         });
     };
@@ -119,7 +130,8 @@ async fn spec_of(
     let Some(kube) = kube else {
         return Err(PopulatorError::NoApiServer { claim: claim_key });
     };
-    let claims: kube::Api<PersistentVolumeClaim> = kube::Api::namespaced(kube.clone(), ctx.namespace());
+    let claims: kube::Api<PersistentVolumeClaim> =
+        kube::Api::namespaced(kube.clone(), ctx.namespace());
     let claim = claims
         .get(&claim_name)
         .await
@@ -128,9 +140,10 @@ async fn spec_of(
             message: e.to_string(),
         })?;
     if ephemeral {
-        let owned = claim.metadata.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true) && Some(&o.uid) == ctx.pod.metadata.uid.as_ref()
-        });
+        let owned =
+            claim.metadata.owner_references.iter().flatten().any(|o| {
+                o.controller == Some(true) && Some(&o.uid) == ctx.pod.metadata.uid.as_ref()
+            });
         if !owned {
             return Err(PopulatorError::NotOwner {
                 claim: claim_key,
@@ -222,21 +235,31 @@ mod tests {
             "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}));
         assert_eq!(resolve_claim(&bound, "ns/c").unwrap(), "pv1");
         let cases = [
-            (serde_json::json!({"metadata": {"name": "c"}, "spec": {}, "status": {"phase": "Pending"}}),
-             "error processing PVC ns/c: PVC ns/c has non-bound phase (\"Pending\") or empty pvc.Spec.VolumeName (\"\")"),
-            (serde_json::json!({"metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}),
-             "error processing PVC ns/c: can't start pod because PVC is being deleted"),
+            (
+                serde_json::json!({"metadata": {"name": "c"}, "spec": {}, "status": {"phase": "Pending"}}),
+                "error processing PVC ns/c: PVC ns/c has non-bound phase (\"Pending\") or empty pvc.Spec.VolumeName (\"\")",
+            ),
+            (
+                serde_json::json!({"metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}),
+                "error processing PVC ns/c: can't start pod because PVC is being deleted",
+            ),
         ];
         for (c, message) in cases {
-            assert_eq!(resolve_claim(&claim(c), "ns/c").unwrap_err().to_string(), message);
+            assert_eq!(
+                resolve_claim(&claim(c), "ns/c").unwrap_err().to_string(),
+                message
+            );
         }
         let pv = |uid: &str| -> PersistentVolume {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "pv1"},
-                "spec": {"claimRef": {"uid": uid}}})).unwrap()
+                "spec": {"claimRef": {"uid": uid}}}))
+            .unwrap()
         };
         check_claim_ref(&bound, &pv("u1"), "ns/c").unwrap();
         assert_eq!(
-            check_claim_ref(&bound, &pv("u2"), "ns/c").unwrap_err().to_string(),
+            check_claim_ref(&bound, &pv("u2"), "ns/c")
+                .unwrap_err()
+                .to_string(),
             "error processing PVC ns/c: found PV object \"pv1\" but its ClaimRef UID \"u2\" does not point to claim UID \"u1\""
         );
     }

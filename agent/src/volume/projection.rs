@@ -41,25 +41,49 @@ pub enum Kind {
     Projected,
 }
 
-#[derive(Debug)]
 pub struct ProjectionPlugin {
     kind: Kind,
     kube: Option<kube::Client>,
     tokens: Option<Arc<TokenManager>>,
 }
 
+impl std::fmt::Debug for ProjectionPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectionPlugin")
+            .field("kind", &self.kind)
+            .field("api", &self.kube.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl ProjectionPlugin {
     pub fn config_map(kube: Option<kube::Client>) -> Self {
-        Self { kind: Kind::ConfigMap, kube, tokens: None }
+        Self {
+            kind: Kind::ConfigMap,
+            kube,
+            tokens: None,
+        }
     }
     pub fn secret(kube: Option<kube::Client>) -> Self {
-        Self { kind: Kind::Secret, kube, tokens: None }
+        Self {
+            kind: Kind::Secret,
+            kube,
+            tokens: None,
+        }
     }
     pub fn downward_api() -> Self {
-        Self { kind: Kind::DownwardApi, kube: None, tokens: None }
+        Self {
+            kind: Kind::DownwardApi,
+            kube: None,
+            tokens: None,
+        }
     }
     pub fn projected(kube: Option<kube::Client>, tokens: Arc<TokenManager>) -> Self {
-        Self { kind: Kind::Projected, kube, tokens: Some(tokens) }
+        Self {
+            kind: Kind::Projected,
+            kube,
+            tokens: Some(tokens),
+        }
     }
 
     async fn config_map_files(
@@ -162,7 +186,12 @@ impl ProjectionPlugin {
             Kind::DownwardApi => {
                 let s = v.downward_api.clone().unwrap_or_default();
                 let mode = s.default_mode.unwrap_or(DEFAULT_MODE);
-                downward_files(&pod.pod, s.items.as_deref().unwrap_or_default(), mode, &mut out)?;
+                downward_files(
+                    &pod.pod,
+                    s.items.as_deref().unwrap_or_default(),
+                    mode,
+                    &mut out,
+                )?;
             }
             Kind::Projected => {
                 let s = v.projected.clone().unwrap_or_default();
@@ -204,10 +233,14 @@ impl ProjectionPlugin {
             out.insert(t.path.clone(), file(token.into_bytes(), mode));
         }
         if source.cluster_trust_bundle.is_some() {
-            return Err(PluginError::Failed("projected clusterTrustBundle sources are not supported".into()));
+            return Err(PluginError::Failed(
+                "projected clusterTrustBundle sources are not supported".into(),
+            ));
         }
         if source.pod_certificate.is_some() {
-            return Err(PluginError::Failed("projected podCertificate sources are not supported".into()));
+            return Err(PluginError::Failed(
+                "projected podCertificate sources are not supported".into(),
+            ));
         }
         Ok(())
     }
@@ -247,7 +280,11 @@ fn select(
                     }
                     None if optional => {}
                     None => {
-                        let kind = if what == "config" { "configmap" } else { "secret" };
+                        let kind = if what == "config" {
+                            "configmap"
+                        } else {
+                            "secret"
+                        };
                         return Err(PluginError::Object(format!(
                             "{kind} references non-existent {what} key: {}",
                             item.key
@@ -285,10 +322,7 @@ pub fn downward_files(
 pub fn field_value(pod: &Pod, path: &str) -> Result<String, PluginError> {
     let m = &pod.metadata;
     let map = |v: &Option<BTreeMap<String, String>>| v.clone().unwrap_or_default();
-    if let Some((field, key)) = path
-        .strip_suffix("']")
-        .and_then(|p| p.split_once("['"))
-    {
+    if let Some((field, key)) = path.strip_suffix("']").and_then(|p| p.split_once("['")) {
         return match field {
             "metadata.labels" => Ok(map(&m.labels).get(key).cloned().unwrap_or_default()),
             "metadata.annotations" => Ok(map(&m.annotations).get(key).cloned().unwrap_or_default()),
@@ -331,7 +365,9 @@ fn go_quote(s: &str) -> String {
             '\x08' => out.push_str("\\b"),
             '\x0c' => out.push_str("\\f"),
             '\x0b' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -356,10 +392,17 @@ fn resource_value(
     let set = match kind {
         "limits" => res.limits.unwrap_or_default(),
         "requests" => res.requests.unwrap_or_default(),
-        _ => return Err(PluginError::Failed(format!("unsupported container resource: {}", r.resource))),
+        _ => {
+            return Err(PluginError::Failed(format!(
+                "unsupported container resource: {}",
+                r.resource
+            )));
+        }
     };
     let host = crate::admission::Allocatable::of_host();
-    let bad = |e: &dyn std::fmt::Display| PluginError::Failed(format!("resourceFieldRef {}: {e}", r.resource));
+    let bad = |e: &dyn std::fmt::Display| {
+        PluginError::Failed(format!("resourceFieldRef {}: {e}", r.resource))
+    };
     let divisor_milli = match &r.divisor {
         Some(d) => parse_milli(&d.0).map_err(|e| bad(&e))?,
         None => 1000,
@@ -370,7 +413,12 @@ fn resource_value(
         ("cpu", None) if kind == "limits" => host.cpu_milli,
         ("memory", None) if kind == "limits" => host.memory_bytes * 1000,
         ("cpu" | "memory", None) => 0,
-        _ => return Err(PluginError::Failed(format!("unsupported container resource: {}", r.resource))),
+        _ => {
+            return Err(PluginError::Failed(format!(
+                "unsupported container resource: {}",
+                r.resource
+            )));
+        }
     };
     Ok(((milli + divisor_milli - 1) / divisor_milli).to_string())
 }
@@ -437,16 +485,16 @@ mod tests {
 
     fn item(path: &str, v: serde_json::Value) -> DownwardAPIVolumeFile {
         let mut o = serde_json::json!({"path": path});
-        o.as_object_mut().unwrap().extend(v.as_object().unwrap().clone());
+        o.as_object_mut()
+            .unwrap()
+            .extend(v.as_object().unwrap().clone());
         serde_json::from_value(o).unwrap()
     }
 
     #[test]
     fn downward_api_files_as_the_kubelet_writes_them() {
         let fr = |p: &str| serde_json::json!({"fieldRef": {"fieldPath": p}});
-        let rr = |r: &str, d: Option<&str>| {
-            serde_json::json!({"resourceFieldRef": {"containerName": "app", "resource": r, "divisor": d}})
-        };
+        let rr = |r: &str, d: Option<&str>| serde_json::json!({"resourceFieldRef": {"containerName": "app", "resource": r, "divisor": d}});
         let cases = [
             (fr("metadata.name"), "web"),
             (fr("metadata.namespace"), "ns"),
@@ -468,15 +516,18 @@ mod tests {
             assert_eq!(f.mode, 0o600);
         }
         let mut out = Payload::new();
-        let err = downward_files(&pod(), &[item("f", fr("spec.nodeName"))], 0o644, &mut out)
-            .unwrap_err();
+        let err =
+            downward_files(&pod(), &[item("f", fr("spec.nodeName"))], 0o644, &mut out).unwrap_err();
         assert_eq!(err.to_string(), "unsupported fieldPath: spec.nodeName");
     }
 
     #[test]
     fn keys_select_files_with_their_modes() {
-        let data: BTreeMap<String, Vec<u8>> =
-            [("a".to_owned(), b"1".to_vec()), ("b".to_owned(), b"2".to_vec())].into();
+        let data: BTreeMap<String, Vec<u8>> = [
+            ("a".to_owned(), b"1".to_vec()),
+            ("b".to_owned(), b"2".to_vec()),
+        ]
+        .into();
         let mut all = Payload::new();
         select(&data, None, false, 0o644, "config", &mut all).unwrap();
         assert_eq!(all.keys().collect::<Vec<_>>(), ["a", "b"]);
@@ -490,9 +541,27 @@ mod tests {
         assert_eq!(some.len(), 1);
         let missing: Vec<KeyToPath> =
             serde_json::from_value(serde_json::json!([{"key": "zz", "path": "z"}])).unwrap();
-        let err = select(&data, Some(&missing), false, 0o644, "config", &mut Payload::new())
-            .unwrap_err();
-        assert_eq!(err.to_string(), "configmap references non-existent config key: zz");
-        select(&data, Some(&missing), true, 0o644, "secret", &mut Payload::new()).unwrap();
+        let err = select(
+            &data,
+            Some(&missing),
+            false,
+            0o644,
+            "config",
+            &mut Payload::new(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "configmap references non-existent config key: zz"
+        );
+        select(
+            &data,
+            Some(&missing),
+            true,
+            0o644,
+            "secret",
+            &mut Payload::new(),
+        )
+        .unwrap();
     }
 }

@@ -97,7 +97,9 @@ pub fn plan(
     let mut device_planned = HashSet::new();
     for w in wants {
         let have = haves.get(&w.unique);
-        let device = have.and_then(|h| h.device).unwrap_or(DeviceMountState::NotMounted);
+        let device = have
+            .and_then(|h| h.device)
+            .unwrap_or(DeviceMountState::NotMounted);
         if w.device_mountable && device != DeviceMountState::GloballyMounted {
             if device_planned.insert(&w.unique) {
                 ops.push(Operation::MountDevice(w.unique.clone()));
@@ -176,12 +178,16 @@ impl Pending {
     }
 }
 
+/// The pod of a per-pod operation: its context, its name for the volume,
+/// the volume's directory.
+type PodPart = Option<(PodContext, String, PathBuf)>;
+
 /// What an operation needs, copied out of the states under the lock.
 struct Job {
     op: Operation,
     plugin: Arc<dyn VolumePlugin>,
     spec: Spec,
-    pod: Option<(PodContext, String, PathBuf)>,
+    pod: PodPart,
     /// The node-global directory, or why the plugin could not name it.
     device_path: Result<PathBuf, String>,
 }
@@ -230,16 +236,20 @@ pub(super) fn pass(shared: &Arc<Shared>) {
 }
 
 fn job_for(shared: &Shared, w: &super::Worlds, op: Operation) -> Option<Job> {
-    let device_path = |plugin: &Arc<dyn VolumePlugin>, spec: &Spec, v: &UniqueVolumeName| {
-        match plugin.device_mount_path(spec, &shared.root_dir) {
+    let device_path =
+        |plugin: &Arc<dyn VolumePlugin>, spec: &Spec, v: &UniqueVolumeName| match plugin
+            .device_mount_path(spec, &shared.root_dir)
+        {
             Ok(Some(p)) => Ok(p),
             Ok(None) => Ok(super::device_mount_path(&shared.root_dir, plugin.name(), v)),
             Err(e) => Err(e.to_string()),
-        }
-    };
+        };
     match &op {
         Operation::MountDevice(v) => {
-            let (_, _, d) = w.desired.volumes_to_mount().find(|(_, _, d)| &d.unique == v)?;
+            let (_, _, d) = w
+                .desired
+                .volumes_to_mount()
+                .find(|(_, _, d)| &d.unique == v)?;
             Some(Job {
                 device_path: device_path(&d.plugin, &d.spec, v),
                 plugin: d.plugin.clone(),
@@ -301,20 +311,26 @@ async fn run(shared: Arc<Shared>, job: Job) {
     let device_path = match device_path {
         Ok(p) => p,
         Err(e) => {
-            finish(&shared, op, (plugin, spec, pod), Err(PluginError::Failed(e)), PathBuf::new());
+            finish(
+                &shared,
+                op,
+                (plugin, spec, pod),
+                Err(PluginError::Failed(e)),
+                PathBuf::new(),
+            );
             return;
         }
     };
     let result: Result<(), PluginError> = match (&op, &pod) {
-        (Operation::MountDevice(_), _) => {
-            match device_path.parent().map(std::fs::create_dir_all) {
-                Some(Err(e)) => Err(PluginError::io("create", &device_path)(e)),
-                _ => plugin.mount_device(&spec, &device_path).await,
-            }
-        }
+        (Operation::MountDevice(_), _) => match device_path.parent().map(std::fs::create_dir_all) {
+            Some(Err(e)) => Err(PluginError::io("create", &device_path)(e)),
+            _ => plugin.mount_device(&spec, &device_path).await,
+        },
         (Operation::UnmountDevice(_), _) => plugin.unmount_device(&spec, &device_path).await,
         (Operation::SetUp(..), Some((ctx, _, dir))) => {
-            let device = plugin.device_mountable(&spec).then_some(device_path.as_path());
+            let device = plugin
+                .device_mountable(&spec)
+                .then_some(device_path.as_path());
             set_up(&*plugin, &spec, ctx, dir, device).await
         }
         (Operation::TearDown(..), Some((ctx, _, dir))) => {
@@ -334,7 +350,7 @@ async fn run(shared: Arc<Shared>, job: Job) {
 fn finish(
     shared: &Arc<Shared>,
     op: Operation,
-    (plugin, spec, pod): (Arc<dyn VolumePlugin>, Spec, Option<(PodContext, String, PathBuf)>),
+    (plugin, spec, pod): (Arc<dyn VolumePlugin>, Spec, PodPart),
     result: Result<(), PluginError>,
     device_path: PathBuf,
 ) {
@@ -386,7 +402,8 @@ fn finish(
                         FAILED_MOUNT,
                         message.clone(),
                     );
-                    w.last_errors.insert((ctx.uid.clone(), outer.clone()), message);
+                    w.last_errors
+                        .insert((ctx.uid.clone(), outer.clone()), message);
                 }
             } else {
                 w.last_errors.remove(&(ctx.uid.clone(), outer.clone()));
@@ -471,24 +488,234 @@ mod tests {
         type Case<'a> = (&'a str, Vec<Want>, Vec<(&'a str, Have)>, Vec<Operation>);
         let cases: Vec<Case> = vec![
             ("nothing", vec![], vec![], vec![]),
-            ("a new volume is set up", vec![want("e", "a1", false)], none.to_vec(), vec![SetUp(v("e"), p("a1"))]),
-            ("a mounted one is left", vec![want("e", "a1", false)], vec![("e", have(D::NotMounted, &[("a1", M)]))], vec![]),
-            ("a remount is a set-up", vec![want("e", "a1", false)], vec![("e", have(D::NotMounted, &[("a1", S::Mounted { remount: true })]))], vec![SetUp(v("e"), p("a1"))]),
-            ("an uncertain one is set up again", vec![want("e", "a1", false)], vec![("e", have(D::NotMounted, &[("a1", S::Uncertain)]))], vec![SetUp(v("e"), p("a1"))]),
-            ("no longer desired: torn down", vec![], vec![("e", have(D::NotMounted, &[("a1", M)]))], vec![TearDown(v("e"), p("a1"))]),
-            ("uncertain and not desired: torn down", vec![], vec![("e", have(D::NotMounted, &[("a1", S::Uncertain)]))], vec![TearDown(v("e"), p("a1"))]),
-            ("device first, no set-up before it", vec![want("c", "a1", true), want("c", "b2", true)], vec![], vec![MountDevice(v("c"))]),
-            ("device uncertain: mounted again", vec![want("c", "a1", true)], vec![("c", have(D::Uncertain, &[]))], vec![MountDevice(v("c"))]),
-            ("device mounted: set-ups", vec![want("c", "a1", true), want("c", "b2", true)], vec![("c", have(D::GloballyMounted, &[]))], vec![SetUp(v("c"), p("a1")), SetUp(v("c"), p("b2"))]),
-            ("one pod leaves a shared device", vec![want("c", "b2", true)], vec![("c", have(D::GloballyMounted, &[("a1", M), ("b2", M)]))], vec![TearDown(v("c"), p("a1"))]),
-            ("device kept while a pod has it mounted", vec![], vec![("c", have(D::GloballyMounted, &[("a1", M)]))], vec![TearDown(v("c"), p("a1"))]),
-            ("device unmounted after the last pod", vec![], vec![("c", have(D::GloballyMounted, &[]))], vec![UnmountDevice(v("c"))]),
-            ("uncertain device unmounted too", vec![], vec![("c", have(D::Uncertain, &[]))], vec![UnmountDevice(v("c"))]),
-            ("a pod moving in while another leaves", vec![want("e", "b2", false)], vec![("e", have(D::NotMounted, &[("a1", M)]))], vec![TearDown(v("e"), p("a1")), SetUp(v("e"), p("b2"))]),
+            (
+                "a new volume is set up",
+                vec![want("e", "a1", false)],
+                none.to_vec(),
+                vec![SetUp(v("e"), p("a1"))],
+            ),
+            (
+                "a mounted one is left",
+                vec![want("e", "a1", false)],
+                vec![("e", have(D::NotMounted, &[("a1", M)]))],
+                vec![],
+            ),
+            (
+                "a remount is a set-up",
+                vec![want("e", "a1", false)],
+                vec![(
+                    "e",
+                    have(D::NotMounted, &[("a1", S::Mounted { remount: true })]),
+                )],
+                vec![SetUp(v("e"), p("a1"))],
+            ),
+            (
+                "an uncertain one is set up again",
+                vec![want("e", "a1", false)],
+                vec![("e", have(D::NotMounted, &[("a1", S::Uncertain)]))],
+                vec![SetUp(v("e"), p("a1"))],
+            ),
+            (
+                "no longer desired: torn down",
+                vec![],
+                vec![("e", have(D::NotMounted, &[("a1", M)]))],
+                vec![TearDown(v("e"), p("a1"))],
+            ),
+            (
+                "uncertain and not desired: torn down",
+                vec![],
+                vec![("e", have(D::NotMounted, &[("a1", S::Uncertain)]))],
+                vec![TearDown(v("e"), p("a1"))],
+            ),
+            (
+                "device first, no set-up before it",
+                vec![want("c", "a1", true), want("c", "b2", true)],
+                vec![],
+                vec![MountDevice(v("c"))],
+            ),
+            (
+                "device uncertain: mounted again",
+                vec![want("c", "a1", true)],
+                vec![("c", have(D::Uncertain, &[]))],
+                vec![MountDevice(v("c"))],
+            ),
+            (
+                "device mounted: set-ups",
+                vec![want("c", "a1", true), want("c", "b2", true)],
+                vec![("c", have(D::GloballyMounted, &[]))],
+                vec![SetUp(v("c"), p("a1")), SetUp(v("c"), p("b2"))],
+            ),
+            (
+                "one pod leaves a shared device",
+                vec![want("c", "b2", true)],
+                vec![("c", have(D::GloballyMounted, &[("a1", M), ("b2", M)]))],
+                vec![TearDown(v("c"), p("a1"))],
+            ),
+            (
+                "device kept while a pod has it mounted",
+                vec![],
+                vec![("c", have(D::GloballyMounted, &[("a1", M)]))],
+                vec![TearDown(v("c"), p("a1"))],
+            ),
+            (
+                "device unmounted after the last pod",
+                vec![],
+                vec![("c", have(D::GloballyMounted, &[]))],
+                vec![UnmountDevice(v("c"))],
+            ),
+            (
+                "uncertain device unmounted too",
+                vec![],
+                vec![("c", have(D::Uncertain, &[]))],
+                vec![UnmountDevice(v("c"))],
+            ),
+            (
+                "a pod moving in while another leaves",
+                vec![want("e", "b2", false)],
+                vec![("e", have(D::NotMounted, &[("a1", M)]))],
+                vec![TearDown(v("e"), p("a1")), SetUp(v("e"), p("b2"))],
+            ),
         ];
         for (name, wants, haves, expected) in cases {
             let haves: BTreeMap<_, _> = haves.into_iter().map(|(k, h)| (v(k), h)).collect();
             assert_eq!(plan(&wants, &haves, &|_| false), expected, "{name}");
+        }
+    }
+
+    /// Applies an operation's outcome to the model of the actual state
+    /// with the state machines' transitions.
+    fn apply(haves: &mut BTreeMap<UniqueVolumeName, Have>, op: &Operation, outcome: u8) {
+        use super::super::state::{DeviceMountTransition as DT, PodMountTransition as PT};
+        // 0: success, 1: failure, 2: uncertain failure.
+        let (ok, uncertain) = (outcome == 0, outcome == 2);
+        match op {
+            MountDevice(v) | UnmountDevice(v) => {
+                let h = haves.entry(v.clone()).or_default();
+                let t = match (op, ok) {
+                    (MountDevice(_), true) => DT::MountDeviceSucceeded,
+                    (MountDevice(_), false) => DT::MountDeviceFailed { uncertain },
+                    (_, true) => DT::UnmountDeviceSucceeded,
+                    (_, false) => DT::UnmountDeviceFailed,
+                };
+                h.device = Some(
+                    h.device
+                        .unwrap_or(D::NotMounted)
+                        .apply(t)
+                        .expect("a valid device transition"),
+                );
+            }
+            SetUp(v, pod) | TearDown(v, pod) => {
+                let h = haves.entry(v.clone()).or_default();
+                let t = match (op, ok) {
+                    (SetUp(..), true) => PT::SetUpSucceeded,
+                    (SetUp(..), false) => PT::SetUpFailed { uncertain },
+                    (_, true) => PT::TearDownSucceeded,
+                    (_, false) => PT::TearDownFailed,
+                };
+                let from = h.pods.get(pod).copied().unwrap_or(S::NotMounted);
+                let to = from.apply(t).expect("a valid pod transition");
+                if to == S::NotMounted {
+                    h.pods.remove(pod);
+                } else {
+                    h.pods.insert(pod.clone(), to);
+                }
+            }
+        }
+    }
+
+    fn check_plan(wants: &[Want], haves: &BTreeMap<UniqueVolumeName, Have>, ops: &[Operation]) {
+        let mut keys = HashSet::new();
+        for op in ops {
+            assert!(
+                keys.insert(op.key()),
+                "two operations on {:?}: {ops:?}",
+                op.key()
+            );
+            let have = haves.get(&op.key().0).cloned().unwrap_or_default();
+            let device = have.device.unwrap_or(D::NotMounted);
+            match op {
+                SetUp(v, _) => {
+                    let w = wants
+                        .iter()
+                        .find(|w| &w.unique == v)
+                        .expect("a set-up is desired");
+                    assert!(
+                        !w.device_mountable || device == D::GloballyMounted,
+                        "set-up before the device: {op:?}"
+                    );
+                    assert!(!ops.contains(&MountDevice(v.clone())), "{ops:?}");
+                }
+                UnmountDevice(_) => {
+                    assert!(
+                        !have.pods.values().any(|s| s.needs_tear_down()),
+                        "device unmounted under a pod: {op:?} {have:?}"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    proptest::proptest! {
+        // Model-based: whatever the desired states and operation outcomes,
+        // a plan never sets up before its device, never unmounts a device a
+        // pod still uses, never runs two operations on one key; and once
+        // the desired state holds still and operations succeed, the actual
+        // state converges on it (then nothing is planned).
+        #[test]
+        fn the_reconciler_converges(
+            steps in proptest::collection::vec(
+                (proptest::collection::vec((0u8..3, 0u8..3), 0..5), proptest::collection::vec(0u8..3, 0..8)),
+                1..12,
+            ),
+            final_wants in proptest::collection::vec((0u8..3, 0u8..3), 0..5),
+        ) {
+            // Volume 0 is device-mountable and shared; 1 and 2 are per pod.
+            let to_wants = |pairs: &[(u8, u8)]| -> Vec<Want> {
+                let mut seen = HashSet::new();
+                pairs.iter().filter(|p| seen.insert(**p)).map(|(vol, pod)| Want {
+                    unique: v(&format!("v{vol}")),
+                    pod: p(&format!("a{pod}")),
+                    device_mountable: *vol == 0,
+                }).collect()
+            };
+            let mut haves: BTreeMap<UniqueVolumeName, Have> = BTreeMap::new();
+            for (wants, outcomes) in &steps {
+                let wants = to_wants(wants);
+                let ops = plan(&wants, &haves, &|_| false);
+                check_plan(&wants, &haves, &ops);
+                for (op, outcome) in ops.iter().zip(outcomes.iter().chain(std::iter::repeat(&0))) {
+                    apply(&mut haves, op, *outcome);
+                }
+            }
+            let wants = to_wants(&final_wants);
+            let mut passes = 0;
+            loop {
+                let ops = plan(&wants, &haves, &|_| false);
+                check_plan(&wants, &haves, &ops);
+                if ops.is_empty() {
+                    break;
+                }
+                for op in &ops {
+                    apply(&mut haves, op, 0);
+                }
+                passes += 1;
+                proptest::prop_assert!(passes <= 4, "not converged: {haves:?}");
+            }
+            for w in &wants {
+                let h = &haves[&w.unique];
+                proptest::prop_assert_eq!(h.pods.get(&w.pod), Some(&M));
+                if w.device_mountable {
+                    proptest::prop_assert_eq!(h.device, Some(D::GloballyMounted));
+                }
+            }
+            for (vol, h) in &haves {
+                let wanted: Vec<&PodUid> = wants.iter().filter(|w| &w.unique == vol).map(|w| &w.pod).collect();
+                proptest::prop_assert!(h.pods.keys().all(|p| wanted.contains(&p)), "{vol}: {h:?}");
+                if wanted.is_empty() {
+                    proptest::prop_assert!(h.device.unwrap_or(D::NotMounted) == D::NotMounted, "{vol}: {h:?}");
+                }
+            }
         }
     }
 

@@ -17,7 +17,9 @@ pub enum PodMountState {
     Uncertain,
     /// Set up; `remount` when the pod was synced since and the plugin
     /// requires remounts (configMap and friends: refresh the files).
-    Mounted { remount: bool },
+    Mounted {
+        remount: bool,
+    },
 }
 
 /// What happened to a volume for a pod.
@@ -25,7 +27,9 @@ pub enum PodMountState {
 pub enum PodMountTransition {
     SetUpSucceeded,
     /// `uncertain`: the plugin said it may have done something.
-    SetUpFailed { uncertain: bool },
+    SetUpFailed {
+        uncertain: bool,
+    },
     /// The pod was synced again (the kubelet's `MarkRemountRequired`).
     RemountRequested,
     TearDownSucceeded,
@@ -198,18 +202,54 @@ mod tests {
     #[test]
     fn device_mount_transitions_table() {
         let table = [
-            (D::NotMounted, DT::MountDeviceSucceeded, Some(D::GloballyMounted)),
-            (D::NotMounted, DT::MountDeviceFailed { uncertain: false }, Some(D::NotMounted)),
-            (D::NotMounted, DT::MountDeviceFailed { uncertain: true }, Some(D::Uncertain)),
+            (
+                D::NotMounted,
+                DT::MountDeviceSucceeded,
+                Some(D::GloballyMounted),
+            ),
+            (
+                D::NotMounted,
+                DT::MountDeviceFailed { uncertain: false },
+                Some(D::NotMounted),
+            ),
+            (
+                D::NotMounted,
+                DT::MountDeviceFailed { uncertain: true },
+                Some(D::Uncertain),
+            ),
             (D::NotMounted, DT::UnmountDeviceSucceeded, None),
             (D::NotMounted, DT::UnmountDeviceFailed, None),
-            (D::Uncertain, DT::MountDeviceSucceeded, Some(D::GloballyMounted)),
-            (D::Uncertain, DT::MountDeviceFailed { uncertain: false }, Some(D::Uncertain)),
-            (D::Uncertain, DT::UnmountDeviceSucceeded, Some(D::NotMounted)),
+            (
+                D::Uncertain,
+                DT::MountDeviceSucceeded,
+                Some(D::GloballyMounted),
+            ),
+            (
+                D::Uncertain,
+                DT::MountDeviceFailed { uncertain: false },
+                Some(D::Uncertain),
+            ),
+            (
+                D::Uncertain,
+                DT::UnmountDeviceSucceeded,
+                Some(D::NotMounted),
+            ),
             (D::Uncertain, DT::UnmountDeviceFailed, Some(D::Uncertain)),
-            (D::GloballyMounted, DT::MountDeviceFailed { uncertain: false }, Some(D::GloballyMounted)),
-            (D::GloballyMounted, DT::UnmountDeviceSucceeded, Some(D::NotMounted)),
-            (D::GloballyMounted, DT::UnmountDeviceFailed, Some(D::GloballyMounted)),
+            (
+                D::GloballyMounted,
+                DT::MountDeviceFailed { uncertain: false },
+                Some(D::GloballyMounted),
+            ),
+            (
+                D::GloballyMounted,
+                DT::UnmountDeviceSucceeded,
+                Some(D::NotMounted),
+            ),
+            (
+                D::GloballyMounted,
+                DT::UnmountDeviceFailed,
+                Some(D::GloballyMounted),
+            ),
         ];
         for (from, t, to) in table {
             assert_eq!(from.apply(t).ok(), to, "{from:?} --{t:?}-->");

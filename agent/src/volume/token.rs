@@ -35,10 +35,17 @@ struct Cached {
     expires_at: i64,
 }
 
-#[derive(Debug)]
 pub struct TokenManager {
     kube: Option<kube::Client>,
     cache: Mutex<HashMap<Key, Cached>>,
+}
+
+impl std::fmt::Debug for TokenManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenManager")
+            .field("api", &self.kube.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// `requiresRefresh`: within 20 % of the lifetime of expiry, or issued more
@@ -121,9 +128,9 @@ impl TokenManager {
             .create_token_request(&key.account, &Default::default(), &request)
             .await
             .map_err(|e| PluginError::Object(format!("failed to fetch token: {what}: {e}")))?;
-        let status = answer
-            .status
-            .ok_or_else(|| PluginError::Object(format!("{what}: the TokenRequest has no status")))?;
+        let status = answer.status.ok_or_else(|| {
+            PluginError::Object(format!("{what}: the TokenRequest has no status"))
+        })?;
         let cached = Cached {
             token: status.token.clone(),
             expires_at: status.expiration_timestamp.0.as_second(),
@@ -155,7 +162,12 @@ mod tests {
             (expires + 1, true),
         ];
         for (now, want) in cases {
-            assert_eq!(requires_refresh(now, expires, exp), want, "{}", now - issued);
+            assert_eq!(
+                requires_refresh(now, expires, exp),
+                want,
+                "{}",
+                now - issued
+            );
         }
         // A two-day token is refreshed after a day.
         let long = 2 * 86_400;

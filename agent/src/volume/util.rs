@@ -44,7 +44,9 @@ pub fn mount_tmpfs(path: &Path, size: Option<i64>) -> Result<(), PluginError> {
         )
     };
     if r != 0 {
-        return Err(PluginError::io("mount a tmpfs on", path)(std::io::Error::last_os_error()));
+        return Err(PluginError::io("mount a tmpfs on", path)(
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(())
 }
@@ -54,7 +56,9 @@ pub fn unmount(path: &Path) -> Result<(), PluginError> {
     let target = c_path(path)?;
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
-        return Err(PluginError::io("unmount", path)(std::io::Error::last_os_error()));
+        return Err(PluginError::io("unmount", path)(
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(())
 }

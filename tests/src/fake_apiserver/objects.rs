@@ -44,7 +44,10 @@ pub(super) struct Objects {
 
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/api/v1/namespaces/{ns}/configmaps/{name}", get(get_config_map))
+        .route(
+            "/api/v1/namespaces/{ns}/configmaps/{name}",
+            get(get_config_map),
+        )
         .route("/api/v1/namespaces/{ns}/secrets/{name}", get(get_secret))
         .route(
             "/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
@@ -244,7 +247,11 @@ pub fn base64url(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::new();
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..=chunk.len() {
             out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -286,7 +293,10 @@ mod tests {
         assert_eq!(base64url(b"hello"), "aGVsbG8");
         assert_eq!(base64url(b"\xfb\xff"), "-_8");
         for s in ["", "a", "ab", "abc", "abcd", "{\"aud\":[\"x\"]}"] {
-            assert_eq!(base64url_decode(&base64url(s.as_bytes())).unwrap(), s.as_bytes());
+            assert_eq!(
+                base64url_decode(&base64url(s.as_bytes())).unwrap(),
+                s.as_bytes()
+            );
         }
     }
 }
