@@ -481,3 +481,128 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     );
     e.finish().await;
 }
+
+// A driver without STAGE_UNSTAGE_VOLUME: the PV is never staged, only the
+// kubelet's staging directory (with its vol_data.json) is made; it is
+// published without a staging path, and at deletion unpublished, never
+// unstaged, and the staging directory goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_without_stage_unstage_is_published_unstaged() {
+    let name = "a_driver_without_stage_unstage_is_published_unstaged";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let d = start_driver(&e, &["--no-stage"]);
+    wait_calls(&d, "registered", registered).await;
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    let pod = e.api().add_pod(csi_pod("nostage"));
+    let pod_uid = uid(&pod);
+    e.wait_api("nostage", "Running", running).await;
+    let p = paths(&e.args.root_dir, &pod_uid);
+    let calls = d.calls();
+    assert!(
+        calls.iter().any(|c| c.method == "NodeGetCapabilities"),
+        "{calls:#?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.method == "NodeStageVolume"),
+        "{calls:#?}"
+    );
+    let publish = position(&calls, |c| ok(c, "NodePublishVolume", PV_HANDLE)).expect("published");
+    assert_eq!(calls[publish].staging_target_path, "");
+    assert_eq!(
+        calls[publish].target_path,
+        p.pv_target.display().to_string()
+    );
+    assert!(p.staging.is_dir(), "the kubelet's staging dir is made");
+    assert!(!mounts::is_mount_point(&p.staging));
+    let data = std::fs::read_to_string(p.staging.parent().unwrap().join("vol_data.json")).unwrap();
+    let data: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(
+        data,
+        json!({"driverName": DRIVER_NAME, "volumeHandle": PV_HANDLE})
+    );
+    assert!(mounts::is_mount_point(&p.pv_target));
+    delete(&e, "nostage").await;
+    e.wait_until("the mounts and directories gone", || {
+        !p.staging.parent().unwrap().exists() && !p.pod_dir.exists()
+    })
+    .await;
+    let calls = d.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| ok(c, "NodeUnpublishVolume", PV_HANDLE)),
+        "{calls:#?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.method == "NodeUnstageVolume"),
+        "{calls:#?}"
+    );
+    e.finish().await;
+}
+
+// NodePublishVolume answers Unavailable (a non-final error: the driver may
+// have published): the pod never starts, and when it is deleted the volume
+// is unpublished anyway, then unstaged, as the kubelet does with an
+// uncertain mount; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_publish_is_undone_when_the_pod_goes() {
+    let name = "an_uncertain_publish_is_undone_when_the_pod_goes";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let d = start_driver(&e, &[]);
+    wait_calls(&d, "registered", registered).await;
+    d.inject_error(
+        PV_HANDLE,
+        "NodePublishVolume",
+        "UNAVAILABLE: the driver restarts",
+    );
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    let pod = e.api().add_pod(csi_pod("uncertain"));
+    let pod_uid = uid(&pod);
+    let failed =
+        |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
+    wait_calls(&d, "two failed publishes", |c| {
+        c.iter().filter(|c| failed(c)).count() >= 2
+    })
+    .await;
+    let before = d.calls().len();
+    assert!(
+        !d.calls()
+            .iter()
+            .any(|c| c.method == "NodeUnpublishVolume" && c.volume_id == PV_HANDLE),
+        "not unpublished while the pod wants it"
+    );
+    delete(&e, "uncertain").await;
+    let p = paths(&e.args.root_dir, &pod_uid);
+    let calls = wait_calls(&d, "unpublished and unstaged", |c| {
+        c.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE))
+    })
+    .await;
+    let after = &calls[before..];
+    let unpublish = position(after, |c| ok(c, "NodeUnpublishVolume", PV_HANDLE))
+        .unwrap_or_else(|| panic!("the uncertain publication undone: {after:#?}"));
+    assert_eq!(
+        after[unpublish].target_path,
+        p.pv_target.display().to_string()
+    );
+    let unstage = position(after, |c| ok(c, "NodeUnstageVolume", PV_HANDLE)).unwrap();
+    assert!(unpublish < unstage, "{after:#?}");
+    e.wait_until("the mounts and directories gone", || {
+        !p.staging.parent().unwrap().exists()
+            && !p.pod_dir.exists()
+            && !mounts::is_mount_point(&p.staging)
+    })
+    .await;
+    e.finish().await;
+}

@@ -10,7 +10,8 @@
 //! ephemeral volume's backing directory); NodeUnstageVolume unmounts the
 //! staging path. All are idempotent, as the spec requires. A file
 //! `<state>/fail/<id>.<Method>` makes that call fail with `Internal` and the
-//! file's text; every call is appended to `<state>/calls.jsonl`.
+//! file's text (`Unavailable` if the text starts with `UNAVAILABLE: `); every
+//! call is appended to `<state>/calls.jsonl`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write as _;
@@ -132,7 +133,7 @@ impl TestDriver {
     /// Runs `op` for `call`, after the injected failure if any, and logs it.
     fn serve(&self, mut call: Call, op: impl FnOnce() -> Result<(), Status>) -> Result<(), Status> {
         let result = match self.injected(&call.volume_id, &call.method) {
-            Some(msg) => Err(Status::internal(msg.trim().to_owned())),
+            Some(msg) => Err(injected_status(msg.trim())),
             None => op(),
         };
         call.error = result.as_ref().err().map(|s| s.message().to_owned());
@@ -209,6 +210,16 @@ impl TestDriver {
             std::fs::remove_dir_all(&b).map_err(|e| internal(&b, e))?;
         }
         Ok(())
+    }
+}
+
+/// The injected failure: `Internal` (a final error) with the text, or
+/// `Unavailable` (the kubelet's uncertain outcome) when the text starts with
+/// `UNAVAILABLE: `.
+fn injected_status(text: &str) -> Status {
+    match text.strip_prefix("UNAVAILABLE: ") {
+        Some(m) => Status::unavailable(m.to_owned()),
+        None => Status::internal(text.to_owned()),
     }
 }
 
