@@ -9,26 +9,14 @@
 //! until the driver recovers. Privileged: skipped with a reason without
 //! root/BTF/the eBPF object, a failure under `CI=true`.
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use evpleg_tests::csi_driver::fixtures::*;
 use evpleg_tests::csi_driver::{Call, CsiDriverProcess, DRIVER_NAME, mounts};
 use evpleg_tests::e2e::*;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::Api;
-use kube::api::DeleteParams;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 const DRIVER_BIN: &str = env!("CARGO_BIN_EXE_evpleg-csi-driver");
-const PV_HANDLE: &str = "pv-handle-1";
-
-fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 fn start_driver(e: &E2e, extra: &[&str]) -> CsiDriverProcess {
     start_named(e, DRIVER_NAME, extra)
@@ -44,147 +32,6 @@ fn start_named(e: &E2e, name: &str, extra: &[&str]) -> CsiDriverProcess {
         extra,
     )
     .unwrap_or_else(|err| panic!("CSI driver: {err}"))
-}
-
-/// Waits (bounded) until the driver's calls satisfy `done`; returns them.
-async fn wait_calls(d: &CsiDriverProcess, what: &str, done: impl Fn(&[Call]) -> bool) -> Vec<Call> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let calls = d.calls();
-        if done(&calls) {
-            return calls;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {DEADLINE:?}; calls: {calls:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn position(calls: &[Call], f: impl Fn(&Call) -> bool) -> Option<usize> {
-    calls.iter().position(f)
-}
-
-fn ok(c: &Call, method: &str, volume: &str) -> bool {
-    c.method == method && c.volume_id == volume && c.error.is_none()
-}
-
-fn registered(calls: &[Call]) -> bool {
-    calls
-        .iter()
-        .any(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(true))
-}
-
-fn pv_and_claim() -> (PersistentVolume, PersistentVolumeClaim) {
-    let pv = json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "pv-1"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "default", "name": "claim-1", "uid": "claim-1-uid"},
-            "csi": {"driver": DRIVER_NAME, "volumeHandle": PV_HANDLE, "volumeAttributes": {"kind": "persistent"}},
-        },
-        "status": {"phase": "Bound"},
-    });
-    let pvc = json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim-1", "namespace": "default", "uid": "claim-1-uid"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
-    });
-    (
-        serde_json::from_value(pv).expect("a PV"),
-        serde_json::from_value(pvc).expect("a PVC"),
-    )
-}
-
-/// A pod with an inline ephemeral CSI volume, a read-only one, and the
-/// claim; its container writes into the two writable ones and reports
-/// whether the read-only one refused a write.
-fn csi_pod(name: &str) -> Pod {
-    let script = "cat /inline/volume-id > /data/seen-inline && echo from-pod > /inline/from-pod \
-        && echo from-pod > /data/from-pod \
-        && (touch /ro/x 2>/dev/null && echo rw || echo ro) > /data/ro-result; exec sleep 600";
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": NODE,
-            "hostNetwork": true,
-            "terminationGracePeriodSeconds": 2,
-            "volumes": [
-                {"name": "inline", "csi": {"driver": DRIVER_NAME, "volumeAttributes": {"size": "1Mi"}}},
-                {"name": "ro", "csi": {"driver": DRIVER_NAME, "readOnly": true}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "claim-1"}},
-            ],
-            "containers": [{
-                "name": "app", "image": IMAGE, "command": ["sh", "-c", script],
-                "volumeMounts": [
-                    {"name": "inline", "mountPath": "/inline"},
-                    {"name": "ro", "mountPath": "/ro"},
-                    {"name": "data", "mountPath": "/data"},
-                ],
-            }],
-        },
-    }))
-    .expect("a valid pod")
-}
-
-fn running(p: &Pod) -> bool {
-    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-}
-
-fn uid(p: &Pod) -> String {
-    p.metadata.uid.clone().expect("a uid")
-}
-
-async fn delete(e: &E2e, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(e.api().kube_client(), "default");
-    pods.delete(name, &DeleteParams::default())
-        .await
-        .expect("graceful delete");
-    e.api()
-        .wait_for_pods(&format!("{name} deleted for good"), DEADLINE, |pods| {
-            !pods
-                .iter()
-                .any(|p| p.metadata.name.as_deref() == Some(name))
-        })
-        .await;
-}
-
-struct Paths {
-    staging: PathBuf,
-    pv_target: PathBuf,
-    inline_target: PathBuf,
-    ro_target: PathBuf,
-    inline_handle: String,
-    ro_handle: String,
-    pod_dir: PathBuf,
-}
-
-/// The kubelet's paths for the pod `uid`, computed here independently.
-fn paths(root: &Path, uid: &str) -> Paths {
-    let vols = root
-        .join("pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~csi");
-    Paths {
-        staging: root
-            .join("plugins/kubernetes.io/csi")
-            .join(DRIVER_NAME)
-            .join(sha256_hex(PV_HANDLE))
-            .join("globalmount"),
-        pv_target: vols.join("data/mount"),
-        inline_target: vols.join("inline/mount"),
-        ro_target: vols.join("ro/mount"),
-        inline_handle: format!("csi-{}", sha256_hex(&format!("{uid}inline"))),
-        ro_handle: format!("csi-{}", sha256_hex(&format!("{uid}ro"))),
-        pod_dir: root.join("pods").join(uid),
-    }
 }
 
 // The driver registers through the plugin socket directory: GetInfo, then

@@ -7,6 +7,7 @@
 //! calls it got, and stops it (its sockets removed, so the agent
 //! deregisters it).
 
+pub mod fixtures;
 pub mod mounts;
 pub mod service;
 
