@@ -397,7 +397,8 @@ impl Agent {
                 .with_status(status.clone())
                 .with_workers(workers.metrics())
                 .with_events(events.stats())
-                .with_cri(cri_metrics),
+                .with_cri(cri_metrics)
+                .with_csi(csi_drivers.metrics()),
         );
         let state = ServerState::new(
             metrics,

@@ -472,6 +472,17 @@ impl Metrics {
         self
     }
 
+    /// Also exports the CSI clients' `csi_operations_seconds`
+    /// ([`crate::volume::csi::metrics`]).
+    pub fn with_csi(mut self, csi: Arc<crate::volume::csi::metrics::CsiMetrics>) -> Self {
+        self.registry.register(
+            "csi_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            csi.operations.clone(),
+        );
+        self
+    }
+
     /// Also exports the pod workers' `pod_worker_duration_seconds`.
     pub fn with_workers(mut self, workers: &crate::pod_workers::WorkerMetrics) -> Self {
         self.registry.register(

@@ -174,6 +174,15 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
     }
     assert!(mounts::is_read_only(&p.ro_target));
 
+    // The kubelet's metric of CSI calls, in /metrics.
+    let metrics = http_get(e.agent().addr, "/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "evpleg_csi_operations_seconds_count{{driver_name=\"{DRIVER_NAME}\",method_name=\"/csi.v1.Node/NodeStageVolume\",grpc_status_code=\"OK\",migrated=\"false\"}} 1\n"
+        )),
+        "{metrics}"
+    );
+
     // What the container wrote is in the driver's backing directories.
     let pv_backing = d.backing_dir(PV_HANDLE);
     let inline_backing = d.backing_dir(&p.inline_handle);
@@ -309,6 +318,13 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     assert!(
         e.sandboxes(&pod_uid).await.is_empty(),
         "no sandbox before the volumes are mounted"
+    );
+    let metrics = http_get(e.agent().addr, "/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "evpleg_csi_operations_seconds_count{{driver_name=\"{DRIVER_NAME}\",method_name=\"/csi.v1.Node/NodePublishVolume\",grpc_status_code=\"Internal\",migrated=\"false\"}}"
+        )),
+        "the failed calls in /metrics: {metrics}"
     );
 
     d.clear_error(PV_HANDLE, "NodePublishVolume");

@@ -20,6 +20,7 @@ use evpleg_csi_api::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
 use super::error::{CsiError, Result};
+use super::metrics::CsiMetrics;
 
 /// Deadlines of the CSI client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,7 @@ pub struct CsiClient {
     node: NodeClient<Channel>,
     identity: IdentityClient<Channel>,
     config: CsiClientConfig,
+    metrics: Arc<CsiMetrics>,
 }
 
 /// The socket path of a registered endpoint: `unix:///path` or `/path`.
@@ -80,8 +82,13 @@ pub fn socket_path(driver: &str, endpoint: &str) -> Result<PathBuf> {
 
 impl CsiClient {
     /// A client of `driver` at the unix socket `endpoint`; the connection is
-    /// made by the first call.
-    pub fn new(driver: &str, endpoint: &Path, config: CsiClientConfig) -> Result<Self> {
+    /// made by the first call. Its calls are observed in `metrics`.
+    pub fn new(
+        driver: &str,
+        endpoint: &Path,
+        config: CsiClientConfig,
+        metrics: Arc<CsiMetrics>,
+    ) -> Result<Self> {
         let channel = Endpoint::from_shared(format!("unix://{}", endpoint.display()))
             .map_err(|_| CsiError::InvalidEndpoint {
                 driver: driver.to_owned(),
@@ -95,6 +102,7 @@ impl CsiClient {
             node: NodeClient::new(channel.clone()),
             identity: IdentityClient::new(channel),
             config,
+            metrics,
         })
     }
 
@@ -117,7 +125,16 @@ impl CsiClient {
         F: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let after = self.config.call_timeout;
-        match tokio::time::timeout(after, call(after)).await {
+        let start = std::time::Instant::now();
+        let result = tokio::time::timeout(after, call(after)).await;
+        let code = match &result {
+            Ok(Ok(_)) => tonic::Code::Ok,
+            Ok(Err(s)) => s.code(),
+            Err(_) => tonic::Code::DeadlineExceeded,
+        };
+        self.metrics
+            .observe(&self.driver, method, code, start.elapsed().as_secs_f64());
+        match result {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) if s.code() == tonic::Code::DeadlineExceeded => Err(CsiError::Timeout {
                 driver: self.driver.to_string(),
@@ -297,6 +314,7 @@ mod tests {
     #[tokio::test]
     async fn an_absent_socket_is_a_retryable_unavailable() {
         let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(CsiMetrics::default());
         let c = CsiClient::new(
             "d",
             &dir.path().join("none.sock"),
@@ -304,10 +322,21 @@ mod tests {
                 call_timeout: Duration::from_secs(5),
                 connect_timeout: Duration::from_secs(1),
             },
+            metrics.clone(),
         )
         .unwrap();
         let e = c.node_get_capabilities().await.unwrap_err();
         assert!(e.is_retryable(), "{e}");
+        let label = crate::volume::csi::metrics::CsiOperation {
+            driver_name: "d".into(),
+            method_name: "/csi.v1.Node/NodeGetCapabilities".into(),
+            grpc_status_code: "Unavailable".into(),
+            migrated: "false".into(),
+        };
+        assert!(
+            metrics.operations.get(&label).is_some(),
+            "the failed call observed"
+        );
         assert!(
             e.to_string()
                 .starts_with("NodeGetCapabilities of CSI driver d"),

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use super::client::CsiClient;
 use super::error::{CsiError, Result};
+use super::metrics::CsiMetrics;
 use super::registration::Version;
 
 /// One registered driver.
@@ -28,11 +29,18 @@ pub struct Driver {
 #[derive(Clone, Debug, Default)]
 pub struct CsiDrivers {
     inner: Arc<RwLock<BTreeMap<String, Driver>>>,
+    /// The drivers' clients' call metrics.
+    metrics: Arc<CsiMetrics>,
 }
 
 impl CsiDrivers {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The `csi_operations_seconds` histogram the clients observe into.
+    pub fn metrics(&self) -> Arc<CsiMetrics> {
+        self.metrics.clone()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Driver>> {
@@ -92,7 +100,13 @@ mod tests {
             endpoint: endpoint.into(),
             highest_version: Version::parse("1.0.0").unwrap(),
             node_id: "n".into(),
-            client: CsiClient::new(name, endpoint.as_ref(), CsiClientConfig::default()).unwrap(),
+            client: CsiClient::new(
+                name,
+                endpoint.as_ref(),
+                CsiClientConfig::default(),
+                Default::default(),
+            )
+            .unwrap(),
         }
     }
 

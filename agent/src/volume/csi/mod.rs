@@ -21,6 +21,7 @@
 //!   the publish target `<pod volume dir>/mount`, `vol_data.json`.
 //! - [`state`]: staging shared by the pods that publish a volume, unstaged
 //!   after the last one; uncertain outcomes undone like certain ones.
+//! - [`metrics`]: `csi_operations_seconds` by driver, method and status.
 //!
 //! # Where it differs
 //!
@@ -33,6 +34,7 @@
 pub mod client;
 pub mod drivers;
 pub mod error;
+pub mod metrics;
 pub mod paths;
 pub mod plugin;
 pub mod registration;

@@ -225,7 +225,7 @@ async fn handle(
         driver: name.clone(),
         source,
     };
-    let client = CsiClient::new(&name, &endpoint, config).map_err(csi)?;
+    let client = CsiClient::new(&name, &endpoint, config, drivers.metrics()).map_err(csi)?;
     let node = client.node_get_info().await.map_err(csi)?;
     info!(
         driver = %name,
@@ -319,8 +319,13 @@ mod tests {
             endpoint: "/run/d.sock".into(),
             highest_version: Version::parse("1.0.0").unwrap(),
             node_id: "n".into(),
-            client: CsiClient::new("d", "/run/d.sock".as_ref(), CsiClientConfig::default())
-                .unwrap(),
+            client: CsiClient::new(
+                "d",
+                "/run/d.sock".as_ref(),
+                CsiClientConfig::default(),
+                Default::default(),
+            )
+            .unwrap(),
         });
         assert!(matches!(
             validate(&drivers, "d", &v(&["1.0.0"])),
