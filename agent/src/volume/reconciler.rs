@@ -172,6 +172,11 @@ impl Pending {
         }
     }
 
+    /// Whether an operation of the pod is running.
+    pub fn pod_running(&self, uid: &PodUid) -> bool {
+        self.running.iter().any(|k| k.1.as_ref() == Some(uid))
+    }
+
     /// Forgets the back-off of a pod's operations (it is gone).
     pub fn forget_pod(&mut self, uid: &PodUid) {
         self.backoff.retain(|k, _| k.1.as_ref() != Some(uid));
@@ -321,6 +326,7 @@ async fn run(shared: Arc<Shared>, job: Job) {
             return;
         }
     };
+    let started = Instant::now();
     let result: Result<(), PluginError> = match (&op, &pod) {
         (Operation::MountDevice(_), _) => match device_path.parent().map(std::fs::create_dir_all) {
             Some(Err(e)) => Err(PluginError::io("create", &device_path)(e)),
@@ -343,6 +349,22 @@ async fn run(shared: Arc<Shared>, job: Job) {
         }
         _ => Ok(()),
     };
+    let labels = super::metrics::OperationLabels {
+        volume_plugin: plugin.name().to_owned(),
+        operation_name: match op {
+            Operation::MountDevice(_) => "mount_device",
+            Operation::SetUp(..) => "volume_mount",
+            Operation::TearDown(..) => "volume_unmount",
+            Operation::UnmountDevice(_) => "unmount_device",
+        },
+        status: if result.is_ok() {
+            "success"
+        } else {
+            "fail-unknown"
+        },
+        migrated: "false",
+    };
+    (shared.metrics.duration.get_or_create(&labels)).observe(started.elapsed().as_secs_f64());
     finish(&shared, op, (plugin, spec, pod), result, device_path);
 }
 
@@ -739,6 +761,7 @@ mod tests {
         let key = OpKey(v("e"), Some(p("a1")));
         pending.running.insert(key.clone());
         assert!(pending.busy(&key, now));
+        assert!(pending.pod_running(&p("a1")) && !pending.pod_running(&p("b2")));
         // A device operation on the volume waits for the pod's.
         assert!(pending.busy(&OpKey(v("e"), None), now));
         assert!(!pending.busy(&OpKey(v("e"), Some(p("b2"))), now));
