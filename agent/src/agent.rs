@@ -313,6 +313,7 @@ impl Agent {
             shutdown.clone(),
             volumes.clone().run(shutdown.clone()),
         ));
+        let volume_manager = volumes.clone();
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
                 .with_image_pull_backoff(image_backoff)
@@ -396,6 +397,7 @@ impl Agent {
                 .with_task_health(essential.clone())
                 .with_status(status.clone())
                 .with_workers(workers.metrics())
+                .with_volumes(&volume_manager)
                 .with_events(events.stats())
                 .with_cri(cri_metrics)
                 .with_csi(csi_drivers.metrics()),

@@ -493,6 +493,12 @@ impl Metrics {
         self
     }
 
+    /// Also exports the volume manager's metrics ([`crate::volume::metrics`]).
+    pub fn with_volumes(mut self, volumes: &crate::volume::VolumeManager) -> Self {
+        volumes.register_metrics(&mut self.registry);
+        self
+    }
+
     /// Also exports the event recorder's counters.
     pub fn with_events(mut self, stats: Arc<crate::events::Stats>) -> Self {
         self.registry

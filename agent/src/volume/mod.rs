@@ -37,6 +37,7 @@ pub mod csi;
 pub mod desired;
 pub mod empty_dir;
 pub mod host_path;
+pub mod metrics;
 pub mod plugin;
 pub mod populator;
 pub mod projection;
@@ -154,6 +155,7 @@ pub(crate) struct Worlds {
 pub(crate) struct Shared {
     root_dir: PathBuf,
     events: Recorder,
+    metrics: metrics::VolumeMetrics,
     worlds: Mutex<Worlds>,
     changes: watch::Sender<u64>,
 }
@@ -183,6 +185,7 @@ impl VolumeManager {
             shared: Arc::new(Shared {
                 root_dir: host.root_dir.clone(),
                 events,
+                metrics: metrics::VolumeMetrics::default(),
                 worlds: Mutex::new(Worlds::default()),
                 changes,
             }),
@@ -277,15 +280,19 @@ impl VolumeManager {
         })
     }
 
-    /// Waits (at most `bound`) until nothing is mounted for the pod.
+    /// Waits (at most `bound`) until nothing is mounted for the pod and no
+    /// operation of the pod is running (a set-up still in flight when the
+    /// pod was removed is torn down after it ends).
     pub async fn wait_for_unmount(&self, uid: &PodUid, bound: Duration) -> Result<(), VolumeError> {
-        self.wait(bound, |w| w.actual.pod_has_volumes(uid).is_empty())
-            .await
-            .map_err(|()| VolumeError::StillMounted {
-                uid: uid.clone(),
-                bound,
-                volumes: self.shared.lock().actual.pod_has_volumes(uid),
-            })?;
+        self.wait(bound, |w| {
+            w.actual.pod_has_volumes(uid).is_empty() && !w.pending.pod_running(uid)
+        })
+        .await
+        .map_err(|()| VolumeError::StillMounted {
+            uid: uid.clone(),
+            bound,
+            volumes: self.shared.lock().actual.pod_has_volumes(uid),
+        })?;
         self.shared.lock().pending.forget_pod(uid);
         Ok(())
     }
@@ -334,6 +341,16 @@ impl VolumeManager {
 
     pub fn root_dir(&self) -> &Path {
         &self.host.root_dir
+    }
+
+    /// Registers the manager's metrics ([`metrics`]).
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "storage_operation_duration_seconds",
+            "Storage operation duration",
+            self.shared.metrics.duration.clone(),
+        );
+        registry.register_collector(Box::new(metrics::TotalVolumes(self.shared.clone())));
     }
 }
 

@@ -172,6 +172,11 @@ impl Pending {
         }
     }
 
+    /// Whether an operation of the pod is running.
+    pub fn pod_running(&self, uid: &PodUid) -> bool {
+        self.running.iter().any(|k| k.1.as_ref() == Some(uid))
+    }
+
     /// Forgets the back-off of a pod's operations (it is gone).
     pub fn forget_pod(&mut self, uid: &PodUid) {
         self.backoff.retain(|k, _| k.1.as_ref() != Some(uid));
@@ -321,6 +326,7 @@ async fn run(shared: Arc<Shared>, job: Job) {
             return;
         }
     };
+    let started = Instant::now();
     let result: Result<(), PluginError> = match (&op, &pod) {
         (Operation::MountDevice(_), _) => match device_path.parent().map(std::fs::create_dir_all) {
             Some(Err(e)) => Err(PluginError::io("create", &device_path)(e)),
@@ -343,6 +349,22 @@ async fn run(shared: Arc<Shared>, job: Job) {
         }
         _ => Ok(()),
     };
+    let labels = super::metrics::OperationLabels {
+        volume_plugin: plugin.name().to_owned(),
+        operation_name: match op {
+            Operation::MountDevice(_) => "mount_device",
+            Operation::SetUp(..) => "volume_mount",
+            Operation::TearDown(..) => "volume_unmount",
+            Operation::UnmountDevice(_) => "unmount_device",
+        },
+        status: if result.is_ok() {
+            "success"
+        } else {
+            "fail-unknown"
+        },
+        migrated: "false",
+    };
+    (shared.metrics.duration.get_or_create(&labels)).observe(started.elapsed().as_secs_f64());
     finish(&shared, op, (plugin, spec, pod), result, device_path);
 }
 
@@ -657,7 +679,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        // Model-based: whatever the desired states and operation outcomes,
+        // Model-based: whatever the desired states, operation outcomes and
+        // device operations still running,
         // a plan never sets up before its device, never unmounts a device a
         // pod still uses, never runs two operations on one key; and once
         // the desired state holds still and operations succeed, the actual
@@ -665,7 +688,11 @@ mod tests {
         #[test]
         fn the_reconciler_converges(
             steps in proptest::collection::vec(
-                (proptest::collection::vec((0u8..3, 0u8..3), 0..5), proptest::collection::vec(0u8..3, 0..8)),
+                (
+                    proptest::collection::vec((0u8..3, 0u8..3), 0..5),
+                    proptest::collection::vec(0u8..3, 0..8),
+                    proptest::bool::ANY,
+                ),
                 1..12,
             ),
             final_wants in proptest::collection::vec((0u8..3, 0u8..3), 0..5),
@@ -680,9 +707,12 @@ mod tests {
                 }).collect()
             };
             let mut haves: BTreeMap<UniqueVolumeName, Have> = BTreeMap::new();
-            for (wants, outcomes) in &steps {
+            for (wants, outcomes, device_busy) in &steps {
                 let wants = to_wants(wants);
-                let ops = plan(&wants, &haves, &|_| false);
+                // The shared volume's device operation may be running (or
+                // backing off) during a pass.
+                let busy = |k: &OpKey| *device_busy && *k == OpKey(v("v0"), None);
+                let ops = plan(&wants, &haves, &busy);
                 check_plan(&wants, &haves, &ops);
                 for (op, outcome) in ops.iter().zip(outcomes.iter().chain(std::iter::repeat(&0))) {
                     apply(&mut haves, op, *outcome);
@@ -731,6 +761,7 @@ mod tests {
         let key = OpKey(v("e"), Some(p("a1")));
         pending.running.insert(key.clone());
         assert!(pending.busy(&key, now));
+        assert!(pending.pod_running(&p("a1")) && !pending.pod_running(&p("b2")));
         // A device operation on the volume waits for the pod's.
         assert!(pending.busy(&OpKey(v("e"), None), now));
         assert!(!pending.busy(&OpKey(v("e"), Some(p("b2"))), now));
