@@ -35,9 +35,9 @@ fn start_named(e: &E2e, name: &str, extra: &[&str]) -> CsiDriverProcess {
 }
 
 // The driver registers through the plugin socket directory: GetInfo, then
-// NodeGetInfo, then NotifyRegistrationStatus(registered); a driver whose
-// only version is 2.x is told why it was refused; a stopped driver is
-// deregistered.
+// NodeGetInfo, then NotifyRegistrationStatus(registered); a restarted agent
+// registers it again from its start scan; a stopped driver is deregistered;
+// a driver whose only version is 2.x is told why it was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_registers_through_the_plugin_socket_directory() {
     let name = "a_driver_registers_through_the_plugin_socket_directory";
@@ -45,7 +45,7 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
+    let mut e = E2e::start_with(name, true, &[]).await;
     let mut d = start_driver(&e, &[]);
     let calls = wait_calls(&d, "registered", registered).await;
     let order: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
@@ -61,6 +61,22 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
     let driver = e.agent().csi_drivers.get(DRIVER_NAME).expect("registered");
     assert_eq!(driver.endpoint, d.csi_socket);
     assert_eq!(driver.node_id, "e2e");
+    // A restarted agent finds the socket already there (its start scan) and
+    // registers the driver again.
+    e.restart_agent().await;
+    let calls = wait_calls(&d, "registered again after the restart", |c| {
+        c.iter()
+            .filter(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(true))
+            .count()
+            == 2
+    })
+    .await;
+    assert_eq!(
+        calls.iter().filter(|c| c.method == "GetInfo").count(),
+        2,
+        "{calls:#?}"
+    );
+    assert_eq!(e.agent().csi_drivers.names(), [DRIVER_NAME]);
     d.stop();
     e.wait_until("the stopped driver deregistered", || {
         e.agent().csi_drivers.names().is_empty()
