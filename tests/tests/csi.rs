@@ -320,17 +320,29 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         message.contains("injected failure for the test"),
         "{message}"
     );
-    let api_pod = e.api().pod("default", "failing").expect("the pod");
+    let waiting = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|s| s.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.waiting.as_ref())
+            .and_then(|w| w.reason.clone())
+    };
+    let api_pod = e
+        .wait_api("failing", "ContainerCreating in the API", |p| {
+            waiting(p).as_deref() == Some("ContainerCreating")
+        })
+        .await;
     let status = api_pod.status.clone().unwrap_or_default();
     assert_eq!(status.phase.as_deref(), Some("Pending"), "{status:?}");
-    let waiting = status
-        .container_statuses
-        .as_ref()
-        .and_then(|s| s.first())
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.waiting.as_ref())
-        .and_then(|w| w.reason.clone());
-    assert_eq!(waiting.as_deref(), Some("ContainerCreating"), "{status:?}");
+    // Still failing and retried: the status is ContainerCreating, not Running.
+    wait_calls(&d, "a third failed publish", |c| {
+        c.iter().filter(|c| failed(c)).count() >= 3
+    })
+    .await;
+    let api_pod = e.api().pod("default", "failing").expect("the pod");
+    assert_eq!(waiting(&api_pod).as_deref(), Some("ContainerCreating"));
     assert!(
         e.sandboxes(&pod_uid).await.is_empty(),
         "no sandbox before the volumes are mounted"
