@@ -9,8 +9,6 @@
 //! until the driver recovers. Privileged: skipped with a reason without
 //! root/BTF/the eBPF object, a failure under `CI=true`.
 
-use std::time::{Duration, Instant};
-
 use evpleg_tests::csi_driver::fixtures::*;
 use evpleg_tests::csi_driver::{Call, CsiDriverProcess, DRIVER_NAME, mounts};
 use evpleg_tests::e2e::*;
@@ -299,21 +297,7 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         c.iter().filter(|c| failed(c)).count() >= 2
     })
     .await;
-    let path = "/pods/default/failing/events";
-    let deadline = Instant::now() + DEADLINE;
-    let event = loop {
-        let response = http_get(e.agent().addr, path).await;
-        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-        let list: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-        let found = list["items"]
-            .as_array()
-            .and_then(|a| a.iter().find(|ev| ev["reason"] == "FailedMount").cloned());
-        if let Some(ev) = found {
-            break ev;
-        }
-        assert!(Instant::now() < deadline, "no FailedMount: {list:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let event = wait_event(&e, "failing", "FailedMount").await;
     assert_eq!(event["type"], "Warning");
     let message = event["message"].as_str().unwrap_or_default();
     assert!(
@@ -493,6 +477,46 @@ async fn an_uncertain_publish_is_undone_when_the_pod_goes() {
         !p.staging.parent().unwrap().exists()
             && !p.pod_dir.exists()
             && !mounts::is_mount_point(&p.staging)
+    })
+    .await;
+    e.finish().await;
+}
+
+// A pod created before its driver registers: FailedMount naming the missing
+// driver (the kubelet's "not found in the list of registered CSI drivers"),
+// then, once the driver registers, the volumes are mounted and the pod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waits_for_its_driver_to_register() {
+    let name = "a_pod_waits_for_its_driver_to_register";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(name, true, &[]).await;
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    e.api().add_pod(csi_pod("early"));
+    let event = wait_event(&e, "early", "FailedMount").await;
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "driver name {DRIVER_NAME} not found in the list of registered CSI drivers"
+        )),
+        "{message}"
+    );
+    let d = start_driver(&e, &[]);
+    e.wait_api("early", "Running once the driver registered", running)
+        .await;
+    let calls = d.calls();
+    assert!(registered(&calls), "{calls:#?}");
+    assert!(
+        calls.iter().any(|c| ok(c, "NodeStageVolume", PV_HANDLE)),
+        "{calls:#?}"
+    );
+    delete(&e, "early").await;
+    wait_calls(&d, "unstaged", |c| {
+        c.iter().any(|c| ok(c, "NodeUnstageVolume", PV_HANDLE))
     })
     .await;
     e.finish().await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::DeleteParams;
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::{Call, CsiDriverProcess, DRIVER_NAME};
@@ -169,5 +169,28 @@ pub fn paths(root: &Path, uid: &str) -> Paths {
         inline_handle: format!("csi-{}", sha256_hex(&format!("{uid}inline"))),
         ro_handle: format!("csi-{}", sha256_hex(&format!("{uid}ro"))),
         pod_dir: root.join("pods").join(uid),
+    }
+}
+
+/// Waits (bounded) for the first event of `reason` of the pod
+/// `default/name` in the agent's `/pods/<namespace>/<name>/events`.
+pub async fn wait_event(e: &E2e, name: &str, reason: &str) -> Value {
+    let path = format!("/pods/default/{name}/events");
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let response = crate::e2e::http_get(e.agent().addr, &path).await;
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let list: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let found = list["items"]
+            .as_array()
+            .and_then(|a| a.iter().find(|ev| ev["reason"] == reason).cloned());
+        if let Some(ev) = found {
+            return ev;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} for {name}: {list:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
