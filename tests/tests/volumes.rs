@@ -223,6 +223,19 @@ e2e_test!(
                 .join("volumes/kubernetes.io~empty-dir/shared/msg")
                 .is_file()
         );
+        // The volume manager's metrics: both emptyDirs mounted; set-ups timed.
+        let metrics = http_get(e.agent().addr, "/metrics").await;
+        for line in [
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 2",
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2",
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/host-path\",state=\"actual_state_of_world\"} 1",
+        ] {
+            assert!(metrics.contains(line), "{line} not in {metrics}");
+        }
+        assert!(
+        metrics.contains("evpleg_storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/empty-dir\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 2"),
+        "{metrics}"
+    );
         // Removed: torn down after the containers stopped, before it is forgotten.
         e.remove("vols.yaml");
         e.wait_gone("vols").await;
