@@ -5,7 +5,8 @@
 //! a tmpfs of its sizeLimit, hostPath with subPath and readOnly, downwardAPI;
 //! a hostPath whose type does not match is FailedMount and the pod waits in
 //! ContainerCreating until it does; a configMap without an API server fails
-//! naming the object. From the fake API server: configMap, secret and a
+//! naming the object; HostToContainer propagation shows a node mount made
+//! after the container started. From the fake API server: configMap, secret and a
 //! projected volume with a service-account token (TokenRequest), a changed
 //! configMap swapped into the running container atomically (`..data`).
 //! Privileged: skipped with a reason without root/BTF/the eBPF object, a
@@ -155,6 +156,9 @@ spec:
           readOnly: true
         - name: info
           mountPath: /etc/podinfo
+        - name: host
+          mountPath: /etc/hosts
+          subPath: hosts
 "#,
         host = host_dir.display()
     )
@@ -162,8 +166,8 @@ spec:
 
 // emptyDir shared by two containers (one writes, the other reads it through
 // a read-only mount); a Memory emptyDir is a tmpfs of its sizeLimit, in the
-// container and on the node; hostPath's subPath and readOnly; downwardAPI
-// files. Once the pod is removed its volumes are torn down (the tmpfs
+// container and on the node; hostPath's subPath and readOnly; a volume at
+// /etc/hosts instead of the managed file; downwardAPI files. Once the pod is removed its volumes are torn down (the tmpfs
 // unmounted, the pod's directory gone) and the hostPath is left as it was.
 e2e_test!(
     empty_dir_host_path_and_downward_api_from_a_static_pod,
@@ -172,6 +176,7 @@ e2e_test!(
         std::fs::create_dir_all(host.join("sub")).unwrap();
         std::fs::write(host.join("sub/f"), "in-sub").unwrap();
         std::fs::write(host.join("top"), "at-top").unwrap();
+        std::fs::write(host.join("hosts"), "# the pod's own\n").unwrap();
         e.write("vols.yaml", &static_pod(&host));
         let p = e
             .wait_for("vols", "both containers running", |p| {
@@ -201,6 +206,16 @@ e2e_test!(
         let (code, _) = exec(e, &p, "reader", "touch /host-ro/x").await;
         assert_ne!(code, 0, "the readOnly hostPath mount refuses writes");
         assert!(!host.join("x").exists());
+        // A volume mounted at /etc/hosts replaces the managed file.
+        exec_until(e, &p, "reader", "cat /etc/hosts", "# the pod's own\n").await;
+        exec_until(
+            e,
+            &p,
+            "writer",
+            "head -1 /etc/hosts",
+            "# Kubernetes-managed hosts file (host network).\n",
+        )
+        .await;
         // downwardAPI.
         exec_until(e, &p, "reader", "cat /etc/podinfo/name", "vols-e2e").await;
         exec_until(e, &p, "reader", "cat /etc/podinfo/labels", "app=\"vols\"").await;
@@ -223,6 +238,19 @@ e2e_test!(
                 .join("volumes/kubernetes.io~empty-dir/shared/msg")
                 .is_file()
         );
+        // The volume manager's metrics: both emptyDirs mounted; set-ups timed.
+        let metrics = http_get(e.agent().addr, "/metrics").await;
+        for line in [
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 2",
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2",
+            "evpleg_volume_manager_total_volumes{plugin_name=\"kubernetes.io/host-path\",state=\"actual_state_of_world\"} 1",
+        ] {
+            assert!(metrics.contains(line), "{line} not in {metrics}");
+        }
+        assert!(
+        metrics.contains("evpleg_storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/empty-dir\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 2"),
+        "{metrics}"
+    );
         // Removed: torn down after the containers stopped, before it is forgotten.
         e.remove("vols.yaml");
         e.wait_gone("vols").await;
@@ -301,6 +329,83 @@ e2e_test!(config_map_without_an_api_server_fails_naming_it, |e| {
             message,
             "MountVolume.SetUp failed for volume \"c\" : configmap \"settings\" of pod default/nocfg-e2e: no API server to read it from (the agent runs without --kubeconfig)"
         );
+    })
+});
+
+/// A directory made a shared mount point (a bind mount of itself), as a
+/// node's `/` is under systemd; unmounted (with what is under it) when
+/// dropped.
+struct SharedDir(PathBuf);
+
+fn mount(src: &str, target: &Path, fstype: Option<&str>, flags: libc::c_ulong) {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).unwrap();
+    let (src, dst) = (c(src), c(target.to_str().unwrap()));
+    let fstype = fstype.map(c);
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "mount {}: {}",
+        target.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+impl SharedDir {
+    fn new(path: PathBuf) -> Self {
+        std::fs::create_dir_all(&path).unwrap();
+        let src = path.to_str().unwrap().to_owned();
+        mount(&src, &path, None, libc::MS_BIND);
+        let dir = Self(path);
+        mount("none", &dir.0, None, libc::MS_SHARED);
+        dir
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path. A lazy unmount takes the submounts.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+// Mount propagation: a hostPath on a shared mount, mounted HostToContainer
+// (rslave) and with the default (None, rprivate). A file system mounted on
+// the node under it after the container started appears in the first mount
+// only.
+e2e_test!(host_to_container_propagation_shows_later_node_mounts, |e| {
+    Box::pin(async move {
+        let shared = SharedDir::new(e.cri().base().join("shared-prop"));
+        let dir = shared.0.clone();
+        std::fs::create_dir(dir.join("inner")).unwrap();
+        let extra = format!(
+            "  volumes:\n    - name: p\n      hostPath:\n        path: {}\n        type: Directory\n",
+            dir.display()
+        );
+        let mut yaml = manifest("prop", "Always", "exec sleep 1000", &extra);
+        yaml.push_str("      volumeMounts:\n        - name: p\n          mountPath: /prop\n          mountPropagation: HostToContainer\n        - name: p\n          mountPath: /noprop\n");
+        e.write("prop.yaml", &yaml);
+        let p = e
+            .wait_for("prop", "running", |p| running(p, &["app"]))
+            .await;
+        mount("tmpfs", &dir.join("inner"), Some("tmpfs"), 0);
+        std::fs::write(dir.join("inner/f"), "propagated").unwrap();
+        exec_until(e, &p, "app", "cat /prop/inner/f", "propagated").await;
+        let (code, out) = exec(e, &p, "app", "ls -A /noprop/inner").await;
+        assert_eq!((code, out.as_str()), (0, ""), "no propagation without it");
+        e.remove("prop.yaml");
+        e.wait_gone("prop").await;
     })
 });
 

@@ -12,9 +12,11 @@
 //! tear-downs ([`VolumeManager::wait_for_unmount`], `WaitForUnmount`) before
 //! its directory goes and it is forgotten. Plugins: [`empty_dir`] (disk, and
 //! `Memory` as a tmpfs sized by `sizeLimit`), [`host_path`] (with its type
-//! checks), [`projection`] (configMap, secret, downwardAPI, projected with
-//! service-account tokens from the TokenRequest API, [`token`]), all written
-//! with the kubelet's AtomicWriter ([`atomic_writer`]).
+//! checks), [`projection`] (configMap, secret, downwardAPI — its files from
+//! [`downward_api`] — and projected with service-account tokens from the
+//! TokenRequest API, [`token`]), all written with the kubelet's AtomicWriter
+//! ([`atomic_writer`]); `subPath` resolution in [`subpath`], metrics under
+//! the kubelet's names in [`metrics`].
 //!
 //! Differences from the kubelet: the populator is not a loop over a pod
 //! manager but runs on each pod sync (the kubelet's `ReprocessPod`, which
@@ -35,6 +37,7 @@ pub mod actual;
 pub mod atomic_writer;
 pub mod csi;
 pub mod desired;
+pub mod downward_api;
 pub mod empty_dir;
 pub mod host_path;
 pub mod metrics;
