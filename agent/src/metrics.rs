@@ -472,13 +472,19 @@ impl Metrics {
         self
     }
 
-    /// Also exports the CSI clients' `csi_operations_seconds`
+    /// Also exports the CSI clients' `csi_operations_seconds` and the plugin
+    /// watcher's `plugin_manager_total_plugins`
     /// ([`crate::volume::csi::metrics`]).
     pub fn with_csi(mut self, csi: Arc<crate::volume::csi::metrics::CsiMetrics>) -> Self {
         self.registry.register(
             "csi_operations_seconds",
             "Container Storage Interface operation duration with gRPC error code status total",
             csi.operations.clone(),
+        );
+        self.registry.register(
+            "plugin_manager_total_plugins",
+            "Number of plugins in Plugin Manager",
+            csi.plugins.clone(),
         );
         self
     }

@@ -59,6 +59,18 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
     let driver = e.agent().csi_drivers.get(DRIVER_NAME).expect("registered");
     assert_eq!(driver.endpoint, d.csi_socket);
     assert_eq!(driver.node_id, "e2e");
+    let gauge = |state: &str| {
+        format!(
+            "evpleg_plugin_manager_total_plugins{{socket_path=\"{}\",state=\"{state}\"}} 1\n",
+            d.registration_socket.display()
+        )
+    };
+    wait_metrics(&e, "the plugin in both states of the world", |m| {
+        ["desired_state_of_world", "actual_state_of_world"]
+            .iter()
+            .all(|state| m.contains(&gauge(state)))
+    })
+    .await;
     // A restarted agent finds the socket already there (its start scan) and
     // registers the driver again.
     e.restart_agent().await;
@@ -78,6 +90,10 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
     d.stop();
     e.wait_until("the stopped driver deregistered", || {
         e.agent().csi_drivers.names().is_empty()
+    })
+    .await;
+    wait_metrics(&e, "no plugin left", |m| {
+        !m.contains("evpleg_plugin_manager_total_plugins{")
     })
     .await;
 

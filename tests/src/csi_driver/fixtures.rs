@@ -194,3 +194,16 @@ pub async fn wait_event(e: &E2e, name: &str, reason: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits (bounded) until the agent's `/metrics` satisfies `done`.
+pub async fn wait_metrics(e: &E2e, what: &str, done: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let metrics = crate::e2e::http_get(e.agent().addr, "/metrics").await;
+        if done(&metrics) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -187,10 +187,7 @@ impl PluginWatcher {
     async fn apply(&mut self, socket: &Path, event: SocketEvent) {
         let now = self.now();
         let (next, action) = transition(self.sockets.get(socket), &event, now);
-        match next {
-            Some(s) => self.sockets.insert(socket.to_owned(), s),
-            None => self.sockets.remove(socket),
-        };
+        self.store(socket, next);
         match action {
             SocketAction::Nothing => {}
             SocketAction::Register => self.register(socket).await,
@@ -211,9 +208,23 @@ impl PluginWatcher {
             }
         };
         let (next, _) = transition(self.sockets.get(socket), &event, self.now());
-        if let Some(s) = next {
-            self.sockets.insert(socket.to_owned(), s);
+        if next.is_some() {
+            self.store(socket, next);
         }
+    }
+
+    /// Keeps the socket's new state (None: forgotten) and its gauge.
+    fn store(&mut self, socket: &Path, next: Option<SocketState>) {
+        let registered = matches!(next, Some(SocketState::Registered(_)));
+        self.drivers.metrics().set_plugin(
+            &socket.display().to_string(),
+            next.is_some(),
+            registered,
+        );
+        match next {
+            Some(s) => self.sockets.insert(socket.to_owned(), s),
+            None => self.sockets.remove(socket),
+        };
     }
 
     /// The sockets' states (for tests and diagnostics).
