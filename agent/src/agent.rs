@@ -4,7 +4,8 @@
 //! same workers; workers -> the status manager -> the local `/pods` store and,
 //! with a kubeconfig, the API server; pod events kept per pod
 //! (`/pods/<namespace>/<name>/events`) and, with a kubeconfig, written to the
-//! API server. Also `/metrics` and `/healthz`.
+//! API server; the volume manager's reconciler mounting the pods' volumes.
+//! Also `/metrics` and `/healthz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,6 +61,8 @@ pub enum AgentError {
     Reserved(#[from] crate::admission::ReservedError),
     #[error("--node-labels / --register-with-taints: {0}")]
     NodeFlags(#[from] crate::admission::node::NodeFlagError),
+    #[error("CSI plugin registration: {0}")]
+    PluginRegistry(#[from] crate::volume::csi::CsiError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -108,6 +111,8 @@ pub struct Agent {
     pub local: Arc<LocalStore>,
     /// The pods' events ([`crate::events`]).
     pub events: Recorder,
+    /// The CSI drivers registered through the plugin registration directory.
+    pub csi_drivers: crate::volume::csi::CsiDrivers,
     pub status: Arc<StatusManager>,
     pub addr: SocketAddr,
     shutdown: CancellationToken,
@@ -218,6 +223,19 @@ impl Agent {
             }
             None => Recorder::new(&node_name, wall, Default::default(), None),
         };
+        // CSI drivers register through <root-dir>/plugins_registry (the
+        // kubelet's plugin manager); the CSI volume plugin finds them there.
+        let csi_drivers = crate::volume::csi::CsiDrivers::new();
+        let watcher = crate::volume::csi::PluginWatcher::new(
+            &args.root_dir,
+            csi_drivers.clone(),
+            crate::volume::csi::CsiClientConfig::default(),
+        )?;
+        tasks.push(health.spawn(
+            "plugin watcher",
+            shutdown.clone(),
+            watcher.run(shutdown.clone()),
+        ));
         let status_task = health.spawn(
             "status manager",
             shutdown.clone(),
@@ -269,11 +287,39 @@ impl Agent {
             host_ip.clone(),
             events.clone(),
         ));
+        // Volumes: the built-in plugins (others register on `plugins`), the
+        // reconciler as an essential task.
+        let volume_host = crate::volume::VolumeHost {
+            root_dir: args.root_dir.clone(),
+            node_name: node_name.clone(),
+            kube: kube.clone(),
+        };
+        let mut plugins = crate::volume::builtin_plugins(&volume_host);
+        // CSI volumes, through the drivers of the plugin watcher.
+        if let Err(e) = plugins.register(Arc::new(crate::volume::csi::plugin::CsiPlugin::new(
+            &args.root_dir,
+            &node_name,
+            csi_drivers.clone(),
+        ))) {
+            warn!(error = %e, "the CSI volume plugin is not registered");
+        }
+        let volumes = Arc::new(crate::volume::VolumeManager::new(
+            volume_host,
+            plugins,
+            events.clone(),
+        ));
+        tasks.push(health.spawn(
+            "volume manager",
+            shutdown.clone(),
+            volumes.clone().run(shutdown.clone()),
+        ));
+        let volume_manager = volumes.clone();
         let syncer = Arc::new(
             KubeRuntime::new(cri.clone(), status.clone(), node, backoff)
                 .with_image_pull_backoff(image_backoff)
                 .with_probes(probe_results)
-                .with_events(events.clone()),
+                .with_events(events.clone())
+                .with_volumes(volumes),
         );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(
@@ -352,8 +398,10 @@ impl Agent {
                 .with_task_health(essential.clone())
                 .with_status(status.clone())
                 .with_workers(workers.metrics())
+                .with_volumes(&volume_manager)
                 .with_events(events.stats())
-                .with_cri(cri_metrics),
+                .with_cri(cri_metrics)
+                .with_csi(csi_drivers.metrics()),
         );
         let mut state = ServerState::new(
             metrics,
@@ -428,6 +476,7 @@ impl Agent {
         Ok(Self {
             local,
             events,
+            csi_drivers,
             status,
             addr,
             shutdown,

@@ -27,3 +27,4 @@ pub mod status;
 pub mod sync_loop;
 pub mod tasks;
 pub mod telemetry;
+pub mod volume;

@@ -472,6 +472,23 @@ impl Metrics {
         self
     }
 
+    /// Also exports the CSI clients' `csi_operations_seconds` and the plugin
+    /// watcher's `plugin_manager_total_plugins`
+    /// ([`crate::volume::csi::metrics`]).
+    pub fn with_csi(mut self, csi: Arc<crate::volume::csi::metrics::CsiMetrics>) -> Self {
+        self.registry.register(
+            "csi_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            csi.operations.clone(),
+        );
+        self.registry.register(
+            "plugin_manager_total_plugins",
+            "Number of plugins in Plugin Manager",
+            csi.plugins.clone(),
+        );
+        self
+    }
+
     /// Also exports the pod workers' `pod_worker_duration_seconds`.
     pub fn with_workers(mut self, workers: &crate::pod_workers::WorkerMetrics) -> Self {
         self.registry.register(
@@ -479,6 +496,12 @@ impl Metrics {
             "Duration in seconds to sync a single pod. Broken down by operation type: create, update, sync or kill",
             workers.duration.clone(),
         );
+        self
+    }
+
+    /// Also exports the volume manager's metrics ([`crate::volume::metrics`]).
+    pub fn with_volumes(mut self, volumes: &crate::volume::VolumeManager) -> Self {
+        volumes.register_metrics(&mut self.registry);
         self
     }
 

@@ -18,7 +18,9 @@
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
 //!   and listed in a namespace ([`events`]); Nodes created and their status
 //!   patched, `coordination.k8s.io/v1` Leases created, read and replaced
-//!   ([`nodes`]).
+//!   ([`nodes`]); ConfigMaps and Secrets read, ServiceAccount tokens
+//!   requested (TokenRequest, [`objects`]); PersistentVolumeClaims and
+//!   PersistentVolumes read ([`storage`]).
 //! - Every error is a `metav1.Status` object with `code`, `reason` and `details`,
 //!   like the API server's.
 //!
@@ -57,6 +59,8 @@ use tokio::sync::{mpsc, watch};
 
 mod events;
 mod nodes;
+pub mod objects;
+mod storage;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -134,8 +138,14 @@ struct Inner {
     events: BTreeMap<(String, String), Value>,
     /// `coordination.k8s.io/v1` Leases by namespace and name ([`nodes`]).
     leases: BTreeMap<(String, String), k8s_openapi::api::coordination::v1::Lease>,
+    /// PersistentVolumeClaims by namespace and name ([`storage`]).
+    claims: BTreeMap<(String, String), k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    /// PersistentVolumes by name ([`storage`]).
+    persistent_volumes: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
     refused: u64,
     uid_counter: u64,
+    /// ConfigMaps, Secrets, ServiceAccounts, TokenRequests ([`objects`]).
+    objects: objects::Objects,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,8 +196,11 @@ impl FakeApiServer {
                 requests: Vec::new(),
                 events: BTreeMap::new(),
                 leases: BTreeMap::new(),
+                claims: BTreeMap::new(),
+                persistent_volumes: BTreeMap::new(),
                 refused: 0,
                 uid_counter: 0,
+                objects: Default::default(),
             }),
             changes,
         });
@@ -848,6 +861,8 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .merge(events::routes())
         .merge(nodes::routes())
+        .merge(objects::routes())
+        .merge(storage::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

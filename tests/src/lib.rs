@@ -9,6 +9,7 @@ pub mod containerd;
 pub mod cri_interceptor;
 pub mod cri_pod;
 pub mod cri_proxy;
+pub mod csi_driver;
 pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;

@@ -167,7 +167,9 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     let _serial = evpleg_tests::e2e::SERIAL.lock().await;
     let e = E2e::start_with("metrics", false, &["--pleg", "evented-cri"]).await;
     let (observer, _interceptor) = observer(&e).await;
-    e.write("done.yaml", &manifest("done", "Never", "exit 0", ""));
+    // With a volume: the volume manager's operation histogram has samples.
+    let volume = "  volumes:\n    - name: scratch\n      emptyDir: {}\n";
+    e.write("done.yaml", &manifest("done", "Never", "exit 0", volume));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
     // Its per-method histogram shows the Version call of the client's connect.

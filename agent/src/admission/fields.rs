@@ -6,6 +6,12 @@
 //! [`UNSUPPORTED_REASON`] and a message naming every such field, rather than
 //! run half-right.
 //!
+//! Volumes of the types [`SUPPORTED_VOLUMES`] are mounted by the volume
+//! manager ([`crate::volume`]); any other type (`nfs`, `iscsi`, ...) is
+//! refused naming the volume and its type (`spec.volumes[data].nfs`), as are
+//! the projected sources `clusterTrustBundle` and `podCertificate`, a
+//! mount's `subPathExpr` and `recursiveReadOnly`, and `volumeDevices`.
+//!
 //! `lifecycle.stopSignal` is refused because the CRI has no place for it: it is
 //! `ContainerConfig.stop_signal` from cri-api v0.33 on, the vendored
 //! `api.proto` is v0.32.3, and containerd 1.6/1.7 do not read it.
@@ -19,11 +25,12 @@
 //! source already selects by node). Also accepted: what the API server sets on
 //! every pod and only matters with a feature that is refused here
 //! (`enableServiceLinks`, `automountServiceAccountToken`,
-//! `serviceAccountName`, `fsGroupChangePolicy`, a container's `resizePolicy`,
+//! `serviceAccountName`, `fsGroupChangePolicy` (ownership is always
+//! changed, its `Always`), a container's `resizePolicy`,
 //! and the default `terminationMessagePath`/`terminationMessagePolicy`, whose
 //! file is not read back into the status yet).
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext, Volume};
 
 /// The rejection reason of a pod using fields the agent does not implement.
 pub const UNSUPPORTED_REASON: &str = "UnsupportedPodSpec";
@@ -77,7 +84,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
             .is_some_and(|r| !r.is_empty()),
         "runtimeClassName",
     );
-    set(non_empty(&s.volumes), "volumes");
     if let Some(sc) = &s.security_context {
         set(
             sc.app_armor_profile
@@ -108,10 +114,54 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
             "securityContext.windowsOptions",
         );
     }
+    for v in s.volumes.iter().flatten() {
+        volume(v, out);
+    }
     if let Some(os) = &s.os
         && os.name != "linux"
     {
         out.push(format!("spec.os.name={}", os.name));
+    }
+}
+
+/// The volume types the volume manager mounts ([`crate::volume`]); a
+/// claim is mounted by the plugin of its PersistentVolume's type.
+pub const SUPPORTED_VOLUMES: [&str; 9] = [
+    "emptyDir",
+    "hostPath",
+    "configMap",
+    "secret",
+    "downwardAPI",
+    "projected",
+    "persistentVolumeClaim",
+    "ephemeral",
+    // Inline ephemeral CSI volumes (crate::volume::csi).
+    "csi",
+];
+
+/// A volume of a type no plugin mounts (`spec.volumes[v].nfs`), or a
+/// projected source that is not supported.
+fn volume(v: &Volume, out: &mut Vec<String>) {
+    let json = serde_json::to_value(v).unwrap_or_default();
+    let kinds = json.as_object().into_iter().flat_map(|o| o.keys());
+    for kind in kinds.filter(|k| *k != "name") {
+        if !SUPPORTED_VOLUMES.contains(&kind.as_str()) {
+            out.push(format!("spec.volumes[{}].{kind}", v.name));
+        }
+    }
+    let sources = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
+    for (i, s) in sources.enumerate() {
+        for (present, field) in [
+            (s.cluster_trust_bundle.is_some(), "clusterTrustBundle"),
+            (s.pod_certificate.is_some(), "podCertificate"),
+        ] {
+            if present {
+                out.push(format!(
+                    "spec.volumes[{}].projected.sources[{i}].{field}",
+                    v.name
+                ));
+            }
+        }
     }
 }
 
@@ -140,7 +190,18 @@ fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
         set(probe.is_some() && !probed, name);
     }
     set(non_empty(&c.env_from), "envFrom");
-    set(non_empty(&c.volume_mounts), "volumeMounts");
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        set(
+            m.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()),
+            &format!("volumeMounts[{i}].subPathExpr"),
+        );
+        set(
+            m.recursive_read_only
+                .as_deref()
+                .is_some_and(|r| r != "Disabled"),
+            &format!("volumeMounts[{i}].recursiveReadOnly"),
+        );
+    }
     set(non_empty(&c.volume_devices), "volumeDevices");
     set(non_empty(&c.restart_policy_rules), "restartPolicyRules");
     set(
@@ -223,6 +284,12 @@ mod tests {
             "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
             "hostname": "h", "subdomain": "s", "setHostnameAsFQDN": true,
             "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}],
+            "volumes": [{"name": "e", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                        {"name": "h", "hostPath": {"path": "/tmp", "type": "Directory"}},
+                        {"name": "c", "configMap": {"name": "c"}}, {"name": "s", "secret": {"secretName": "s"}},
+                        {"name": "d", "downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+                        {"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+                        {"name": "pvc", "persistentVolumeClaim": {"claimName": "claim"}}],
             "dnsConfig": {"nameservers": ["1.1.1.1"]},
             "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "fsGroup": 5,
                                 "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
@@ -233,6 +300,8 @@ mod tests {
             "containers": [{
                 "name": "app", "image": "i", "imagePullPolicy": "Always", "ports": [{"containerPort": 80}],
                 "env": [{"name": "A", "value": "1"}], "stdin": true, "tty": true,
+                "volumeMounts": [{"name": "e", "mountPath": "/e", "subPath": "x", "readOnly": true,
+                                  "mountPropagation": "HostToContainer", "recursiveReadOnly": "Disabled"}],
                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
                 "resources": {"requests": {"cpu": "1", "memory": "1Mi"}},
                 "securityContext": {"privileged": false, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
@@ -251,8 +320,16 @@ mod tests {
                 "spec.activeDeadlineSeconds",
             ),
             (
-                serde_json::json!({"volumes": [{"name": "v", "emptyDir": {}}]}),
-                "spec.volumes",
+                serde_json::json!({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "data", "nfs": {"server": "s", "path": "/"}}]}),
+                "spec.volumes[data].nfs",
+            ),
+            (
+                serde_json::json!({"volumes": [{"name": "disk", "iscsi": {"targetPortal": "t", "iqn": "i", "lun": 0}}]}),
+                "spec.volumes[disk].iscsi",
+            ),
+            (
+                serde_json::json!({"volumes": [{"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}, {"clusterTrustBundle": {"path": "b", "name": "n"}}]}}]}),
+                "spec.volumes[p].projected.sources[1].clusterTrustBundle",
             ),
             (
                 serde_json::json!({"hostnameOverride": "h"}),
@@ -292,8 +369,12 @@ mod tests {
                 "lifecycle.stopSignal",
             ),
             (
-                serde_json::json!({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}),
-                "volumeMounts",
+                serde_json::json!({"volumeMounts": [{"name": "v", "mountPath": "/v"}, {"name": "v", "mountPath": "/w", "subPathExpr": "$(POD)"}]}),
+                "volumeMounts[1].subPathExpr",
+            ),
+            (
+                serde_json::json!({"volumeDevices": [{"name": "v", "devicePath": "/dev/xvda"}]}),
+                "volumeDevices",
             ),
             (
                 serde_json::json!({"envFrom": [{"configMapRef": {"name": "c"}}]}),

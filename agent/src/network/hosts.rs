@@ -2,8 +2,7 @@
 //! `ensureHostsFile` (`kubelet_pods.go`): a file per pod,
 //! `<root dir>/pods/<uid>/etc-hosts`, written before each container is created
 //! and bind-mounted read-write on the container's `/etc/hosts` (unless the
-//! container mounts something there itself; volumes are not supported yet,
-//! so never), once the pod has IPs. A pod with its own network gets
+//! container mounts a volume there itself), once the pod has IPs. A pod with its own network gets
 //! localhost's lines, a line per pod IP (`<ip>\t<fqdn>\t<hostname>` with a
 //! subdomain, else `<ip>\t<hostname>`) and the `hostAliases`; a host-network
 //! pod gets the node's `/etc/hosts` and the `hostAliases`.
@@ -26,6 +25,8 @@ pub enum HostsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot remove the pod's directory: {0}")]
+    Remove(String),
 }
 
 /// What the hosts file says.
@@ -126,17 +127,13 @@ pub fn ensure_hosts_mount(
     }))
 }
 
-/// Removes the pod's directory (its hosts file) once the pod is gone.
+/// Removes the pod's directory (its hosts file, its torn-down volumes' empty
+/// directories) once the pod is gone, refusing to cross into a mount left
+/// there.
 pub fn remove_pod_dir(root_dir: &Path, uid: &str) -> Result<(), HostsError> {
     let dir = pod_dir(root_dir, uid);
-    match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(HostsError::Io {
-            action: "remove",
-            path: dir,
-            source: e,
-        }),
-        _ => Ok(()),
-    }
+    crate::volume::util::remove_all_one_filesystem(&dir)
+        .map_err(|e| HostsError::Remove(e.to_string()))
 }
 
 #[cfg(test)]

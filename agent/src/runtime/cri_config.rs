@@ -4,10 +4,14 @@
 //! the agent finds its objects by, namespaces, log paths, command, env,
 //! CPU/memory resources, port mappings, sysctls, stdin/tty and security
 //! contexts ([`super::security_context`]), hostname and DNS config
-//! ([`crate::network`]). Differences: no volume mounts yet; what a pod may
-//! not use is refused at admission ([`crate::admission::fields`]).
+//! ([`crate::network`]), and the containers' volume mounts
+//! ([`container_mounts`], the kubelet's `makeMounts`: host path of the
+//! volume as mounted by the volume manager, `subPath`, read-only when the
+//! mount or the volume says so, mount propagation; no SELinux relabelling).
+//! What a pod may not use is refused at admission
+//! ([`crate::admission::fields`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -24,6 +28,7 @@ use crate::network::{hostname_and_domain, kernel_hostname};
 use crate::pleg::PodUid;
 use crate::pleg::kernel::cgroup_path::pod_cgroup_path;
 use crate::pod_workers::{SyncError, spec_grace_seconds};
+use crate::volume::PodVolume;
 
 /// CFS period used for CPU limits (µs), as the kubelet's.
 const CPU_PERIOD_US: i64 = 100_000;
@@ -260,6 +265,62 @@ pub fn container_config(
     })
 }
 
+/// The CRI mounts of `c`'s `volumeMounts` (the kubelet's `makeMounts`),
+/// from the pod's mounted volumes by name. An error (a volume not mounted,
+/// a bad subPath, Bidirectional propagation in an unprivileged container) is
+/// the kubelet's CreateContainerConfigError.
+pub fn container_mounts(
+    c: &Container,
+    volumes: &BTreeMap<String, PodVolume>,
+) -> Result<Vec<v1::Mount>, SyncError> {
+    let privileged = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    let mut out = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let fail = |e: &dyn std::fmt::Display| {
+            SyncError(format!(
+                "container {:?}: volume mount {:?} at {}: {e}",
+                c.name, m.name, m.mount_path
+            ))
+        };
+        let vol = volumes.get(&m.name).ok_or_else(|| {
+            SyncError(format!(
+                "cannot find volume {:?} to mount into container {:?}",
+                m.name, c.name
+            ))
+        })?;
+        let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) => {
+                crate::volume::subpath::resolve(&vol.host_path, sub).map_err(|e| fail(&e))?
+            }
+            None => vol.host_path.clone(),
+        };
+        let propagation = match m.mount_propagation.as_deref() {
+            None | Some("None") => v1::MountPropagation::PropagationPrivate,
+            Some("HostToContainer") => v1::MountPropagation::PropagationHostToContainer,
+            Some("Bidirectional") if privileged => v1::MountPropagation::PropagationBidirectional,
+            Some("Bidirectional") => {
+                return Err(fail(
+                    &"Bidirectional mount propagation is available only to privileged containers",
+                ));
+            }
+            Some(other) => return Err(fail(&format!("invalid MountPropagation mode: {other:?}"))),
+        };
+        out.push(v1::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host_path.to_string_lossy().into_owned(),
+            readonly: m.read_only.unwrap_or(false) || vol.read_only,
+            selinux_relabel: false,
+            propagation: propagation as i32,
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +438,86 @@ mod tests {
             err.0
                 .contains("pod Hostname \"No_Label\" is not a valid DNS label"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn volume_mounts_become_cri_mounts() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = root.path().join("cache");
+        std::fs::create_dir(&vol).unwrap();
+        let volumes = BTreeMap::from([
+            (
+                "cache".to_owned(),
+                PodVolume {
+                    host_path: vol.clone(),
+                    read_only: false,
+                },
+            ),
+            (
+                "cfg".to_owned(),
+                PodVolume {
+                    host_path: "/cfg".into(),
+                    read_only: true,
+                },
+            ),
+        ]);
+        let c: Container = serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [
+            {"name": "cache", "mountPath": "/a"},
+            {"name": "cache", "mountPath": "/b", "subPath": "sub", "readOnly": true, "mountPropagation": "HostToContainer"},
+            {"name": "cfg", "mountPath": "/c"},
+        ]}))
+        .unwrap();
+        let mounts = container_mounts(&c, &volumes).unwrap();
+        let got: Vec<(&str, String, bool, i32, bool)> = mounts
+            .iter()
+            .map(|m| {
+                (
+                    m.container_path.as_str(),
+                    m.host_path.clone(),
+                    m.readonly,
+                    m.propagation,
+                    m.selinux_relabel,
+                )
+            })
+            .collect();
+        let sub = vol.canonicalize().unwrap().join("sub");
+        assert_eq!(
+            got,
+            vec![
+                ("/a", vol.display().to_string(), false, 0, false),
+                ("/b", sub.display().to_string(), true, 1, false),
+                ("/c", "/cfg".to_owned(), true, 0, false),
+            ]
+        );
+        assert!(sub.is_dir(), "the subPath is created");
+        let cases = [
+            (
+                serde_json::json!({"name": "gone", "mountPath": "/g"}),
+                "cannot find volume \"gone\" to mount into container \"app\"",
+            ),
+            (
+                serde_json::json!({"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}),
+                "Bidirectional mount propagation is available only to privileged containers",
+            ),
+            (
+                serde_json::json!({"name": "cache", "mountPath": "/g", "subPath": "../x"}),
+                "must not contain '..'",
+            ),
+        ];
+        for (m, want) in cases {
+            let c: Container =
+                serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [m]}))
+                    .unwrap();
+            let err = container_mounts(&c, &volumes).unwrap_err().0;
+            assert!(err.contains(want), "{err}");
+        }
+        let privileged: Container = serde_json::from_value(serde_json::json!({"name": "app",
+            "securityContext": {"privileged": true},
+            "volumeMounts": [{"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}]})).unwrap();
+        assert_eq!(
+            container_mounts(&privileged, &volumes).unwrap()[0].propagation,
+            2
         );
     }
 

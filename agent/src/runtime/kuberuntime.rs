@@ -75,6 +75,9 @@ pub struct KubeRuntime {
     pub(super) probes: Arc<crate::prober::Results>,
     /// The pod events recorded ([`crate::events`]).
     pub(super) events: Recorder,
+    /// The volume manager ([`crate::volume`]); without one a pod with
+    /// volumes cannot start.
+    pub(super) volumes: Option<Arc<crate::volume::VolumeManager>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,7 +101,15 @@ impl KubeRuntime {
             start_times: Mutex::new(HashMap::new()),
             probes: crate::prober::Results::new().0,
             events: Recorder::default(),
+            volumes: None,
         }
+    }
+
+    /// Mounts pods' volumes with this volume manager (its reconciler runs
+    /// elsewhere: [`crate::volume::VolumeManager::run`]).
+    pub fn with_volumes(mut self, volumes: Arc<crate::volume::VolumeManager>) -> Self {
+        self.volumes = Some(volumes);
+        self
     }
 
     /// Uses these probe results (the prober manager's).

@@ -1,6 +1,7 @@
 //! SyncPod: the kubelet's `SyncPod` (`kuberuntime_manager.go`) for a pod that
 //! should run. Each sync publishes the pod's API status, computes the actions
-//! ([`super::actions`]) and carries them out: sandbox, image present or pulled,
+//! ([`super::actions`]), waits for the pod's volumes ([`crate::volume`]) and
+//! carries the actions out: sandbox, image present or pulled,
 //! init containers one by one, app containers, kills of changed containers,
 //! CrashLoopBackOff.
 
@@ -12,7 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::{info, warn};
 
 use super::actions::{backoff_key, compute_pod_actions_probed, format_pod, latest};
-use super::cri_config::{container_config, host_network, sandbox_config};
+use super::cri_config::{container_config, container_mounts, host_network, sandbox_config};
 use super::images::PullPolicy;
 use super::kuberuntime::{KubeRuntime, lock, pod_uid, unix_now_ns};
 use super::reasons::{
@@ -25,7 +26,7 @@ use crate::container::{ContainerState, PodStatus};
 use crate::events::EventType;
 use crate::events::kubelet as kubelet_events;
 use crate::network::hostname_and_domain;
-use crate::network::hosts::{HostsSpec, ensure_hosts_mount};
+use crate::network::hosts::{ETC_HOSTS, HostsSpec, ensure_hosts_mount};
 use crate::pleg::PodUid;
 use crate::pleg::cache::CacheEntry;
 use crate::pod_workers::{SyncError, SyncResult, spec_grace_seconds};
@@ -52,6 +53,8 @@ impl KubeRuntime {
                 ..SyncResult::default()
             });
         }
+        // As the kubelet's SyncPod: the volumes first (WaitForAttachAndMount).
+        self.wait_for_volumes(&pod, &uid).await?;
         kubelet_events::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
@@ -166,6 +169,42 @@ impl KubeRuntime {
             requeue_after: actions.backoff.iter().map(|w| w.retry_in).min(),
             did_runtime_work: actions.does_runtime_work(),
         })
+    }
+
+    /// Adds the pod's volumes to the desired state (the populator's
+    /// `ReprocessPod`, which also refreshes configMap-like volumes) and waits
+    /// for them (`WaitForAttachAndMount`); a failure is a FailedMount event
+    /// and the sync's error, retried by the worker.
+    async fn wait_for_volumes(&self, pod: &Arc<Pod>, uid: &PodUid) -> Result<(), SyncError> {
+        let has_volumes = pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.volumes.as_ref().is_some_and(|v| !v.is_empty()));
+        let Some(volumes) = &self.volumes else {
+            if has_volumes {
+                return Err(SyncError(format!(
+                    "pod {}: the agent has no volume manager",
+                    format_pod(pod, uid)
+                )));
+            }
+            return Ok(());
+        };
+        volumes.add_pod(pod, uid).await;
+        volumes
+            .wait_for_attach_and_mount(uid, crate::volume::MOUNT_WAIT)
+            .await
+            .map_err(|e| {
+                let message = format!("Unable to attach or mount volumes: {e}");
+                warn!(pod = %uid, error = %e, "volumes not mounted");
+                self.events.record(
+                    pod,
+                    None,
+                    EventType::Warning,
+                    crate::volume::reconciler::FAILED_MOUNT,
+                    message.clone(),
+                );
+                SyncError(format!("pod {}: {message}", format_pod(pod, uid)))
+            })
     }
 
     /// Makes the container's image present as its pull policy says (the
@@ -334,7 +373,16 @@ impl KubeRuntime {
         self.verify_run_as_non_root(pod, uid, c).await?;
         let mut config = container_config(pod, uid, c, attempt)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
-        config.mounts.extend(self.hosts_mount(pod, uid, pod_ips)?);
+        let volumes = (self.volumes.as_ref())
+            .map(|v| v.pod_volumes(uid))
+            .unwrap_or_default();
+        config.mounts = container_mounts(c, &volumes)
+            .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
+        // The managed /etc/hosts, unless the container mounts a volume there
+        // (the kubelet's `shouldMountHostsFile`).
+        if !config.mounts.iter().any(|m| m.container_path == ETC_HOSTS) {
+            config.mounts.extend(self.hosts_mount(pod, uid, pod_ips)?);
+        }
         let id = self
             .cri
             .create_container(sandbox_id, &config, sandbox)

@@ -1,8 +1,8 @@
 //! Termination: the kubelet's `SyncTerminatingPod` and `SyncTerminatedPod`
 //! (`kubelet.go`) with `killPodWithSyncResult` (`kuberuntime_manager.go`): stop
 //! the containers with the grace period (StopContainer sends SIGTERM, then
-//! SIGKILL), stop the sandbox, publish the final status; once terminated, remove
-//! the pod's cgroup, and the sandboxes of a pod that did not finish by its
+//! SIGKILL), stop the sandbox, publish the final status; once terminated, tear
+//! down the pod's volumes and remove its directory and cgroup, and the sandboxes of a pod that did not finish by its
 //! restart policy (it was removed); a finished pod keeps its dead containers
 //! until it is removed (then housekeeping removes them, as the kubelet's
 //! garbage collection of a deleted pod's content). Every stop gives the
@@ -195,9 +195,18 @@ impl KubeRuntime {
             }
             Err(e) => return Err(SyncError(e.to_string())),
         };
-        // Its containers are dead: the pod's directory (the managed
-        // /etc/hosts) goes. The kubelet leaves it to housekeeping's
-        // `cleanupOrphanedPodDirs` after the pod is deleted.
+        // Its containers are dead: its volumes are torn down (the kubelet's
+        // WaitForUnmount in SyncTerminatedPod; an error is retried), then
+        // the pod's directory (volumes, the managed /etc/hosts) goes, never
+        // across a mount left there. The kubelet leaves the directory to
+        // housekeeping's `cleanupOrphanedPodDirs` after the pod is deleted.
+        if let Some(volumes) = &self.volumes {
+            volumes.remove_pod(&uid);
+            volumes
+                .wait_for_unmount(&uid, crate::volume::UNMOUNT_WAIT)
+                .await
+                .map_err(|e| SyncError(e.to_string()))?;
+        }
         if let Err(e) = crate::network::hosts::remove_pod_dir(&self.node.root_dir, uid.as_str()) {
             warn!(pod = %uid, error = %e, "removing the pod's directory");
         }

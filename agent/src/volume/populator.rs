@@ -1,0 +1,266 @@
+//! The desired state's populator (the kubelet's
+//! `populator/desired_state_of_world_populator.go`, `processPodVolumes` and
+//! `createVolumeSpec`): a pod's `spec.volumes`, each turned into a
+//! [`Spec`], its plugin found and its unique name taken. A
+//! `persistentVolumeClaim` (and an `ephemeral` volume's claim,
+//! `<pod>-<volume>`, which must be owned by the pod) is resolved through the
+//! API server to the PersistentVolume bound to it, with the kubelet's checks
+//! (`getPVCExtractPV`, `getPVSpec`): the claim exists, is not being deleted,
+//! is Bound to a named volume, and that volume's `claimRef` is the claim.
+//! A volume that cannot be processed is kept as an error of the pod (the
+//! wait reports it).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Volume};
+
+use super::desired::{DesiredPod, DesiredVolume};
+use super::plugin::{PodContext, Spec, VolumePluginMgr, VolumeSource};
+
+/// Why a claim cannot be resolved (the kubelet's words).
+#[derive(Debug, thiserror::Error)]
+pub enum PopulatorError {
+    #[error(
+        "error processing PVC {claim}: no API server to read it from (the agent runs without --kubeconfig)"
+    )]
+    NoApiServer { claim: String },
+    #[error("error processing PVC {claim}: failed to fetch PVC from API server: {message}")]
+    ClaimFetch { claim: String, message: String },
+    #[error("error processing PVC {claim}: can't start pod because PVC is being deleted")]
+    ClaimDeleting { claim: String },
+    #[error(
+        "error processing PVC {claim}: PVC {claim} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({volume:?})"
+    )]
+    NotBound {
+        claim: String,
+        phase: String,
+        volume: String,
+    },
+    #[error(
+        "error processing PVC {claim}: PVC {claim} was not created for pod {pod} (pod is not owner)"
+    )]
+    NotOwner { claim: String, pod: String },
+    #[error(
+        "error processing PVC {claim}: failed to fetch PV {volume:?} from API server: {message}"
+    )]
+    VolumeFetch {
+        claim: String,
+        volume: String,
+        message: String,
+    },
+    #[error(
+        "error processing PVC {claim}: found PV object {volume:?} but its ClaimRef UID {claim_ref:?} does not point to claim UID {claim_uid:?}"
+    )]
+    ClaimRef {
+        claim: String,
+        volume: String,
+        claim_ref: String,
+        claim_uid: String,
+    },
+}
+
+/// The pod's volumes as the desired state wants them.
+pub async fn desired_pod(
+    plugins: &VolumePluginMgr,
+    kube: Option<&kube::Client>,
+    ctx: PodContext,
+) -> DesiredPod {
+    let mut volumes = BTreeMap::new();
+    let mut errors = BTreeMap::new();
+    let specs = ctx
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    for vol in specs {
+        let name = vol.name.clone();
+        let spec = match spec_of(kube, &ctx, vol).await {
+            Ok(s) => s,
+            Err(e) => {
+                errors.insert(name, e.to_string());
+                continue;
+            }
+        };
+        let found = plugins.find(&spec).and_then(|p| {
+            let unique = p.unique_name(&spec, &ctx.uid)?;
+            Ok((p, unique))
+        });
+        match found {
+            Ok((plugin, unique)) => {
+                let v = DesiredVolume {
+                    unique,
+                    device_mountable: plugin.device_mountable(&spec),
+                    requires_remount: plugin.requires_remount(&spec),
+                    plugin,
+                    spec,
+                };
+                volumes.insert(name, v);
+            }
+            Err(e) => {
+                errors.insert(name, e.to_string());
+            }
+        }
+    }
+    DesiredPod {
+        ctx,
+        volumes,
+        errors,
+    }
+}
+
+/// The kubelet's `createVolumeSpec`.
+async fn spec_of(
+    kube: Option<&kube::Client>,
+    ctx: &PodContext,
+    vol: Volume,
+) -> Result<Spec, PopulatorError> {
+    let (claim_name, read_only, ephemeral) = if let Some(c) = &vol.persistent_volume_claim {
+        (c.claim_name.clone(), c.read_only.unwrap_or(false), false)
+    } else if vol.ephemeral.is_some() {
+        (format!("{}-{}", ctx.name(), vol.name), false, true)
+    } else {
+        return Ok(Spec {
+            name: vol.name.clone(),
+            source: VolumeSource::Inline(Box::new(vol)),
+            read_only: false,
+        });
+    };
+    let claim_key = format!("{}/{}", ctx.namespace(), claim_name);
+    let Some(kube) = kube else {
+        return Err(PopulatorError::NoApiServer { claim: claim_key });
+    };
+    let claims: kube::Api<PersistentVolumeClaim> =
+        kube::Api::namespaced(kube.clone(), ctx.namespace());
+    let claim = claims
+        .get(&claim_name)
+        .await
+        .map_err(|e| PopulatorError::ClaimFetch {
+            claim: claim_key.clone(),
+            message: e.to_string(),
+        })?;
+    if ephemeral {
+        let owned =
+            claim.metadata.owner_references.iter().flatten().any(|o| {
+                o.controller == Some(true) && Some(&o.uid) == ctx.pod.metadata.uid.as_ref()
+            });
+        if !owned {
+            return Err(PopulatorError::NotOwner {
+                claim: claim_key,
+                pod: format!("{}/{}", ctx.namespace(), ctx.name()),
+            });
+        }
+    }
+    let pv_name = resolve_claim(&claim, &claim_key)?;
+    let volumes: kube::Api<PersistentVolume> = kube::Api::all(kube.clone());
+    let pv = volumes
+        .get(&pv_name)
+        .await
+        .map_err(|e| PopulatorError::VolumeFetch {
+            claim: claim_key.clone(),
+            volume: pv_name.clone(),
+            message: e.to_string(),
+        })?;
+    check_claim_ref(&claim, &pv, &claim_key)?;
+    Ok(Spec {
+        name: vol.name,
+        source: VolumeSource::Persistent {
+            claim: Box::new(claim),
+            volume: Box::new(pv),
+        },
+        read_only,
+    })
+}
+
+/// The bound volume's name (`getPVCExtractPV`).
+pub fn resolve_claim(claim: &PersistentVolumeClaim, key: &str) -> Result<String, PopulatorError> {
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(PopulatorError::ClaimDeleting { claim: key.into() });
+    }
+    let phase = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    let volume = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
+    if phase != "Bound" || volume.is_empty() {
+        return Err(PopulatorError::NotBound {
+            claim: key.into(),
+            phase,
+            volume,
+        });
+    }
+    Ok(volume)
+}
+
+/// The volume is bound to this claim (`getPVSpec`).
+pub fn check_claim_ref(
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    key: &str,
+) -> Result<(), PopulatorError> {
+    let claim_ref = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.clone())
+        .unwrap_or_default();
+    let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+    if claim_ref.is_empty() || claim_ref != claim_uid {
+        return Err(PopulatorError::ClaimRef {
+            claim: key.into(),
+            volume: pv.metadata.name.clone().unwrap_or_default(),
+            claim_ref,
+            claim_uid,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(v: serde_json::Value) -> PersistentVolumeClaim {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_claim_resolves_only_when_bound_to_a_volume_that_names_it() {
+        let bound = claim(serde_json::json!({"metadata": {"name": "c", "uid": "u1"},
+            "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}));
+        assert_eq!(resolve_claim(&bound, "ns/c").unwrap(), "pv1");
+        let cases = [
+            (
+                serde_json::json!({"metadata": {"name": "c"}, "spec": {}, "status": {"phase": "Pending"}}),
+                "error processing PVC ns/c: PVC ns/c has non-bound phase (\"Pending\") or empty pvc.Spec.VolumeName (\"\")",
+            ),
+            (
+                serde_json::json!({"metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}),
+                "error processing PVC ns/c: can't start pod because PVC is being deleted",
+            ),
+        ];
+        for (c, message) in cases {
+            assert_eq!(
+                resolve_claim(&claim(c), "ns/c").unwrap_err().to_string(),
+                message
+            );
+        }
+        let pv = |uid: &str| -> PersistentVolume {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pv1"},
+                "spec": {"claimRef": {"uid": uid}}}))
+            .unwrap()
+        };
+        check_claim_ref(&bound, &pv("u1"), "ns/c").unwrap();
+        assert_eq!(
+            check_claim_ref(&bound, &pv("u2"), "ns/c")
+                .unwrap_err()
+                .to_string(),
+            "error processing PVC ns/c: found PV object \"pv1\" but its ClaimRef UID \"u2\" does not point to claim UID \"u1\""
+        );
+    }
+}
