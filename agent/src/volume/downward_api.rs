@@ -113,7 +113,7 @@ fn resource_value(
             )));
         }
     };
-    let host = crate::admission::Allocatable::of_host();
+    let host = crate::admission::Allocatable::of_host(std::path::Path::new("/"));
     let bad = |e: &dyn std::fmt::Display| {
         PluginError::Failed(format!("resourceFieldRef {}: {e}", r.resource))
     };
