@@ -172,6 +172,21 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     e.write("done.yaml", &manifest("done", "Never", "exit 0", volume));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
+    // A CSI driver registered: the plugin watcher's gauge and the CSI client's
+    // histogram (its NodeGetInfo) have samples.
+    let base = e.args.root_dir.parent().expect("the harness's base dir");
+    let mut driver = evpleg_tests::csi_driver::CsiDriverProcess::start(
+        env!("CARGO_BIN_EXE_evpleg-csi-driver"),
+        evpleg_tests::csi_driver::DRIVER_NAME,
+        base,
+        &e.args.root_dir.join("plugins_registry"),
+        &[],
+    )
+    .unwrap_or_else(|err| panic!("CSI driver: {err}"));
+    e.wait_until("the CSI driver registered", || {
+        !e.agent().csi_drivers.names().is_empty()
+    })
+    .await;
     // Its per-method histogram shows the Version call of the client's connect.
     let (proxy, _client) = evpleg_tests::cri_proxy::proxy(e.cri(), &[]).await;
     let mut served = served_metrics(&http_get(e.agent().addr, "/metrics").await);
@@ -187,5 +202,6 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     );
     observer.stop().await;
     proxy.stop().await;
+    driver.stop();
     e.finish().await;
 }
