@@ -155,7 +155,7 @@ impl Agent {
             &args.node_labels,
             &args.register_with_taints,
         )?;
-        let host = Allocatable::of_host();
+        let host = Allocatable::of_host(&args.root_dir);
         let allocatable = host.minus(reserved, args.max_pods);
         let capacity = Allocatable {
             pods: args.max_pods,
@@ -345,6 +345,7 @@ impl Agent {
             );
         }
         drop(source_tx);
+        let status_cri = cri.clone();
         let sync_loop = SyncLoop::new(SyncLoopParts {
             workers: workers.clone(),
             status: status.clone(),
@@ -376,19 +377,33 @@ impl Agent {
                 .with_events(events.stats())
                 .with_cri(cri_metrics),
         );
-        let state = ServerState::new(
+        let mut state = ServerState::new(
             metrics,
             Some(pleg.relist_stats.clone()),
-            clock,
+            clock.clone(),
             pleg.relist_period(),
         )
         .with_path_health(pleg.path_health.clone())
         .with_tasks(essential);
+        state.threshold = args.pleg_health_threshold.max(pleg.relist_period() * 2);
         if let Some(client) = node_client {
+            use crate::node_status::runtime_state::{self, RuntimeState};
+            let runtime = RuntimeState::new(clock, args.runtime_status_period);
+            tasks.push(health.spawn(
+                "runtime status",
+                shutdown.clone(),
+                runtime_state::run(
+                    status_cri,
+                    runtime.clone(),
+                    args.runtime_status_period,
+                    shutdown.clone(),
+                ),
+            ));
             let checked = state.clone();
             let node_health: crate::node_status::Health = Arc::new(move || {
                 let (code, body) = server::health_report(&checked);
-                if code.is_success() { Ok(()) } else { Err(body) }
+                let healthz = if code.is_success() { Ok(()) } else { Err(body) };
+                runtime_state::ready(runtime.errors(), healthz)
             });
             let parts = crate::node_status::NodeStatusParts {
                 client,

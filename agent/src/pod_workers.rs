@@ -19,7 +19,10 @@
 //! * after every sync, successful or not, it asks the PLEG to relist the pod at
 //!   once (the kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
 //! * errors back off (doubling, capped); a sync may ask to be requeued (a
-//!   container in CrashLoopBackOff) and every worker resyncs periodically.
+//!   container in CrashLoopBackOff) and every worker resyncs periodically;
+//! * after a failed sync, a PLEG event brings the retry forward no sooner than
+//!   the kubelet's relist period after the failure ([`retry`]); a new spec or
+//!   a kill syncs at once.
 //!
 //! Differences: no separate "terminating runtime pods" without a spec (orphans are
 //! the sync loop's housekeeping). The kubelet's wait is released by its next 1 s
@@ -40,6 +43,10 @@ use crate::clock::SharedClock;
 use crate::pleg::PodUid;
 use crate::pleg::cache::{CacheEntry, PodStatusCache};
 use crate::pleg::on_demand::PodRelistQueue;
+
+pub mod retry;
+
+use retry::{Retry, Wake};
 
 /// What a sync asks of its worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -173,6 +180,9 @@ struct Shared {
     grace_seconds: i64,
     /// An update arrived since the worker last looked.
     pending: bool,
+    /// A new pod, spec or kill arrived since the worker last looked (not only
+    /// PLEG events or probe results).
+    urgent: bool,
 }
 
 #[derive(Debug)]
@@ -267,6 +277,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 }
             }
             s.pending = true;
+            s.urgent |= kind != UpdateType::Sync;
             drop(s);
             w.notify.notify_one();
             return;
@@ -284,6 +295,7 @@ impl<S: PodSyncer> PodWorkers<S> {
             update: UpdateType::Create.label(),
             grace_seconds,
             pending: true,
+            urgent: true,
         }));
         let notify = Arc::new(Notify::new());
         let task = tokio::spawn(
@@ -387,16 +399,20 @@ impl<S: PodSyncer> WorkerLoop<S> {
     async fn run(self) {
         self.cache.first_relist().await;
         let mut last_sync_ns = 0u64;
-        let mut errors = 0u32;
+        let mut retry = Retry::Clear;
         let mut requeue = tokio::time::Instant::now() + self.config.resync;
         loop {
-            tokio::select! {
-                () = self.notify.notified() => {}
-                () = tokio::time::sleep_until(requeue) => {}
+            let wake = tokio::select! {
+                () = self.notify.notified() => if lock(&self.shared).urgent { Wake::Update } else { Wake::Event },
+                () = tokio::time::sleep_until(requeue) => Wake::Timer,
+            };
+            if let Some(until) = retry.hold(wake, tokio::time::Instant::now()) {
+                self.hold_until(until).await;
             }
             let (pod, state, grace, update) = {
                 let mut s = lock(&self.shared);
                 s.pending = false;
+                s.urgent = false;
                 let update = std::mem::replace(&mut s.update, UpdateType::Sync.label());
                 (s.pod.clone(), s.state, s.grace_seconds, update)
             };
@@ -427,16 +443,16 @@ impl<S: PodSyncer> WorkerLoop<S> {
             self.relist_now();
             let delay = match outcome {
                 Ok(after) => {
-                    errors = 0;
+                    retry = retry.succeeded();
                     after.unwrap_or(self.config.resync).min(self.config.resync)
                 }
                 Err(e) => {
-                    errors = errors.saturating_add(1);
-                    let backoff = self
-                        .config
-                        .error_backoff_initial
-                        .saturating_mul(1 << errors.min(16).saturating_sub(1))
-                        .min(self.config.error_backoff_max);
+                    retry = retry.failed(
+                        tokio::time::Instant::now(),
+                        self.config.error_backoff_initial,
+                        self.config.error_backoff_max,
+                    );
+                    let backoff = retry.backoff().unwrap_or_default();
                     warn!(pod = %self.uid, ?state, error = %e, retry_in_ms = backoff.as_millis() as u64, "pod sync failed");
                     backoff
                 }
@@ -444,6 +460,22 @@ impl<S: PodSyncer> WorkerLoop<S> {
             requeue = tokio::time::Instant::now() + delay;
             if delay.is_zero() {
                 self.notify.notify_one();
+            }
+        }
+    }
+
+    /// Waits until `until`, or until a new spec or a kill arrives; PLEG
+    /// events meanwhile are taken in by the sync that follows.
+    async fn hold_until(&self, until: tokio::time::Instant) {
+        debug!(pod = %self.uid, "PLEG event after a failed sync: retrying at the kubelet's relist period");
+        loop {
+            tokio::select! {
+                () = self.notify.notified() => {
+                    if lock(&self.shared).urgent {
+                        return;
+                    }
+                }
+                () = tokio::time::sleep_until(until) => return,
             }
         }
     }
@@ -792,6 +824,44 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rec.calls().len(), before + 1);
+        w.shutdown();
+    }
+
+    /// A pod whose every sync fails and whose every failure makes a PLEG event
+    /// (a refused sandbox the relist then lists): retries come at the
+    /// kubelet's cadence, not at the events' rate; a new spec still syncs at
+    /// once.
+    #[tokio::test(start_paused = true)]
+    async fn events_after_a_failed_sync_retry_at_the_relist_period_not_at_once() {
+        let rec = Arc::new(Recorder::default());
+        rec.fail_next.store(u32::MAX, Ordering::SeqCst);
+        let (w, _done) = workers(rec.clone());
+        let start = tokio::time::Instant::now();
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        // A PLEG event every 20 ms for 5 s.
+        while start.elapsed() < Duration::from_secs(5) {
+            w.update_pod(&uid(), pod("v1", None), UpdateType::Sync);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Failures at 0 s, then 0.5 s (the first back-off, shorter than the
+        // floor), then one a second: 1.5, 2.5, 3.5, 4.5 s.
+        let syncs = rec.calls().len();
+        assert!((5..=7).contains(&syncs), "{syncs} syncs in 5 s");
+        // A new spec does not wait for the floor.
+        let before = rec.calls().len();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rec.calls().len(), before, "held meanwhile");
+        let asked = tokio::time::Instant::now();
+        w.update_pod(&uid(), pod("v2", None), UpdateType::Update);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        assert!(
+            asked.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!(rec.calls().last().unwrap().1, "v2");
         w.shutdown();
     }
 

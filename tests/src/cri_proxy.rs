@@ -48,6 +48,8 @@ pub async fn proxy(containerd: &Containerd, flags: &[&str]) -> (CriProxy, CriCli
 pub struct Subscription {
     stream: tonic::Streaming<v1::ContainerEventResponse>,
     pub seen: Vec<v1::ContainerEventResponse>,
+    /// Indices in `seen` already returned by [`Self::wait`].
+    taken: Vec<bool>,
 }
 
 impl Subscription {
@@ -59,11 +61,20 @@ impl Subscription {
         Self {
             stream,
             seen: Vec::new(),
+            taken: Vec::new(),
         }
     }
 
-    /// The next event of `t` for `id` (bounded by [`WAIT`]).
+    /// The first event of `t` for `id` not returned yet, whether it already
+    /// arrived while waiting for another one or arrives within [`WAIT`].
     pub async fn wait(&mut self, id: &str, t: T) -> v1::ContainerEventResponse {
+        let matches = |ev: &v1::ContainerEventResponse| {
+            ev.container_id == id && ev.container_event_type() == t
+        };
+        if let Some(i) = (0..self.seen.len()).find(|&i| !self.taken[i] && matches(&self.seen[i])) {
+            self.taken[i] = true;
+            return self.seen[i].clone();
+        }
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -72,8 +83,10 @@ impl Subscription {
                 .unwrap_or_else(|_| panic!("no {t:?} for {id} within {WAIT:?}: {:?}", self.types()))
                 .unwrap_or_else(|e| panic!("the event stream failed: {e}"))
                 .expect("the event stream ended");
+            let found = matches(&ev);
             self.seen.push(ev.clone());
-            if ev.container_id == id && ev.container_event_type() == t {
+            self.taken.push(found);
+            if found {
                 return ev;
             }
         }

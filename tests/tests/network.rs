@@ -232,7 +232,8 @@ async fn two_pods_get_their_own_network_and_reach_each_other() {
 // A CNI configuration the bridge plugin refuses: the pod's sandbox is never
 // created, FailedCreatePodSandBox carries the plugin's error, the pod waits
 // in ContainerCreating (the error its message) with PodReadyToStartContainers
-// False, and the agent keeps trying (an event per attempt).
+// False, and the agent keeps trying (an event per attempt), about once a
+// second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error() {
     let name = "a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error";
@@ -296,6 +297,17 @@ async fn a_refused_network_is_failed_create_pod_sandbox_with_the_cni_error() {
     assert!(
         e.sandboxes(&uid).await.iter().all(|s| s.state != ready),
         "no sandbox ever gets ready"
+    );
+    // Each refused attempt leaves a sandbox the next pod relist finds, a PLEG
+    // event: retries still come at most about once a second (the kubelet's
+    // relist period), not at the events' rate (7 a second before).
+    let before = e.run_pod_sandbox_calls(&uid);
+    let window = Duration::from_secs(4);
+    tokio::time::sleep(window).await;
+    let attempts = e.run_pod_sandbox_calls(&uid) - before;
+    assert!(
+        (1..=6).contains(&attempts),
+        "{attempts} RunPodSandbox attempts in {window:?}"
     );
     e.finish().await;
 }

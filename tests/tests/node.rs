@@ -39,8 +39,9 @@ async fn rejected(e: &E2e, name: &str) -> (String, String) {
 }
 
 // NoExecute taint not tolerated -> TaintToleration; nodeSelector not matching
-// the node's labels -> NodeAffinity; one pod more than --max-pods ->
-// OutOfpods; a static pod runs whatever the taints.
+// the node's labels -> NodeAffinity; more ephemeral storage than the node's
+// -> OutOfephemeral-storage; one pod more than --max-pods -> OutOfpods; a
+// static pod runs whatever the taints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_checks_taints_selectors_and_pod_capacity() {
     if !privileged("admission_checks_taints_selectors_and_pod_capacity") {
@@ -76,6 +77,19 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
             "NodeAffinity".to_owned(),
             "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector".to_owned()
         )
+    );
+    // More ephemeral storage than the filesystem of --root-dir holds.
+    let mut hungry = tolerant("hungry", Some("a"));
+    hungry.spec.as_mut().expect("spec").containers[0].resources = Some(
+        serde_json::from_value(serde_json::json!({"requests": {"ephemeral-storage": "1Pi"}}))
+            .expect("resources"),
+    );
+    e.api().add_pod(hungry);
+    let (reason, message) = rejected(&e, "hungry").await;
+    assert_eq!(reason, "OutOfephemeral-storage");
+    assert!(
+        message.starts_with("Pod was rejected: Node didn't have enough resource: ephemeral-storage, requested: 1125899906842624, used: 0, capacity: "),
+        "{message}"
     );
     e.write(
         "static.yaml",
@@ -177,6 +191,75 @@ async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
     e.api()
         .wait_for_lease("kube-node-lease", NODE, "renewed", wait, |l| {
             l.is_some_and(|l| renew(l) != first_renew)
+        })
+        .await;
+    e.finish().await;
+}
+
+// The node's Ready condition follows the runtime and the PLEG as the
+// kubelet's: with containerd stopped, the runtime's Status goes unanswered
+// ("container runtime is down") and relists fail until the PLEG is unhealthy
+// ("PLEG is not healthy: pleg was last seen active ..."): Ready False
+// `KubeletNotReady` naming both; with containerd back, Ready True again.
+// The periods are shortened by flags (the kubelet's are 5 s and 3 min).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_turns_false_while_the_runtime_is_down_and_true_again() {
+    if !privileged("ready_turns_false_while_the_runtime_is_down_and_true_again") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut e = E2e::start_with(
+        "node_ready",
+        true,
+        &[
+            "--node-status-update-frequency",
+            "200ms",
+            "--runtime-status-period",
+            "200ms",
+            "--pleg-health-threshold",
+            "2s",
+            "--relist-period",
+            "500ms",
+        ],
+    )
+    .await;
+    let wait = std::time::Duration::from_secs(30);
+    let ready = |n: Option<&k8s_openapi::api::core::v1::Node>| {
+        n.and_then(|n| n.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned())
+    };
+    e.api()
+        .wait_for_node(NODE, "Ready", wait, |n| {
+            ready(n).is_some_and(|c| c.status == "True")
+        })
+        .await;
+    e.containerd.as_mut().expect("containerd").stop();
+    e.api()
+        .wait_for_node(
+            NODE,
+            "not Ready: runtime down and PLEG unhealthy",
+            wait,
+            |n| {
+                ready(n).is_some_and(|c| {
+                    let m = c.message.clone().unwrap_or_default();
+                    c.status == "False"
+                        && c.reason.as_deref() == Some("KubeletNotReady")
+                        && m.contains("container runtime is down")
+                        && m.contains("PLEG is not healthy: pleg was last seen active")
+                })
+            },
+        )
+        .await;
+    e.containerd
+        .as_mut()
+        .expect("containerd")
+        .restart()
+        .unwrap_or_else(|err| panic!("restart containerd: {err}"));
+    e.api()
+        .wait_for_node(NODE, "Ready again", wait, |n| {
+            ready(n)
+                .is_some_and(|c| c.status == "True" && c.reason.as_deref() == Some("KubeletReady"))
         })
         .await;
     e.finish().await;

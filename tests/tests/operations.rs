@@ -97,9 +97,11 @@ async fn observe_reports_a_death_with_its_lead_over_the_relist_and_changes_nothi
     assert_eq!(json["relist_exit_code"], 3, "the runtime agrees: {json}");
     assert!(json["disagreement"].is_null(), "{json}");
     // The relist runs every second: it saw the death after the kernel, by at
-    // most a period and the time it takes.
+    // most a period and the time that relist took (up to 0.7 s with the agent
+    // beside it relisting the same runtime under CI load); a relist that
+    // missed a round would be two periods late.
     let lead = json["relist_lead_ms"].as_f64().expect("a lead");
-    assert!(lead > 0.0 && lead < 1_500.0, "lead {lead} ms: {json}");
+    assert!(lead > 0.0 && lead < 2_000.0, "lead {lead} ms: {json}");
     let metrics = http_get(observer.addr, "/metrics").await;
     assert!(
         metrics.lines().any(

@@ -225,7 +225,7 @@ fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
             .iter()
             .chain(r.limits.iter())
             .flat_map(|m| m.keys())
-            .filter(|n| *n != "cpu" && *n != "memory")
+            .filter(|n| !matches!(n.as_str(), "cpu" | "memory" | "ephemeral-storage"))
             .collect();
         for name in names {
             out.push(format!("{path}.resources[{name}]"));

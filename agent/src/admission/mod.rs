@@ -5,7 +5,7 @@
 //! 2. the scheduler's NodeResourcesFit: one more pod must fit in the node's
 //!    pod capacity (`--max-pods`, `OutOfpods`), CPU and memory requests in
 //!    the node's allocatable minus what admitted pods request (`OutOfcpu`,
-//!    `OutOfmemory`);
+//!    `OutOfmemory`, `OutOfephemeral-storage`);
 //! 3. NodeAffinity (`nodeSelector`, required node affinity) and NodeName
 //!    against the node ([`node`]);
 //! 4. the scheduler's NodePorts: no host port of an admitted pod
@@ -18,7 +18,8 @@
 //! the ones evpleg registers (`--node-labels`, `--register-with-taints`, the
 //! default labels); changes others make to the Node object are not read back
 //! (a difference: the kubelet's node lister sees them). Ephemeral storage is
-//! not counted: a pod requesting it is refused by [`fields`].
+//! the filesystem of `--root-dir` (the kubelet's nodefs), counted against
+//! requests at admission; its use is not measured (no eviction).
 
 pub mod fields;
 pub mod host_ports;
@@ -37,13 +38,17 @@ use crate::runtime::quantity::{parse_milli, parse_units};
 pub struct Allocatable {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
+    /// The size of the filesystem holding `--root-dir`.
+    pub ephemeral_storage_bytes: i64,
     /// Pods the node runs at most (`--max-pods`, the kubelet's 110).
     pub pods: i64,
 }
 
 impl Allocatable {
-    /// This host's CPUs and memory (`available_parallelism`, `/proc/meminfo`).
-    pub fn of_host() -> Self {
+    /// This host's CPUs and memory (`available_parallelism`, `/proc/meminfo`)
+    /// and the size of the filesystem holding `root_dir` (the kubelet's
+    /// nodefs capacity).
+    pub fn of_host(root_dir: &std::path::Path) -> Self {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1) as i64;
@@ -56,9 +61,16 @@ impl Allocatable {
             })
             .map(|kb| kb * 1024)
             .unwrap_or(0);
+        // The root dir may not exist yet: its nearest existing ancestor's
+        // filesystem is the one it will be on.
+        let storage = root_dir
+            .ancestors()
+            .find_map(filesystem_bytes)
+            .map_or(0, |(_, total)| total as i64);
         Self {
             cpu_milli: cpus * 1000,
             memory_bytes: memory,
+            ephemeral_storage_bytes: storage,
             pods: DEFAULT_MAX_PODS,
         }
     }
@@ -70,6 +82,9 @@ impl Allocatable {
         Self {
             cpu_milli: (self.cpu_milli - reserved.cpu_milli).max(0),
             memory_bytes: (self.memory_bytes - reserved.memory_bytes).max(0),
+            ephemeral_storage_bytes: (self.ephemeral_storage_bytes
+                - reserved.ephemeral_storage_bytes)
+                .max(0),
             pods: max_pods,
         }
     }
@@ -83,6 +98,7 @@ pub const DEFAULT_MAX_PODS: i64 = 110;
 pub struct Reserved {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
+    pub ephemeral_storage_bytes: i64,
 }
 
 /// A `--system-reserved` / `--kube-reserved` value that cannot be used.
@@ -90,7 +106,7 @@ pub struct Reserved {
 pub enum ReservedError {
     #[error("reserved resources {input:?}: {item:?} is not name=quantity")]
     Item { input: String, item: String },
-    #[error("reserved resources {input:?}: {name:?} is not cpu or memory")]
+    #[error("reserved resources {input:?}: {name:?} is not cpu, memory or ephemeral-storage")]
     Name { input: String, name: String },
     #[error("reserved resources {input:?}: {value:?} is not a quantity")]
     Quantity { input: String, value: String },
@@ -112,6 +128,9 @@ impl Reserved {
             match name.trim() {
                 "cpu" => out.cpu_milli += parse_milli(value.trim()).map_err(|_| bad())?,
                 "memory" => out.memory_bytes += parse_units(value.trim()).map_err(|_| bad())?,
+                "ephemeral-storage" => {
+                    out.ephemeral_storage_bytes += parse_units(value.trim()).map_err(|_| bad())?
+                }
                 other => {
                     return Err(ReservedError::Name {
                         input: input.into(),
@@ -127,6 +146,50 @@ impl Reserved {
         Self {
             cpu_milli: self.cpu_milli + other.cpu_milli,
             memory_bytes: self.memory_bytes + other.memory_bytes,
+            ephemeral_storage_bytes: self.ephemeral_storage_bytes + other.ephemeral_storage_bytes,
+        }
+    }
+}
+
+/// Available and total bytes of the filesystem holding `path` (statvfs).
+pub fn filesystem_bytes(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid C string, `s` a buffer statvfs fills on success.
+    if unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `s`.
+    let s = unsafe { s.assume_init() };
+    // The statvfs fields' widths differ between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let (unit, avail, blocks) = (s.f_frsize as u64, s.f_bavail as u64, s.f_blocks as u64);
+    Some((avail * unit, blocks * unit))
+}
+
+/// What a pod requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    pub cpu_milli: i64,
+    pub memory_bytes: i64,
+    pub ephemeral_storage_bytes: i64,
+}
+
+impl Requests {
+    fn plus(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli + o.cpu_milli,
+            memory_bytes: self.memory_bytes + o.memory_bytes,
+            ephemeral_storage_bytes: self.ephemeral_storage_bytes + o.ephemeral_storage_bytes,
+        }
+    }
+
+    fn max(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli.max(o.cpu_milli),
+            memory_bytes: self.memory_bytes.max(o.memory_bytes),
+            ephemeral_storage_bytes: self.ephemeral_storage_bytes.max(o.ephemeral_storage_bytes),
         }
     }
 }
@@ -135,8 +198,8 @@ impl Reserved {
 /// sidecars (init containers with `restartPolicy: Always`) together, or, if
 /// larger, an init container plus the sidecars started before it (init
 /// containers run one at a time, sidecars keep running).
-pub fn requests(pod: &Pod) -> (i64, i64) {
-    let one = |c: &Container| -> (i64, i64) {
+pub fn requests(pod: &Pod) -> Requests {
+    let one = |c: &Container| -> Requests {
         let req = c.resources.as_ref().and_then(|r| r.requests.as_ref());
         let lim = c.resources.as_ref().and_then(|r| r.limits.as_ref());
         let get = |name: &str, parse: fn(&str) -> Result<i64, _>| -> i64 {
@@ -145,27 +208,33 @@ pub fn requests(pod: &Pod) -> (i64, i64) {
                 .and_then(|q| parse(&q.0).ok())
                 .unwrap_or(0)
         };
-        (get("cpu", parse_milli), get("memory", parse_units))
+        Requests {
+            cpu_milli: get("cpu", parse_milli),
+            memory_bytes: get("memory", parse_units),
+            ephemeral_storage_bytes: get("ephemeral-storage", parse_units),
+        }
     };
-    let Some(spec) = &pod.spec else { return (0, 0) };
-    let (mut cpu, mut mem) = spec
+    let Some(spec) = &pod.spec else {
+        return Requests::default();
+    };
+    let mut total = spec
         .containers
         .iter()
         .map(one)
-        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-    let (mut sidecars, mut init_peak) = ((0, 0), (0, 0));
+        .fold(Requests::default(), Requests::plus);
+    let (mut sidecars, mut init_peak) = (Requests::default(), Requests::default());
     for c in spec.init_containers.iter().flatten() {
-        let (c_cpu, c_mem) = one(c);
+        let this = one(c);
         let during = if c.restart_policy.as_deref() == Some("Always") {
-            sidecars = (sidecars.0 + c_cpu, sidecars.1 + c_mem);
-            (cpu, mem) = (cpu + c_cpu, mem + c_mem);
+            sidecars = sidecars.plus(this);
+            total = total.plus(this);
             sidecars
         } else {
-            (sidecars.0 + c_cpu, sidecars.1 + c_mem)
+            sidecars.plus(this)
         };
-        init_peak = (init_peak.0.max(during.0), init_peak.1.max(during.1));
+        init_peak = init_peak.max(during);
     }
-    (cpu.max(init_peak.0), mem.max(init_peak.1))
+    total.max(init_peak)
 }
 
 /// A refusal: the kubelet's reason and message.
@@ -186,8 +255,7 @@ pub struct Admission {
 /// What an admitted pod holds.
 #[derive(Debug)]
 struct Admitted {
-    cpu: i64,
-    memory: i64,
+    requests: Requests,
     ports: Vec<PodPort>,
 }
 
@@ -225,11 +293,11 @@ impl Admission {
                 ),
             });
         }
-        let (cpu, mem) = requests(pod);
-        let (used_cpu, used_mem) = self
+        let asked = requests(pod);
+        let used = self
             .admitted
             .values()
-            .fold((0, 0), |(a, b), p| (a + p.cpu, b + p.memory));
+            .fold(Requests::default(), |a, p| a.plus(p.requests));
         let check = |name: &str, requested: i64, used: i64, capacity: i64| {
             (used + requested > capacity).then(|| Rejection {
                 reason: format!("OutOf{name}"),
@@ -238,11 +306,25 @@ impl Admission {
                 ),
             })
         };
-        if let Some(r) = check("cpu", cpu, used_cpu, self.allocatable.cpu_milli) {
-            return Err(r);
-        }
-        if let Some(r) = check("memory", mem, used_mem, self.allocatable.memory_bytes) {
-            return Err(r);
+        let a = &self.allocatable;
+        for (name, requested, used, capacity) in [
+            ("cpu", asked.cpu_milli, used.cpu_milli, a.cpu_milli),
+            (
+                "memory",
+                asked.memory_bytes,
+                used.memory_bytes,
+                a.memory_bytes,
+            ),
+            (
+                "ephemeral-storage",
+                asked.ephemeral_storage_bytes,
+                used.ephemeral_storage_bytes,
+                a.ephemeral_storage_bytes,
+            ),
+        ] {
+            if let Some(r) = check(name, requested, used, capacity) {
+                return Err(r);
+            }
         }
         let rejected = |r: Rejection| Rejection {
             message: format!("Pod was rejected: {}", r.message),
@@ -270,8 +352,7 @@ impl Admission {
         self.admitted.insert(
             uid.clone(),
             Admitted {
-                cpu,
-                memory: mem,
+                requests: asked,
                 ports,
             },
         );
@@ -302,8 +383,9 @@ mod tests {
 
     #[test]
     fn requests_fit_or_are_rejected_with_the_kubelet_reason() {
+        let r = requests(&pod("500m", "1Mi"));
         assert_eq!(
-            requests(&pod("500m", "1Mi")),
+            (r.cpu_milli, r.memory_bytes),
             (1500, 1 << 20),
             "the init container's cpu is larger"
         );
@@ -311,6 +393,7 @@ mod tests {
             Allocatable {
                 cpu_milli: 4000,
                 memory_bytes: 100 << 20,
+                ephemeral_storage_bytes: 1 << 30,
                 pods: 110,
             },
             node::NodeInfo::default(),
@@ -325,9 +408,24 @@ mod tests {
         );
         let r = a.admit(&uid(3), &pod("3", "1Mi")).unwrap_err();
         assert_eq!(r.reason, "OutOfcpu");
+        let mut storage = |uid_n: u8, size: &str| {
+            let p = any_pod(serde_json::json!({"containers": [
+                {"name": "a", "resources": {"requests": {"ephemeral-storage": size}}}
+            ]}));
+            a.admit(&uid(uid_n), &p)
+        };
+        assert!(storage(4, "600Mi").is_ok());
+        let r = storage(5, "600Mi").unwrap_err();
+        assert_eq!(r.reason, "OutOfephemeral-storage");
+        assert_eq!(
+            r.message,
+            "Pod was rejected: Node didn't have enough resource: ephemeral-storage, requested: 629145600, used: 629145600, capacity: 1073741824"
+        );
+        a.release(&uid(4));
         a.release(&uid(1));
         assert!(a.admit(&uid(2), &pod("100m", "60Mi")).is_ok());
-        assert!(Allocatable::of_host().memory_bytes > 0);
+        let host = Allocatable::of_host(std::path::Path::new("/"));
+        assert!(host.memory_bytes > 0 && host.ephemeral_storage_bytes > 0);
     }
 
     fn any_pod(spec: serde_json::Value) -> Pod {
@@ -346,7 +444,8 @@ mod tests {
             "containers": [{"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "2Mi"}}}]
         }));
         // cpu: max(apps 100 + sidecar 300, i1 1000, sidecar 300 + i2 900) = 1200.
-        assert_eq!(requests(&p), (1200, 3 << 20));
+        let r = requests(&p);
+        assert_eq!((r.cpu_milli, r.memory_bytes), (1200, 3 << 20));
     }
 
     fn big() -> Admission {
@@ -354,6 +453,7 @@ mod tests {
             Allocatable {
                 cpu_milli: 64_000,
                 memory_bytes: 1 << 40,
+                ephemeral_storage_bytes: 1 << 40,
                 pods: 110,
             },
             node::NodeInfo::default(),
@@ -367,20 +467,24 @@ mod tests {
             r,
             Reserved {
                 cpu_milli: 500,
-                memory_bytes: 1 << 30
+                memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 0,
             }
         );
         let both = r.plus(Reserved::parse("cpu=1").unwrap());
         let host = Allocatable {
             cpu_milli: 4000,
             memory_bytes: 2 << 30,
+            ephemeral_storage_bytes: 10 << 30,
             pods: 110,
         };
+        let both = both.plus(Reserved::parse("ephemeral-storage=4Gi").unwrap());
         assert_eq!(
             host.minus(both, 20),
             Allocatable {
                 cpu_milli: 2500,
                 memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 6 << 30,
                 pods: 20
             }
         );
@@ -396,7 +500,7 @@ mod tests {
         );
         assert_eq!(
             Reserved::parse("pid=100").unwrap_err().to_string(),
-            "reserved resources \"pid=100\": \"pid\" is not cpu or memory"
+            "reserved resources \"pid=100\": \"pid\" is not cpu, memory or ephemeral-storage"
         );
         assert!(matches!(
             Reserved::parse("cpu=lots"),
@@ -420,6 +524,7 @@ mod tests {
             Allocatable {
                 cpu_milli: 4000,
                 memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 1 << 30,
                 pods: 2,
             },
             node,

@@ -140,7 +140,7 @@ pub struct RunArgs {
     #[arg(long, env = "EVPLEG_REGISTER_WITH_TAINTS", default_value = "")]
     pub register_with_taints: String,
 
-    /// Resources set aside for the system (`cpu=500m,memory=1Gi`), taken
+    /// Resources set aside for the system (`cpu=500m,memory=1Gi,ephemeral-storage=10Gi`), taken
     /// from the node's allocatable.
     #[arg(long, env = "EVPLEG_SYSTEM_RESERVED", default_value = "")]
     pub system_reserved: String,
@@ -162,6 +162,20 @@ pub struct RunArgs {
     /// --system-reserved.
     #[arg(long, env = "EVPLEG_KUBE_RESERVED", default_value = "")]
     pub kube_reserved: String,
+
+    /// How often the runtime's CRI Status is asked (the kubelet's fixed 5 s);
+    /// with no answer for six periods the node is not Ready ("container
+    /// runtime is down").
+    #[arg(long, env = "EVPLEG_RUNTIME_STATUS_PERIOD", default_value = "5s",
+          value_parser = duration::positive)]
+    pub runtime_status_period: Duration,
+
+    /// The PLEG is unhealthy (`/healthz` fails, the node is not Ready) when
+    /// its last complete relist is older than this, or than two relist
+    /// periods (the kubelet's fixed relistThreshold, 3 min).
+    #[arg(long, env = "EVPLEG_PLEG_HEALTH_THRESHOLD", default_value = "3m0s",
+          value_parser = duration::positive)]
+    pub pleg_health_threshold: Duration,
 }
 
 impl RunArgs {

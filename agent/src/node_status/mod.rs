@@ -14,8 +14,9 @@
 //! * the node status checked every `--node-status-update-frequency` (10 s)
 //!   and patched when a condition changed or 5 min passed since the last
 //!   patch (`nodeStatusReportFrequency`): Ready (True `KubeletReady`, or
-//!   False `KubeletNotReady` with "PLEG is not healthy: ..." when the health
-//!   check of `/healthz` fails), MemoryPressure (`memory.available` below the
+//!   False `KubeletNotReady` with the runtime's errors ([`runtime_state`]:
+//!   "container runtime is down", its network not ready) and "PLEG is not
+//!   healthy: ..." when the health check of `/healthz` fails), MemoryPressure (`memory.available` below the
 //!   kubelet's hard eviction default 100Mi, from `/proc/meminfo`
 //!   MemAvailable), DiskPressure (`nodefs.available` below 10 % of the root
 //!   filesystem), PIDPressure (never: the kubelet has no default PID
@@ -41,6 +42,8 @@ use tracing::{info, warn};
 
 use crate::admission::Allocatable;
 use crate::admission::node::NodeInfo;
+
+pub mod runtime_state;
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -77,6 +80,7 @@ fn resources(a: &Allocatable) -> BTreeMap<String, Quantity> {
     [
         ("cpu", format!("{}m", a.cpu_milli)),
         ("memory", a.memory_bytes.to_string()),
+        ("ephemeral-storage", a.ephemeral_storage_bytes.to_string()),
         ("pods", a.pods.to_string()),
     ]
     .into_iter()
@@ -205,27 +209,12 @@ fn observe(health: &Health) -> Observed {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
             .map(|kb| kb * 1024)
     });
-    let nodefs = statvfs("/");
+    let nodefs = crate::admission::filesystem_bytes(std::path::Path::new("/"));
     Observed {
         health: health(),
         memory_available,
         nodefs,
     }
-}
-
-// The statvfs fields' widths differ between architectures.
-#[allow(clippy::unnecessary_cast)]
-fn statvfs(path: &str) -> Option<(u64, u64)> {
-    let c = std::ffi::CString::new(path).ok()?;
-    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid C string, `s` a buffer statvfs fills on success.
-    if unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it filled `s`.
-    let s = unsafe { s.assume_init() };
-    let unit = s.f_frsize as u64;
-    Some((s.f_bavail as u64 * unit, s.f_blocks as u64 * unit))
 }
 
 /// The status patch: `conditions` with their transition times kept from
@@ -459,11 +448,13 @@ mod tests {
         let cap = Allocatable {
             cpu_milli: 4000,
             memory_bytes: 1 << 30,
+            ephemeral_storage_bytes: 10 << 30,
             pods: 110,
         };
         let alloc = Allocatable {
             cpu_milli: 3500,
             memory_bytes: 1 << 29,
+            ephemeral_storage_bytes: 9 << 30,
             pods: 110,
         };
         let n = node_object(&info, &cap, &alloc);
@@ -477,6 +468,10 @@ mod tests {
             (1i64 << 29).to_string()
         );
         assert_eq!(v["status"]["allocatable"]["pods"], "110");
+        assert_eq!(
+            v["status"]["allocatable"]["ephemeral-storage"],
+            (9i64 << 30).to_string()
+        );
         let l = serde_json::to_value(lease_object("n1", 40, Timestamp::from_second(0).unwrap()))
             .unwrap();
         assert_eq!(l["metadata"]["namespace"], "kube-node-lease");

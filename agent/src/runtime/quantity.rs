@@ -26,6 +26,16 @@ fn split(q: &str) -> (&str, &str) {
 
 /// The quantity times 1000 (milli-units), rounded up.
 pub fn parse_milli(q: &str) -> Result<i64, QuantityError> {
+    scaled(q, 1000.0)
+}
+
+/// The quantity in whole units (bytes for memory), rounded up.
+pub fn parse_units(q: &str) -> Result<i64, QuantityError> {
+    scaled(q, 1.0)
+}
+
+/// The quantity times `scale`, rounded up; an error when it does not fit.
+fn scaled(q: &str, scale: f64) -> Result<i64, QuantityError> {
     let q = q.trim();
     let err = || QuantityError(q.to_owned());
     let (num, suffix) = split(q);
@@ -47,16 +57,11 @@ pub fn parse_milli(q: &str) -> Result<i64, QuantityError> {
         "Ei" => 1024.0f64.powi(6),
         _ => return Err(err()),
     };
-    let milli = (value * factor * 1000.0).ceil();
-    if !milli.is_finite() || milli < 0.0 || milli > i64::MAX as f64 {
+    let out = (value * factor * scale).ceil();
+    if !out.is_finite() || out < 0.0 || out >= i64::MAX as f64 {
         return Err(err());
     }
-    Ok(milli as i64)
-}
-
-/// The quantity in whole units (bytes for memory), rounded up.
-pub fn parse_units(q: &str) -> Result<i64, QuantityError> {
-    Ok((parse_milli(q)? + 999) / 1000)
+    Ok(out as i64)
 }
 
 #[cfg(test)]
@@ -72,6 +77,10 @@ mod tests {
         assert_eq!(parse_units("1G"), Ok(1_000_000_000));
         assert_eq!(parse_units("1e3"), Ok(1000));
         assert_eq!(parse_units("128974848"), Ok(128_974_848));
+        assert_eq!(parse_units("500m"), Ok(1), "rounded up");
+        // Too large in milli-units, not in bytes.
+        assert_eq!(parse_units("1Ei"), Ok(1 << 60));
+        assert!(parse_milli("1Ei").is_err());
         for bad in ["", "abc", "10Xi", "-1", "1..2"] {
             assert!(parse_milli(bad).is_err(), "{bad}");
         }
