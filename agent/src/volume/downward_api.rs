@@ -113,7 +113,8 @@ fn resource_value(
             )));
         }
     };
-    let host = crate::admission::Allocatable::of_host();
+    // The CPUs and memory only: the file system argument is for ephemeral storage.
+    let host = crate::admission::Allocatable::of_host(std::path::Path::new("/"));
     let bad = |e: &dyn std::fmt::Display| {
         PluginError::Failed(format!("resourceFieldRef {}: {e}", r.resource))
     };
