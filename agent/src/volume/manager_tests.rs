@@ -221,7 +221,7 @@ async fn a_claim_without_an_api_server_fails_at_once_naming_it() {
     assert!(started.elapsed() < Duration::from_secs(1), "no wait");
     assert_eq!(
         err.to_string(),
-        "unmounted volumes=[], unattached volumes=[], failed to process volumes=[data]: error processing PVC ns/claim: no API server to read it from (the agent runs without --kubeconfig)"
+        "unmounted volumes=[data], unattached volumes=[], failed to process volumes=[data]: error processing PVC ns/claim: no API server to read it from (the agent runs without --kubeconfig)"
     );
     stop.cancel();
 }

@@ -248,7 +248,11 @@ impl VolumeManager {
                 return (Vec::new(), Vec::new());
             };
             let mounted = w.actual.mounted_for_pod(uid);
-            let unmounted = (p.volumes.keys())
+            // The pod's volumes not mounted, those that could not be
+            // processed included (the kubelet's expected volumes).
+            let names: std::collections::BTreeSet<&String> =
+                p.volumes.keys().chain(p.errors.keys()).collect();
+            let unmounted = (names.into_iter())
                 .filter(|n| !mounted.contains_key(*n))
                 .cloned()
                 .collect();
