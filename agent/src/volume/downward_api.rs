@@ -113,6 +113,7 @@ fn resource_value(
             )));
         }
     };
+    // The CPUs and memory only: the file system argument is for ephemeral storage.
     let host = crate::admission::Allocatable::of_host(std::path::Path::new("/"));
     let bad = |e: &dyn std::fmt::Display| {
         PluginError::Failed(format!("resourceFieldRef {}: {e}", r.resource))

@@ -249,18 +249,34 @@ impl VolumeManager {
                 return (Vec::new(), Vec::new());
             };
             let mounted = w.actual.mounted_for_pod(uid);
-            let unmounted = (p.volumes.keys())
+            // The pod's volumes not mounted, those that could not be
+            // processed included (the kubelet's expected volumes).
+            let names: std::collections::BTreeSet<&String> =
+                p.volumes.keys().chain(p.errors.keys()).collect();
+            let unmounted = (names.into_iter())
                 .filter(|n| !mounted.contains_key(*n))
                 .cloned()
                 .collect();
             (unmounted, p.errors.keys().cloned().collect())
         };
-        self.wait(bound, |w| {
-            let (u, f): (Vec<String>, Vec<String>) = check(w);
-            u.is_empty() && f.is_empty()
-        })
-        .await
-        .map_err(|()| {
+        // Volumes that could not be processed (a claim not bound, no plugin)
+        // stay so until the pod's next sync reprocesses it: no wait.
+        let failed_now = self
+            .shared
+            .lock()
+            .desired
+            .pod(uid)
+            .is_some_and(|p| !p.errors.is_empty());
+        let waited = if failed_now {
+            Err(())
+        } else {
+            self.wait(bound, |w| {
+                let (u, f): (Vec<String>, Vec<String>) = check(w);
+                u.is_empty() && f.is_empty()
+            })
+            .await
+        };
+        waited.map_err(|()| {
             let (unmounted, failed) = check(&self.shared.lock());
             let why = {
                 let w = self.shared.lock();
@@ -377,3 +393,7 @@ pub fn device_mount_path(root: &Path, plugin: &str, unique: &UniqueVolumeName) -
         .join("globalmount")
         .join(hex)
 }
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

@@ -345,6 +345,78 @@ impl VolumePlugin for ProjectionPlugin {
 mod tests {
     use super::*;
 
+    // A static pod (no API server): each API-backed source fails naming the
+    // object and the pod.
+    #[tokio::test]
+    async fn without_an_api_server_each_source_names_its_object() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "0a"},
+            "spec": {"serviceAccountName": "runner", "containers": [{"name": "c"}]}
+        }))
+        .unwrap();
+        let ctx = PodContext {
+            uid: crate::pleg::PodUid::parse("0a").unwrap(),
+            pod: Arc::new(pod),
+        };
+        let root = tempfile::tempdir().unwrap();
+        let tokens = Arc::new(TokenManager::new(None));
+        let cases = [
+            (
+                ProjectionPlugin::config_map(None),
+                serde_json::json!({"name": "v", "configMap": {"name": "cfg"}}),
+                "configmap \"cfg\" of pod ns/web: no API server to read it from (the agent runs without --kubeconfig)",
+            ),
+            (
+                ProjectionPlugin::secret(None),
+                serde_json::json!({"name": "v", "secret": {"secretName": "sec"}}),
+                "secret \"sec\" of pod ns/web: no API server to read it from (the agent runs without --kubeconfig)",
+            ),
+            (
+                ProjectionPlugin::projected(None, tokens),
+                serde_json::json!({"name": "v", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}),
+                "serviceaccounts \"runner\" token for pod ns/web: no API server to request it from (the agent runs without --kubeconfig)",
+            ),
+        ];
+        for (plugin, volume, want) in cases {
+            let spec = Spec {
+                name: "v".into(),
+                source: super::super::plugin::VolumeSource::Inline(Box::new(
+                    serde_json::from_value(volume).unwrap(),
+                )),
+                read_only: false,
+            };
+            assert!(plugin.can_support(&spec));
+            let dir = root.path().join(plugin.name().replace('/', "~"));
+            let args = SetUpArgs {
+                spec: &spec,
+                pod: &ctx,
+                dir: &dir,
+                device_mount_path: None,
+            };
+            let err = plugin.set_up(args).await.unwrap_err();
+            assert_eq!(err.to_string(), want);
+        }
+        // A downwardAPI volume needs no API server.
+        let spec = Spec {
+            name: "v".into(),
+            source: super::super::plugin::VolumeSource::Inline(Box::new(
+                serde_json::from_value(serde_json::json!({"name": "v", "downwardAPI": {"items": [
+                    {"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]}}))
+                .unwrap(),
+            )),
+            read_only: false,
+        };
+        let dir = root.path().join("dapi");
+        let args = SetUpArgs {
+            spec: &spec,
+            pod: &ctx,
+            dir: &dir,
+            device_mount_path: None,
+        };
+        ProjectionPlugin::downward_api().set_up(args).await.unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("n")).unwrap(), "web");
+    }
+
     #[test]
     fn keys_select_files_with_their_modes() {
         let data: BTreeMap<String, Vec<u8>> = [
