@@ -284,6 +284,30 @@ async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
     e.finish().await;
 }
 
+/// A NodePublishVolume of the PV that failed.
+fn failed_publish(c: &Call) -> bool {
+    c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some()
+}
+
+/// The harness with the test driver registered, its NodePublishVolume of the
+/// PV failing with `message`, and API pod `pod` using the claim, once two
+/// publishes failed (a retry): the harness, the driver and the pod's UID.
+async fn failing_publish(name: &str, message: &str, pod: &str) -> (E2e, CsiDriverProcess, String) {
+    let e = E2e::start_with(name, true, &[]).await;
+    let d = start_driver(&e, &[]);
+    wait_calls(&d, "registered", registered).await;
+    d.inject_error(PV_HANDLE, "NodePublishVolume", message);
+    let (pv, pvc) = pv_and_claim();
+    e.api().add_pv(pv);
+    e.api().add_pvc(pvc);
+    let pod_uid = uid(&e.api().add_pod(csi_pod(pod)));
+    wait_calls(&d, "two failed publishes (a retry)", |c| {
+        c.iter().filter(|c| failed_publish(c)).count() >= 2
+    })
+    .await;
+    (e, d, pod_uid)
+}
+
 // NodePublishVolume of the PV fails: FailedMount with the driver's error, the
 // pod waits in ContainerCreating, the agent retries; once the driver
 // recovers the pod runs; deleted, it is cleaned up as usual.
@@ -294,25 +318,7 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
-    let d = start_driver(&e, &[]);
-    wait_calls(&d, "registered", registered).await;
-    d.inject_error(
-        PV_HANDLE,
-        "NodePublishVolume",
-        "injected failure for the test",
-    );
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    let pod = e.api().add_pod(csi_pod("failing"));
-    let pod_uid = uid(&pod);
-    let failed =
-        |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
-    wait_calls(&d, "two failed publishes (a retry)", |c| {
-        c.iter().filter(|c| failed(c)).count() >= 2
-    })
-    .await;
+    let (e, d, pod_uid) = failing_publish(name, "injected failure for the test", "failing").await;
     let event = wait_event(&e, "failing", "FailedMount").await;
     assert_eq!(event["type"], "Warning");
     let message = event["message"].as_str().unwrap_or_default();
@@ -338,7 +344,7 @@ async fn a_driver_error_is_failed_mount_and_retried() {
     assert_eq!(status.phase.as_deref(), Some("Pending"), "{status:?}");
     // Still failing and retried: the status is ContainerCreating, not Running.
     wait_calls(&d, "a third failed publish", |c| {
-        c.iter().filter(|c| failed(c)).count() >= 3
+        c.iter().filter(|c| failed_publish(c)).count() >= 3
     })
     .await;
     let api_pod = e.api().pod("default", "failing").expect("the pod");
@@ -448,25 +454,8 @@ async fn an_uncertain_publish_is_undone_when_the_pod_goes() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
-    let d = start_driver(&e, &[]);
-    wait_calls(&d, "registered", registered).await;
-    d.inject_error(
-        PV_HANDLE,
-        "NodePublishVolume",
-        "UNAVAILABLE: the driver restarts",
-    );
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    let pod = e.api().add_pod(csi_pod("uncertain"));
-    let pod_uid = uid(&pod);
-    let failed =
-        |c: &Call| c.method == "NodePublishVolume" && c.volume_id == PV_HANDLE && c.error.is_some();
-    wait_calls(&d, "two failed publishes", |c| {
-        c.iter().filter(|c| failed(c)).count() >= 2
-    })
-    .await;
+    let (e, d, pod_uid) =
+        failing_publish(name, "UNAVAILABLE: the driver restarts", "uncertain").await;
     let before = d.calls().len();
     assert!(
         !d.calls()
