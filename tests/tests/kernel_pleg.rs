@@ -235,18 +235,33 @@ fn process_shorter_than_a_millisecond_in_a_new_cgroup_is_reported() {
     );
 }
 
+/// A shell in `cg` that waits for a line on its stdin, then exits 5.
+fn waiting_shell(cg: &ContainerCgroup) -> std::process::Child {
+    cg.command("/bin/sh")
+        .args(["-c", "read line; exit 5"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn sh")
+}
+
+/// Writes the line `child` waits for; its exit code once it exited.
+fn release(child: &mut std::process::Child) -> Option<i32> {
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
+    child.wait().expect("wait").code()
+}
+
 #[test]
 fn process_started_before_the_agent_reports_its_exit_code() {
     if !privileged("process_started_before_the_agent_reports_its_exit_code") {
         return;
     }
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
-    let mut child = cg
-        .command("/bin/sh")
-        .args(["-c", "read line; exit 5"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn sh");
+    let mut child = waiting_shell(&cg);
     // The shell has exec'd once it is in the cgroup and its /proc/<pid>/exe is sh.
     let exe = std::path::Path::new("/proc")
         .join(child.id().to_string())
@@ -279,13 +294,7 @@ fn process_started_before_the_agent_reports_its_exit_code() {
             pid: Some(child.id()),
         }],
     });
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("write");
-    assert_eq!(child.wait().expect("wait").code(), Some(5));
+    assert_eq!(release(&mut child), Some(5));
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     assert_eq!(died.exit.map(|e| e.code), Some(5));
     assert_eq!(died.pid, Some(child.id()));
@@ -305,12 +314,7 @@ fn a_wave_of_views_listing_unknown_containers_costs_few_rescans() {
     }
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
     let mut pleg = PlegUnderTest::start(|_| {});
-    let mut child = cg
-        .command("/bin/sh")
-        .args(["-c", "read line; exit 5"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn sh");
+    let mut child = waiting_shell(&cg);
     pleg.expect(&cg.container_id, EventKind::ContainerStarted);
     let stats = pleg.pleg.stats().clone();
     let rescans = || stats.rescans.load(std::sync::atomic::Ordering::Relaxed);
@@ -331,13 +335,7 @@ fn a_wave_of_views_listing_unknown_containers_costs_few_rescans() {
             }],
         });
     }
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("write");
-    assert_eq!(child.wait().expect("wait").code(), Some(5));
+    assert_eq!(release(&mut child), Some(5));
     // Commands are applied before any record written after they were sent: the
     // death is read after every view of the wave was applied once.
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
@@ -513,13 +511,7 @@ fn main_process_in_a_private_pid_namespace() {
         Some(1),
         "the main process is pid 1 in its namespace"
     );
-    waiter
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("write");
-    assert_eq!(waiter.wait().expect("wait").code(), Some(7));
+    assert_eq!(release(&mut waiter), Some(7));
     let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
     assert_eq!(
         (died.pid, died.exit.map(|e| e.code)),
@@ -585,13 +577,7 @@ fn main_process_in_a_pod_shared_pid_namespace() {
         inner > 1,
         "the container shares the sandbox's namespace (pid {inner} there)"
     );
-    waiter
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("write");
-    assert_eq!(waiter.wait().expect("wait").code(), Some(7));
+    assert_eq!(release(&mut waiter), Some(7));
     let died = pleg.expect(&container.container_id, EventKind::ContainerDied);
     assert_eq!(
         (died.pid, died.exit.map(|e| e.code)),
