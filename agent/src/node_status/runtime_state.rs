@@ -68,23 +68,40 @@ impl RuntimeState {
         };
     }
 
-    /// The errors that make the node not ready, empty when none.
-    pub fn errors(&self) -> Vec<String> {
+    /// The errors that make the node not ready.
+    pub fn errors(&self) -> RuntimeErrors {
         let now = self.clock.now_ns();
         let threshold = self.threshold.as_nanos() as u64;
+        let reach = |reach| RuntimeErrors {
+            reach: Some(reach),
+            conditions: Vec::new(),
+        };
         match &*self.lock() {
             Last::NotYet { since_ns } if now.saturating_sub(*since_ns) > threshold => {
-                vec!["container runtime is down".into()]
+                reach("container runtime is down")
             }
             Last::NotYet { .. } => {
-                vec!["container runtime status check may not have completed yet".into()]
+                reach("container runtime status check may not have completed yet")
             }
             Last::Answered { at_ns, .. } if now.saturating_sub(*at_ns) > threshold => {
-                vec!["container runtime is down".into()]
+                reach("container runtime is down")
             }
-            Last::Answered { conditions, .. } => conditions.clone(),
+            Last::Answered { conditions, .. } => RuntimeErrors {
+                reach: None,
+                conditions: conditions.clone(),
+            },
         }
     }
+}
+
+/// What [`RuntimeState::errors`] found: whether the runtime answers, and the
+/// errors of its conditions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeErrors {
+    /// "container runtime is down", or its status not checked yet.
+    pub reach: Option<&'static str>,
+    /// The errors of the runtime's RuntimeReady and NetworkReady conditions.
+    pub conditions: Vec<String>,
 }
 
 /// The errors of the runtime's conditions, as the kubelet words them.
@@ -112,11 +129,8 @@ fn condition_errors(status: Option<&v1::RuntimeStatus>) -> Vec<String> {
 /// `runtimeErrors` aggregate: the runtime's reachability, then the PLEG's
 /// health (the first line of the `/healthz` failure), then the runtime's own
 /// conditions; one error as it is, several as `[a, b]`.
-pub fn ready(runtime: Vec<String>, healthz: Result<(), String>) -> Result<(), String> {
-    let (reach, conditions): (Vec<String>, Vec<String>) = runtime.into_iter().partition(|e| {
-        e.starts_with("container runtime is down") || e.contains("may not have completed")
-    });
-    let mut errors = reach;
+pub fn ready(runtime: RuntimeErrors, healthz: Result<(), String>) -> Result<(), String> {
+    let mut errors: Vec<String> = runtime.reach.into_iter().map(str::to_owned).collect();
     if let Err(body) = healthz {
         let first = body.lines().next().unwrap_or_default();
         errors.push(if first.starts_with("pleg") {
@@ -125,7 +139,7 @@ pub fn ready(runtime: Vec<String>, healthz: Result<(), String>) -> Result<(), St
             first.to_owned()
         });
     }
-    errors.extend(conditions);
+    errors.extend(runtime.conditions);
     match errors.len() {
         0 => Ok(()),
         1 => Err(errors.remove(0)),
@@ -211,7 +225,6 @@ mod tests {
     #[test]
     fn errors_table() {
         const S: u64 = 1_000_000_000;
-        // (answer at s, or none; now in s; the errors)
         /// (answer at s, or none; now in s; the errors)
         type Case = (
             Option<(u64, v1::RuntimeStatus)>,
@@ -255,36 +268,44 @@ mod tests {
                 state.answered(Some(s));
             }
             clock.advance(now * S - clock.now_ns());
-            assert_eq!(state.errors(), *want, "case {i}");
+            let errors = state.errors();
+            let all: Vec<String> = (errors.reach.map(str::to_owned).into_iter())
+                .chain(errors.conditions)
+                .collect();
+            assert_eq!(all, *want, "case {i}");
         }
     }
 
     #[test]
     fn ready_table() {
         let pleg = || Err("pleg was last seen active 3.1s ago; threshold is 3.0s\ndetails".into());
-        let down = || vec!["container runtime is down".to_owned()];
-        let net = || {
-            vec![
-                "container runtime network not ready: NetworkReady=false reason:r message:m"
-                    .to_owned(),
-            ]
+        let none = RuntimeErrors::default;
+        let down = || RuntimeErrors {
+            reach: Some("container runtime is down"),
+            conditions: Vec::new(),
         };
-        type Case = (Vec<String>, Result<(), String>, Result<(), &'static str>);
+        let net = vec![
+            "container runtime network not ready: NetworkReady=false reason:r message:m".to_owned(),
+        ];
+        type Case = (RuntimeErrors, Result<(), String>, Result<(), &'static str>);
         let cases: Vec<Case> = vec![
-            (vec![], Ok(()), Ok(())),
+            (none(), Ok(()), Ok(())),
             (down(), Ok(()), Err("container runtime is down")),
             (
-                vec![],
+                none(),
                 pleg(),
                 Err("PLEG is not healthy: pleg was last seen active 3.1s ago; threshold is 3.0s"),
             ),
             (
-                vec![],
+                none(),
                 Err("task \"sync loop\" stopped".into()),
                 Err("task \"sync loop\" stopped"),
             ),
             (
-                [net(), down()].concat(),
+                RuntimeErrors {
+                    conditions: net,
+                    ..down()
+                },
                 pleg(),
                 Err(
                     "[container runtime is down, PLEG is not healthy: pleg was last seen active 3.1s ago; threshold is 3.0s, container runtime network not ready: NetworkReady=false reason:r message:m]",
@@ -304,6 +325,8 @@ mod tests {
     fn a_runtime_that_reports_no_conditions_is_not_ready() {
         let state = RuntimeState::new(Arc::new(ManualClock::new(0)), DEFAULT_PERIOD);
         state.answered(None);
-        assert_eq!(state.errors().len(), 2, "{:?}", state.errors());
+        let errors = state.errors();
+        assert_eq!(errors.reach, None);
+        assert_eq!(errors.conditions.len(), 2, "{errors:?}");
     }
 }
