@@ -188,6 +188,12 @@ pub struct TrackerStats {
     pub pruned: u64,
 }
 
+/// Records in `by_pod` that `id` is held for `pod` (a free function, so that
+/// it can be called while another field of the tracker is borrowed).
+fn link(by_pod: &mut HashMap<PodUid, HashSet<ContainerId>>, pod: &PodUid, id: &ContainerId) {
+    by_pod.entry(pod.clone()).or_default().insert(id.clone());
+}
+
 /// OOM victims reported by the kernel, waiting for their process's exit; bounded
 /// in time and number.
 #[derive(Debug, Default)]
@@ -285,17 +291,9 @@ impl Tracker {
         self.oom_victims.0.len()
     }
 
-    /// Records that `id` is held for `pod` (see `by_pod`).
-    fn link(&mut self, pod: &PodUid, id: &ContainerId) {
-        self.by_pod
-            .entry(pod.clone())
-            .or_default()
-            .insert(id.clone());
-    }
-
     fn insert_container(&mut self, id: ContainerId, c: Container) {
         if let Some(pod) = &c.pod_uid {
-            self.link(&pod.clone(), &id);
+            link(&mut self.by_pod, pod, &id);
         }
         self.containers.insert(id, c);
     }

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use super::{MainId, Output, Tracker, Transition};
+use super::{MainId, Output, Tracker, Transition, link};
 use crate::pleg::kernel::cgroup_path::{CgroupClass, classify};
 use crate::pleg::kernel::proc::Reconciliation;
 use crate::pleg::{ContainerId, PodUid};
@@ -52,13 +52,13 @@ impl Tracker {
         for c in &view.containers {
             if c.sandbox {
                 self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
-                self.link(&c.pod, &c.id);
+                link(&mut self.by_pod, &c.pod, &c.id);
             }
             let Some(container) = self.containers.get_mut(&c.id) else {
                 if c.running {
                     if after_rescan {
                         self.unfound.insert(c.id.clone(), c.pod.clone());
-                        self.link(&c.pod, &c.id);
+                        link(&mut self.by_pod, &c.pod, &c.id);
                     } else if !self.unfound.contains_key(&c.id) {
                         outcome.rescan_due = true;
                     }
@@ -68,11 +68,8 @@ impl Tracker {
             // `/k8s.io/<id>` does not name the pod; the runtime does.
             if container.pod_uid.is_none() {
                 container.pod_uid = Some(c.pod.clone());
-                self.link(&c.pod, &c.id);
+                link(&mut self.by_pod, &c.pod, &c.id);
             }
-            let Some(container) = self.containers.get_mut(&c.id) else {
-                continue;
-            };
             let Some(proc) = r.mains.get(&c.id) else {
                 continue;
             };
@@ -148,14 +145,18 @@ impl Tracker {
             .retain(|id, _| listed.contains(id) || containers.contains_key(id));
         self.unfound.retain(|id, _| listed.contains(id));
         self.by_pod.clear();
-        let held = (self.containers.iter())
-            .filter_map(|(id, c)| Some((c.pod_uid.clone()?, id)))
-            .chain((self.sandboxes.iter()).filter_map(|(id, pod)| Some((pod.clone()?, id))))
-            .chain(self.unfound.iter().map(|(id, pod)| (pod.clone(), id)))
-            .map(|(pod, id)| (pod, id.clone()))
-            .collect::<Vec<_>>();
-        for (pod, id) in held {
-            self.by_pod.entry(pod).or_default().insert(id);
+        for (id, c) in &self.containers {
+            if let Some(pod) = &c.pod_uid {
+                link(&mut self.by_pod, pod, id);
+            }
+        }
+        for (id, pod) in &self.sandboxes {
+            if let Some(pod) = pod {
+                link(&mut self.by_pod, pod, id);
+            }
+        }
+        for (id, pod) in &self.unfound {
+            link(&mut self.by_pod, pod, id);
         }
         gone.len()
     }
