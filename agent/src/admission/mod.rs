@@ -93,13 +93,20 @@ impl Allocatable {
 /// The kubelet's default `--max-pods`.
 pub const DEFAULT_MAX_PODS: i64 = 110;
 
-/// Resources set aside for the system and the agent.
+/// CPU, memory and ephemeral storage: what a pod requests ([`Requests`]) or
+/// what is set aside for the system and the agent ([`Reserved`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Reserved {
+pub struct Resources {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
     pub ephemeral_storage_bytes: i64,
 }
+
+/// Resources set aside for the system and the agent.
+pub type Reserved = Resources;
+
+/// What a pod requests.
+pub type Requests = Resources;
 
 /// A `--system-reserved` / `--kube-reserved` value that cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -112,8 +119,9 @@ pub enum ReservedError {
     Quantity { input: String, value: String },
 }
 
-impl Reserved {
-    /// `cpu=500m,memory=1Gi` (the kubelet's syntax; empty: nothing).
+impl Resources {
+    /// Reserved resources as `cpu=500m,memory=1Gi` (the kubelet's syntax;
+    /// empty: nothing).
     pub fn parse(input: &str) -> Result<Self, ReservedError> {
         let mut out = Self::default();
         for item in input.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -149,6 +157,14 @@ impl Reserved {
             ephemeral_storage_bytes: self.ephemeral_storage_bytes + other.ephemeral_storage_bytes,
         }
     }
+
+    fn max(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli.max(o.cpu_milli),
+            memory_bytes: self.memory_bytes.max(o.memory_bytes),
+            ephemeral_storage_bytes: self.ephemeral_storage_bytes.max(o.ephemeral_storage_bytes),
+        }
+    }
 }
 
 /// Available and total bytes of the filesystem holding `path` (statvfs).
@@ -166,32 +182,6 @@ pub fn filesystem_bytes(path: &std::path::Path) -> Option<(u64, u64)> {
     #[allow(clippy::unnecessary_cast)]
     let (unit, avail, blocks) = (s.f_frsize as u64, s.f_bavail as u64, s.f_blocks as u64);
     Some((avail * unit, blocks * unit))
-}
-
-/// What a pod requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Requests {
-    pub cpu_milli: i64,
-    pub memory_bytes: i64,
-    pub ephemeral_storage_bytes: i64,
-}
-
-impl Requests {
-    fn plus(self, o: Self) -> Self {
-        Self {
-            cpu_milli: self.cpu_milli + o.cpu_milli,
-            memory_bytes: self.memory_bytes + o.memory_bytes,
-            ephemeral_storage_bytes: self.ephemeral_storage_bytes + o.ephemeral_storage_bytes,
-        }
-    }
-
-    fn max(self, o: Self) -> Self {
-        Self {
-            cpu_milli: self.cpu_milli.max(o.cpu_milli),
-            memory_bytes: self.memory_bytes.max(o.memory_bytes),
-            ephemeral_storage_bytes: self.ephemeral_storage_bytes.max(o.ephemeral_storage_bytes),
-        }
-    }
 }
 
 /// A pod's requests, as the kubelet's `PodRequests`: app containers and
