@@ -157,6 +157,21 @@ pub async fn status(client: &CriClient, id: &str) -> v1::ContainerStatus {
         .expect("checked by the client")
 }
 
+/// Waits (polling, bounded by [`WAIT`]) until `client`, the runtime itself,
+/// reports `id` exited: the proxy serves a death before the runtime knows of
+/// it, and a RemoveContainer of a container the runtime still thinks running
+/// races its shim ("failed to kill container ...: ttrpc: closed").
+pub async fn runtime_exited(client: &CriClient, id: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !crate::cri_pod::exited(&status(client, id).await) {
+        assert!(
+            Instant::now() < deadline,
+            "the runtime did not report {id} exited within {WAIT:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The value of a metric line `name` (with its labels) in a scrape.
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()

@@ -15,8 +15,8 @@ use evpleg::cri::CriClient;
 use evpleg_cri_api::v1;
 use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
 use evpleg_tests::cri_proxy::{
-    Subscription, metric, metric_sum, never_reading_subscriber, proxy, status, status_of,
-    wait_metrics,
+    Subscription, metric, metric_sum, never_reading_subscriber, proxy, runtime_exited, status,
+    status_of, wait_metrics,
 };
 use evpleg_tests::e2e::{find_container_pid, http_get};
 use v1::ContainerEventType as T;
@@ -644,6 +644,7 @@ fn merged_with_the_runtimes_stream_what_the_kernel_missed_comes_once() {
             assert!(exited(listed), "{listed:?}");
             assert_eq!(listed.exit_code, 7, "{listed:?}");
         }
+        runtime_exited(&direct, &id).await;
         direct.remove_container(&id).await.unwrap();
         events.wait(&id, T::ContainerDeletedEvent).await;
         // containerd's own STOPPED came too and was suppressed (or came
