@@ -24,6 +24,9 @@ pub struct FakePod {
     pub running: bool,
     pub exit_code: i32,
     pub finished_at: i64,
+    /// The main process's host pid, served in a verbose status's `info` as
+    /// containerd does (the relist confirms the kernel's main process with it).
+    pub pid: i32,
 }
 
 #[derive(Debug, Default)]
@@ -211,7 +214,8 @@ impl RuntimeService for Service {
         &self,
         req: Request<v1::ContainerStatusRequest>,
     ) -> Result<Response<v1::ContainerStatusResponse>, Status> {
-        let id = req.into_inner().container_id;
+        let req = req.into_inner();
+        let id = req.container_id;
         let s = self.0.read();
         let p = s
             .by_container
@@ -238,7 +242,11 @@ impl RuntimeService for Service {
                 }),
                 ..Default::default()
             }),
-            ..Default::default()
+            info: if req.verbose && p.running {
+                HashMap::from([("info".to_owned(), format!("{{\"pid\": {}}}", p.pid))])
+            } else {
+                HashMap::new()
+            },
         }))
     }
 }
