@@ -3,7 +3,8 @@
 //! `kube-lifecycle/…` for a hook, `Accept: */*` unless the probe sets one,
 //! none if it sets it empty), over plain http or, for `scheme: HTTPS`, TLS
 //! that accepts any certificate ([`super::tls`], the kubelet's
-//! `InsecureSkipVerify`); redirects followed only while they stay on the same
+//! `InsecureSkipVerify`; a probe speaks HTTP/2 when the server chooses it by
+//! ALPN); redirects followed only while they stay on the same
 //! host, whatever their scheme (the kubelet's `followNonLocalRedirects` is
 //! false for probes and hooks: a redirect to another host ends the request
 //! with that 3xx response), at most 10 of them; the body read up to 10 KiB.
@@ -330,82 +331,134 @@ async fn get(
         .await
         .map_err(|e| failed(format!("dial tcp {}: {e}", at.authority())))?;
     match at.scheme {
-        Scheme::Https => match tls::connect(tcp, &at.host).await {
-            Ok(stream) => exchange(stream, at, headers, purpose).await,
+        Scheme::Https => match tls::connect(tcp, &at.host, purpose == Purpose::Probe).await {
+            Ok(stream) => {
+                let h2 = tls::is_h2(&stream);
+                match request(at, headers, purpose, h2) {
+                    Ok(req) => exchange(stream, req, h2).await,
+                    Err(e) => Err(e),
+                }
+            }
             Err(tls::ConnectError::PlainHttp) => {
                 return Err(GetError::PlainHttp { url: at.url() });
             }
             Err(tls::ConnectError::Failed(e)) => Err(e),
         },
-        _ => exchange(tcp, at, headers, purpose).await,
+        _ => match request(at, headers, purpose, false) {
+            Ok(req) => exchange(tcp, req, false).await,
+            Err(e) => Err(e),
+        },
     }
     .map_err(failed)
 }
 
-/// The request and its response over an open connection (HTTP/1.1).
-async fn exchange<S>(
-    stream: S,
+/// The request, as the kubelet's `newProbeRequest`: the action's headers,
+/// `User-Agent` and `Accept: */*` unless set (an `Accept` set empty is
+/// removed), the host (or the action's own `Host`) as `Host`, or as
+/// `:authority` over HTTP/2.
+fn request(
     at: &Target,
     headers: &[(String, String)],
     purpose: Purpose,
+    h2: bool,
+) -> Result<hyper::Request<Empty<Bytes>>, String> {
+    let named = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let mut req = if h2 {
+        let authority = named("host").map_or_else(|| at.authority(), str::to_owned);
+        hyper::Request::get(format!("https://{authority}{}", at.path))
+            .version(hyper::Version::HTTP_2)
+    } else {
+        let req = hyper::Request::get(at.path.as_str());
+        match named("host") {
+            Some(_) => req,
+            None => req.header("Host", at.authority()),
+        }
+    };
+    if named("user-agent").is_none() {
+        req = req.header("User-Agent", purpose.user_agent());
+    }
+    if named("accept").is_none() {
+        req = req.header("Accept", "*/*");
+    }
+    for (n, v) in headers {
+        let drop = (n.eq_ignore_ascii_case("accept") && v.is_empty())
+            || (h2 && n.eq_ignore_ascii_case("host"));
+        if !drop {
+            req = req.header(n.as_str(), v.as_str());
+        }
+    }
+    if !h2 {
+        req = req.header("Connection", "close");
+    }
+    req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())
+}
+
+/// The request and its response over an open connection, in HTTP/2 if the
+/// TLS handshake chose it, else HTTP/1.1.
+async fn exchange<S>(
+    stream: S,
+    req: hyper::Request<Empty<Bytes>>,
+    h2: bool,
 ) -> Result<Response, String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    let conn = tokio::spawn(conn);
-    let mut req = hyper::Request::get(at.path.as_str());
-    let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
-    if !has("host") {
-        req = req.header("Host", at.authority());
+    let io = TokioIo::new(stream);
+    if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+        let conn = tokio::spawn(conn);
+        let result = match sender.send_request(req).await {
+            Ok(resp) => read(resp).await,
+            Err(e) => Err(e.to_string()),
+        };
+        conn.abort();
+        result
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| e.to_string())?;
+        let conn = tokio::spawn(conn);
+        let result = match sender.send_request(req).await {
+            Ok(resp) => read(resp).await,
+            Err(e) => Err(e.to_string()),
+        };
+        conn.abort();
+        result
     }
-    if !has("user-agent") {
-        req = req.header("User-Agent", purpose.user_agent());
-    }
-    if !has("accept") {
-        req = req.header("Accept", "*/*");
-    }
-    for (n, v) in headers {
-        // An Accept set empty removes it, as the kubelet's.
-        if n.eq_ignore_ascii_case("accept") && v.is_empty() {
-            continue;
-        }
-        req = req.header(n.as_str(), v.as_str());
-    }
-    let req = req
-        .header("Connection", "close")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let result = async {
-        let mut resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let mut body = Vec::new();
-        while body.len() < MAX_BODY {
-            match resp.body_mut().frame().await {
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        body.extend_from_slice(data);
-                    }
+}
+
+/// A response's status, `Location` and first [`MAX_BODY`] bytes.
+async fn read(mut resp: hyper::Response<hyper::body::Incoming>) -> Result<Response, String> {
+    let mut body = Vec::new();
+    while body.len() < MAX_BODY {
+        match resp.body_mut().frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    body.extend_from_slice(data);
                 }
-                Some(Err(e)) => return Err(e.to_string()),
-                None => break,
             }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => break,
         }
-        body.truncate(MAX_BODY);
-        Ok(Response {
-            code: resp.status().as_u16(),
-            location: resp
-                .headers()
-                .get(hyper::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .map(str::to_owned),
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
     }
-    .await;
-    conn.abort();
-    result
+    body.truncate(MAX_BODY);
+    Ok(Response {
+        code: resp.status().as_u16(),
+        location: resp
+            .headers()
+            .get(hyper::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(str::to_owned),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 #[cfg(test)]

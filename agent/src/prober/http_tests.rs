@@ -284,12 +284,11 @@ fn self_signed() -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     (certs, key)
 }
 
-/// A TLS server (tokio-rustls, a [`self_signed`] certificate) answering
-/// each connection with the next canned response; what it saw on each: the
-/// request, or `handshake failed: …`.
-async fn serve_tls(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+/// A TLS server configuration with a [`self_signed`] certificate, choosing
+/// among `alpn`.
+fn server_config(alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
     let (certs, key) = self_signed();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
@@ -297,7 +296,16 @@ async fn serve_tls(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<St
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .expect("the server's certificate");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// A TLS server (tokio-rustls, a [`self_signed`] certificate, HTTP/1.1 by
+/// ALPN if offered) answering each connection with the next canned response;
+/// what it saw on each: the request then `alpn: ` and the protocol chosen,
+/// or `handshake failed: …`.
+async fn serve_tls(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&[b"http/1.1"]));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
@@ -306,7 +314,12 @@ async fn serve_tls(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<St
             let (s, _) = listener.accept().await.unwrap();
             match acceptor.accept(s).await {
                 Ok(mut tls) => {
-                    seen.push(read_head(&mut tls).await);
+                    let alpn = tls
+                        .get_ref()
+                        .1
+                        .alpn_protocol()
+                        .map(|p| String::from_utf8_lossy(p).into_owned());
+                    seen.push(format!("{}alpn: {alpn:?}", read_head(&mut tls).await));
                     answer_and_close(&mut tls, &answer).await;
                 }
                 Err(e) => seen.push(format!("handshake failed: {e}")),
@@ -415,7 +428,77 @@ async fn an_https_probe_speaks_tls_and_accepts_any_certificate() {
         assert!(req.contains("x-probe: tls\r\n"), "{req}");
         assert!(req.contains("user-agent: kube-probe/evpleg-"), "{req}");
         assert!(!req.contains("accept:"), "{req}");
+        // A probe offers h2 then http/1.1; this server took http/1.1.
+        assert!(req.ends_with("alpn: some(\"http/1.1\")"), "{req}");
     }
+}
+
+/// A TLS server choosing HTTP/2 by ALPN, served by hyper: 500 for `/fail`,
+/// else 200; each request's version, URI and user agent.
+async fn serve_h2_tls() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&[b"h2"]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                continue;
+            };
+            let kept = kept.clone();
+            let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let agent = req
+                    .headers()
+                    .get(hyper::header::USER_AGENT)
+                    .and_then(|a| a.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                kept.lock()
+                    .unwrap()
+                    .push(format!("{:?} {} {agent}", req.version(), req.uri()));
+                let code = if req.uri().path() == "/fail" {
+                    500
+                } else {
+                    200
+                };
+                async move {
+                    hyper::Response::builder()
+                        .status(code)
+                        .body(http_body_util::Full::new(Bytes::from_static(b"ok")))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service),
+            );
+        }
+    });
+    (port, seen)
+}
+
+// A server that chooses HTTP/2 by ALPN gets the probe in HTTP/2, as the
+// kubelet's probe transport sends it.
+#[tokio::test]
+async fn an_https_probe_speaks_http2_when_the_server_chooses_it() {
+    let (port, seen) = serve_h2_tls().await;
+    assert_eq!(
+        probe(tls_at("127.0.0.1", port, "/healthz"), &[]).await,
+        Outcome::Success
+    );
+    assert_eq!(
+        probe(tls_at("127.0.0.1", port, "/fail"), &[]).await,
+        Outcome::Failure("HTTP probe failed with statuscode: 500".into())
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[0].starts_with(&format!(
+            "HTTP/2.0 https://127.0.0.1:{port}/healthz kube-probe/evpleg-"
+        )),
+        "{seen:?}"
+    );
+    assert!(seen[1].starts_with("HTTP/2.0 "), "{seen:?}");
 }
 
 // The wrong scheme either way fails: plain http against the TLS port (the
@@ -491,7 +574,9 @@ async fn a_hook_takes_any_response_and_falls_back_to_http() {
     let seen = tls_server.await.unwrap();
     assert!(
         seen[0].contains("authorization: Bearer t\r\n")
-            && seen[0].contains("user-agent: kube-lifecycle/evpleg-"),
+            && seen[0].contains("user-agent: kube-lifecycle/evpleg-")
+            // A hook offers no ALPN (HTTP/1.1), as the kubelet's.
+            && seen[0].ends_with("alpn: None"),
         "{seen:?}"
     );
 

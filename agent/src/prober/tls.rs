@@ -11,8 +11,9 @@
 //! is a name; an IP address sends none (as Go's client). TLS 1.2 and 1.3
 //! with rustls' `ring` provider (the one the URL pod source already uses).
 //!
-//! Difference: no ALPN is offered, so the exchange is HTTP/1.1 (the kubelet's
-//! Go transport may negotiate HTTP/2 with a server that offers it).
+//! A probe offers HTTP/2 by ALPN (`h2`, then `http/1.1`) and speaks it when
+//! the server chooses it, as the kubelet's probe transport; a hook offers
+//! nothing and speaks HTTP/1.1, as the kubelet's lifecycle client.
 //!
 //! A server that answers the ClientHello with plain HTTP (its first bytes
 //! `HTTP/`) fails the handshake with Go's message, "http: server gave HTTP
@@ -86,30 +87,39 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
-/// The probes' client configuration, built once.
-fn config() -> Result<Arc<ClientConfig>, ConnectError> {
-    static CONFIG: OnceLock<Result<Arc<ClientConfig>, String>> = OnceLock::new();
-    CONFIG
+/// The client configuration, built once per ALPN offer: probes offer `h2`
+/// then `http/1.1`, as the kubelet's probe transport (its
+/// `SetTransportDefaults` configures HTTP/2); hooks offer none, as the
+/// kubelet's lifecycle client (a Go transport with its own TLS config and no
+/// HTTP/2 forced).
+fn config(h2: bool) -> Result<Arc<ClientConfig>, ConnectError> {
+    static CONFIGS: [OnceLock<Result<Arc<ClientConfig>, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    CONFIGS[usize::from(h2)]
         .get_or_init(|| {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let algorithms = provider.signature_verification_algorithms;
-            let config = ClientConfig::builder_with_provider(provider)
+            let mut config = ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| format!("the probes' tls configuration: {e}"))?
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(algorithms)))
                 .with_no_client_auth();
+            if h2 {
+                config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            }
             Ok(Arc::new(config))
         })
         .clone()
         .map_err(ConnectError::Failed)
 }
 
-/// The TLS handshake over `tcp` with `host` (a name, or an IP address).
-pub async fn connect(tcp: TcpStream, host: &str) -> Result<Stream, ConnectError> {
+/// The TLS handshake over `tcp` with `host` (a name, or an IP address),
+/// offering HTTP/2 by ALPN if `h2`.
+pub async fn connect(tcp: TcpStream, host: &str, h2: bool) -> Result<Stream, ConnectError> {
     let name = ServerName::try_from(host.to_owned())
         .map_err(|e| ConnectError::Failed(format!("tls: server name {host:?}: {e}")))?;
-    let connector = tokio_rustls::TlsConnector::from(config()?);
+    let connector = tokio_rustls::TlsConnector::from(config(h2)?);
     let sniff = Sniff {
         inner: tcp,
         first: Vec::new(),
@@ -119,6 +129,11 @@ pub async fn connect(tcp: TcpStream, host: &str) -> Result<Stream, ConnectError>
         .into_fallible()
         .await
         .map_err(|(e, sniff)| classify(&sniff.first, e.to_string()))
+}
+
+/// Whether the server chose HTTP/2.
+pub fn is_h2(stream: &Stream) -> bool {
+    stream.get_ref().1.alpn_protocol() == Some(b"h2")
 }
 
 /// A failed handshake's error: Go's plain-http one when the server's first
