@@ -205,6 +205,21 @@ impl Collector for EventsCollector {
                 ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
             }
         }
+        // The kubelet counts a hook's fallback exactly where it records its
+        // event: the count of those events.
+        let fallbacks = s
+            .by_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&("Warning", crate::events::LIFECYCLE_HTTP_FALLBACK.to_owned()))
+            .copied()
+            .unwrap_or(0);
+        counter(
+            &mut encoder,
+            "lifecycle_handler_http_fallbacks",
+            "The number of times lifecycle handlers successfully fell back to http from https",
+            fallbacks,
+        )?;
         for (name, help, value) in [
             (
                 "events_written",
@@ -616,6 +631,46 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
+    }
+
+    #[test]
+    fn hook_fallbacks_are_counted_from_their_events() {
+        let rec = crate::events::Recorder::new(
+            "n",
+            Arc::new(crate::clock::ManualClock::new(1)),
+            Default::default(),
+            None,
+        );
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "a".repeat(32)}
+        }))
+        .unwrap();
+        let text = Metrics::new(None, None).with_events(rec.stats()).render();
+        assert!(
+            text.contains("evpleg_lifecycle_handler_http_fallbacks_total 0\n"),
+            "{text}"
+        );
+        for _ in 0..2 {
+            rec.record(
+                &pod,
+                None,
+                crate::events::EventType::Warning,
+                crate::events::LIFECYCLE_HTTP_FALLBACK,
+                "request to HTTPS lifecycle hook 10.0.0.1:443 got HTTP response, retry with HTTP succeeded",
+            );
+        }
+        rec.record(
+            &pod,
+            None,
+            crate::events::EventType::Warning,
+            crate::events::FAILED_PRE_STOP_HOOK,
+            "x",
+        );
+        let text = Metrics::new(None, None).with_events(rec.stats()).render();
+        assert!(
+            text.contains("evpleg_lifecycle_handler_http_fallbacks_total 2\n"),
+            "{text}"
+        );
     }
 
     #[test]

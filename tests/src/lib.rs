@@ -16,6 +16,7 @@ pub mod kernel_checks;
 pub mod pleg;
 pub mod registry;
 pub mod threads;
+pub mod tls;
 
 use std::path::Path;
 

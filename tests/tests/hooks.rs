@@ -157,3 +157,84 @@ e2e_test!(a_pre_stop_longer_than_the_grace_period_is_cut, |e| {
         );
     })
 });
+
+// An HTTPS httpGet postStart hook answered in plain http, as the kubelet's
+// `runHTTPHandler`: asked again over http without its Authorization header,
+// a `LifecycleHTTPFallback` warning on the pod, and the hook succeeds though
+// the answer is a 500 (a hook's status is not looked at). The plain server is
+// in this test process, on the host network the pod shares.
+e2e_test!(an_https_hook_answered_in_plain_http_falls_back, |e| {
+    Box::pin(async move {
+        use std::sync::{Arc, Mutex};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind the plain server");
+        let web = listener.local_addr().expect("its address").port();
+        let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+        let kept = seen.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut first = vec![0u8; 4096];
+                let n = s.read(&mut first).await.unwrap_or(0);
+                kept.lock().unwrap().push(first[..n].to_vec());
+                let _ = s
+                    .write_all(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+                let _ = s.shutdown().await;
+                // Until the client closes: no unread byte turns the close
+                // into a reset.
+                let mut rest = [0u8; 1024];
+                while matches!(s.read(&mut rest).await, Ok(n) if n > 0) {}
+            }
+        });
+        e.write(
+            "fallback.yaml",
+            &pod(
+                "fallback",
+                2,
+                &format!(
+                    "        postStart:\n          httpGet:\n            scheme: HTTPS\n            host: 127.0.0.1\n            port: {web}\n            path: /hook\n            httpHeaders:\n              - {{name: Authorization, value: Bearer secret}}\n"
+                ),
+                "exec sleep 1000",
+            ),
+        );
+        let path = format!("/pods/default/fallback-{NODE}/events");
+        let deadline = std::time::Instant::now() + DEADLINE;
+        let events = loop {
+            let events = http_get(e.agent().addr, &path).await;
+            if events.contains("LifecycleHTTPFallback") {
+                break events;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no LifecycleHTTPFallback within {DEADLINE:?}: {events}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert!(
+            events.contains(&format!(
+                "request to HTTPS lifecycle hook 127.0.0.1:{web} got HTTP response, retry with HTTP succeeded"
+            )),
+            "{events}"
+        );
+        let p = e
+            .wait_for("fallback", "running", |p| {
+                container(p, "app")["state"]["running"].is_object()
+            })
+            .await;
+        assert_eq!(container(&p, "app")["restartCount"], 0, "{p:#}");
+        assert!(!events.contains("FailedPostStartHook"), "{events}");
+        server.abort();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "a TLS hello, then the request over http");
+        assert_eq!(seen[0].first(), Some(&0x16), "a TLS handshake record first");
+        let retry = String::from_utf8_lossy(&seen[1]).to_ascii_lowercase();
+        assert!(
+            retry.starts_with("get /hook http/1.1\r\n")
+                && retry.contains("user-agent: kube-lifecycle/")
+                && !retry.contains("authorization"),
+            "{retry}"
+        );
+    })
+});

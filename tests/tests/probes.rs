@@ -2,7 +2,8 @@
 //! whole agent against the real containerd, pods from static manifests, every
 //! status observed through the local store. The test flips a probe's outcome
 //! by creating or removing a file in the container's root
-//! (`/proc/<pid>/root`), so no timing is assumed. Privileged: skipped with a
+//! (`/proc/<pid>/root`), so no timing is assumed; HTTPS probes and hooks go
+//! to a TLS server in the test (`evpleg_tests::tls`). Privileged: skipped with a
 //! reason without root/BTF/the eBPF object, a failure under `CI=true`.
 
 use evpleg_tests::e2e::*;
@@ -371,6 +372,86 @@ e2e_test!(a_redirect_to_another_host_is_a_probe_warning, |e| Box::pin(
         assert!(!events.contains("Unhealthy"), "{events}");
     }
 ));
+
+// HTTPS as the kubelet's, against a TLS server with a self-signed certificate
+// naming another host (in this test process, on the host network the pod
+// shares): a `scheme: HTTPS` readiness probe answered 200 makes its container
+// ready, one answered 500 keeps its container not ready with the kubelet's
+// message, and an HTTPS postStart hook reaches the server as
+// `kube-lifecycle`.
+e2e_test!(https_probes_and_hooks_speak_tls, |e| Box::pin(async move {
+    let server =
+        evpleg_tests::tls::TlsServer::start(
+            port(4),
+            |path| {
+                if path == "/fail" { 500 } else { 200 }
+            },
+        )
+        .await;
+    let web = server.port;
+    let https =
+        |path: &str| format!("{{scheme: HTTPS, host: 127.0.0.1, port: {web}, path: {path}}}");
+    let containers = format!(
+        "    - name: app
+      image: {IMAGE}
+      command: [sh, -c, 'exec sleep 1000']
+      lifecycle:
+        postStart:
+          httpGet: {hook}
+      readinessProbe:
+        httpGet: {healthz}
+        periodSeconds: 1
+    - name: bad
+      image: {IMAGE}
+      command: [sh, -c, 'exec sleep 1000']
+      readinessProbe:
+        httpGet: {fail}
+        periodSeconds: 1
+        failureThreshold: 1
+",
+        hook = https("/hook"),
+        healthz = https("/healthz"),
+        fail = https("/fail"),
+    );
+    e.write("tls.yaml", &pod("tls", &containers));
+    e.wait_for("tls", "app ready over https", |p| ready(p, "app"))
+        .await;
+    // The second failed probe comes after the first one's event.
+    e.wait_until("bad probed twice", || server.count("/fail") >= 2)
+        .await;
+    let p = e.pod("tls").expect("the pod");
+    assert!(
+        container(&p, "bad")["state"]["running"].is_object() && !ready(&p, "bad"),
+        "bad runs and is not ready: {p:#}"
+    );
+    let events = http_get(e.agent().addr, &format!("/pods/default/tls-{NODE}/events")).await;
+    assert!(
+        events.contains("\"reason\":\"Unhealthy\"")
+            && events.contains("Readiness probe failed: HTTP probe failed with statuscode: 500"),
+        "{events}"
+    );
+    assert!(!events.contains("FailedPostStartHook"), "{events}");
+    let requests = server.requests();
+    let of = |path: &str| {
+        requests
+            .iter()
+            .find(|r| r.starts_with(&format!("GET {path} HTTP/1.1\r\n")))
+            .unwrap_or_else(|| panic!("a request for {path}: {requests:?}"))
+            .to_ascii_lowercase()
+    };
+    assert!(
+        of("/hook").contains("user-agent: kube-lifecycle/"),
+        "{requests:?}"
+    );
+    assert!(
+        of("/healthz").contains("user-agent: kube-probe/"),
+        "{requests:?}"
+    );
+    assert!(
+        of("/healthz").contains(&format!("host: 127.0.0.1:{web}\r\n")),
+        "{requests:?}"
+    );
+}));
 
 /// A pod with a probed sidecar `side` (`side_probes` indented under it), a
 /// plain init container `init` and an app container.

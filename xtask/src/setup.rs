@@ -51,6 +51,8 @@ const APT_PACKAGES: &[&str] = &[
     // the tests' private image registry (loopback only) and the push into it
     "docker-registry",
     "skopeo",
+    // HTTPS probes' tests: self-signed certificates made at test time
+    "openssl",
     // the kernel matrix: guests under QEMU, their initramfs
     "qemu-system-x86",
     "cpio",

@@ -65,6 +65,7 @@ pub const UNHEALTHY: &str = "Unhealthy";
 pub const PROBE_WARNING: &str = "ProbeWarning";
 pub const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
 pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+pub const LIFECYCLE_HTTP_FALLBACK: &str = "LifecycleHTTPFallback";
 /// The kernel PLEG's: a container's main process exited (evpleg's own).
 pub const CONTAINER_DIED: &str = "ContainerDied";
 

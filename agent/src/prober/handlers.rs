@@ -1,8 +1,8 @@
 //! The probe handlers, as the kubelet's `prober.go`: `exec` runs the command in
 //! the container (CRI `ExecSync`, exit code 0 is success, a timeout is a
-//! failure), `httpGet` asks `http://host:port/path` with the probe's headers
-//! ([`super::http`]: 200 to 299 is success, 300 to 399 success with a
-//! warning),
+//! failure), `httpGet` asks `http://host:port/path` (or `https://`, by its
+//! `scheme`) with the probe's headers ([`super::http`]: 200 to 299 is
+//! success, 300 to 399 success with a warning),
 //! `tcpSocket` opens a connection, and `grpc` asks the gRPC health protocol's
 //! `Check` for the probe's service (SERVING is success). Each is bounded by `timeoutSeconds`. A
 //! probe that could not be run (the runtime did not answer) is an error, and
@@ -10,10 +10,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub use super::http::Outcome;
+use super::http::{Scheme, Target};
 use crate::cri::CriClient;
 use crate::pleg::ContainerId;
 
@@ -81,6 +82,39 @@ impl Handlers {
         }
     }
 
+    /// The request of an httpGet action (a probe's or a hook's), as the
+    /// kubelet's `NewRequestForHTTPGetAction`: its scheme (`HTTP` by
+    /// default), host (else where these handlers aim), port by number or
+    /// name, path (`/` by default) and headers.
+    pub fn http_request(
+        &self,
+        c: &Container,
+        http: &HTTPGetAction,
+    ) -> Result<(Target, Vec<(String, String)>), ProbeError> {
+        let path = http.path.as_deref().unwrap_or("/");
+        let target = Target {
+            scheme: Scheme::parse(http.scheme.as_deref()),
+            host: http
+                .host
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| self.host_ip.clone()),
+            port: port(c, &http.port)?,
+            path: if path.starts_with('/') {
+                path.to_owned()
+            } else {
+                format!("/{path}")
+            },
+        };
+        let headers = http
+            .http_headers
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect();
+        Ok((target, headers))
+    }
+
     /// Runs `probe` against the container once: the outcome, with what
     /// failed or warned (the kubelet's probe output, for its event).
     pub async fn run(
@@ -118,25 +152,13 @@ impl Handlers {
             };
         }
         if let Some(http) = &probe.http_get {
-            let host = http.host.clone().unwrap_or_else(|| self.host_ip.clone());
-            let port = port(c, &http.port)?;
-            let path = http.path.clone().unwrap_or_else(|| "/".into());
-            let headers: Vec<(String, String)> = http
-                .http_headers
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect();
-            let target = super::http::Target {
-                host: host.clone(),
-                port,
-                path: path.clone(),
-            };
+            let (target, headers) = self.http_request(c, http)?;
+            let url = target.url();
             return Ok(
                 match tokio::time::timeout(limit, super::http::probe(target, &headers)).await {
                     Ok(outcome) => outcome,
                     Err(_) => Outcome::Failure(format!(
-                        "Get \"http://{host}:{port}{path}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+                        "Get \"{url}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
                     )),
                 },
             );

@@ -1,20 +1,26 @@
 //! The http probe, as the kubelet's `pkg/probe/http`: `GET` with the probe's
-//! headers (and the kubelet's `User-Agent: kube-probe/…`, `Accept: */*`),
-//! redirects followed only while they stay on the same host (the kubelet's
-//! `followNonLocalRedirects` is false for probes: a redirect to another host
-//! ends the probe with that 3xx response), at most 10 of them; the body read up
-//! to 10 KiB. The verdict ([`verdict`]): 200 to 299 is success, 300 to 399
-//! is success with a warning ("Probe terminated redirects, Response body:
-//! …", recorded by the worker as a `ProbeWarning` event), anything else a
-//! failure ("HTTP probe failed with statuscode: N", without the body, as the
-//! kubelet keeps it out of the message).
-//!
-//! Difference: plain http only (a redirect to https on the same host is a
-//! failure naming it; the kubelet would follow it over TLS).
+//! headers (and the kubelet's `User-Agent: kube-probe/…` or
+//! `kube-lifecycle/…` for a hook, `Accept: */*` unless the probe sets one,
+//! none if it sets it empty), over plain http or, for `scheme: HTTPS`, TLS
+//! that accepts any certificate ([`super::tls`], the kubelet's
+//! `InsecureSkipVerify`; a probe speaks HTTP/2 when the server chooses it by
+//! ALPN); redirects followed only while they stay on the same
+//! host, whatever their scheme (the kubelet's `followNonLocalRedirects` is
+//! false for probes and hooks: a redirect to another host ends the request
+//! with that 3xx response), at most 10 of them; the body read up to 10 KiB.
+//! The probe's verdict ([`verdict`]): 200 to 299 is success, 300 to 399 is
+//! success with a warning ("Probe terminated redirects, Response body: …",
+//! recorded by the worker as a `ProbeWarning` event), anything else a failure
+//! ("HTTP probe failed with statuscode: N", without the body, as the kubelet
+//! keeps it out of the message). A hook ([`lifecycle`], the kubelet's
+//! `runHTTPHandler`) succeeds on any response; an HTTPS hook answered by a
+//! plain-http server is retried over http ([`hook_fallback`]).
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+
+use super::tls;
 
 /// The most of a response body read (the kubelet's `maxRespBodyLength`).
 pub const MAX_BODY: usize = 10 * 1024;
@@ -31,9 +37,47 @@ pub enum Outcome {
     Failure(String),
 }
 
+/// A request's scheme: the action's `scheme` (`HTTP` by default), or a
+/// redirect's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+    /// Any other (lowercased): the request fails naming it, as Go's client.
+    Unsupported(String),
+}
+
+impl Scheme {
+    /// The scheme named `s` (any case); none is http.
+    pub fn parse(s: Option<&str>) -> Scheme {
+        match s.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("") | Some("http") => Scheme::Http,
+            Some("https") => Scheme::Https,
+            Some(other) => Scheme::Unsupported(other.to_owned()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+            Scheme::Unsupported(s) => s,
+        }
+    }
+
+    /// The port of a URL that names none.
+    fn default_port(&self) -> u16 {
+        match self {
+            Scheme::Https => 443,
+            _ => 80,
+        }
+    }
+}
+
 /// Where a request goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    pub scheme: Scheme,
     pub host: String,
     pub port: u16,
     /// Path and query.
@@ -41,9 +85,58 @@ pub struct Target {
 }
 
 impl Target {
-    fn url(&self) -> String {
-        format!("http://{}:{}{}", self.host, self.port, self.path)
+    /// The request's URL, as Go prints it in its errors.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority(),
+            self.path
+        )
     }
+
+    /// `host:port`, an IPv6 address in brackets.
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Who asks: the kubelet's user agent names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    Probe,
+    Lifecycle,
+}
+
+impl Purpose {
+    fn user_agent(self) -> &'static str {
+        match self {
+            Purpose::Probe => concat!("kube-probe/evpleg-", env!("CARGO_PKG_VERSION")),
+            Purpose::Lifecycle => concat!("kube-lifecycle/evpleg-", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// Why a request got no response, as Go's client error.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GetError {
+    /// An HTTPS request answered in plain http (a hook falls back on it).
+    #[error("Get \"{url}\": {}", tls::PLAIN_HTTP)]
+    PlainHttp { url: String },
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The response a request ended with (after the redirects it followed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub code: u16,
+    /// Its first [`MAX_BODY`] bytes.
+    pub body: String,
 }
 
 /// What a response's status code means for the probe.
@@ -73,9 +166,10 @@ pub fn next_hop(
     };
     let bad = || format!("Get \"{}\": bad Location {location:?}", from.url());
     let (scheme, rest) = match location.split_once("://") {
-        Some((s, rest)) if !s.contains('/') => (Some(s.to_ascii_lowercase()), rest),
+        Some((s, rest)) if !s.contains('/') => (Some(Scheme::parse(Some(s))), rest),
+        // Scheme-relative: the current request's scheme.
         _ => match location.strip_prefix("//") {
-            Some(rest) => (Some("http".into()), rest),
+            Some(rest) => (Some(from.scheme.clone()), rest),
             None => (None, ""),
         },
     };
@@ -107,14 +201,12 @@ pub fn next_hop(
             if !host.eq_ignore_ascii_case(&from.host) {
                 return Ok(None);
             }
-            if scheme != "http" {
-                return Err(format!(
-                    "Get \"{location}\": a {scheme} redirect is not followed by evpleg's http probe"
-                ));
-            }
+            // Same host, any scheme (http to https too), as the kubelet's
+            // redirect checker compares host names only.
             Target {
+                port: uri.port_u16().unwrap_or(scheme.default_port()),
+                scheme,
                 host,
-                port: uri.port_u16().unwrap_or(80),
                 path: if path.starts_with('?') {
                     format!("/{path}")
                 } else {
@@ -136,233 +228,239 @@ struct Response {
     body: String,
 }
 
-/// Runs the probe from `start`, following same-host redirects; unbounded in
-/// time (the caller applies `timeoutSeconds` to the whole, as Go's client
+/// Runs the request from `start`, following same-host redirects; unbounded
+/// in time (the caller applies `timeoutSeconds` to the whole, as Go's client
 /// timeout covers the redirects).
-pub async fn probe(start: Target, headers: &[(String, String)]) -> Outcome {
+pub async fn fetch(
+    start: Target,
+    headers: &[(String, String)],
+    purpose: Purpose,
+) -> Result<Answer, GetError> {
     let mut at = start;
     let mut followed = 0;
     loop {
-        let r = match get(&at, headers).await {
-            Ok(r) => r,
-            Err(e) => return Outcome::Failure(format!("Get \"{}\": {e}", at.url())),
-        };
+        let r = get(&at, headers, purpose).await?;
         match next_hop(&at, r.code, r.location.as_deref(), followed) {
             Ok(Some(next)) => {
                 at = next;
                 followed += 1;
             }
-            Ok(None) => return verdict(r.code, &r.body),
-            Err(e) => return Outcome::Failure(e),
+            Ok(None) => {
+                return Ok(Answer {
+                    code: r.code,
+                    body: r.body,
+                });
+            }
+            Err(e) => return Err(GetError::Failed(e)),
         }
     }
 }
 
-/// One `GET` over HTTP/1.1 on a fresh connection.
-async fn get(at: &Target, headers: &[(String, String)]) -> Result<Response, String> {
-    let stream = tokio::net::TcpStream::connect((at.host.as_str(), at.port))
-        .await
-        .map_err(|e| format!("dial tcp {}:{}: {e}", at.host, at.port))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    let conn = tokio::spawn(conn);
-    let mut req = hyper::Request::get(at.path.as_str());
-    let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
-    if !has("host") {
-        req = req.header("Host", format!("{}:{}", at.host, at.port));
+/// The probe: [`fetch`], then the [`verdict`]; no response is a failure.
+pub async fn probe(start: Target, headers: &[(String, String)]) -> Outcome {
+    match fetch(start, headers, Purpose::Probe).await {
+        Ok(a) => verdict(a.code, &a.body),
+        Err(e) => Outcome::Failure(e.to_string()),
     }
-    if !has("user-agent") {
-        req = req.header(
-            "User-Agent",
-            concat!("kube-probe/evpleg-", env!("CARGO_PKG_VERSION")),
-        );
+}
+
+/// How an httpGet hook went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hooked {
+    /// It got a response (any status: the kubelet does not look at it).
+    Done,
+    /// Its HTTPS request got a plain-http answer and the retry over http
+    /// got a response: the kubelet's `LifecycleHTTPFallback` event names
+    /// the `host:port`.
+    FellBack { authority: String },
+}
+
+/// The retry after a hook's request failed with `error`, as the kubelet's
+/// `runHTTPHandler`: on a plain-http answer to HTTPS, the first request again
+/// over http, without its `Authorization` header; on any other error none.
+pub fn hook_fallback(
+    start: &Target,
+    headers: &[(String, String)],
+    error: &GetError,
+) -> Option<(Target, Vec<(String, String)>)> {
+    if !matches!(error, GetError::PlainHttp { .. }) {
+        return None;
     }
-    if !has("accept") {
+    let target = Target {
+        scheme: Scheme::Http,
+        ..start.clone()
+    };
+    let headers = headers
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case("authorization"))
+        .cloned()
+        .collect();
+    Some((target, headers))
+}
+
+/// An httpGet lifecycle hook's request: any response succeeds; an error is
+/// Go's client error (the fallback's own error is not reported: the first
+/// one is, as the kubelet's).
+pub async fn lifecycle(start: Target, headers: &[(String, String)]) -> Result<Hooked, GetError> {
+    let error = match fetch(start.clone(), headers, Purpose::Lifecycle).await {
+        Ok(_) => return Ok(Hooked::Done),
+        Err(e) => e,
+    };
+    let Some((retry, retry_headers)) = hook_fallback(&start, headers, &error) else {
+        return Err(error);
+    };
+    match fetch(retry.clone(), &retry_headers, Purpose::Lifecycle).await {
+        Ok(_) => Ok(Hooked::FellBack {
+            authority: retry.authority(),
+        }),
+        Err(_) => Err(error),
+    }
+}
+
+/// One `GET` on a fresh connection, over TLS for https.
+async fn get(
+    at: &Target,
+    headers: &[(String, String)],
+    purpose: Purpose,
+) -> Result<Response, GetError> {
+    let failed = |e: String| GetError::Failed(format!("Get \"{}\": {e}", at.url()));
+    if let Scheme::Unsupported(s) = &at.scheme {
+        return Err(failed(format!("unsupported protocol scheme {s:?}")));
+    }
+    let tcp = tokio::net::TcpStream::connect((at.host.as_str(), at.port))
+        .await
+        .map_err(|e| failed(format!("dial tcp {}: {e}", at.authority())))?;
+    match at.scheme {
+        Scheme::Https => match tls::connect(tcp, &at.host, purpose == Purpose::Probe).await {
+            Ok(stream) => {
+                let h2 = tls::is_h2(&stream);
+                match request(at, headers, purpose, h2) {
+                    Ok(req) => exchange(stream, req, h2).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Err(tls::ConnectError::PlainHttp) => {
+                return Err(GetError::PlainHttp { url: at.url() });
+            }
+            Err(tls::ConnectError::Failed(e)) => Err(e),
+        },
+        _ => match request(at, headers, purpose, false) {
+            Ok(req) => exchange(tcp, req, false).await,
+            Err(e) => Err(e),
+        },
+    }
+    .map_err(failed)
+}
+
+/// The request, as the kubelet's `newProbeRequest`: the action's headers,
+/// `User-Agent` and `Accept: */*` unless set (an `Accept` set empty is
+/// removed), the host (or the action's own `Host`) as `Host`, or as
+/// `:authority` over HTTP/2.
+fn request(
+    at: &Target,
+    headers: &[(String, String)],
+    purpose: Purpose,
+    h2: bool,
+) -> Result<hyper::Request<Empty<Bytes>>, String> {
+    let named = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let mut req = if h2 {
+        let authority = named("host").map_or_else(|| at.authority(), str::to_owned);
+        hyper::Request::get(format!("https://{authority}{}", at.path))
+            .version(hyper::Version::HTTP_2)
+    } else {
+        let req = hyper::Request::get(at.path.as_str());
+        match named("host") {
+            Some(_) => req,
+            None => req.header("Host", at.authority()),
+        }
+    };
+    if named("user-agent").is_none() {
+        req = req.header("User-Agent", purpose.user_agent());
+    }
+    if named("accept").is_none() {
         req = req.header("Accept", "*/*");
     }
     for (n, v) in headers {
-        req = req.header(n.as_str(), v.as_str());
-    }
-    let req = req
-        .header("Connection", "close")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let result = async {
-        let mut resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let mut body = Vec::new();
-        while body.len() < MAX_BODY {
-            match resp.body_mut().frame().await {
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        body.extend_from_slice(data);
-                    }
-                }
-                Some(Err(e)) => return Err(e.to_string()),
-                None => break,
-            }
+        let drop = (n.eq_ignore_ascii_case("accept") && v.is_empty())
+            || (h2 && n.eq_ignore_ascii_case("host"));
+        if !drop {
+            req = req.header(n.as_str(), v.as_str());
         }
-        body.truncate(MAX_BODY);
-        Ok(Response {
-            code: resp.status().as_u16(),
-            location: resp
-                .headers()
-                .get(hyper::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .map(str::to_owned),
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
     }
-    .await;
-    conn.abort();
-    result
+    if !h2 {
+        req = req.header("Connection", "close");
+    }
+    req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())
+}
+
+/// The request and its response over an open connection, in HTTP/2 if the
+/// TLS handshake chose it, else HTTP/1.1.
+async fn exchange<S>(
+    stream: S,
+    req: hyper::Request<Empty<Bytes>>,
+    h2: bool,
+) -> Result<Response, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let io = TokioIo::new(stream);
+    if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+        let conn = tokio::spawn(conn);
+        let result = match sender.send_request(req).await {
+            Ok(resp) => read(resp).await,
+            Err(e) => Err(e.to_string()),
+        };
+        conn.abort();
+        result
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| e.to_string())?;
+        let conn = tokio::spawn(conn);
+        let result = match sender.send_request(req).await {
+            Ok(resp) => read(resp).await,
+            Err(e) => Err(e.to_string()),
+        };
+        conn.abort();
+        result
+    }
+}
+
+/// A response's status, `Location` and first [`MAX_BODY`] bytes.
+async fn read(mut resp: hyper::Response<hyper::body::Incoming>) -> Result<Response, String> {
+    let mut body = Vec::new();
+    while body.len() < MAX_BODY {
+        match resp.body_mut().frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    body.extend_from_slice(data);
+                }
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => break,
+        }
+    }
+    body.truncate(MAX_BODY);
+    Ok(Response {
+        code: resp.status().as_u16(),
+        location: resp
+            .headers()
+            .get(hyper::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(str::to_owned),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    fn at(host: &str, port: u16, path: &str) -> Target {
-        Target {
-            host: host.into(),
-            port,
-            path: path.into(),
-        }
-    }
-
-    #[test]
-    fn verdicts_as_the_kubelet() {
-        assert_eq!(verdict(200, "ok"), Outcome::Success);
-        assert_eq!(verdict(204, ""), Outcome::Success);
-        assert_eq!(
-            verdict(302, "moved"),
-            Outcome::Warning("Probe terminated redirects, Response body: moved".into())
-        );
-        assert_eq!(
-            verdict(304, ""),
-            Outcome::Warning("Probe terminated redirects, Response body: ".into())
-        );
-        assert_eq!(
-            verdict(500, "secret"),
-            Outcome::Failure("HTTP probe failed with statuscode: 500".into())
-        );
-        assert_eq!(
-            verdict(199, ""),
-            Outcome::Failure("HTTP probe failed with statuscode: 199".into())
-        );
-    }
-
-    #[test]
-    fn redirects_are_followed_on_the_same_host_only() {
-        let from = at("10.0.0.1", 8080, "/a/b?x=1");
-        type Case<'a> = (u16, Option<&'a str>, usize, Result<Option<Target>, String>);
-        let cases: &[Case] = &[
-            (200, Some("/x"), 0, Ok(None)),
-            // 300 and 304 are not redirects Go follows.
-            (300, Some("/x"), 0, Ok(None)),
-            (304, Some("/x"), 0, Ok(None)),
-            (302, None, 0, Ok(None)),
-            (302, Some("/healthz"), 0, Ok(Some(at("10.0.0.1", 8080, "/healthz")))),
-            (307, Some("c"), 0, Ok(Some(at("10.0.0.1", 8080, "/a/c")))),
-            (
-                301,
-                Some("http://10.0.0.1:9090/y?z"),
-                3,
-                Ok(Some(at("10.0.0.1", 9090, "/y?z"))),
-            ),
-            (308, Some("http://10.0.0.1"), 0, Ok(Some(at("10.0.0.1", 80, "/")))),
-            // Another host: the 3xx is the probe's response.
-            (302, Some("http://example.com/"), 0, Ok(None)),
-            (302, Some("//example.com:8080/"), 0, Ok(None)),
-            (303, Some("https://other/"), 0, Ok(None)),
-            (
-                302,
-                Some("/again"),
-                10,
-                Err("Get \"http://10.0.0.1:8080/again\": stopped after 10 redirects".into()),
-            ),
-            (
-                302,
-                Some("https://10.0.0.1/"),
-                0,
-                Err(
-                    "Get \"https://10.0.0.1/\": a https redirect is not followed by evpleg's http probe"
-                        .into(),
-                ),
-            ),
-        ];
-        for (code, location, followed, want) in cases {
-            assert_eq!(
-                &next_hop(&from, *code, *location, *followed),
-                want,
-                "{code} {location:?} after {followed}"
-            );
-        }
-    }
-
-    /// A server answering each connection with the next canned response;
-    /// the requests it read.
-    async fn serve(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            for answer in answers {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let mut req = vec![0u8; 2048];
-                let n = s.read(&mut req).await.unwrap();
-                seen.push(String::from_utf8_lossy(&req[..n]).into_owned());
-                s.write_all(answer.as_bytes()).await.unwrap();
-            }
-            seen
-        });
-        (port, task)
-    }
-
-    #[tokio::test]
-    async fn a_probe_follows_local_redirects_and_warns_on_a_foreign_one() {
-        let big = "x".repeat(MAX_BODY + 100);
-        let (port, server) = serve(vec![
-            "HTTP/1.1 302 Found\r\nLocation: /next\r\nContent-Length: 0\r\n\r\n".into(),
-            "HTTP/1.1 302 Found\r\nLocation: http://elsewhere.invalid/\r\nContent-Length: 5\r\n\r\nmoved"
-                .into(),
-            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{big}", big.len()),
-            "HTTP/1.1 503 Unavailable\r\nContent-Length: 6\r\n\r\nsecret".into(),
-        ])
-        .await;
-        let headers = [("X-Probe".to_owned(), "yes".to_owned())];
-        let start = at("127.0.0.1", port, "/healthz");
-        assert_eq!(
-            probe(start.clone(), &headers).await,
-            Outcome::Warning("Probe terminated redirects, Response body: moved".into())
-        );
-        assert_eq!(probe(start.clone(), &headers).await, Outcome::Success);
-        assert_eq!(
-            probe(start, &headers).await,
-            Outcome::Failure("HTTP probe failed with statuscode: 503".into())
-        );
-        let seen = server.await.unwrap();
-        assert!(seen[0].starts_with("GET /healthz HTTP/1.1\r\n"), "{seen:?}");
-        assert!(seen[1].starts_with("GET /next HTTP/1.1\r\n"), "{seen:?}");
-        for req in &seen {
-            let req = req.to_ascii_lowercase();
-            assert!(req.contains("x-probe: yes\r\n"), "{req}");
-            assert!(req.contains("user-agent: kube-probe/"), "{req}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_refused_connection_is_a_failure_naming_the_url() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        match probe(at("127.0.0.1", port, "/"), &[]).await {
-            Outcome::Failure(m) => assert!(
-                m.starts_with(&format!("Get \"http://127.0.0.1:{port}/\": dial tcp")),
-                "{m}"
-            ),
-            other => panic!("{other:?}"),
-        }
-    }
-}
+#[path = "http_tests.rs"]
+mod tests;

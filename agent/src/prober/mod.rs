@@ -15,6 +15,7 @@
 
 pub mod handlers;
 pub mod http;
+pub mod tls;
 pub mod worker;
 
 use std::collections::HashMap;

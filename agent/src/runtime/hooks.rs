@@ -9,8 +9,11 @@
 //!   kubelet's 2 s minimum); a failure is logged (FailedPreStopHook) and the
 //!   stop goes on.
 //!
-//! Handlers: `exec` (CRI `ExecSync`; exit code 0 succeeds), `httpGet` (200 to
-//! 399 succeeds) and `sleep`. A deprecated `tcpSocket` handler does nothing,
+//! Handlers: `exec` (CRI `ExecSync`; exit code 0 succeeds), `httpGet` (the
+//! kubelet's `runHTTPHandler`, [`crate::prober::http::lifecycle`]: any
+//! response succeeds, HTTPS with any certificate, an HTTPS hook answered in
+//! plain http retried over http with a `LifecycleHTTPFallback` event) and
+//! `sleep`. A deprecated `tcpSocket` handler does nothing,
 //! as in the kubelet. Difference: a postStart hook is bounded by
 //! [`POST_START_BOUND`] (the kubelet waits for it without a bound).
 
@@ -21,6 +24,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use super::kuberuntime::KubeRuntime;
 use crate::pleg::PodUid;
 use crate::pleg::relist::PodRuntime as _;
+use crate::prober::http::Hooked;
 
 /// The longest a postStart hook may run.
 pub const POST_START_BOUND: Duration = Duration::from_secs(120);
@@ -94,18 +98,13 @@ impl KubeRuntime {
                 return Ok(());
             }
             if let Some(http) = &handler.http_get {
-                let probe = k8s_openapi::api::core::v1::Probe {
-                    http_get: Some(http.clone()),
-                    timeout_seconds: Some(bound.as_secs().max(1) as i32),
-                    ..Default::default()
-                };
                 let handlers = crate::prober::handlers::Handlers {
                     cri: self.cri.clone(),
                     host_ip: self.node.host_ip.clone(),
                 };
                 // As the kubelet's handler runner: without a host, the pod's
                 // IP, asked from the runtime.
-                let handlers = if http.host.is_none() {
+                let handlers = if http.host.as_deref().unwrap_or_default().is_empty() {
                     let status = crate::runtime::CriRuntime::new(self.cri.clone())
                         .pod_status(uid)
                         .await
@@ -114,11 +113,29 @@ impl KubeRuntime {
                 } else {
                     handlers
                 };
-                let cid = crate::pleg::ContainerId::parse(id)
-                    .ok_or_else(|| failed(format!("{id:?} is not a container id")))?;
-                return match handlers.run(c, &cid, &probe).await {
-                    Ok(crate::prober::http::Outcome::Failure(why)) => Err(failed(why)),
-                    Ok(_) => Ok(()),
+                let (target, headers) = handlers
+                    .http_request(c, http)
+                    .map_err(|e| failed(e.to_string()))?;
+                return match crate::prober::http::lifecycle(target, &headers).await {
+                    Ok(Hooked::Done) => Ok(()),
+                    Ok(Hooked::FellBack { authority }) => {
+                        tracing::warn!(
+                            container = %c.name,
+                            reason = crate::events::LIFECYCLE_HTTP_FALLBACK,
+                            authority,
+                            "https {hook} hook got an http response; the retry over http succeeded"
+                        );
+                        self.events.record(
+                            pod,
+                            None,
+                            crate::events::EventType::Warning,
+                            crate::events::LIFECYCLE_HTTP_FALLBACK,
+                            format!(
+                                "request to HTTPS lifecycle hook {authority} got HTTP response, retry with HTTP succeeded"
+                            ),
+                        );
+                        Ok(())
+                    }
                     Err(e) => Err(failed(e.to_string())),
                 };
             }
