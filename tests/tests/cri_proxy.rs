@@ -494,6 +494,13 @@ fn with_the_overlay_off_statuses_are_the_runtimes() {
             *states.entry(format!("{:?}", seen.state())).or_insert(0) += 1;
         }
         eprintln!("through the proxy at the event, without the overlay: {states:?}");
+        // From the kernel's timestamp to the receipt here (each event waits
+        // for its payload's CRI calls; the pod holds 2 to 4 containers).
+        eprintln!(
+            "received after the kernel saw it, ms: STARTED {:?}, STOPPED {:?}",
+            events.lags_ms(T::ContainerStartedEvent),
+            events.lags_ms(T::ContainerStoppedEvent)
+        );
         assert_eq!(events.of(&before), [], "{:?}", events.types());
         let scrape = http_get(proxy.http_addr, "/metrics").await;
         assert_eq!(
