@@ -374,7 +374,19 @@ impl Events {
             );
             return resp;
         };
-        resp.pod_sandbox_status = match self.cri.pod_sandbox_status(&sandbox_id, false).await {
+        // The sandbox's status and the pod's containers are asked at once,
+        // then every container's status at once: the calls do not depend on
+        // each other, and an event waits for all of them (the 1.26-1.36
+        // Evented PLEG takes the payload as the pod's status).
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: sandbox_id.clone(),
+            ..Default::default()
+        };
+        let (sandbox_status, listed) = tokio::join!(
+            self.cri.pod_sandbox_status(&sandbox_id, false),
+            self.cri.list_containers(Some(filter))
+        );
+        resp.pod_sandbox_status = match sandbox_status {
             Ok(r) => {
                 let s = r.status;
                 if let Some(s) = &s {
@@ -391,23 +403,21 @@ impl Events {
                 })
             }
         };
-        let filter = v1::ContainerFilter {
-            pod_sandbox_id: sandbox_id.clone(),
-            ..Default::default()
-        };
-        let listed = self
-            .cri
-            .list_containers(Some(filter))
-            .await
-            .unwrap_or_else(|e| {
-                warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
-                Vec::new()
-            });
-        for c in listed {
+        let listed = listed.unwrap_or_else(|e| {
+            warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
+            Vec::new()
+        });
+        let statuses = futures::future::join_all(
+            listed
+                .iter()
+                .map(|c| self.cri.container_status(&c.id, false)),
+        )
+        .await;
+        for (c, status) in listed.iter().zip(statuses) {
             self.known
                 .sandbox_of
                 .insert(c.id.clone(), sandbox_id.clone());
-            match self.cri.container_status(&c.id, false).await {
+            match status {
                 Ok(r) => {
                     let mut s = r.status.unwrap_or_default();
                     self.overlay.status(&mut s);
