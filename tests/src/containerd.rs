@@ -265,6 +265,8 @@ impl Containerd {
         )?);
         let config = this.config_path();
         fs::write(&config, config_toml(&this.base)).map_err(io_err("write", &config))?;
+        let gated = crate::start_gate::wrapper_path(&this.base);
+        crate::start_gate::install(&this.base, RUNC).map_err(io_err("write", &gated))?;
         this.spawn()?;
         let started = Instant::now();
         for image in &images {
@@ -774,6 +776,9 @@ pub fn init_test_logging() {
 /// containerd's configuration: every path under `base`.
 fn config_toml(base: &Path) -> String {
     let b = base.display();
+    let gated = crate::start_gate::wrapper_path(base);
+    let gated = gated.display();
+    const GATED: &str = crate::start_gate::HANDLER;
     format!(
         r#"# Written by evpleg's test harness (tests/src/containerd.rs).
 version = 2
@@ -826,6 +831,16 @@ disabled_plugins = [
 
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           BinaryName = "{RUNC}"
+          Root = "{b}/runc-root"
+          SystemdCgroup = false
+
+      # runc with held starts, for tests of the runtime's lag at a start
+      # (tests/src/start_gate.rs).
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{GATED}]
+        runtime_type = "io.containerd.runc.v2"
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{GATED}.options]
+          BinaryName = "{gated}"
           Root = "{b}/runc-root"
           SystemdCgroup = false
 

@@ -50,6 +50,8 @@ pub struct Subscription {
     pub seen: Vec<v1::ContainerEventResponse>,
     /// Indices in `seen` already returned by [`Self::wait`].
     taken: Vec<bool>,
+    /// When each event of `seen` was read (Unix ns), for [`Self::lags_ms`].
+    received: Vec<i64>,
 }
 
 impl Subscription {
@@ -62,6 +64,7 @@ impl Subscription {
             stream,
             seen: Vec::new(),
             taken: Vec::new(),
+            received: Vec::new(),
         }
     }
 
@@ -84,6 +87,7 @@ impl Subscription {
                 .unwrap_or_else(|e| panic!("the event stream failed: {e}"))
                 .expect("the event stream ended");
             let found = matches(&ev);
+            self.received.push(evpleg::container::wall_clock_ns());
             self.seen.push(ev.clone());
             self.taken.push(found);
             if found {
@@ -99,6 +103,7 @@ impl Subscription {
             loop {
                 match self.stream.message().await {
                     Ok(Some(ev)) => {
+                        self.received.push(evpleg::container::wall_clock_ns());
                         self.seen.push(ev);
                         self.taken.push(false);
                     }
@@ -122,6 +127,18 @@ impl Subscription {
         seen.into_iter()
             .filter(|(_, n)| *n > 1)
             .map(|((id, t), _)| (id, T::try_from(t).expect("a known type")))
+            .collect()
+    }
+
+    /// For each event of type `t` read so far: from its `created_at` (for
+    /// STARTED and STOPPED the kernel's timestamp) to its receipt here, in ms
+    /// (a log for comparing builds, not a bound).
+    pub fn lags_ms(&self, t: T) -> Vec<f64> {
+        self.seen
+            .iter()
+            .zip(&self.received)
+            .filter(|(e, _)| e.container_event_type() == t)
+            .map(|(e, at)| (at - e.created_at) as f64 / 1e6)
             .collect()
     }
 

@@ -110,18 +110,19 @@ impl E2e {
     /// kubelet with the EventedPLEG gate, its CRI endpoint an
     /// `evpleg cri-proxy` in front of the harness's containerd (1.6, which has
     /// no event stream of its own: every event is the proxy's) and its
-    /// periodic relist 20 s away (the kubelet's Evented PLEG keeps one at
-    /// 5 min), so that what the agent learns in a test comes through the
-    /// proxy's GetContainerEvents and a missed event is still repaired within
-    /// the test's deadline. In one full-suite run under load a container's
-    /// STOPPED did not reach the agent within 60 s with the relist 5 min
-    /// away (`via_proxy_never_fails_with_the_exit_code`; not reproduced in
-    /// the file's own runs, left open in issue #15).
+    /// periodic relist 5 min away, as the kubelet's Evented PLEG keeps it, so
+    /// that everything the agent learns in a test comes through the proxy's
+    /// GetContainerEvents (and its overlay). A 20 s relist stood here as a
+    /// stop-gap after `via_proxy_never_fails_with_the_exit_code` missed a
+    /// death once under load: a container that exited before containerd had
+    /// finished StartContainer was CREATED in containerd's answers, and the
+    /// proxy took that for the runtime catching up (docs/cri-proxy.md,
+    /// "Deaths during a start"; `cri_proxy::a_death_before_the_runtime_finished_the_start_is_shown_exited`).
     pub async fn start_via_proxy(name: &str, extra: &[&str]) -> Self {
         let containerd = Self::containerd();
         let (proxy, _) = crate::cri_proxy::proxy(&containerd, &[]).await;
         let endpoint = format!("unix://{}", containerd.base().join("proxy.sock").display());
-        let mut flags = vec!["--pleg", "evented-cri", "--relist-period", "20s"];
+        let mut flags = vec!["--pleg", "evented-cri", "--relist-period", "5m"];
         flags.extend(extra);
         let mut e = Self::start_via(containerd, &endpoint, name, &flags).await;
         e.proxy = Some(proxy);

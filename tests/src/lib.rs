@@ -15,6 +15,7 @@ pub mod fake_apiserver;
 pub mod kernel_checks;
 pub mod pleg;
 pub mod registry;
+pub mod start_gate;
 pub mod threads;
 pub mod tls;
 

@@ -19,6 +19,7 @@ use evpleg_tests::cri_proxy::{
     status_of, wait_metrics,
 };
 use evpleg_tests::e2e::{find_container_pid, http_get};
+use evpleg_tests::start_gate;
 use v1::ContainerEventType as T;
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -300,6 +301,145 @@ fn stopped_events_carry_the_exit_code_and_the_overlay_shows_it_at_once() {
     });
 }
 
+/// The runtime lags at a start as it does at a death: a container whose
+/// main process ran and exited before containerd finished StartContainer is
+/// CREATED in containerd's answers until then, then RUNNING, then EXITED.
+/// Here the start is held ([`start_gate`]) so that containerd says CREATED
+/// for as long as the test looks: the kernel's STOPPED must carry the exit
+/// (payload, ContainerStatus, ListContainers through the proxy all say
+/// exited with 3) while the runtime asked directly says CREATED. Before this
+/// rule the overlay took CREATED for "the runtime caught up" and dropped the
+/// death: the STOPPED's payload said CREATED, and a 1.37 kubelet (or the
+/// agent in `evented-cri` mode) relisting the pod on the event saw CREATED,
+/// then nothing more came (the kernel's STOPPED was the event; the runtime's
+/// later EXITED makes none): issue #15's missed death.
+#[test]
+fn a_death_before_the_runtime_finished_the_start_is_shown_exited() {
+    if !evpleg_tests::privileged("a_death_before_the_runtime_finished_the_start") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "held-start");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = through
+            .run_pod_sandbox(&pod.config, start_gate::HANDLER)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let held = through
+            .create_container(
+                &sandbox,
+                &pod.waiting_container_exiting("held", 3),
+                &pod.config,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Another container's start makes the proxy's PLEG relist the pod
+        // (its STARTED comes from that relist or after it): from then on its
+        // snapshot holds `held`, and the kernel's death of `held` is certain
+        // and known, served at once.
+        let other = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.container("other", &["sleep", "600"]),
+        )
+        .await;
+        events.wait(&other, T::ContainerStartedEvent).await;
+        let hold = start_gate::Hold::new(containerd.base(), &held);
+        let start = {
+            let through = through.clone();
+            let held = held.clone();
+            tokio::spawn(async move { through.start_container(&held).await })
+        };
+        let started = events.wait(&held, T::ContainerStartedEvent).await;
+        assert_eq!(
+            status_of(&started, &held).state(),
+            v1::ContainerState::ContainerRunning,
+            "a STARTED's payload shows it running since the exec"
+        );
+        pod.release("held");
+        let stopped = events.wait(&held, T::ContainerStoppedEvent).await;
+        let runtime = status(&direct, &held).await;
+        let (hint, listed) = tokio::join!(
+            status(&through, &held),
+            through.list_containers(Some(v1::ContainerFilter {
+                pod_sandbox_id: sandbox.clone(),
+                ..Default::default()
+            }))
+        );
+        let listed = listed.unwrap_or_else(|e| panic!("{e}"));
+        let filtered = |state: v1::ContainerState| {
+            let through = through.clone();
+            let sandbox = sandbox.clone();
+            async move {
+                through
+                    .list_containers(Some(v1::ContainerFilter {
+                        pod_sandbox_id: sandbox,
+                        state: Some(v1::ContainerStateValue {
+                            state: state as i32,
+                        }),
+                        ..Default::default()
+                    }))
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        let created_only = filtered(v1::ContainerState::ContainerCreated).await;
+        let still = status(&direct, &held).await;
+        // The start is still held: the runtime says CREATED before and after.
+        assert_eq!(
+            (runtime.state(), still.state()),
+            (
+                v1::ContainerState::ContainerCreated,
+                v1::ContainerState::ContainerCreated
+            ),
+            "the held start: {runtime:?} {still:?}"
+        );
+        let payload = status_of(&stopped, &held);
+        assert!(exited(payload), "the STOPPED's payload: {payload:?}");
+        assert_eq!((payload.exit_code, payload.reason.as_str()), (3, "Error"));
+        assert!(payload.started_at > 0 && payload.started_at <= payload.finished_at);
+        assert!(exited(&hint), "ContainerStatus after the event: {hint:?}");
+        assert_eq!((hint.exit_code, hint.finished_at), (3, payload.finished_at));
+        let listed_state = listed
+            .iter()
+            .find(|c| c.id == held)
+            .map(|c| c.state())
+            .unwrap_or_else(|| panic!("{held} not listed: {listed:?}"));
+        assert_eq!(listed_state, v1::ContainerState::ContainerExited);
+        assert!(
+            created_only.iter().all(|c| c.id != held),
+            "a list filtered on CREATED leaves out the one shown exited: {created_only:?}"
+        );
+        // Released: containerd finishes the start, then reports the exit,
+        // and its own answer passes.
+        hold.release();
+        tokio::time::timeout(WAIT, start)
+            .await
+            .expect("StartContainer returns once released")
+            .expect("the task")
+            .unwrap_or_else(|e| panic!("{e}"));
+        runtime_exited(&direct, &held).await;
+        let caught_up = status(&direct, &held).await;
+        assert_eq!(caught_up.exit_code, 3);
+        assert_eq!(status(&through, &held).await, caught_up);
+        let scrape = wait_metrics(proxy.http_addr, "the death's lead recorded", |s| {
+            metric(s, "evpleg_cri_proxy_kernel_lead_seconds_count") >= 1.0
+        })
+        .await;
+        assert_eq!(
+            metric(&scrape, "evpleg_cri_proxy_contradictions_total"),
+            0.0
+        );
+        assert_eq!(events.repeated(), [], "{:?}", events.types());
+        proxy.stop().await;
+    });
+}
+
 /// With `--overlay=false` the proxy's answer is the runtime's: between a
 /// direct answer just before and one just after.
 #[test]
@@ -354,6 +494,13 @@ fn with_the_overlay_off_statuses_are_the_runtimes() {
             *states.entry(format!("{:?}", seen.state())).or_insert(0) += 1;
         }
         eprintln!("through the proxy at the event, without the overlay: {states:?}");
+        // From the kernel's timestamp to the receipt here (each event waits
+        // for its payload's CRI calls; the pod holds 2 to 4 containers).
+        eprintln!(
+            "received after the kernel saw it, ms: STARTED {:?}, STOPPED {:?}",
+            events.lags_ms(T::ContainerStartedEvent),
+            events.lags_ms(T::ContainerStoppedEvent)
+        );
         assert_eq!(events.of(&before), [], "{:?}", events.types());
         let scrape = http_get(proxy.http_addr, "/metrics").await;
         assert_eq!(

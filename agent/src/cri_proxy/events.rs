@@ -374,7 +374,19 @@ impl Events {
             );
             return resp;
         };
-        resp.pod_sandbox_status = match self.cri.pod_sandbox_status(&sandbox_id, false).await {
+        // The sandbox's status and the pod's containers are asked at once,
+        // then every container's status at once: the calls do not depend on
+        // each other, and an event waits for all of them (the 1.26-1.36
+        // Evented PLEG takes the payload as the pod's status).
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: sandbox_id.clone(),
+            ..Default::default()
+        };
+        let (sandbox_status, listed) = tokio::join!(
+            self.cri.pod_sandbox_status(&sandbox_id, false),
+            self.cri.list_containers(Some(filter))
+        );
+        resp.pod_sandbox_status = match sandbox_status {
             Ok(r) => {
                 let s = r.status;
                 if let Some(s) = &s {
@@ -391,23 +403,21 @@ impl Events {
                 })
             }
         };
-        let filter = v1::ContainerFilter {
-            pod_sandbox_id: sandbox_id.clone(),
-            ..Default::default()
-        };
-        let listed = self
-            .cri
-            .list_containers(Some(filter))
-            .await
-            .unwrap_or_else(|e| {
-                warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
-                Vec::new()
-            });
-        for c in listed {
+        let listed = listed.unwrap_or_else(|e| {
+            warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
+            Vec::new()
+        });
+        let statuses = futures::future::join_all(
+            listed
+                .iter()
+                .map(|c| self.cri.container_status(&c.id, false)),
+        )
+        .await;
+        for (c, status) in listed.iter().zip(statuses) {
             self.known
                 .sandbox_of
                 .insert(c.id.clone(), sandbox_id.clone());
-            match self.cri.container_status(&c.id, false).await {
+            match status {
                 Ok(r) => {
                     let mut s = r.status.unwrap_or_default();
                     self.overlay.status(&mut s);
@@ -460,10 +470,54 @@ fn started_on(resp: &mut v1::ContainerEventResponse, started_at: i64) {
 const CHECK_FIRST: Duration = Duration::from_millis(5);
 const CHECK_MAX: Duration = Duration::from_millis(50);
 
+/// One answer of the runtime about a container with a pending death.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// ContainerStatus's state.
+    State(v1::ContainerState),
+    /// NotFound: removed.
+    NotFound,
+    /// Any other failure (the runtime is away).
+    Failed,
+}
+
+/// What one check of a pending death decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// The runtime has not caught up, within the bound: ask again.
+    Again,
+    /// The runtime says exited: the lead is recorded, the entry ends.
+    CaughtUp,
+    /// Still not exited past the bound: the runtime wins (counted, logged).
+    Contradicted,
+    /// Removed, or unanswered at the bound: nothing to overlay any more.
+    Gone,
+}
+
+/// The check's rule ([`super::overlay::caught_up`]: only EXITED is the
+/// runtime catching up; RUNNING, CREATED and UNKNOWN are not).
+///
+/// | answer | within the bound | past it |
+/// |---|---|---|
+/// | EXITED | `CaughtUp` | `CaughtUp` |
+/// | RUNNING, CREATED, UNKNOWN | `Again` | `Contradicted` |
+/// | NotFound | `Gone` | `Gone` |
+/// | another failure | `Again` | `Gone` |
+fn check(answer: Answer, past_bound: bool) -> Check {
+    match answer {
+        Answer::State(s) if super::overlay::caught_up(s as i32) => Check::CaughtUp,
+        Answer::State(_) if past_bound => Check::Contradicted,
+        Answer::State(_) => Check::Again,
+        Answer::NotFound => Check::Gone,
+        Answer::Failed if past_bound => Check::Gone,
+        Answer::Failed => Check::Again,
+    }
+}
+
 /// Asks the runtime about a pending death (5 ms doubling to 50 ms) until it
-/// reports the container not running: the lead is recorded and the entry
-/// ends. Still running past [`CONFIRM_BOUND`]: the runtime wins, loudly
-/// (the kernel PLEG's contract clause 3).
+/// reports the container exited: the lead is recorded and the entry ends.
+/// Not exited past [`CONFIRM_BOUND`]: the runtime wins, loudly (the kernel
+/// PLEG's contract clause 3). See [`check`].
 async fn confirm(
     cri: CriClient,
     overlay: Arc<Overlay>,
@@ -475,41 +529,41 @@ async fn confirm(
     let deadline = death.at_ns + CONFIRM_BOUND.as_nanos() as u64;
     let mut wait = CHECK_FIRST;
     loop {
-        let state = cri.container_status(id.as_str(), false).await.map(|r| {
-            r.status
-                .map(|s| s.state())
-                .unwrap_or(v1::ContainerState::ContainerUnknown)
-        });
-        let now = clock.now_ns();
-        match state {
-            Ok(v1::ContainerState::ContainerRunning) if now < deadline => {}
-            Ok(v1::ContainerState::ContainerRunning) => {
-                if overlay.forget(&id).is_some() {
-                    stats.contradictions.inc();
-                    warn!(id = %id, exit_code = death.exit.code,
-                        "the runtime still reports running {}s after the kernel saw the container's main process exit: the runtime wins",
-                        CONFIRM_BOUND.as_secs());
-                }
-                return;
+        let answer = match cri.container_status(id.as_str(), false).await {
+            Ok(r) => Answer::State(
+                r.status
+                    .map(|s| s.state())
+                    .unwrap_or(v1::ContainerState::ContainerUnknown),
+            ),
+            Err(e) if e.is_not_found() => Answer::NotFound,
+            Err(e) => {
+                debug!(id = %id, error = %e, "checking a pending death");
+                Answer::Failed
             }
-            Ok(_) => {
+        };
+        let now = clock.now_ns();
+        match check(answer, now >= deadline) {
+            Check::Again => {}
+            Check::CaughtUp => {
                 stats
                     .kernel_lead_seconds
                     .observe(now.saturating_sub(death.at_ns) as f64 / 1e9);
                 overlay.forget(&id);
                 return;
             }
-            // Removed (NotFound), or the runtime is away: nothing to overlay.
-            Err(e) if e.is_not_found() => {
+            Check::Contradicted => {
+                if overlay.forget(&id).is_some() {
+                    stats.contradictions.inc();
+                    warn!(id = %id, exit_code = death.exit.code, answer = ?answer,
+                        "the runtime still does not report exited {}s after the kernel saw the container's main process exit: the runtime wins",
+                        CONFIRM_BOUND.as_secs());
+                }
+                return;
+            }
+            Check::Gone => {
                 overlay.forget(&id);
                 return;
             }
-            Err(e) if now >= deadline => {
-                debug!(id = %id, error = %e, "a pending death unconfirmed at the bound");
-                overlay.forget(&id);
-                return;
-            }
-            Err(_) => {}
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(CHECK_MAX);
@@ -519,6 +573,47 @@ async fn confirm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`check`]'s table, row by row.
+    #[test]
+    fn a_pending_death_is_checked_until_the_runtime_says_exited() {
+        use v1::ContainerState as S;
+        let rows = [
+            (Answer::State(S::ContainerExited), false, Check::CaughtUp),
+            (Answer::State(S::ContainerExited), true, Check::CaughtUp),
+            (Answer::State(S::ContainerRunning), false, Check::Again),
+            (
+                Answer::State(S::ContainerRunning),
+                true,
+                Check::Contradicted,
+            ),
+            // The start not finished in the runtime: not caught up (a first
+            // version took it for caught up and dropped the death).
+            (Answer::State(S::ContainerCreated), false, Check::Again),
+            (
+                Answer::State(S::ContainerCreated),
+                true,
+                Check::Contradicted,
+            ),
+            (Answer::State(S::ContainerUnknown), false, Check::Again),
+            (
+                Answer::State(S::ContainerUnknown),
+                true,
+                Check::Contradicted,
+            ),
+            (Answer::NotFound, false, Check::Gone),
+            (Answer::NotFound, true, Check::Gone),
+            (Answer::Failed, false, Check::Again),
+            (Answer::Failed, true, Check::Gone),
+        ];
+        for (answer, past, want) in rows {
+            assert_eq!(
+                check(answer, past),
+                want,
+                "{answer:?}, past the bound: {past}"
+            );
+        }
+    }
 
     #[test]
     fn a_started_payload_shows_running_since_the_exec() {

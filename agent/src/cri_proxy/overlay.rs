@@ -15,9 +15,20 @@
 //! | state | event | next |
 //! |---|---|---|
 //! | none | certain kernel death | `Pending` |
+//! | `Pending` | the runtime says running, created or unknown (answer or check) | `Pending`, the answer shown exited |
 //! | `Pending` | the runtime says exited (answer or check) | none (caught up) |
-//! | `Pending` | still running past the bound | none (contradiction, counted) |
+//! | `Pending` | not exited yet past the bound | none (contradiction, counted) |
 //! | `Pending` | the container is removed | none |
+//!
+//! Only EXITED is the runtime catching up. The runtime lags at a start as at
+//! a death: a container whose main process exec'd and exited before
+//! containerd finished StartContainer is CREATED in its answers until then
+//! (then RUNNING, then EXITED). Taking CREATED for "caught up" (a first
+//! version did) dropped such a death: the STOPPED's payload and the
+//! kubelet's relist on it said CREATED, and no later event came (issue #15,
+//! `cri_proxy::a_death_before_the_runtime_finished_the_start_is_shown_exited`).
+//! An answer shown exited that had no start time (CREATED) gets the exit's
+//! time as its start: the kernel saw it start, no later than that.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -59,6 +70,9 @@ impl KernelDeath {
         status.exit_code = self.exit.code;
         status.finished_at = self.finished_at;
         status.reason = self.reason().to_owned();
+        if status.started_at == 0 {
+            status.started_at = self.finished_at;
+        }
     }
 }
 
@@ -77,8 +91,11 @@ pub enum Seen {
     CaughtUp(KernelDeath),
 }
 
-fn running(state: i32) -> bool {
-    state == v1::ContainerState::ContainerRunning as i32
+/// Whether a runtime's answer has caught up with a kernel death: only
+/// EXITED. RUNNING, CREATED (the start not finished in the runtime yet) and
+/// UNKNOWN have not.
+pub fn caught_up(state: i32) -> bool {
+    state == v1::ContainerState::ContainerExited as i32
 }
 
 impl Overlay {
@@ -109,13 +126,13 @@ impl Overlay {
         self.len() == 0
     }
 
-    /// Lays a pending death on a status the runtime reports running; a status
-    /// the runtime reports otherwise ends the entry.
+    /// Lays a pending death on a status the runtime has not caught up in
+    /// ([`caught_up`]); a status that says exited ends the entry.
     pub fn status(&self, status: &mut v1::ContainerStatus) -> Option<Seen> {
         let id = ContainerId::parse(&status.id)?;
         let mut pending = self.lock();
         let death = *pending.get(&id)?;
-        if running(status.state) {
+        if !caught_up(status.state) {
             death.lay_on(status);
             Some(Seen::Overlaid)
         } else {
@@ -129,7 +146,7 @@ impl Overlay {
         let id = ContainerId::parse(&c.id)?;
         let mut pending = self.lock();
         let death = *pending.get(&id)?;
-        if running(c.state) {
+        if !caught_up(c.state) {
             c.state = v1::ContainerState::ContainerExited as i32;
             Some(Seen::Overlaid)
         } else {
@@ -138,8 +155,9 @@ impl Overlay {
         }
     }
 
-    /// ListContainers: entries overlaid; with a state filter of RUNNING, the
-    /// ones shown exited are left out, as the runtime will leave them out.
+    /// ListContainers: entries overlaid; with a state filter other than
+    /// EXITED (RUNNING, CREATED), the ones shown exited are left out, as the
+    /// runtime will leave them out.
     pub fn list(
         &self,
         resp: &mut v1::ListContainersResponse,
@@ -149,7 +167,7 @@ impl Overlay {
         resp.containers.retain_mut(|c| {
             let s = self.listed(c);
             seen.extend(s);
-            !(s == Some(Seen::Overlaid) && filter_state.is_some_and(running))
+            !(s == Some(Seen::Overlaid) && filter_state.is_some_and(|f| !caught_up(f)))
         });
         seen
     }
@@ -220,6 +238,47 @@ mod tests {
         assert!(o.forget(&id(2)).is_some());
         let mut s = status(2, Running);
         assert_eq!(o.status(&mut s), None);
+    }
+
+    /// The runtime lags at a start: CREATED (and UNKNOWN) have not caught up
+    /// with a kernel death; the answer is shown exited, and the entry lives
+    /// on through RUNNING until EXITED.
+    #[test]
+    fn created_and_unknown_are_not_caught_up() {
+        use v1::ContainerState::{ContainerCreated as Created, ContainerUnknown as Unknown};
+        let o = Overlay::default();
+        o.died(id(1), death(3, false));
+        let mut s = status(1, Created);
+        s.started_at = 0;
+        assert_eq!(o.status(&mut s), Some(Seen::Overlaid));
+        let finished = death(3, false).finished_at;
+        assert_eq!(
+            (s.state(), s.exit_code, s.reason.as_str(), s.finished_at),
+            (Exited, 3, "Error", finished)
+        );
+        assert_eq!(s.started_at, finished, "no start time: the exit's");
+        for state in [Unknown, Running] {
+            let mut s = status(1, state);
+            assert_eq!(o.status(&mut s), Some(Seen::Overlaid), "{state:?}");
+            assert_eq!((s.state(), s.started_at), (Exited, 1), "{state:?}");
+        }
+        let listed = |state: v1::ContainerState| v1::Container {
+            id: id(1).to_string(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut all = v1::ListContainersResponse {
+            containers: vec![listed(Created)],
+        };
+        let mut created_only = all.clone();
+        assert_eq!(o.list(&mut all, None), vec![Seen::Overlaid]);
+        assert_eq!(all.containers[0].state(), Exited);
+        o.list(&mut created_only, Some(Created as i32));
+        assert!(created_only.containers.is_empty(), "filtered on CREATED");
+        assert_eq!(o.len(), 1, "pending until the runtime says exited");
+        let mut s = status(1, Exited);
+        assert_eq!(o.status(&mut s), Some(Seen::CaughtUp(death(3, false))));
+        assert!(o.is_empty());
     }
 
     #[test]

@@ -518,8 +518,8 @@ mod tests {
         let taken = rx.take();
         assert_eq!(taken.len(), 1);
         assert_eq!(
-            (&taken[0].0, taken[0].1.at_ns, taken[0].1.hint),
-            (&uid, 5, false)
+            (&taken[0].0, taken[0].1.at_ns, taken[0].1.watch),
+            (&uid, 5, crate::pleg::on_demand::Watch::Once)
         );
         assert_eq!(evented.handle(&event(None, vec![])), Hint::FullRelist);
         assert_eq!(evented.relist.count(), 1);

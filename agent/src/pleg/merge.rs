@@ -12,7 +12,9 @@
 //!   snapshot knows the container, and the pod relisted either way (re-checked
 //!   until the confirmation bound when the snapshot did not know it);
 //! * a hint (`PodSync` from the kernel: an uncertain main process, a cgroup gone
-//!   before its main process was seen to exit) relists the pod and nothing else;
+//!   before its main process was seen to exit) relists the pod and nothing else,
+//!   re-checked for [`super::relist::DOUBT_WATCH`] (the runtime may report the
+//!   death late);
 //!   an event naming no pod relists everything;
 //! * a transition is recorded in [`KernelReports`] only once the event was
 //!   delivered, so a dropped one is sent by the relist instead; one the relist
@@ -117,13 +119,16 @@ impl KernelMerge {
             // The runtime may still say Created: re-checked until the bound, so
             // the relist sends the transition as soon as the runtime shows it.
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
-            self.pod_relist.hint(uid);
+            self.pod_relist.deferred(uid);
         }
     }
 
+    /// Something the kernel cannot vouch for: the pod is relisted and
+    /// re-checked for [`super::relist::DOUBT_WATCH`] (an uncertain death the
+    /// runtime reports late is still reported).
     fn hint(&self, uid: crate::pleg::PodUid) {
         self.stats.hints.fetch_add(1, Ordering::Relaxed);
-        self.pod_relist.hint(uid);
+        self.pod_relist.doubt(uid);
     }
 
     fn forward(&self, event: PodLifecycleEvent, id: &crate::pleg::ContainerId) {
@@ -259,7 +264,11 @@ mod tests {
         merge.handle(died(Some(uid()), 'c', 7));
         assert!(merge.cache.get(&uid()).is_none(), "no partial entry");
         assert!(rx.try_recv().is_err(), "nothing forwarded");
-        assert_eq!(merge.pod_relist.len(), 1, "the pod is relisted instead");
+        assert_eq!(
+            merge.pod_relist.take()[0].1.watch,
+            crate::pleg::on_demand::Watch::Deferred,
+            "the pod is relisted instead, until the bound"
+        );
         assert_eq!(
             merge.cache.kernel_exit(&cid('c')).unwrap().status.code,
             7,
@@ -311,7 +320,13 @@ mod tests {
         assert!(merge.cache.kernel_exit(&cid('c')).is_none());
         assert!(rx.try_recv().is_err());
         assert_eq!(merge.stats.hints.load(Ordering::Relaxed), 3);
-        assert_eq!(merge.pod_relist.len(), 1);
+        let taken = merge.pod_relist.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(
+            taken[0].1.watch,
+            crate::pleg::on_demand::Watch::Doubt,
+            "watched for the doubt's window"
+        );
         merge.handle(died(None, 'c', 1));
         assert_eq!(merge.relist.count(), 1);
         assert_eq!(merge.stats.unattributed.load(Ordering::Relaxed), 1);

@@ -6,10 +6,17 @@
 //! it), and so does the CRI event stream. Requests are a set, one entry per pod
 //! (bounded by the number of pods, however often they are made), stamped with the
 //! latest request time so that a full relist that began after it serves it and the
-//! pod relist is skipped. A *hint* (the kernel saw something in the pod it cannot
-//! vouch for, such as an uncertain exit) is not served by a full relist: the
-//! runtime may not know yet, so the pod is relisted and then re-checked until the
-//! confirmation bound has passed.
+//! pod relist is skipped. A kernel request carries a [`Watch`]: what the kernel
+//! saw may not be known to the runtime yet, so such a request is not served by a
+//! full relist, and the pod is relisted and then re-checked for a while.
+//!
+//! | request | from | [`Watch`] | re-checked |
+//! |---|---|---|---|
+//! | [`PodRelistQueue::request`] | a worker's sync, a certain kernel event, a CRI event | `Once` | no |
+//! | [`PodRelistQueue::deferred`] | a certain kernel start or death of a container the snapshot does not hold yet | `Deferred` | until the confirmation bound (its exit waits in the cache, with re-checks of its own) |
+//! | [`PodRelistQueue::doubt`] | a kernel hint: an exit the kernel cannot vouch for, a cgroup removed before its main process was seen to exit | `Doubt` | for [`super::relist::DOUBT_WATCH`] |
+//!
+//! Requests for one pod merge: the latest time, the longest watch.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,13 +33,28 @@ pub struct PodRelistQueue {
     notify: Notify,
 }
 
+/// How long a pod is looked at again after its on-demand relist (ordered:
+/// requests for one pod keep the longest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Watch {
+    /// Relisted once (served by a full relist that began after the request).
+    Once,
+    /// A certain kernel event of a container the snapshot did not hold yet:
+    /// re-checked until the confirmation bound.
+    Deferred,
+    /// Something the kernel cannot vouch for: re-checked for
+    /// [`super::relist::DOUBT_WATCH`], so that a death the runtime reports
+    /// late is still reported by the relist.
+    Doubt,
+}
+
 /// One pending request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     /// The latest request time (the clock's ns).
     pub at_ns: u64,
-    /// A kernel hint asked for it: re-check until the confirmation bound.
-    pub hint: bool,
+    /// The longest watch asked for.
+    pub watch: Watch,
 }
 
 impl std::fmt::Debug for PodRelistQueue {
@@ -58,20 +80,27 @@ impl PodRelistQueue {
 
     /// Asks for a relist of `uid`; never blocks, callable from any task.
     pub fn request(&self, uid: PodUid) {
-        self.push(uid, false);
+        self.push(uid, Watch::Once);
     }
 
-    /// Asks for a relist of `uid` and re-checks after it (a kernel hint).
-    pub fn hint(&self, uid: PodUid) {
-        self.push(uid, true);
+    /// Asks for a relist of `uid` and re-checks until the confirmation bound
+    /// (a certain kernel event the snapshot could not take yet).
+    pub fn deferred(&self, uid: PodUid) {
+        self.push(uid, Watch::Deferred);
     }
 
-    fn push(&self, uid: PodUid, hint: bool) {
+    /// Asks for a relist of `uid` and re-checks for the doubt's watch (a kernel
+    /// hint: something it cannot vouch for).
+    pub fn doubt(&self, uid: PodUid) {
+        self.push(uid, Watch::Doubt);
+    }
+
+    fn push(&self, uid: PodUid, watch: Watch) {
         let now = self.clock.now_ns();
         let mut pending = self.lock();
-        let r = pending.entry(uid).or_insert(Request { at_ns: now, hint });
+        let r = pending.entry(uid).or_insert(Request { at_ns: now, watch });
         r.at_ns = r.at_ns.max(now);
-        r.hint |= hint;
+        r.watch = r.watch.max(watch);
         drop(pending);
         self.notify.notify_one();
     }
@@ -129,15 +158,25 @@ mod tests {
         }
         clock.advance(50);
         q.request(uid(1));
-        q.hint(uid(2));
+        q.deferred(uid(2));
         q.request(uid(2));
+        q.doubt(uid(3));
+        q.deferred(uid(3));
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(q.len(), 2, "bounded by the number of pods");
-        let r = |hint| Request { at_ns: 150, hint };
-        assert_eq!(q.take(), vec![(uid(1), r(false)), (uid(2), r(true))]);
+        assert_eq!(q.len(), 3, "bounded by the number of pods");
+        let r = |watch| Request { at_ns: 150, watch };
+        assert_eq!(
+            q.take(),
+            vec![
+                (uid(1), r(Watch::Once)),
+                (uid(2), r(Watch::Deferred)),
+                (uid(3), r(Watch::Doubt))
+            ],
+            "the longest watch is kept"
+        );
         assert!(q.is_empty());
     }
 }

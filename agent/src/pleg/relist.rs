@@ -30,6 +30,9 @@
 //! after [`CONFIRM_BOUND`] is forgotten, counted, logged, and the worker woken
 //! with the runtime's view; the pod is then re-checked for
 //! [`CONTRADICTION_WATCH`], in case the runtime only lagged. Transitions the kernel delivered are not sent again.
+//! A kernel hint (something it cannot vouch for) re-checks its pod for
+//! [`DOUBT_WATCH`], a certain event of a container the snapshot did not hold
+//! yet until the confirmation bound ([`super::on_demand::Watch`]).
 //! A dropped event is not lost: the pod is re-checked and a PodSync delivered.
 //! A full relist that fails is retried after [`GENERIC_PERIOD`], whatever the
 //! period. Every relist hands the runtime's view to the kernel tracker
@@ -50,7 +53,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::PodStatusCache;
 use super::kernel::{RuntimeContainer, RuntimeView};
-use super::on_demand::PodRelistQueue;
+use super::on_demand::{PodRelistQueue, Watch};
 use super::stages::{self, Stage};
 use super::{ContainerId, EventKind, EventSource, PodLifecycleEvent, PodUid, RelistSignal};
 use crate::clock::SharedClock;
@@ -74,6 +77,14 @@ pub const RETRY_MAX: Duration = Duration::from_secs(1);
 /// [`RETRY_MAX`] at most), so that a runtime that only lagged past the bound is
 /// heard as soon as it reports the exit.
 pub const CONTRADICTION_WATCH: Duration = Duration::from_secs(30);
+/// How long a pod is re-checked (every [`RETRY_MAX`] at most) after a kernel
+/// hint, something the kernel cannot vouch for (an uncertain main process's
+/// exit, a cgroup removed before its main process was seen to exit): a death
+/// the runtime reports up to this long after the hint is reported by the
+/// relist within [`RETRY_MAX`] of the runtime's report. As long as the watch
+/// after a contradiction: the runtime may lag as much for an uncertain death as
+/// for a certain one (containerd here: 40-630 ms, seconds under load).
+pub const DOUBT_WATCH: Duration = CONTRADICTION_WATCH;
 
 /// A container's state as the PLEG compares it (`plegContainerState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -915,9 +926,12 @@ impl<R: PodRuntime> RelistPleg<R> {
     pub(crate) async fn run_requests(&mut self, queue: &PodRelistQueue) {
         let served_until = self.stats.last_relist_ns.load(Ordering::Relaxed);
         for (uid, request) in queue.take() {
-            if request.hint {
-                self.recheck_for(&uid, CONFIRM_BOUND + CONFIRM_RETRY);
-            } else if served_until > request.at_ns {
+            match request.watch {
+                Watch::Doubt => self.recheck_for(&uid, DOUBT_WATCH),
+                Watch::Deferred => self.recheck_for(&uid, CONFIRM_BOUND + CONFIRM_RETRY),
+                Watch::Once => {}
+            }
+            if request.watch == Watch::Once && served_until > request.at_ns {
                 // A full relist that began after the request has looked already.
                 self.stats
                     .pod_relists_skipped

@@ -599,6 +599,55 @@ async fn a_request_older_than_a_full_relist_is_skipped() {
     assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
 }
 
+/// Runs every re-check due up to `until` (paused time), in order.
+async fn run_rechecks_until(f: &mut Fixture, until: Instant) {
+    while let Some(due) = f.pleg.recheck.values().map(|r| r.due).min() {
+        if due > until {
+            break;
+        }
+        tokio::time::advance(due.saturating_duration_since(Instant::now())).await;
+        f.pleg.run_rechecks().await;
+    }
+    tokio::time::advance(until.saturating_duration_since(Instant::now())).await;
+}
+
+/// A kernel hint (an uncertain death) whose death the runtime reports only
+/// 10 s later, past the confirmation bound: the pod is still being re-checked,
+/// and the relist reports the death within [`RETRY_MAX`] of the runtime's
+/// report; the re-checks end after [`DOUBT_WATCH`]. A deferred certain event's
+/// re-checks end at the bound (its death waits in the cache, re-checked by
+/// its own rules).
+#[tokio::test(start_paused = true)]
+async fn a_doubt_is_rechecked_until_a_late_runtime_reports_the_death() {
+    for (watch, reported) in [(Watch::Doubt, true), (Watch::Deferred, false)] {
+        let mut f = fixture(100);
+        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+        assert_eq!(
+            f.relist().await,
+            [(EventKind::ContainerStarted, Some(cid(1)))]
+        );
+        let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+        match watch {
+            Watch::Doubt => queue.doubt(uid(1)),
+            _ => queue.deferred(uid(1)),
+        }
+        f.pleg.run_requests(&queue).await;
+        run_rechecks_until(&mut f, Instant::now() + Duration::from_secs(10)).await;
+        assert_eq!(f.drain(), [], "{watch:?}: the runtime still says running");
+        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+        run_rechecks_until(&mut f, Instant::now() + RETRY_MAX).await;
+        let died = [(EventKind::ContainerDied, Some(cid(1)))];
+        if reported {
+            assert_eq!(f.drain(), died, "{watch:?}");
+            run_rechecks_until(&mut f, Instant::now() + DOUBT_WATCH).await;
+            assert!(!f.pleg.has_rechecks(), "the watch ends");
+        } else {
+            assert_eq!(f.drain(), [], "{watch:?}: left to the periodic relist");
+            assert!(!f.pleg.has_rechecks());
+        }
+    }
+}
+
 /// `/healthz` follows the kubelet's rule through the running relist loop: it
 /// fails once the relist has stalled past the threshold (3 min) and is healthy
 /// again as soon as a relist completes.
