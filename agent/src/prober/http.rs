@@ -409,30 +409,28 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let io = TokioIo::new(stream);
-    if h2 {
+    // The connection is driven by a task of its own while the request is sent
+    // and the response read, and dropped after.
+    let (sent, conn) = if h2 {
         let (mut sender, conn) =
             hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
                 .await
                 .map_err(|e| e.to_string())?;
-        let conn = tokio::spawn(conn);
-        let result = match sender.send_request(req).await {
-            Ok(resp) => read(resp).await,
-            Err(e) => Err(e.to_string()),
-        };
-        conn.abort();
-        result
+        let conn = tokio::spawn(async move { drop(conn.await) });
+        (sender.send_request(req).await, conn)
     } else {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
             .map_err(|e| e.to_string())?;
-        let conn = tokio::spawn(conn);
-        let result = match sender.send_request(req).await {
-            Ok(resp) => read(resp).await,
-            Err(e) => Err(e.to_string()),
-        };
-        conn.abort();
-        result
-    }
+        let conn = tokio::spawn(async move { drop(conn.await) });
+        (sender.send_request(req).await, conn)
+    };
+    let result = match sent {
+        Ok(resp) => read(resp).await,
+        Err(e) => Err(e.to_string()),
+    };
+    conn.abort();
+    result
 }
 
 /// A response's status, `Location` and first [`MAX_BODY`] bytes.
