@@ -135,19 +135,15 @@ impl E2e {
         let Some(proxy) = &self.proxy else {
             return;
         };
-        let line = |text: &str, name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or(0.0)
-        };
+        use crate::cri_proxy::metric;
         let agent = http_get(self.agent().addr, "/metrics").await;
         assert!(
-            line(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
+            metric(&agent, "evpleg_evented_pleg_connection_success_count_total") >= 1.0,
             "the agent subscribed to the proxy: {agent}"
         );
         let served = http_get(proxy.http_addr, "/metrics").await;
         assert!(
-            line(
+            metric(
                 &served,
                 "evpleg_cri_proxy_events_total{type=\"CONTAINER_STARTED_EVENT\"}"
             ) >= 1.0,

@@ -276,18 +276,10 @@ fn stopped_events_carry_the_exit_code_and_the_overlay_shows_it_at_once() {
             assert_eq!(status(&through, &id).await, caught_up);
         }
         // Each death's check records the lead once the runtime reports it.
-        let deadline = Instant::now() + WAIT;
-        let scrape = loop {
-            let scrape = http_get(proxy.http_addr, "/metrics").await;
-            if metric(&scrape, "evpleg_cri_proxy_kernel_lead_seconds_count") >= 2.0 {
-                break scrape;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "two leads recorded within {WAIT:?}: {scrape}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let scrape = wait_metrics(proxy.http_addr, "two leads recorded", |s| {
+            metric(s, "evpleg_cri_proxy_kernel_lead_seconds_count") >= 2.0
+        })
+        .await;
         eprintln!("the runtime still said running at the event for {lagged} of 2");
         eprintln!(
             "answers overlaid: {}",
