@@ -19,9 +19,10 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::RunArgs;
-use evpleg::pleg::PlegMode;
-use evpleg::pleg::kernel::monotonic_ns;
-use evpleg::pleg::stages::{self, Stage};
+use evpleg_core::clock::monotonic_ns;
+use evpleg_pleg::PlegMode;
+use evpleg_pleg::stages;
+use evpleg_pleg::stages::Stage;
 use evpleg_tests::containerd::Containerd;
 use serde_json::Value;
 

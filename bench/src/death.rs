@@ -7,11 +7,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use evpleg::cri::CriClient;
-use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::kernel::{KernelPlegConfig, monotonic_ns};
-use evpleg::pleg::stages::Stage;
-use evpleg::pleg::{EventKind, Pleg, PlegMode, PodLifecycleEvent};
+use evpleg_core::clock::monotonic_ns;
+use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
+use evpleg_cri::CriClient;
+use evpleg_pleg::kernel::KernelPlegConfig;
+use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::stages::Stage;
+use evpleg_pleg::{Pleg, PlegMode};
 use evpleg_tests::containerd::Containerd;
 use evpleg_tests::cri_pod::{ExitClock, TestPod, run_container, run_sandbox, verbose_pid};
 use tokio::sync::mpsc;
@@ -132,10 +134,10 @@ impl Running {
                 let (tx, rx) = mpsc::channel(1000);
                 this.pleg = Some(Pleg::start(
                     mode,
-                    evpleg::runtime::CriRuntime::new(client.clone()),
+                    evpleg_cri::runtime::CriRuntime::new(client.clone()),
                     kernel,
                     tx,
-                    Arc::new(evpleg::clock::MonotonicClock),
+                    Arc::new(evpleg_core::clock::MonotonicClock),
                     None,
                 )?);
                 this.events = Some(rx);
@@ -299,7 +301,7 @@ pub async fn repetition(
         if let Some(k) = kernel_ns
             && let Some(reaped) = finished_at_ns(client, &t.id).await
         {
-            let k = evpleg::container::monotonic_to_unix_ns(k);
+            let k = evpleg_core::clock::monotonic_to_unix_ns(k);
             out.shim_reaped_us.push((reaped - k) as f64 / 1000.0);
         }
         if running.events.is_some() {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result};
-use evpleg::runtime::labels;
+use evpleg_core::labels;
 use evpleg_cri_api::v1;
 use evpleg_cri_api::{RuntimeService, RuntimeServiceServer};
 use tonic::{Request, Response, Status};

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
-use evpleg::pleg::kernel::loader::{self, LoaderConfig};
-use evpleg::pleg::kernel::monotonic_ns;
-use evpleg::pleg::kernel::{DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, index};
+use evpleg_core::clock::monotonic_ns;
 use evpleg_events::EVENT_EXIT;
+use evpleg_pleg::kernel::loader;
+use evpleg_pleg::kernel::loader::LoaderConfig;
+use evpleg_pleg::kernel::{DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, index};
 
 /// One exit record: (pid, kernel timestamp, read at), CLOCK_MONOTONIC ns.
 pub type ExitRead = (u32, u64, u64);

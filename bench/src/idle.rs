@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::cri::CriClient;
-use evpleg::pleg::kernel::KernelPlegConfig;
-use evpleg::pleg::{Pleg, PlegMode};
+use evpleg_cri::CriClient;
+use evpleg_pleg::kernel::KernelPlegConfig;
+use evpleg_pleg::{Pleg, PlegMode};
 use evpleg_tests::containerd::Containerd;
 use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
 use tokio::sync::mpsc;
@@ -110,10 +110,10 @@ pub async fn measure(
     let pleg = match mode {
         Some(mode) => Some(Pleg::start(
             mode,
-            evpleg::runtime::CriRuntime::new(client.clone()),
+            evpleg_cri::runtime::CriRuntime::new(client.clone()),
             KernelPlegConfig::default(),
             tx,
-            Arc::new(evpleg::clock::MonotonicClock),
+            Arc::new(evpleg_core::clock::MonotonicClock),
             None,
         )?),
         None => None,

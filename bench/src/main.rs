@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use evpleg::pleg::PlegMode;
+use evpleg_pleg::PlegMode;
 
 use death::{Observer, Running, Workload};
 use results::{Latency, Machine, Results};
@@ -104,7 +104,7 @@ impl SeriesSet {
 }
 
 /// `; stage p50 ...` for a progress line.
-fn stage_line(stages: &[(evpleg::pleg::stages::Stage, Vec<f64>)]) -> String {
+fn stage_line(stages: &[(evpleg_pleg::stages::Stage, Vec<f64>)]) -> String {
     let mut out = String::new();
     for (stage, samples) in stages {
         if let Some(p) = Percentiles::of(samples) {
@@ -301,7 +301,7 @@ fn main() -> Result<()> {
 fn churn(
     rt: &tokio::runtime::Runtime,
     containerd: &evpleg_tests::containerd::Containerd,
-    client: &evpleg::cri::CriClient,
+    client: &evpleg_cri::CriClient,
     quick: bool,
     results: &mut Results,
 ) -> Result<()> {
@@ -379,7 +379,7 @@ fn churn(
 fn idle_cost(
     rt: &tokio::runtime::Runtime,
     containerd: &evpleg_tests::containerd::Containerd,
-    client: &evpleg::cri::CriClient,
+    client: &evpleg_cri::CriClient,
     quick: bool,
     results: &mut Results,
 ) -> Result<()> {

@@ -525,7 +525,7 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          Latencies start at the kernel's exit \
          timestamp (`bpf_ktime_get_ns` in the `sched_process_exit` record, CLOCK_MONOTONIC): \
          in `ebpf` mode the PLEG's own record, in the other modes a kernel PLEG run alongside \
-         as a stopwatch. Stages (from the agent's opt-in stage log, `evpleg::pleg::stages`, \
+         as a stopwatch. Stages (from the agent's opt-in stage log, `evpleg_pleg::stages`, \
          and the record tap): `reader` the record read by the ring-buffer thread, \
          `attributed` decoded and attributed to a container by the tracker, `cached` the \
          death laid on the pod's snapshot in the cache, `delivered` the ContainerDied taken \

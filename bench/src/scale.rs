@@ -17,11 +17,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use evpleg::cri::{CriClient, CriClientConfig};
-use evpleg::pleg::kernel::KernelPlegConfig;
-use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::stages::Stage;
-use evpleg::pleg::{EventKind, EventSource, Pleg, PlegMode, PodLifecycleEvent};
+use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
+use evpleg_cri::{CriClient, CriClientConfig};
+use evpleg_pleg::kernel::KernelPlegConfig;
+use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::stages::Stage;
+use evpleg_pleg::{Pleg, PlegMode};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -319,7 +320,7 @@ impl Counters {
 /// What runs the deaths: the whole PLEG, or the kernel path alone.
 enum Under {
     Pleg(Pleg),
-    Kernel(evpleg::pleg::kernel::KernelPleg),
+    Kernel(evpleg_pleg::kernel::KernelPleg),
 }
 
 impl Under {
@@ -371,10 +372,10 @@ async fn start_pleg(
     let (tx, rx) = mpsc::channel(100_000);
     let pleg = Pleg::start(
         mode,
-        evpleg::runtime::CriRuntime::new(client.clone()),
+        evpleg_cri::runtime::CriRuntime::new(client.clone()),
         kernel,
         tx,
-        Arc::new(evpleg::clock::MonotonicClock),
+        Arc::new(evpleg_core::clock::MonotonicClock),
         None,
     )?;
     Ok((pleg, rx))
@@ -385,7 +386,7 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<()> {
     pleg.relist_signal.request("scale: pods listed");
     let deadline = Instant::now() + bound;
     for p in &cg.pods {
-        let uid = evpleg::pleg::PodUid::parse(&p.uid).context("uid")?;
+        let uid = evpleg_core::ids::PodUid::parse(&p.uid).context("uid")?;
         while pleg.cache.get(&uid).is_none() {
             anyhow::ensure!(
                 Instant::now() < deadline,
@@ -482,9 +483,9 @@ pub async fn run(
             (Under::Pleg(pleg), rx)
         } else {
             let (tx, rx) = mpsc::channel(100_000);
-            let relist = Arc::new(evpleg::pleg::RelistSignal::new());
+            let relist = Arc::new(evpleg_core::lifecycle::RelistSignal::new());
             let k =
-                evpleg::pleg::kernel::KernelPleg::start(KernelPlegConfig::default(), tx, relist)?;
+                evpleg_pleg::kernel::KernelPleg::start(KernelPlegConfig::default(), tx, relist)?;
             (Under::Kernel(k), rx)
         };
         let made = Instant::now();

@@ -1,11 +1,12 @@
 //! Per-stage latencies of deaths from the agent's stage log
-//! (`evpleg::pleg::stages`, installed by this benchmark): for each container,
+//! (`evpleg_pleg::stages`, installed by this benchmark): for each container,
 //! the first record of each stage at or after the kernel's exit, in
 //! microseconds from it.
 
 use std::collections::HashMap;
 
-use evpleg::pleg::stages::{self, Stage, StageRecord};
+use evpleg_pleg::stages;
+use evpleg_pleg::stages::{Stage, StageRecord};
 
 /// The stages after the kernel's exit, in the order a death passes them.
 pub const AFTER_KERNEL: [Stage; 6] = [

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
+use evpleg_pleg::kernel::index::{cgroup2_mount, v1_hierarchies};
 
 /// The kubelet's cgroup layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +224,7 @@ impl ContainerCgroup {
 
     /// Pids in the cgroup and below.
     pub fn pids(&self) -> Vec<i32> {
-        evpleg::pleg::kernel::scan::processes_below(&self.dir())
+        evpleg_pleg::kernel::scan::processes_below(&self.dir())
             .into_iter()
             .map(|p| p.pid as i32)
             .collect()

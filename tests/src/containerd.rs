@@ -1638,8 +1638,8 @@ const STATUS_POLL: Duration = Duration::from_millis(20);
 
 impl Containerd {
     /// A CRI client of this instance (version checked).
-    pub async fn client(&self) -> evpleg::cri::CriClient {
-        evpleg::cri::CriClient::connect(&self.endpoint(), evpleg::cri::CriClientConfig::default())
+    pub async fn client(&self) -> evpleg_cri::CriClient {
+        evpleg_cri::CriClient::connect(&self.endpoint(), evpleg_cri::CriClientConfig::default())
             .await
             .unwrap_or_else(|e| panic!("connect: {e}"))
     }
@@ -1648,7 +1648,7 @@ impl Containerd {
 /// Polls ContainerStatus of `id` until `done` holds, for at most
 /// [`STATUS_TIMEOUT`] (containerd 1.6 has no event stream to wait on).
 pub async fn wait_container_status(
-    client: &evpleg::cri::CriClient,
+    client: &evpleg_cri::CriClient,
     id: &str,
     what: &str,
     done: impl Fn(&v1::ContainerStatus) -> bool,

@@ -1,7 +1,7 @@
 //! A CRI interceptor: an HTTP/2 proxy on its own unix socket in front of a
 //! runtime's socket. Every gRPC call is counted by method (the last part of
 //! `/runtime.v1.RuntimeService/StopContainer`) and forwarded unchanged by
-//! `evpleg cri-proxy`'s forwarder ([`evpleg::cri_proxy::forward::Upstream`]):
+//! `evpleg cri-proxy`'s forwarder ([`evpleg_cri_proxy::forward::Upstream`]):
 //! headers, streamed bodies and trailers pass through as they are. A test
 //! points a client at [`CriInterceptor::endpoint`] and then reads which calls
 //! it made ([`CriInterceptor::calls`], [`CriInterceptor::mutating_calls`]).
@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use evpleg::cri_proxy::forward::Upstream;
-use evpleg::cri_proxy::grpc;
+use evpleg_cri_proxy::forward::Upstream;
+use evpleg_cri_proxy::grpc;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};

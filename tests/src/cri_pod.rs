@@ -7,15 +7,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use evpleg::clock::MonotonicClock;
-use evpleg::container::ContainerState;
-use evpleg::cri::CriClient;
-use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig, monotonic_ns};
-use evpleg::pleg::{
-    ContainerId, EventKind, Pleg, PlegMode, PodLifecycleEvent, PodUid, RelistSignal,
-};
-use evpleg::runtime::{CriRuntime, labels};
+use evpleg_core::clock::MonotonicClock;
+use evpleg_core::clock::monotonic_ns;
+use evpleg_core::container::ContainerState;
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::labels;
+use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent, RelistSignal};
+use evpleg_cri::CriClient;
+use evpleg_cri::runtime::CriRuntime;
 use evpleg_cri_api::v1;
+use evpleg_pleg::kernel::{KernelPleg, KernelPlegConfig};
+use evpleg_pleg::{Pleg, PlegMode};
 use tokio::sync::mpsc;
 
 use crate::containerd::{
@@ -318,7 +320,11 @@ pub fn start_pleg_with(
 }
 
 /// The cached status of container `id` of `pod`, if any.
-pub fn cached(pleg: &Pleg, pod: &PodUid, id: &str) -> Option<evpleg::container::ContainerStatus> {
+pub fn cached(
+    pleg: &Pleg,
+    pod: &PodUid,
+    id: &str,
+) -> Option<evpleg_core::container::ContainerStatus> {
     pleg.cache.get(pod)?.status.container(&cid(id)).cloned()
 }
 
@@ -328,8 +334,8 @@ pub async fn wait_cached(
     pod: &PodUid,
     id: &str,
     what: &str,
-    done: impl Fn(&evpleg::container::ContainerStatus) -> bool,
-) -> evpleg::container::ContainerStatus {
+    done: impl Fn(&evpleg_core::container::ContainerStatus) -> bool,
+) -> evpleg_core::container::ContainerStatus {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(c) = cached(pleg, pod, id)
@@ -346,7 +352,7 @@ pub async fn wait_cached(
     }
 }
 
-pub fn assert_exited_7(c: &evpleg::container::ContainerStatus) {
+pub fn assert_exited_7(c: &evpleg_core::container::ContainerStatus) {
     assert_eq!(
         (c.state, c.exit_code),
         (ContainerState::Exited, Some(7)),

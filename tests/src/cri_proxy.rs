@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use evpleg::config::{Cli, Command};
-use evpleg::cri::{CriClient, CriClientConfig};
 use evpleg::cri_proxy::CriProxy;
+use evpleg_cri::{CriClient, CriClientConfig};
 use evpleg_cri_api::v1;
 use v1::ContainerEventType as T;
 
@@ -87,7 +87,7 @@ impl Subscription {
                 .unwrap_or_else(|e| panic!("the event stream failed: {e}"))
                 .expect("the event stream ended");
             let found = matches(&ev);
-            self.received.push(evpleg::container::wall_clock_ns());
+            self.received.push(evpleg_core::clock::wall_clock_ns());
             self.seen.push(ev.clone());
             self.taken.push(found);
             if found {
@@ -103,7 +103,7 @@ impl Subscription {
             loop {
                 match self.stream.message().await {
                     Ok(Some(ev)) => {
-                        self.received.push(evpleg::container::wall_clock_ns());
+                        self.received.push(evpleg_core::clock::wall_clock_ns());
                         self.seen.push(ev);
                         self.taken.push(false);
                     }

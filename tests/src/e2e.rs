@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::RunArgs;
-use evpleg::runtime::labels;
+use evpleg_core::labels;
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::EventKind;
-use evpleg::pleg::kernel::event::{Exit, KernelEvent};
+use evpleg_core::lifecycle::EventKind;
+use evpleg_pleg::kernel::event::{Exit, KernelEvent};
 
 use crate::cgroups::{ContainerCgroup, Layout, OutsideCgroup};
 use crate::pleg::PlegUnderTest;

@@ -32,14 +32,14 @@ pub fn privileged(test: &str) -> bool {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         missing.push("kernel BTF (/sys/kernel/btf/vmlinux)");
     }
-    if evpleg::pleg::kernel::index::cgroup2_mount()
+    if evpleg_pleg::kernel::index::cgroup2_mount()
         .ok()
         .flatten()
         .is_none()
     {
         missing.push("a cgroup2 hierarchy");
     }
-    if !evpleg::pleg::kernel::loader::embedded_object_present() {
+    if !evpleg_pleg::kernel::loader::embedded_object_present() {
         missing.push("the eBPF object (run `cargo xtask build` or `cargo xtask test`)");
     }
     if missing.is_empty() {
@@ -68,7 +68,7 @@ pub fn runtime_available(test: &str) -> bool {
     if unsafe { libc::geteuid() } != 0 {
         missing.push("root (euid 0)");
     }
-    if evpleg::pleg::kernel::index::cgroup2_mount()
+    if evpleg_pleg::kernel::index::cgroup2_mount()
         .ok()
         .flatten()
         .is_none()

@@ -6,9 +6,9 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::kernel::{KernelPleg, KernelPlegConfig};
-use evpleg::pleg::{EventKind, PodLifecycleEvent, RelistSignal};
+use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent, RelistSignal};
+use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::{KernelPleg, KernelPlegConfig};
 use tokio::sync::mpsc;
 
 /// How long a test waits for an event that should come at once.

@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use evpleg::source::api::{ApiSource, SourceBackoff};
-use evpleg::source::{Op, PodUpdate, SourceName, annotations};
-use evpleg::status::api::ApiStatusWriter;
-use evpleg::status::{StatusWriter, WriteError};
+use evpleg_kubelet::source::api::{ApiSource, SourceBackoff};
+use evpleg_kubelet::source::{Op, PodUpdate, SourceName, annotations};
+use evpleg_kubelet::status::api::ApiStatusWriter;
+use evpleg_kubelet::status::{StatusWriter, WriteError};
 use evpleg_tests::fake_apiserver::{FakeApiServer, test_pod};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
@@ -989,8 +989,8 @@ async fn status_writer_recovers_a_mirror_pod_write_after_an_outage() {
 /// and nothing is lost (the "API going away and coming back").
 #[tokio::test]
 async fn status_manager_writes_the_newest_status_after_an_outage() {
-    use evpleg::pleg::PodUid;
-    use evpleg::status::manager::StatusManager;
+    use evpleg_core::ids::PodUid;
+    use evpleg_kubelet::status::manager::StatusManager;
     use std::sync::Arc;
 
     init_logging();

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use evpleg::cri::CriClient;
+use evpleg_cri::CriClient;
 use evpleg_cri_api::v1;
 use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
 use evpleg_tests::cri_proxy::{

@@ -8,11 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use evpleg::volume::csi::{CsiClient, CsiClientConfig, CsiError};
 use evpleg_csi_api::v1;
 use evpleg_csi_api::v1::identity_client::IdentityClient;
 use evpleg_csi_api::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use evpleg_tests::csi_driver::{DriverConfig, file_name, mounts, serve};
+use evpleg_volume::csi::{CsiClient, CsiClientConfig, CsiError};
 use tokio_util::sync::CancellationToken;
 
 struct Running {

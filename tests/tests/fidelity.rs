@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::PodUid;
-use evpleg::pod_workers::WorkerState;
-use evpleg::source::annotations;
+use evpleg_core::ids::PodUid;
+use evpleg_kubelet::pod_workers::WorkerState;
+use evpleg_kubelet::source::annotations;
 use evpleg_tests::e2e::{E2e, NODE, api_pod, manifest};
 use evpleg_tests::privileged;
 use k8s_openapi::api::core::v1::Pod;
@@ -90,7 +90,7 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
         .await
         .expect("ListContainers")
         .into_iter()
-        .filter(|c| c.labels.get(evpleg::runtime::labels::POD_NAME) == Some(&name))
+        .filter(|c| c.labels.get(evpleg_core::labels::POD_NAME) == Some(&name))
         .count();
     assert_eq!(containers, 1, "containers of {name}");
     e.finish().await;

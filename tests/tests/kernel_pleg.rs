@@ -8,11 +8,13 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::kernel::relist_requests::RelistReason;
-use evpleg::pleg::kernel::rescan::RESCAN_MIN_INTERVAL;
-use evpleg::pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView, monotonic_ns};
-use evpleg::pleg::{ContainerId, EventKind, EventSource, PodUid};
+use evpleg_core::clock::monotonic_ns;
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::lifecycle::{EventKind, EventSource};
+use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::relist_requests::RelistReason;
+use evpleg_pleg::kernel::rescan::RESCAN_MIN_INTERVAL;
+use evpleg_pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView};
 use evpleg_tests::cgroups::{ContainerCgroup, Layout, join_cgroup, path_cstring};
 use evpleg_tests::kernel_checks::{self, ThreadHelper};
 use evpleg_tests::pleg::{PlegUnderTest, ReaderGate};

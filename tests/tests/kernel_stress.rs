@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::event::KernelEvent;
 use evpleg_tests::cgroups::{ContainerCgroup, Layout};
 use evpleg_tests::pleg::PlegUnderTest;
 use evpleg_tests::privileged;

@@ -21,9 +21,9 @@ fn waiting_reason(pod: &Value) -> Option<&str> {
 async fn runtime_containers(e: &E2e, uid: &str, name: &str) -> Vec<(String, u32, i32)> {
     let filter = v1::ContainerFilter {
         label_selector: HashMap::from([
-            (evpleg::runtime::labels::POD_UID.to_owned(), uid.to_owned()),
+            (evpleg_core::labels::POD_UID.to_owned(), uid.to_owned()),
             (
-                evpleg::runtime::labels::CONTAINER_NAME.to_owned(),
+                evpleg_core::labels::CONTAINER_NAME.to_owned(),
                 name.to_owned(),
             ),
         ]),
@@ -410,9 +410,9 @@ async fn finished_static_pods_are_not_run_again_after_agent_restarts() {
     for uid in &uids {
         e.wait_until("the finished pod's worker is done", || {
             e.agent()
-                .worker_state(&evpleg::pleg::PodUid::parse(uid).expect("uid"))
+                .worker_state(&evpleg_core::ids::PodUid::parse(uid).expect("uid"))
                 .is_none_or(|s| {
-                    use evpleg::pod_workers::WorkerState::{Done, Terminated};
+                    use evpleg_kubelet::pod_workers::WorkerState::{Done, Terminated};
                     matches!(s, Terminated | Done)
                 })
         })

@@ -6,12 +6,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::clock::MonotonicClock;
-use evpleg::container::ContainerState;
 use evpleg::metrics::Metrics;
-use evpleg::pleg::relist::GENERIC_PERIOD;
-use evpleg::pleg::{EventKind, EventSource, PlegMode};
 use evpleg::server::{ServerState, router};
+use evpleg_core::clock::MonotonicClock;
+use evpleg_core::container::ContainerState;
+use evpleg_core::lifecycle::{EventKind, EventSource};
+use evpleg_pleg::PlegMode;
+use evpleg_pleg::relist::GENERIC_PERIOD;
 use evpleg_tests::containerd::wait_container_status;
 use evpleg_tests::cri_pod::*;
 use evpleg_tests::privileged;
@@ -218,7 +219,7 @@ fn a_stopped_reader_is_visible_and_the_generic_relist_takes_over() {
 
 /// The runtime's own answer for container `id` once it reports it exited: its
 /// exit code.
-async fn runtime_exit_code(client: &evpleg::cri::CriClient, id: &str) -> i32 {
+async fn runtime_exit_code(client: &evpleg_cri::CriClient, id: &str) -> i32 {
     let exited = evpleg_cri_api::v1::ContainerState::ContainerExited as i32;
     wait_container_status(client, id, "exited", |s| s.state == exited)
         .await
@@ -226,7 +227,7 @@ async fn runtime_exit_code(client: &evpleg::cri::CriClient, id: &str) -> i32 {
 }
 
 /// The host pid of container `id`'s main process, from the runtime.
-async fn main_pid(client: &evpleg::cri::CriClient, id: &str) -> u32 {
+async fn main_pid(client: &evpleg_cri::CriClient, id: &str) -> u32 {
     let status = client
         .container_status(id, true)
         .await
@@ -259,8 +260,8 @@ async fn wait_proc(pid: u32, what: &str, done: impl Fn(Option<char>, usize) -> b
 /// Asks for a relist of `pod` and waits until the cache holds an observation
 /// of it newer than the request, then takes the events sent so far: whatever a
 /// relist had to add is in `events` afterwards.
-async fn settle(pleg: &evpleg::pleg::Pleg, events: &mut Events, pod: &TestPod) {
-    let now = evpleg::pleg::kernel::monotonic_ns();
+async fn settle(pleg: &evpleg_pleg::Pleg, events: &mut Events, pod: &TestPod) {
+    let now = evpleg_core::clock::monotonic_ns();
     pleg.pod_relist.request(pod.pod_uid());
     tokio::time::timeout(WAIT, pleg.cache.get_newer_than(&pod.pod_uid(), now))
         .await
@@ -356,12 +357,12 @@ fn deaths_lost_in_a_full_ring_buffer_reach_the_cache_within_the_bound() {
     let pod = TestPod::new(&containerd, "lost7");
     let gate = std::sync::Arc::new(evpleg_tests::pleg::ReaderGate::default());
     let tap_gate = gate.clone();
-    let mut kernel = evpleg::pleg::kernel::KernelPlegConfig {
+    let mut kernel = evpleg_pleg::kernel::KernelPlegConfig {
         ring_buffer_bytes: 4096,
         ..Default::default()
     };
     kernel.tap = Some(std::sync::Arc::new(
-        move |_: &evpleg::pleg::kernel::event::KernelEvent, _: u64| tap_gate.pass(),
+        move |_: &evpleg_pleg::kernel::event::KernelEvent, _: u64| tap_gate.pass(),
     ));
     rt.block_on(async {
         let client = containerd.client().await;

@@ -17,11 +17,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::container::{ContainerState, monotonic_to_unix_ns};
-use evpleg::pleg::kernel::monotonic_ns;
-use evpleg::pleg::relist::GENERIC_PERIOD;
-use evpleg::pleg::{EventKind, EventSource, PlegMode};
+use evpleg_core::clock::monotonic_ns;
+use evpleg_core::clock::monotonic_to_unix_ns;
+use evpleg_core::container::ContainerState;
+use evpleg_core::lifecycle::{EventKind, EventSource};
 use evpleg_cri_api::v1;
+use evpleg_pleg::PlegMode;
+use evpleg_pleg::relist::GENERIC_PERIOD;
 use evpleg_tests::containerd::{pod_cgroup_parent, wait_container_status};
 use evpleg_tests::cri_pod::*;
 use evpleg_tests::pleg::PlegUnderTest;

@@ -156,7 +156,7 @@ e2e_test!(run_as_non_root_refuses_an_image_running_as_root, |e| {
         assert!(
             !containers
                 .iter()
-                .any(|c| c.labels.get(evpleg::runtime::labels::POD_UID) == Some(&uid)),
+                .any(|c| c.labels.get(evpleg_core::labels::POD_UID) == Some(&uid)),
             "no container was created: {containers:?}"
         );
     })

@@ -39,11 +39,12 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use evpleg::pleg::kernel::btf::{self, Btf};
-use evpleg::pleg::kernel::event::KernelEvent;
-use evpleg::pleg::kernel::index::cgroup2_mount;
-use evpleg::pleg::kernel::loader::{PROGRAMS, embedded_object_present, exit_program};
-use evpleg::pleg::{EventKind, EventSource};
+use evpleg_core::lifecycle::{EventKind, EventSource};
+use evpleg_pleg::kernel::btf;
+use evpleg_pleg::kernel::btf::Btf;
+use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::index::cgroup2_mount;
+use evpleg_pleg::kernel::loader::{PROGRAMS, embedded_object_present, exit_program};
 use evpleg_tests::cgroups::{ContainerCgroup, Layout};
 use evpleg_tests::kernel_checks::{self, ThreadHelper};
 use evpleg_tests::pleg::PlegUnderTest;

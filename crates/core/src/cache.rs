@@ -1,0 +1,504 @@
+//! The pod status cache: the meeting point of every PLEG and the pod workers.
+//!
+//! Reproduces the kubelet's `pkg/kubelet/container/cache.go`: one status per pod
+//! with the time it was observed, `get_newer_than(uid, t)` that waits until the
+//! cache holds an observation of that pod newer than `t`, and a global timestamp
+//! that a full relist advances so that waiters of unchanged pods are released.
+//!
+//! Differences: observation times are CLOCK_MONOTONIC nanoseconds (the kernel's
+//! clock), and an observation older than the cached one never replaces it (the
+//! kubelet's evented PLEG broke on exactly that). Kernel exits are also kept per
+//! container, so an exit code the kernel saw survives the runtime removing the
+//! container.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use crate::clock::monotonic_to_unix_ns;
+use crate::container::{PodStatus, SandboxState};
+use crate::ids::{ContainerId, PodUid};
+use crate::lifecycle::ExitStatus;
+
+/// A cached observation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheEntry {
+    pub status: Arc<PodStatus>,
+    /// When it was observed (CLOCK_MONOTONIC ns).
+    pub observed_ns: u64,
+    /// The inspection failed: the status is the last good one, or empty.
+    pub error: Option<String>,
+}
+
+/// An exit the kernel saw, kept after the runtime forgets the container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelExit {
+    pub status: ExitStatus,
+    pub at_ns: u64,
+}
+
+#[derive(Debug)]
+struct ExitRecord {
+    pod: PodUid,
+    exit: KernelExit,
+    /// The runtime reported the container exited too.
+    confirmed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    pods: HashMap<PodUid, CacheEntry>,
+    exits: HashMap<ContainerId, ExitRecord>,
+    global_ns: u64,
+}
+
+/// The pod status cache; cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct PodStatusCache {
+    inner: Mutex<Inner>,
+    /// Bumped on every change; waiters re-check on each bump.
+    version: watch::Sender<u64>,
+}
+
+impl Default for PodStatusCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PodStatusCache {
+    pub fn new() -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            version: watch::Sender::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent data (each method
+        // finishes its update before unlocking): keep going.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    pub fn get(&self, uid: &PodUid) -> Option<CacheEntry> {
+        self.lock().pods.get(uid).cloned()
+    }
+
+    /// Stores a pod's status observed at `observed_ns`, unless the cache already
+    /// holds a newer observation. Returns whether it was stored.
+    pub fn set(&self, uid: &PodUid, status: PodStatus, observed_ns: u64) -> bool {
+        self.store(uid, Arc::new(status), observed_ns, None)
+    }
+
+    /// Records a failed inspection, keeping the last good status.
+    pub fn set_error(&self, uid: &PodUid, error: String, observed_ns: u64) -> bool {
+        let status = self
+            .get(uid)
+            .map(|e| e.status)
+            .unwrap_or_else(|| Arc::new(PodStatus::default()));
+        self.store(uid, status, observed_ns, Some(error))
+    }
+
+    fn store(
+        &self,
+        uid: &PodUid,
+        status: Arc<PodStatus>,
+        observed_ns: u64,
+        error: Option<String>,
+    ) -> bool {
+        let mut inner = self.lock();
+        if inner
+            .pods
+            .get(uid)
+            .is_some_and(|e| e.observed_ns > observed_ns)
+        {
+            return false;
+        }
+        inner.pods.insert(
+            uid.clone(),
+            CacheEntry {
+                status,
+                observed_ns,
+                error,
+            },
+        );
+        drop(inner);
+        self.bump();
+        true
+    }
+
+    /// Overlays a certain kernel death on the latest complete snapshot of the pod
+    /// (contract clause 1): the container (or sandbox) `id` exited at `at_ns`.
+    /// Applied only when the pod is cached without an error and its snapshot holds
+    /// `id`; the entry is then marked observed at `at_ns` if that is newer.
+    /// Returns whether it was applied: when not, nothing changed and the caller
+    /// relists the pod instead.
+    pub fn overlay_exit(
+        &self,
+        uid: &PodUid,
+        id: &ContainerId,
+        exit: &ExitStatus,
+        at_ns: u64,
+    ) -> bool {
+        let mut inner = self.lock();
+        let Some(entry) = inner.pods.get_mut(uid) else {
+            return false;
+        };
+        if entry.error.is_some() {
+            return false;
+        }
+        let finished = monotonic_to_unix_ns(at_ns);
+        let status = Arc::make_mut(&mut entry.status);
+        if let Some(c) = status.container_mut(id) {
+            c.apply_exit(exit, finished);
+        } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == *id) {
+            s.state = SandboxState::NotReady;
+        } else {
+            return false;
+        }
+        entry.observed_ns = entry.observed_ns.max(at_ns);
+        drop(inner);
+        self.bump();
+        true
+    }
+
+    /// Remembers a certain exit the kernel saw (kept after the runtime forgets the
+    /// container, for its exit code).
+    pub fn record_exit(&self, uid: &PodUid, id: &ContainerId, exit: KernelExit) {
+        self.lock().exits.insert(
+            id.clone(),
+            ExitRecord {
+                pod: uid.clone(),
+                exit,
+                confirmed: false,
+            },
+        );
+    }
+
+    /// The exit the kernel saw for a container, if any.
+    pub fn kernel_exit(&self, id: &ContainerId) -> Option<KernelExit> {
+        self.lock().exits.get(id).map(|r| r.exit)
+    }
+
+    /// Exits the kernel saw for a pod's containers, with whether the runtime has
+    /// confirmed each.
+    pub fn kernel_exits(&self, uid: &PodUid) -> Vec<(ContainerId, KernelExit, bool)> {
+        self.lock()
+            .exits
+            .iter()
+            .filter(|(_, r)| r.pod == *uid)
+            .map(|(id, r)| (id.clone(), r.exit, r.confirmed))
+            .collect()
+    }
+
+    /// Marks a kernel exit confirmed by the runtime. Returns true the first time.
+    pub fn confirm_exit(&self, id: &ContainerId) -> bool {
+        self.lock()
+            .exits
+            .get_mut(id)
+            .is_some_and(|r| !std::mem::replace(&mut r.confirmed, true))
+    }
+
+    /// Forgets a kernel exit the runtime contradicted (contract clause 3), so that
+    /// it can neither suppress nor mislabel the container's real death later.
+    pub fn forget_exit(&self, id: &ContainerId) {
+        self.lock().exits.remove(id);
+    }
+
+    /// Forgets the kernel exits of `pod` (every pod: `None`) that the runtime did
+    /// not list (`listed` is false) in a listing that began at `listed_at_ns`,
+    /// unless seen after it: the runtime forgot the container, or never showed
+    /// it, so its exit can serve nobody.
+    pub fn prune_exits(
+        &self,
+        pod: Option<&PodUid>,
+        listed_at_ns: u64,
+        listed: impl Fn(&ContainerId) -> bool,
+    ) {
+        self.lock().exits.retain(|id, r| {
+            pod.is_some_and(|p| *p != r.pod) || listed(id) || r.exit.at_ns >= listed_at_ns
+        });
+    }
+
+    /// How many kernel exits are remembered (for tests and metrics).
+    pub fn kernel_exit_count(&self) -> usize {
+        self.lock().exits.len()
+    }
+
+    /// The pods the cache holds an entry for.
+    pub fn uids(&self) -> Vec<PodUid> {
+        self.lock().pods.keys().cloned().collect()
+    }
+
+    /// Forgets a pod (it was removed from the node).
+    pub fn delete(&self, uid: &PodUid) {
+        let mut inner = self.lock();
+        inner.pods.remove(uid);
+        inner.exits.retain(|_, r| r.pod != *uid);
+        drop(inner);
+        self.bump();
+    }
+
+    /// Advances the global timestamp (after a full relist): every pod is known
+    /// up to `ns`. Never moves backwards.
+    pub fn update_time(&self, ns: u64) {
+        let mut inner = self.lock();
+        if ns <= inner.global_ns {
+            return;
+        }
+        inner.global_ns = ns;
+        drop(inner);
+        self.bump();
+    }
+
+    pub fn global_ns(&self) -> u64 {
+        self.lock().global_ns
+    }
+
+    /// Waits until a first complete relist has filled the cache (the kubelet's
+    /// workers block on the cache's global time before their first sync).
+    pub async fn first_relist(&self) {
+        let mut rx = self.version.subscribe();
+        loop {
+            rx.mark_unchanged();
+            if self.global_ns() > 0 {
+                return;
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// The pod's entry when it was observed after `min_ns`, or when a full relist
+    /// after `min_ns` found nothing newer (then the cached entry, or an empty one).
+    fn newer_than(&self, uid: &PodUid, min_ns: u64) -> Option<CacheEntry> {
+        let inner = self.lock();
+        match inner.pods.get(uid) {
+            Some(e) if e.observed_ns > min_ns => Some(e.clone()),
+            other if inner.global_ns > min_ns => {
+                Some(other.cloned().unwrap_or_else(|| CacheEntry {
+                    status: Arc::new(PodStatus::default()),
+                    observed_ns: inner.global_ns,
+                    error: None,
+                }))
+            }
+            _ => None,
+        }
+    }
+
+    /// The pod's entry if the cache already holds one newer than `min_ns` (see
+    /// [`PodStatusCache::get_newer_than`]), without waiting.
+    pub fn newer_than_now(&self, uid: &PodUid, min_ns: u64) -> Option<CacheEntry> {
+        self.newer_than(uid, min_ns)
+    }
+
+    /// Waits until the cache holds an observation of `uid` newer than `min_ns`
+    /// (the kubelet's `GetNewerThan`). Callers bound the wait with a timeout.
+    pub async fn get_newer_than(&self, uid: &PodUid, min_ns: u64) -> CacheEntry {
+        let mut rx = self.version.subscribe();
+        loop {
+            rx.mark_unchanged();
+            if let Some(e) = self.newer_than(uid, min_ns) {
+                return e;
+            }
+            // The sender lives in self, so this cannot fail while we borrow self.
+            let _ = rx.changed().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::container::{ContainerState, ContainerStatus};
+    use crate::lifecycle::EventSource;
+
+    fn uid(n: u8) -> PodUid {
+        PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
+    }
+
+    fn cid(c: char) -> ContainerId {
+        ContainerId::parse(&c.to_string().repeat(64)).unwrap()
+    }
+
+    fn status(name: &str) -> PodStatus {
+        PodStatus {
+            name: name.into(),
+            ..PodStatus::default()
+        }
+    }
+
+    #[test]
+    fn older_observation_never_wins() {
+        let cache = PodStatusCache::new();
+        assert!(cache.set(&uid(1), status("new"), 20));
+        assert!(!cache.set(&uid(1), status("old"), 10));
+        assert_eq!(cache.get(&uid(1)).unwrap().status.name, "new");
+        assert!(cache.set(&uid(1), status("same-time"), 20));
+        assert!(!cache.set_error(&uid(1), "boom".into(), 5));
+        assert!(cache.set_error(&uid(1), "boom".into(), 30));
+        let e = cache.get(&uid(1)).unwrap();
+        assert_eq!(
+            (e.status.name.as_str(), e.error.as_deref()),
+            ("same-time", Some("boom"))
+        );
+    }
+
+    #[test]
+    fn kernel_exit_overlays_a_complete_snapshot_only() {
+        let cache = PodStatusCache::new();
+        let exit = ExitStatus::from_wait_status(0x700, false);
+        // Not cached yet: no partial entry is made (contract clause 1).
+        assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 15));
+        assert!(cache.get(&uid(1)).is_none());
+        let mut s = status("p");
+        s.containers.push(ContainerStatus::new(
+            cid('a'),
+            "app",
+            ContainerState::Running,
+            EventSource::Relist,
+        ));
+        cache.set(&uid(1), s, 10);
+        // A container the snapshot does not hold: nothing, never a nameless one.
+        assert!(!cache.overlay_exit(&uid(1), &cid('b'), &exit, 15));
+        assert_eq!(cache.get(&uid(1)).unwrap().status.containers.len(), 1);
+        assert_eq!(cache.get(&uid(1)).unwrap().observed_ns, 10);
+        assert!(cache.overlay_exit(&uid(1), &cid('a'), &exit, 15));
+        cache.record_exit(
+            &uid(1),
+            &cid('a'),
+            KernelExit {
+                status: exit,
+                at_ns: 15,
+            },
+        );
+        let e = cache.get(&uid(1)).unwrap();
+        assert_eq!(e.observed_ns, 15);
+        let c = e.status.container(&cid('a')).unwrap();
+        assert_eq!((c.exit_code, c.name.as_str()), (Some(7), "app"));
+        // A relist that started before the exit does not undo it.
+        assert!(!cache.set(&uid(1), status("stale"), 12));
+        assert_eq!(cache.kernel_exit(&cid('a')).unwrap().status.code, 7);
+        assert_eq!(cache.kernel_exits(&uid(1)).len(), 1);
+        assert!(cache.confirm_exit(&cid('a')), "first confirmation");
+        assert!(!cache.confirm_exit(&cid('a')), "counted once");
+        cache.forget_exit(&cid('a'));
+        assert!(cache.kernel_exit(&cid('a')).is_none());
+        // A pod whose inspection failed gets no overlay either.
+        cache.set_error(&uid(1), "boom".into(), 20);
+        assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 25));
+        cache.delete(&uid(1));
+        assert!(cache.get(&uid(1)).is_none());
+    }
+
+    #[test]
+    fn sandbox_death_marks_the_sandbox_not_ready() {
+        let cache = PodStatusCache::new();
+        let mut s = status("p");
+        s.sandboxes.push(crate::container::SandboxStatus {
+            id: cid('e'),
+            state: SandboxState::Ready,
+            attempt: 0,
+            created_at: None,
+            ip: None,
+            pid: None,
+        });
+        cache.set(&uid(1), s, 10);
+        let exit = ExitStatus::from_wait_status(9, false);
+        assert!(cache.overlay_exit(&uid(1), &cid('e'), &exit, 11));
+        let e = cache.get(&uid(1)).unwrap();
+        assert_eq!(e.status.sandboxes[0].state, SandboxState::NotReady);
+        assert!(e.status.containers.is_empty(), "no phantom container");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_relist_gate() {
+        let cache = Arc::new(PodStatusCache::new());
+        let waiter = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.first_relist().await })
+        };
+        cache.set(&uid(1), status("pod relist"), 5);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            !waiter.is_finished(),
+            "a pod relist is not the first full relist"
+        );
+        cache.update_time(6);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_newer_than_waits_for_a_newer_observation() {
+        let cache = Arc::new(PodStatusCache::new());
+        cache.set(&uid(1), status("v1"), 10);
+        // Already newer: returns at once.
+        assert_eq!(cache.get_newer_than(&uid(1), 5).await.status.name, "v1");
+        let waiter = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get_newer_than(&uid(1), 10).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!waiter.is_finished());
+        // Not newer: still waiting.
+        cache.set(&uid(1), status("v1-again"), 10);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!waiter.is_finished());
+        cache.set(&uid(1), status("v2"), 11);
+        let e = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((e.status.name.as_str(), e.observed_ns), ("v2", 11));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_relist_releases_waiters_of_unchanged_pods() {
+        let cache = Arc::new(PodStatusCache::new());
+        let waiter = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get_newer_than(&uid(7), 100).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!waiter.is_finished());
+        cache.update_time(100);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!waiter.is_finished(), "global time must be strictly newer");
+        cache.update_time(101);
+        let e = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.observed_ns, 101);
+        assert_eq!(*e.status, PodStatus::default());
+        cache.update_time(50);
+        assert_eq!(cache.global_ns(), 101);
+    }
+
+    proptest! {
+        /// Whatever order observations arrive in, the cache ends with the newest.
+        #[test]
+        fn cache_keeps_the_newest(times in proptest::collection::vec(0u64..1000, 1..50)) {
+            let cache = PodStatusCache::new();
+            for t in &times {
+                cache.set(&uid(1), status(&t.to_string()), *t);
+            }
+            let max = *times.iter().max().unwrap();
+            let e = cache.get(&uid(1)).unwrap();
+            prop_assert_eq!(e.observed_ns, max);
+            // Among equal times the last write wins, so the name is the max.
+            prop_assert_eq!(e.status.name.parse::<u64>().unwrap(), max);
+        }
+    }
+}

@@ -1,0 +1,652 @@
+//! GetContainerEvents served from the kernel PLEG, as containerd 1.7 serves
+//! its own stream (`generateAndSendContainerEvent`): each event names the
+//! container (or sandbox), its type, `created_at`, and the pod's state read
+//! from the runtime right after it, which the 1.26-1.36 Evented PLEG writes
+//! into its cache as the pod's status (`GeneratePodStatus`), and the 1.37
+//! hint mode uses only to relist the pod.
+//!
+//! | event | when | `created_at` |
+//! |---|---|---|
+//! | CREATED | a CreateContainer or RunPodSandbox through the proxy succeeded | the answer's arrival |
+//! | STARTED | the PLEG's ContainerStarted / SandboxStarted (the kernel saw the main process exec) | the kernel's timestamp |
+//! | STOPPED | the PLEG's ContainerDied / SandboxDied: certain deaths only | the kernel's timestamp of the exit |
+//! | DELETED | a RemoveContainer or RemovePodSandbox through the proxy succeeded, or the PLEG's relist found it gone | the answer's arrival, or the relist's |
+//!
+//! Where it differs from containerd: CREATED is not the cgroup's creation
+//! (with containerd, runc creates the cgroup in StartContainer, not in
+//! CreateContainer), so it comes from the call; a container created on the
+//! runtime by another client has no CREATED. Relist-sourced reports of what
+//! happened before the proxy started (its first relist lists everything) are
+//! not events. A kernel death's exit code, reason and finish time are laid on
+//! the payload read for its STOPPED when the runtime has not caught up
+//! ([`super::overlay`]), whatever `--overlay` says, and a STARTED's container
+//! still CREATED in the runtime's answer is shown running since the kernel's
+//! exec: the event and its payload never disagree.
+//!
+//! With `--merge-runtime-events` a third input is the runtime's own stream
+//! ([`super::merge`]): its events pass when the proxy has not served their
+//! stage yet (a CREATED or DELETED of another client's call, a death the
+//! kernel missed), and every event, whatever its source, is served at most
+//! once per container and stage.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::grpc;
+use super::hub::Hub;
+use super::merge::{Decision, Origin, Served, Stage};
+use super::overlay::{CONFIRM_BOUND, KernelDeath, Overlay};
+use super::stats::ProxyStats;
+use evpleg_core::clock::SharedClock;
+use evpleg_core::clock::{monotonic_to_unix_ns, wall_clock_ns};
+use evpleg_core::ids::ContainerId;
+use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
+use evpleg_cri::CriClient;
+
+use v1::ContainerEventType as T;
+
+/// A call through the proxy that makes an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// CreateContainer (with its sandbox) or RunPodSandbox (sandbox: None).
+    Created { id: String, sandbox: Option<String> },
+    /// RemoveContainer or RemovePodSandbox.
+    Removed { id: String, sandbox: bool },
+}
+
+/// Ids remembered so that a DELETED still has its pod.
+#[derive(Debug, Default)]
+struct Known {
+    /// container -> its sandbox.
+    sandbox_of: HashMap<String, String>,
+    /// sandbox -> its last status read.
+    sandboxes: HashMap<String, v1::PodSandboxStatus>,
+    /// Recently deleted (the relist's later report is not a second DELETED).
+    deleted: VecDeque<String>,
+    deleted_set: HashSet<String>,
+}
+
+const DELETED_MEMORY: usize = 4096;
+
+impl Known {
+    fn mark_deleted(&mut self, id: &str) -> bool {
+        if !self.deleted_set.insert(id.to_owned()) {
+            return false;
+        }
+        self.deleted.push_back(id.to_owned());
+        if self.deleted.len() > DELETED_MEMORY
+            && let Some(old) = self.deleted.pop_front()
+        {
+            self.deleted_set.remove(&old);
+        }
+        true
+    }
+}
+
+/// Turns PLEG events and calls into served events.
+#[derive(Debug)]
+pub struct Events {
+    pub cri: CriClient,
+    pub hub: Arc<Hub>,
+    pub overlay: Arc<Overlay>,
+    pub stats: Arc<ProxyStats>,
+    pub clock: SharedClock,
+    /// Unix ns when the proxy started.
+    pub start_wall_ns: i64,
+    known: Known,
+    /// `--merge-runtime-events`: what was served, per id ([`super::merge`]).
+    served: Option<Served>,
+}
+
+/// What one PLEG event becomes: the type, the id, whether it is a sandbox.
+fn event_type(kind: EventKind) -> Option<(T, bool)> {
+    match kind {
+        EventKind::ContainerStarted => Some((T::ContainerStartedEvent, false)),
+        EventKind::ContainerDied => Some((T::ContainerStoppedEvent, false)),
+        EventKind::ContainerRemoved => Some((T::ContainerDeletedEvent, false)),
+        EventKind::SandboxStarted => Some((T::ContainerStartedEvent, true)),
+        EventKind::SandboxDied => Some((T::ContainerStoppedEvent, true)),
+        EventKind::SandboxRemoved => Some((T::ContainerDeletedEvent, true)),
+        // A hint: the PLEG relists the pod and reports what it finds.
+        EventKind::PodSync => None,
+    }
+}
+
+impl Events {
+    pub fn new(
+        cri: CriClient,
+        hub: Arc<Hub>,
+        overlay: Arc<Overlay>,
+        stats: Arc<ProxyStats>,
+        clock: SharedClock,
+    ) -> Self {
+        Self {
+            cri,
+            hub,
+            overlay,
+            stats,
+            clock,
+            start_wall_ns: wall_clock_ns(),
+            known: Known::default(),
+            served: None,
+        }
+    }
+
+    /// Merges the runtime's own stream: every event is then checked against
+    /// what was served ([`super::merge`]).
+    pub fn merging(mut self) -> Self {
+        self.served = Some(Served::default());
+        self
+    }
+
+    /// Whether an event of `t` for `id` from `origin` is served (always,
+    /// without the merge); a suppressed one is counted.
+    fn admit(&self, id: &str, t: T, origin: Origin) -> bool {
+        let Some(served) = &self.served else {
+            return true;
+        };
+        let decision = served.decide(id, Stage::of(t), origin);
+        if decision != Decision::Pass {
+            debug!(
+                id,
+                event = t.as_str_name(),
+                origin = origin.label(),
+                why = decision.label(),
+                "event suppressed"
+            );
+            self.stats
+                .suppressed
+                .get_or_create(&super::stats::Suppressed {
+                    r#type: t.as_str_name().to_owned(),
+                    origin: origin.label().to_owned(),
+                    reason: decision.label().to_owned(),
+                })
+                .inc();
+        }
+        decision == Decision::Pass
+    }
+
+    /// Serves events until `shutdown` or until the PLEG ends; `runtime`:
+    /// the runtime's own stream, with `--merge-runtime-events`.
+    pub async fn run(
+        mut self,
+        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
+        mut calls: mpsc::Receiver<Call>,
+        mut runtime: Option<mpsc::Receiver<v1::ContainerEventResponse>>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let from_runtime = async {
+                match runtime.as_mut() {
+                    Some(r) => r.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = pleg.recv() => match ev {
+                    Some(ev) => self.pleg_event(ev).await,
+                    None => break,
+                },
+                Some(call) = calls.recv() => self.call(call).await,
+                ev = from_runtime => match ev {
+                    Some(ev) => self.runtime_event(ev),
+                    // The runtime has no stream (its follower ended).
+                    None => runtime = None,
+                },
+                () = shutdown.cancelled() => break,
+            }
+        }
+        self.hub.close();
+    }
+
+    /// An event of the runtime's own stream: passed on when the proxy has not
+    /// served its stage yet, with pending kernel deaths laid on its payload.
+    fn runtime_event(&mut self, mut ev: v1::ContainerEventResponse) {
+        let t = ev.container_event_type();
+        let id = ev.container_id.clone();
+        if !self.admit(&id, t, Origin::Runtime) {
+            return;
+        }
+        if t == T::ContainerDeletedEvent {
+            self.known.mark_deleted(&id);
+            if let Some(c) = ContainerId::parse(&id) {
+                self.overlay.forget(&c);
+            }
+            self.known.sandbox_of.remove(&id);
+            if self.known.sandboxes.remove(&id).is_some() {
+                self.known.sandbox_of.retain(|_, s| *s != id);
+            }
+        } else if let Some(s) = &ev.pod_sandbox_status
+            && s.id != id
+            && !s.id.is_empty()
+        {
+            self.known.sandbox_of.insert(id.clone(), s.id.clone());
+        }
+        for s in &mut ev.containers_statuses {
+            self.overlay.status(s);
+        }
+        self.stats
+            .merged
+            .get_or_create(&super::stats::EventType {
+                r#type: t.as_str_name().to_owned(),
+            })
+            .inc();
+        debug!(id = %id, event = t.as_str_name(), "the runtime's event passed on");
+        self.send(ev);
+    }
+
+    async fn pleg_event(&mut self, ev: PodLifecycleEvent) {
+        let Some((t, sandbox)) = event_type(ev.kind) else {
+            return;
+        };
+        let Some(id) = ev.container_id.clone() else {
+            return;
+        };
+        let admitted = self.admit(id.as_str(), t, Origin::Proxy);
+        if ev.kind == EventKind::ContainerDied
+            && ev.source == EventSource::Kernel
+            && let Some(exit) = ev.exit
+        {
+            let death = KernelDeath {
+                exit,
+                at_ns: ev.at_ns,
+                finished_at: monotonic_to_unix_ns(ev.at_ns),
+            };
+            self.overlay.died(id.clone(), death);
+            tokio::spawn(confirm(
+                self.cri.clone(),
+                self.overlay.clone(),
+                self.stats.clone(),
+                self.clock.clone(),
+                id.clone(),
+                death,
+            ));
+        }
+        if !admitted {
+            return;
+        }
+        if t == T::ContainerDeletedEvent {
+            if !self.known.mark_deleted(id.as_str()) {
+                return;
+            }
+            self.overlay.forget(&id);
+        }
+        let created_at = monotonic_to_unix_ns(ev.at_ns);
+        let mut resp = self.payload(id.as_str(), t, sandbox, created_at).await;
+        if ev.source == EventSource::Kernel && ev.kind == EventKind::ContainerStarted {
+            started_on(&mut resp, created_at);
+        }
+        if ev.source != EventSource::Kernel && self.before_start(&resp, t) {
+            debug!(id = %id, kind = ?ev.kind, "a transition from before the proxy started");
+            return;
+        }
+        self.send(resp);
+    }
+
+    async fn call(&mut self, call: Call) {
+        let now = wall_clock_ns();
+        let resp = match call {
+            Call::Created { id, sandbox } => {
+                if let Some(s) = &sandbox {
+                    self.known.sandbox_of.insert(id.clone(), s.clone());
+                }
+                if !self.admit(&id, T::ContainerCreatedEvent, Origin::Proxy) {
+                    return;
+                }
+                self.payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
+                    .await
+            }
+            Call::Removed { id, sandbox } => {
+                if !self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy)
+                    || !self.known.mark_deleted(&id)
+                {
+                    return;
+                }
+                if let Some(c) = ContainerId::parse(&id) {
+                    self.overlay.forget(&c);
+                }
+                self.payload(&id, T::ContainerDeletedEvent, sandbox, now)
+                    .await
+            }
+        };
+        self.send(resp);
+    }
+
+    fn send(&mut self, resp: v1::ContainerEventResponse) {
+        let t = resp.container_event_type();
+        if let Some(served) = &mut self.served {
+            served.served(&resp.container_id, Stage::of(t));
+        }
+        self.stats.event(t.as_str_name());
+        self.hub.publish(&grpc::frame(&resp));
+    }
+
+    /// A relist-sourced report whose runtime timestamp is older than the
+    /// proxy (the first relist reports every existing container).
+    fn before_start(&self, resp: &v1::ContainerEventResponse, t: T) -> bool {
+        let at = match resp
+            .containers_statuses
+            .iter()
+            .find(|c| c.id == resp.container_id)
+        {
+            Some(c) if t == T::ContainerStartedEvent => c.started_at,
+            Some(c) if t == T::ContainerStoppedEvent => c.finished_at,
+            Some(_) => return false,
+            None => match &resp.pod_sandbox_status {
+                Some(s) if s.id == resp.container_id && t == T::ContainerStartedEvent => {
+                    s.created_at
+                }
+                _ => return false,
+            },
+        };
+        at > 0 && at < self.start_wall_ns
+    }
+
+    /// The event with the pod's state as the runtime reports it now, kernel
+    /// deaths laid on containers it still reports running.
+    async fn payload(
+        &mut self,
+        id: &str,
+        t: T,
+        sandbox: bool,
+        created_at: i64,
+    ) -> v1::ContainerEventResponse {
+        let sandbox_id = if sandbox {
+            Some(id.to_owned())
+        } else {
+            self.sandbox_of(id).await
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: id.to_owned(),
+            container_event_type: t as i32,
+            created_at,
+            ..Default::default()
+        };
+        let Some(sandbox_id) = sandbox_id else {
+            warn!(
+                id,
+                "no pod sandbox found for the event's container: sent without its pod's state"
+            );
+            return resp;
+        };
+        // The sandbox's status and the pod's containers are asked at once,
+        // then every container's status at once: the calls do not depend on
+        // each other, and an event waits for all of them (the 1.26-1.36
+        // Evented PLEG takes the payload as the pod's status).
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: sandbox_id.clone(),
+            ..Default::default()
+        };
+        let (sandbox_status, listed) = tokio::join!(
+            self.cri.pod_sandbox_status(&sandbox_id, false),
+            self.cri.list_containers(Some(filter))
+        );
+        resp.pod_sandbox_status = match sandbox_status {
+            Ok(r) => {
+                let s = r.status;
+                if let Some(s) = &s {
+                    self.known.sandboxes.insert(sandbox_id.clone(), s.clone());
+                }
+                s
+            }
+            Err(e) => {
+                debug!(sandbox = %sandbox_id, error = %e, "sandbox status for an event");
+                // Removed: its last status, no longer ready.
+                self.known.sandboxes.get(&sandbox_id).cloned().map(|mut s| {
+                    s.state = v1::PodSandboxState::SandboxNotready as i32;
+                    s
+                })
+            }
+        };
+        let listed = listed.unwrap_or_else(|e| {
+            warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
+            Vec::new()
+        });
+        let statuses = futures::future::join_all(
+            listed
+                .iter()
+                .map(|c| self.cri.container_status(&c.id, false)),
+        )
+        .await;
+        for (c, status) in listed.iter().zip(statuses) {
+            self.known
+                .sandbox_of
+                .insert(c.id.clone(), sandbox_id.clone());
+            match status {
+                Ok(r) => {
+                    let mut s = r.status.unwrap_or_default();
+                    self.overlay.status(&mut s);
+                    resp.containers_statuses.push(s);
+                }
+                Err(e) => debug!(id = %c.id, error = %e, "container status for an event"),
+            }
+        }
+        if t == T::ContainerDeletedEvent {
+            self.known.sandbox_of.remove(id);
+            if sandbox {
+                self.known.sandboxes.remove(id);
+                self.known.sandbox_of.retain(|_, s| s != id);
+            }
+        }
+        resp
+    }
+
+    /// The sandbox of container `id`: remembered, else asked.
+    async fn sandbox_of(&mut self, id: &str) -> Option<String> {
+        if let Some(s) = self.known.sandbox_of.get(id) {
+            return Some(s.clone());
+        }
+        let filter = v1::ContainerFilter {
+            id: id.to_owned(),
+            ..Default::default()
+        };
+        let c = self.cri.list_containers(Some(filter)).await.ok()?;
+        let s = c.first()?.pod_sandbox_id.clone();
+        self.known.sandbox_of.insert(id.to_owned(), s.clone());
+        Some(s)
+    }
+}
+
+/// The runtime also lags at a start: read right after the kernel saw the
+/// main process exec, the container may still be CREATED (StartContainer has
+/// not returned). The STARTED's payload then says running since the exec, so
+/// that the event and its payload agree.
+fn started_on(resp: &mut v1::ContainerEventResponse, started_at: i64) {
+    let id = resp.container_id.clone();
+    if let Some(s) = resp.containers_statuses.iter_mut().find(|s| s.id == id)
+        && s.state() == v1::ContainerState::ContainerCreated
+    {
+        s.state = v1::ContainerState::ContainerRunning as i32;
+        s.started_at = started_at;
+    }
+}
+
+/// First and last wait between two checks of a pending death.
+const CHECK_FIRST: Duration = Duration::from_millis(5);
+const CHECK_MAX: Duration = Duration::from_millis(50);
+
+/// One answer of the runtime about a container with a pending death.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// ContainerStatus's state.
+    State(v1::ContainerState),
+    /// NotFound: removed.
+    NotFound,
+    /// Any other failure (the runtime is away).
+    Failed,
+}
+
+/// What one check of a pending death decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// The runtime has not caught up, within the bound: ask again.
+    Again,
+    /// The runtime says exited: the lead is recorded, the entry ends.
+    CaughtUp,
+    /// Still not exited past the bound: the runtime wins (counted, logged).
+    Contradicted,
+    /// Removed, or unanswered at the bound: nothing to overlay any more.
+    Gone,
+}
+
+/// The check's rule ([`super::overlay::caught_up`]: only EXITED is the
+/// runtime catching up; RUNNING, CREATED and UNKNOWN are not).
+///
+/// | answer | within the bound | past it |
+/// |---|---|---|
+/// | EXITED | `CaughtUp` | `CaughtUp` |
+/// | RUNNING, CREATED, UNKNOWN | `Again` | `Contradicted` |
+/// | NotFound | `Gone` | `Gone` |
+/// | another failure | `Again` | `Gone` |
+fn check(answer: Answer, past_bound: bool) -> Check {
+    match answer {
+        Answer::State(s) if super::overlay::caught_up(s as i32) => Check::CaughtUp,
+        Answer::State(_) if past_bound => Check::Contradicted,
+        Answer::State(_) => Check::Again,
+        Answer::NotFound => Check::Gone,
+        Answer::Failed if past_bound => Check::Gone,
+        Answer::Failed => Check::Again,
+    }
+}
+
+/// Asks the runtime about a pending death (5 ms doubling to 50 ms) until it
+/// reports the container exited: the lead is recorded and the entry ends.
+/// Not exited past [`CONFIRM_BOUND`]: the runtime wins, loudly (the kernel
+/// PLEG's contract clause 3). See [`check`].
+async fn confirm(
+    cri: CriClient,
+    overlay: Arc<Overlay>,
+    stats: Arc<ProxyStats>,
+    clock: SharedClock,
+    id: ContainerId,
+    death: KernelDeath,
+) {
+    let deadline = death.at_ns + CONFIRM_BOUND.as_nanos() as u64;
+    let mut wait = CHECK_FIRST;
+    loop {
+        let answer = match cri.container_status(id.as_str(), false).await {
+            Ok(r) => Answer::State(
+                r.status
+                    .map(|s| s.state())
+                    .unwrap_or(v1::ContainerState::ContainerUnknown),
+            ),
+            Err(e) if e.is_not_found() => Answer::NotFound,
+            Err(e) => {
+                debug!(id = %id, error = %e, "checking a pending death");
+                Answer::Failed
+            }
+        };
+        let now = clock.now_ns();
+        match check(answer, now >= deadline) {
+            Check::Again => {}
+            Check::CaughtUp => {
+                stats
+                    .kernel_lead_seconds
+                    .observe(now.saturating_sub(death.at_ns) as f64 / 1e9);
+                overlay.forget(&id);
+                return;
+            }
+            Check::Contradicted => {
+                if overlay.forget(&id).is_some() {
+                    stats.contradictions.inc();
+                    warn!(id = %id, exit_code = death.exit.code, answer = ?answer,
+                        "the runtime still does not report exited {}s after the kernel saw the container's main process exit: the runtime wins",
+                        CONFIRM_BOUND.as_secs());
+                }
+                return;
+            }
+            Check::Gone => {
+                overlay.forget(&id);
+                return;
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(CHECK_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`check`]'s table, row by row.
+    #[test]
+    fn a_pending_death_is_checked_until_the_runtime_says_exited() {
+        use v1::ContainerState as S;
+        let rows = [
+            (Answer::State(S::ContainerExited), false, Check::CaughtUp),
+            (Answer::State(S::ContainerExited), true, Check::CaughtUp),
+            (Answer::State(S::ContainerRunning), false, Check::Again),
+            (
+                Answer::State(S::ContainerRunning),
+                true,
+                Check::Contradicted,
+            ),
+            // The start not finished in the runtime: not caught up (a first
+            // version took it for caught up and dropped the death).
+            (Answer::State(S::ContainerCreated), false, Check::Again),
+            (
+                Answer::State(S::ContainerCreated),
+                true,
+                Check::Contradicted,
+            ),
+            (Answer::State(S::ContainerUnknown), false, Check::Again),
+            (
+                Answer::State(S::ContainerUnknown),
+                true,
+                Check::Contradicted,
+            ),
+            (Answer::NotFound, false, Check::Gone),
+            (Answer::NotFound, true, Check::Gone),
+            (Answer::Failed, false, Check::Again),
+            (Answer::Failed, true, Check::Gone),
+        ];
+        for (answer, past, want) in rows {
+            assert_eq!(
+                check(answer, past),
+                want,
+                "{answer:?}, past the bound: {past}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_started_payload_shows_running_since_the_exec() {
+        let status = |id: &str, state: v1::ContainerState| v1::ContainerStatus {
+            id: id.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: "a".into(),
+            containers_statuses: vec![
+                status("a", v1::ContainerState::ContainerCreated),
+                status("b", v1::ContainerState::ContainerCreated),
+            ],
+            ..Default::default()
+        };
+        started_on(&mut resp, 42);
+        let a = &resp.containers_statuses[0];
+        assert_eq!(
+            (a.state(), a.started_at),
+            (v1::ContainerState::ContainerRunning, 42)
+        );
+        // Another container of the pod is the runtime's.
+        assert_eq!(
+            resp.containers_statuses[1].state(),
+            v1::ContainerState::ContainerCreated
+        );
+        // An exited one (a very short run) is left as it is.
+        let mut exited = resp.clone();
+        exited.containers_statuses[0] = status("a", v1::ContainerState::ContainerExited);
+        let before = exited.clone();
+        started_on(&mut exited, 42);
+        assert_eq!(exited, before);
+    }
+}

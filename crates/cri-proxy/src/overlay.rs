@@ -1,0 +1,312 @@
+//! The overlay: a container whose death the kernel saw with certainty, while
+//! the runtime still reports it running, is shown exited in the proxy's
+//! answers to ListContainers, ContainerStatus and PodSandboxStatus, with the
+//! kernel's exit code, reason and finish time.
+//!
+//! The kubelet (1.37's hint mode) relists a pod as soon as it gets an event;
+//! a runtime that learns of the death 40-630 ms later (containerd 1.6 here)
+//! would still say "running", and the kubelet would wait for its next relist.
+//! The overlay follows the kernel PLEG's trust rules (docs/pleg.md): only a
+//! certain death of a main process enters it (an `ExecSync` or probe never
+//! does), and each entry lives until the runtime agrees (its own answer then
+//! passes unchanged) or, as in contract clause 3, until the runtime still
+//! contradicts it past [`CONFIRM_BOUND`]: then the runtime wins.
+//!
+//! | state | event | next |
+//! |---|---|---|
+//! | none | certain kernel death | `Pending` |
+//! | `Pending` | the runtime says running, created or unknown (answer or check) | `Pending`, the answer shown exited |
+//! | `Pending` | the runtime says exited (answer or check) | none (caught up) |
+//! | `Pending` | not exited yet past the bound | none (contradiction, counted) |
+//! | `Pending` | the container is removed | none |
+//!
+//! Only EXITED is the runtime catching up. The runtime lags at a start as at
+//! a death: a container whose main process exec'd and exited before
+//! containerd finished StartContainer is CREATED in its answers until then
+//! (then RUNNING, then EXITED). Taking CREATED for "caught up" (a first
+//! version did) dropped such a death: the STOPPED's payload and the
+//! kubelet's relist on it said CREATED, and no later event came (issue #15,
+//! `cri_proxy::a_death_before_the_runtime_finished_the_start_is_shown_exited`).
+//! An answer shown exited that had no start time (CREATED) gets the exit's
+//! time as its start: the kernel saw it start, no later than that.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+
+use evpleg_core::ids::ContainerId;
+use evpleg_core::lifecycle::ExitStatus;
+
+/// How long the runtime may keep saying "running" after a certain kernel
+/// death before the runtime wins (the kernel PLEG's own bound).
+pub const CONFIRM_BOUND: Duration = evpleg_pleg::relist::CONFIRM_BOUND;
+
+/// A death the kernel saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelDeath {
+    pub exit: ExitStatus,
+    /// CLOCK_MONOTONIC ns of the exit.
+    pub at_ns: u64,
+    /// The same instant in Unix ns (the CRI's `finished_at`).
+    pub finished_at: i64,
+}
+
+impl KernelDeath {
+    /// containerd's reasons: OOMKilled, else Completed for 0, else Error.
+    pub fn reason(&self) -> &'static str {
+        if self.exit.oom_killed {
+            "OOMKilled"
+        } else if self.exit.code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        }
+    }
+
+    /// `status` as it will read once the runtime catches up.
+    fn lay_on(&self, status: &mut v1::ContainerStatus) {
+        status.state = v1::ContainerState::ContainerExited as i32;
+        status.exit_code = self.exit.code;
+        status.finished_at = self.finished_at;
+        status.reason = self.reason().to_owned();
+        if status.started_at == 0 {
+            status.started_at = self.finished_at;
+        }
+    }
+}
+
+/// The deaths the runtime has not reported yet.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    pending: Mutex<HashMap<ContainerId, KernelDeath>>,
+}
+
+/// What a runtime answer said about a pending death.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// The runtime still says running: the answer was rewritten.
+    Overlaid,
+    /// The runtime caught up: the entry is gone.
+    CaughtUp(KernelDeath),
+}
+
+/// Whether a runtime's answer has caught up with a kernel death: only
+/// EXITED. RUNNING, CREATED (the start not finished in the runtime yet) and
+/// UNKNOWN have not.
+pub fn caught_up(state: i32) -> bool {
+    state == v1::ContainerState::ContainerExited as i32
+}
+
+impl Overlay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, KernelDeath>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A certain kernel death.
+    pub fn died(&self, id: ContainerId, death: KernelDeath) {
+        self.lock().insert(id, death);
+    }
+
+    /// The entry of `id`, if pending.
+    pub fn get(&self, id: &ContainerId) -> Option<KernelDeath> {
+        self.lock().get(id).copied()
+    }
+
+    /// Ends the entry of `id` (removed, caught up, contradicted).
+    pub fn forget(&self, id: &ContainerId) -> Option<KernelDeath> {
+        self.lock().remove(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Lays a pending death on a status the runtime has not caught up in
+    /// ([`caught_up`]); a status that says exited ends the entry.
+    pub fn status(&self, status: &mut v1::ContainerStatus) -> Option<Seen> {
+        let id = ContainerId::parse(&status.id)?;
+        let mut pending = self.lock();
+        let death = *pending.get(&id)?;
+        if !caught_up(status.state) {
+            death.lay_on(status);
+            Some(Seen::Overlaid)
+        } else {
+            pending.remove(&id);
+            Some(Seen::CaughtUp(death))
+        }
+    }
+
+    /// The same for a ListContainers entry (which has no exit code).
+    pub fn listed(&self, c: &mut v1::Container) -> Option<Seen> {
+        let id = ContainerId::parse(&c.id)?;
+        let mut pending = self.lock();
+        let death = *pending.get(&id)?;
+        if !caught_up(c.state) {
+            c.state = v1::ContainerState::ContainerExited as i32;
+            Some(Seen::Overlaid)
+        } else {
+            pending.remove(&id);
+            Some(Seen::CaughtUp(death))
+        }
+    }
+
+    /// ListContainers: entries overlaid; with a state filter other than
+    /// EXITED (RUNNING, CREATED), the ones shown exited are left out, as the
+    /// runtime will leave them out.
+    pub fn list(
+        &self,
+        resp: &mut v1::ListContainersResponse,
+        filter_state: Option<i32>,
+    ) -> Vec<Seen> {
+        let mut seen = Vec::new();
+        resp.containers.retain_mut(|c| {
+            let s = self.listed(c);
+            seen.extend(s);
+            !(s == Some(Seen::Overlaid) && filter_state.is_some_and(|f| !caught_up(f)))
+        });
+        seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ContainerId {
+        ContainerId::parse(&format!("{n:064x}")).unwrap()
+    }
+
+    fn death(code: i32, oom: bool) -> KernelDeath {
+        KernelDeath {
+            exit: ExitStatus {
+                code,
+                signal: (code > 128).then_some(code - 128),
+                core_dumped: false,
+                oom_killed: oom,
+            },
+            at_ns: 5,
+            finished_at: 1_700_000_000_000_000_000,
+        }
+    }
+
+    fn status(n: u8, state: v1::ContainerState) -> v1::ContainerStatus {
+        v1::ContainerStatus {
+            id: id(n).to_string(),
+            state: state as i32,
+            started_at: 1,
+            ..Default::default()
+        }
+    }
+
+    use v1::ContainerState::{ContainerExited as Exited, ContainerRunning as Running};
+
+    /// The module's state table, row by row.
+    #[test]
+    fn the_state_table() {
+        let o = Overlay::default();
+        // No entry: the runtime's answer is untouched.
+        let mut s = status(1, Running);
+        assert_eq!(o.status(&mut s), None);
+        assert_eq!(s, status(1, Running));
+        // Pending + running: shown exited with the kernel's data.
+        o.died(id(1), death(137, false));
+        let mut s = status(1, Running);
+        assert_eq!(o.status(&mut s), Some(Seen::Overlaid));
+        assert_eq!(
+            (s.state(), s.exit_code, s.reason.as_str()),
+            (Exited, 137, "Error")
+        );
+        assert_eq!(s.finished_at, death(137, false).finished_at);
+        assert_eq!(s.started_at, 1, "the rest is the runtime's");
+        // Pending + the runtime says exited: its answer passes, the entry ends.
+        let mut runtime = status(1, Exited);
+        runtime.exit_code = 137;
+        let before = runtime.clone();
+        assert_eq!(
+            o.status(&mut runtime),
+            Some(Seen::CaughtUp(death(137, false)))
+        );
+        assert_eq!(runtime, before);
+        assert!(o.is_empty());
+        // Removed or contradicted: forgotten.
+        o.died(id(2), death(0, false));
+        assert!(o.forget(&id(2)).is_some());
+        let mut s = status(2, Running);
+        assert_eq!(o.status(&mut s), None);
+    }
+
+    /// The runtime lags at a start: CREATED (and UNKNOWN) have not caught up
+    /// with a kernel death; the answer is shown exited, and the entry lives
+    /// on through RUNNING until EXITED.
+    #[test]
+    fn created_and_unknown_are_not_caught_up() {
+        use v1::ContainerState::{ContainerCreated as Created, ContainerUnknown as Unknown};
+        let o = Overlay::default();
+        o.died(id(1), death(3, false));
+        let mut s = status(1, Created);
+        s.started_at = 0;
+        assert_eq!(o.status(&mut s), Some(Seen::Overlaid));
+        let finished = death(3, false).finished_at;
+        assert_eq!(
+            (s.state(), s.exit_code, s.reason.as_str(), s.finished_at),
+            (Exited, 3, "Error", finished)
+        );
+        assert_eq!(s.started_at, finished, "no start time: the exit's");
+        for state in [Unknown, Running] {
+            let mut s = status(1, state);
+            assert_eq!(o.status(&mut s), Some(Seen::Overlaid), "{state:?}");
+            assert_eq!((s.state(), s.started_at), (Exited, 1), "{state:?}");
+        }
+        let listed = |state: v1::ContainerState| v1::Container {
+            id: id(1).to_string(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut all = v1::ListContainersResponse {
+            containers: vec![listed(Created)],
+        };
+        let mut created_only = all.clone();
+        assert_eq!(o.list(&mut all, None), vec![Seen::Overlaid]);
+        assert_eq!(all.containers[0].state(), Exited);
+        o.list(&mut created_only, Some(Created as i32));
+        assert!(created_only.containers.is_empty(), "filtered on CREATED");
+        assert_eq!(o.len(), 1, "pending until the runtime says exited");
+        let mut s = status(1, Exited);
+        assert_eq!(o.status(&mut s), Some(Seen::CaughtUp(death(3, false))));
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn reasons_follow_the_runtime() {
+        assert_eq!(death(0, false).reason(), "Completed");
+        assert_eq!(death(3, false).reason(), "Error");
+        assert_eq!(death(137, true).reason(), "OOMKilled");
+    }
+
+    #[test]
+    fn a_list_filtered_on_running_leaves_out_the_dead() {
+        let o = Overlay::default();
+        o.died(id(1), death(1, false));
+        let listed = |n| v1::Container {
+            id: id(n).to_string(),
+            state: Running as i32,
+            ..Default::default()
+        };
+        let mut all = v1::ListContainersResponse {
+            containers: vec![listed(1), listed(2)],
+        };
+        let mut running_only = all.clone();
+        assert_eq!(o.list(&mut all, None), vec![Seen::Overlaid]);
+        assert_eq!(all.containers[0].state(), Exited);
+        assert_eq!(all.containers[1].state(), Running);
+        o.list(&mut running_only, Some(Running as i32));
+        assert_eq!(running_only.containers.len(), 1);
+        assert_eq!(running_only.containers[0].id, id(2).to_string());
+    }
+}

@@ -1,0 +1,332 @@
+//! The CRI runtime as the PLEG sees it: the kubelet's `kuberuntime` side of
+//! `GetPods` and `GetPodStatus`.
+//!
+//! [`CriRuntime`] implements the relist PLEG's [`PodRuntime`] over a
+//! [`CriClient`] as the kubelet's `GetPods` and `GetPodStatus` do: sandboxes and
+//! containers are attributed to pods by the labels the agent puts on them
+//! ([`labels`]); a pod's status is every sandbox's `PodSandboxStatus` and every
+//! container's `ContainerStatus`. Objects without the pod UID label are not the
+//! agent's and are ignored.
+
+use std::collections::BTreeMap;
+
+use evpleg_cri_api::v1;
+use tracing::warn;
+
+use crate::{CriClient, CriError};
+use evpleg_core::container::{
+    ContainerState, ContainerStatus, PodStatus, SandboxState, SandboxStatus,
+};
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::labels;
+use evpleg_core::lifecycle::EventSource;
+use evpleg_core::runtime::{PlegState, PodRuntime, RuntimeEntry, RuntimeError};
+
+impl From<CriError> for RuntimeError {
+    fn from(e: CriError) -> Self {
+        RuntimeError(e.to_string())
+    }
+}
+
+/// The CRI runtime as the PLEG sees it.
+#[derive(Clone, Debug)]
+pub struct CriRuntime {
+    client: CriClient,
+}
+
+impl CriRuntime {
+    pub fn new(client: CriClient) -> Self {
+        Self { client }
+    }
+
+    pub fn client(&self) -> &CriClient {
+        &self.client
+    }
+}
+
+fn pod_selector(pod: Option<&PodUid>) -> BTreeMap<String, String> {
+    pod.map(|p| BTreeMap::from([(labels::POD_UID.to_owned(), p.to_string())]))
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+fn pod_of(labels: &std::collections::HashMap<String, String>) -> Option<PodUid> {
+    labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u))
+}
+
+/// The CRI's container state as the kubelet's.
+pub fn container_state(state: i32) -> ContainerState {
+    match v1::ContainerState::try_from(state) {
+        Ok(v1::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(v1::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(v1::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+fn nonzero(ns: i64) -> Option<i64> {
+    (ns != 0).then_some(ns)
+}
+
+/// Converts a CRI `ContainerStatus` to the kubelet's view.
+pub fn convert_container_status(s: &v1::ContainerStatus) -> Option<ContainerStatus> {
+    let id = ContainerId::parse(&s.id)?;
+    let name = s
+        .metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
+    let mut c = ContainerStatus::new(id, &name, container_state(s.state), EventSource::Relist);
+    c.attempt = s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
+    c.created_at = nonzero(s.created_at);
+    c.started_at = nonzero(s.started_at);
+    c.finished_at = nonzero(s.finished_at);
+    c.exit_code = (c.state == ContainerState::Exited).then_some(s.exit_code);
+    c.reason = s.reason.clone();
+    c.message = s.message.clone();
+    c.image = s
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
+    c.image_ref = s.image_ref.clone();
+    c.hash = s
+        .annotations
+        .get(labels::CONTAINER_HASH)
+        .and_then(|h| u64::from_str_radix(h, 16).ok());
+    c.labels = s
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    c.annotations = s
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some(c)
+}
+
+/// The main process's host pid from a `verbose` status: containerd and CRI-O put
+/// a JSON document under `info` whose `pid` is the task's init process. `None`
+/// when absent, zero (not running) or unreadable.
+pub fn pid_from_info(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let doc: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    let pid = doc.get("pid")?.as_u64()?;
+    u32::try_from(pid).ok().filter(|p| *p > 0)
+}
+
+impl PodRuntime for CriRuntime {
+    async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
+        let selector = pod_selector(pod);
+        let sandboxes = self
+            .client
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector.clone().into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let containers = self
+            .client
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: selector.into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let mut out = Vec::with_capacity(sandboxes.len() + containers.len());
+        for s in &sandboxes {
+            let (Some(uid), Some(id)) = (pod_of(&s.labels), ContainerId::parse(&s.id)) else {
+                continue;
+            };
+            let state = if s.state == v1::PodSandboxState::SandboxReady as i32 {
+                PlegState::Running
+            } else {
+                PlegState::Exited
+            };
+            out.push(RuntimeEntry {
+                pod: uid,
+                id,
+                sandbox: true,
+                state,
+            });
+        }
+        for c in &containers {
+            let Some(uid) = pod_of(&c.labels) else {
+                continue;
+            };
+            let Some(id) = ContainerId::parse(&c.id) else {
+                warn!(container = %c.id, "container id is not 64 hex digits; ignored");
+                continue;
+            };
+            out.push(RuntimeEntry {
+                pod: uid,
+                id,
+                sandbox: false,
+                state: container_state(c.state).into(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
+        let selector = pod_selector(Some(pod));
+        let sandboxes = self
+            .client
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector.clone().into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let mut status = PodStatus {
+            uid: Some(pod.clone()),
+            ..PodStatus::default()
+        };
+        // Newest sandbox first, as the kubelet orders them.
+        let mut sandboxes = sandboxes;
+        sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        for s in &sandboxes {
+            let Some(id) = ContainerId::parse(&s.id) else {
+                continue;
+            };
+            let resp = match self.client.pod_sandbox_status(&s.id, true).await {
+                Ok(r) => r,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let Some(st) = resp.status else { continue };
+            if let Some(m) = &st.metadata
+                && status.name.is_empty()
+            {
+                status.name = m.name.clone();
+                status.namespace = m.namespace.clone();
+            }
+            let ips = sandbox_ips(Some(&st));
+            // As the kubelet: the pod's IPs are the newest sandbox's, and
+            // only while it is ready.
+            if status.sandboxes.is_empty() && st.state == v1::PodSandboxState::SandboxReady as i32 {
+                status.ips = ips.clone();
+            }
+            let ip = ips.into_iter().next();
+            status.sandboxes.push(SandboxStatus {
+                id,
+                state: if st.state == v1::PodSandboxState::SandboxReady as i32 {
+                    SandboxState::Ready
+                } else {
+                    SandboxState::NotReady
+                },
+                attempt: st.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+                created_at: nonzero(st.created_at),
+                ip,
+                pid: pid_from_info(&resp.info),
+            });
+        }
+        let containers = self
+            .client
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: selector.into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        for c in &containers {
+            let resp = match self.client.container_status(&c.id, true).await {
+                Ok(r) => r,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(mut s) = resp.status.as_ref().and_then(convert_container_status) {
+                if s.state == ContainerState::Running {
+                    s.pid = pid_from_info(&resp.info);
+                }
+                status.containers.push(s);
+            }
+        }
+        Ok(status)
+    }
+}
+
+/// A sandbox's IPs from its status (the kubelet's `determinePodSandboxIPs`):
+/// the network's IP, then the additional ones, empties dropped.
+pub fn sandbox_ips(status: Option<&v1::PodSandboxStatus>) -> Vec<String> {
+    let Some(net) = status.and_then(|s| s.network.as_ref()) else {
+        return Vec::new();
+    };
+    std::iter::once(net.ip.clone())
+        .chain(net.additional_ips.iter().map(|a| a.ip.clone()))
+        .filter(|ip| !ip.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ips_in_order() {
+        let st = v1::PodSandboxStatus {
+            network: Some(v1::PodSandboxNetworkStatus {
+                ip: "10.1.0.2".into(),
+                additional_ips: vec![v1::PodIp {
+                    ip: "fd00::2".into(),
+                }],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(sandbox_ips(Some(&st)), ["10.1.0.2", "fd00::2"]);
+        assert!(sandbox_ips(Some(&v1::PodSandboxStatus::default())).is_empty());
+        assert!(sandbox_ips(None).is_empty());
+    }
+
+    #[test]
+    fn converts_a_cri_container_status() {
+        let s = v1::ContainerStatus {
+            id: "a".repeat(64),
+            metadata: Some(v1::ContainerMetadata {
+                name: "app".into(),
+                attempt: 2,
+            }),
+            state: v1::ContainerState::ContainerExited as i32,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 3,
+            exit_code: 7,
+            reason: "Error".into(),
+            annotations: [(labels::CONTAINER_HASH.to_owned(), "ff".to_owned())].into(),
+            ..Default::default()
+        };
+        let c = convert_container_status(&s).unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.attempt, c.state),
+            ("app", 2, ContainerState::Exited)
+        );
+        assert_eq!(
+            (c.started_at, c.finished_at, c.exit_code),
+            (Some(2), Some(3), Some(7))
+        );
+        assert_eq!((c.reason.as_str(), c.hash), ("Error", Some(255)));
+        let running = v1::ContainerStatus {
+            state: v1::ContainerState::ContainerRunning as i32,
+            ..s.clone()
+        };
+        assert_eq!(convert_container_status(&running).unwrap().exit_code, None);
+        let bad = v1::ContainerStatus {
+            id: "short".into(),
+            ..s
+        };
+        assert!(convert_container_status(&bad).is_none());
+        assert_eq!(container_state(99), ContainerState::Unknown);
+    }
+
+    #[test]
+    fn main_pid_from_verbose_info() {
+        let info = |s: &str| std::collections::HashMap::from([("info".to_owned(), s.to_owned())]);
+        assert_eq!(
+            pid_from_info(&info(r#"{"pid": 4242, "sandboxID": "x"}"#)),
+            Some(4242)
+        );
+        assert_eq!(pid_from_info(&info(r#"{"pid": 0}"#)), None);
+        assert_eq!(pid_from_info(&info(r#"{"pid": -1}"#)), None);
+        assert_eq!(pid_from_info(&info("not json")), None);
+        assert_eq!(pid_from_info(&std::collections::HashMap::new()), None);
+    }
+}

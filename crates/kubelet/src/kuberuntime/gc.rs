@@ -1,0 +1,343 @@
+//! Container garbage collection: the kubelet's `containerGC`
+//! (`kuberuntime_gc.go`), run every `--container-gc-period` (the kubelet's 1 min).
+//!
+//! * Dead containers (not running, created more than `--minimum-container-ttl-duration`
+//!   ago) are grouped by pod and container name; each group keeps its newest
+//!   `--maximum-dead-containers-per-container` (1), so the last termination of
+//!   every container stays for its status and restart count; then, when
+//!   `--maximum-dead-containers` is not negative, the node keeps at most that
+//!   many, oldest first out (each group keeping one while it can).
+//! * A pod's sandboxes that are not ready and hold no container are removed,
+//!   but for the newest of the pod.
+//! * A removed container's log file goes with it.
+//!
+//! Differences: the kubelet's GC also removes everything of pods that were
+//! deleted; here the sync loop's housekeeping does that (it stops and removes
+//! the sandboxes of pods no source lists, which removes their containers), so
+//! this collector needs no knowledge of which pods exist and never removes a
+//! pod's last dead container or sandbox.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+use tracing::{debug, info, warn};
+
+use evpleg_core::labels;
+use evpleg_cri::CriClient;
+
+/// The kubelet's `GCPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcPolicy {
+    /// Dead containers younger than this stay.
+    pub min_age: Duration,
+    /// Dead containers kept per (pod, container name); negative: no limit.
+    pub max_per_pod_container: i32,
+    /// Dead containers kept on the node; negative: no limit.
+    pub max_containers: i32,
+}
+
+impl Default for GcPolicy {
+    fn default() -> Self {
+        Self {
+            min_age: Duration::ZERO,
+            max_per_pod_container: 1,
+            max_containers: -1,
+        }
+    }
+}
+
+/// What one collection removes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcPlan {
+    pub containers: Vec<String>,
+    pub sandboxes: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+struct Dead {
+    id: String,
+    created_at: i64,
+}
+
+/// Removes the oldest `n` of `unit` (sorted newest first) into `out`.
+fn remove_oldest(unit: &mut Vec<Dead>, n: usize, out: &mut Vec<String>) {
+    let keep = unit.len().saturating_sub(n);
+    out.extend(unit.drain(keep..).map(|d| d.id));
+}
+
+/// Computes a collection from the runtime's lists at `now_ns` (Unix ns).
+/// Objects without the agent's pod UID label are not the agent's: untouched.
+pub fn plan(
+    containers: &[v1::Container],
+    sandboxes: &[v1::PodSandbox],
+    policy: &GcPolicy,
+    now_ns: i64,
+) -> GcPlan {
+    let mut out = GcPlan::default();
+    let newest_created = now_ns.saturating_sub(policy.min_age.as_nanos() as i64);
+    let mut units: HashMap<(String, String), Vec<Dead>> = HashMap::new();
+    for c in containers {
+        let Some(pod) = c.labels.get(labels::POD_UID) else {
+            continue;
+        };
+        let name = c
+            .labels
+            .get(labels::CONTAINER_NAME)
+            .cloned()
+            .or_else(|| c.metadata.as_ref().map(|m| m.name.clone()))
+            .unwrap_or_default();
+        if c.state == v1::ContainerState::ContainerRunning as i32 || c.created_at > newest_created {
+            continue;
+        }
+        units.entry((pod.clone(), name)).or_default().push(Dead {
+            id: c.id.clone(),
+            created_at: c.created_at,
+        });
+    }
+    for unit in units.values_mut() {
+        unit.sort_by_key(|d| std::cmp::Reverse(d.created_at));
+    }
+    let per_unit = |units: &mut HashMap<_, Vec<Dead>>, keep: usize, out: &mut Vec<String>| {
+        for unit in units.values_mut() {
+            let n = unit.len().saturating_sub(keep);
+            remove_oldest(unit, n, out);
+        }
+    };
+    if policy.max_per_pod_container >= 0 {
+        per_unit(
+            &mut units,
+            policy.max_per_pod_container as usize,
+            &mut out.containers,
+        );
+    }
+    let total = |units: &HashMap<_, Vec<Dead>>| units.values().map(Vec::len).sum::<usize>();
+    if policy.max_containers >= 0 && total(&units) > policy.max_containers as usize {
+        let max = policy.max_containers as usize;
+        // An equal share per group first (at least one), then the oldest.
+        let share = (max / units.len().max(1)).max(1);
+        per_unit(&mut units, share, &mut out.containers);
+        let left = total(&units);
+        if left > max {
+            let mut all: Vec<Dead> = units.values().flatten().cloned().collect();
+            all.sort_by_key(|d| std::cmp::Reverse(d.created_at));
+            remove_oldest(&mut all, left - max, &mut out.containers);
+        }
+    }
+
+    // Sandboxes: active when ready or still holding a container that stays.
+    let removed: HashSet<&str> = out.containers.iter().map(String::as_str).collect();
+    let holding: HashSet<&str> = containers
+        .iter()
+        .filter(|c| !removed.contains(c.id.as_str()))
+        .map(|c| c.pod_sandbox_id.as_str())
+        .collect();
+    let mut by_pod: HashMap<&str, Vec<&v1::PodSandbox>> = HashMap::new();
+    for s in sandboxes {
+        if let Some(pod) = s.labels.get(labels::POD_UID) {
+            by_pod.entry(pod.as_str()).or_default().push(s);
+        }
+    }
+    for list in by_pod.values_mut() {
+        list.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        for s in list.iter().skip(1) {
+            let active = s.state == v1::PodSandboxState::SandboxReady as i32
+                || holding.contains(s.id.as_str());
+            if !active {
+                out.sandboxes.push(s.id.clone());
+            }
+        }
+    }
+    out.containers.sort();
+    out.sandboxes.sort();
+    out
+}
+
+/// One collection against the runtime: lists, plans, removes (logs first).
+/// Errors are logged per object; the next period tries again.
+pub async fn collect(cri: &CriClient, policy: &GcPolicy, now_ns: i64) -> GcPlan {
+    let containers = match cri.list_containers(None).await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %e, "container gc: listing containers failed");
+            return GcPlan::default();
+        }
+    };
+    let sandboxes = match cri.list_pod_sandboxes(None).await {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "container gc: listing sandboxes failed");
+            return GcPlan::default();
+        }
+    };
+    let plan = plan(&containers, &sandboxes, policy, now_ns);
+    for id in &plan.containers {
+        // The kubelet's removeContainerLog: the log file before the container.
+        if let Ok(resp) = cri.container_status(id, false).await
+            && let Some(path) = resp.status.map(|s| s.log_path).filter(|p| !p.is_empty())
+        {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(path, error = %e, "container gc: cannot remove a container log"),
+            }
+        }
+        match cri.remove_container(id).await {
+            Ok(()) => info!(container = %id, "container gc: removed a dead container"),
+            Err(e) => warn!(container = %id, error = %e, "container gc: removal failed"),
+        }
+    }
+    for id in &plan.sandboxes {
+        match cri.remove_pod_sandbox(id).await {
+            Ok(()) => info!(sandbox = %id, "container gc: removed a dead sandbox"),
+            Err(e) => warn!(sandbox = %id, error = %e, "container gc: removal failed"),
+        }
+    }
+    debug!(
+        containers = plan.containers.len(),
+        sandboxes = plan.sandboxes.len(),
+        "container gc done"
+    );
+    plan
+}
+
+/// Collects every `period` until `shutdown`; the first collection is one period
+/// after the start, as the kubelet's.
+pub async fn run(
+    cri: CriClient,
+    policy: GcPolicy,
+    period: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i64);
+                collect(&cri, &policy, now).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000_000;
+
+    fn container(
+        id: &str,
+        pod: &str,
+        name: &str,
+        sandbox: &str,
+        running: bool,
+        created_s: i64,
+    ) -> v1::Container {
+        v1::Container {
+            id: id.into(),
+            pod_sandbox_id: sandbox.into(),
+            state: if running {
+                v1::ContainerState::ContainerRunning
+            } else {
+                v1::ContainerState::ContainerExited
+            } as i32,
+            created_at: created_s * S,
+            labels: HashMap::from([
+                (labels::POD_UID.to_owned(), pod.to_owned()),
+                (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
+            ]),
+            ..Default::default()
+        }
+    }
+
+    fn sandbox(id: &str, pod: &str, ready: bool, created_s: i64) -> v1::PodSandbox {
+        v1::PodSandbox {
+            id: id.into(),
+            state: if ready {
+                v1::PodSandboxState::SandboxReady
+            } else {
+                v1::PodSandboxState::SandboxNotready
+            } as i32,
+            created_at: created_s * S,
+            labels: HashMap::from([(labels::POD_UID.to_owned(), pod.to_owned())]),
+            ..Default::default()
+        }
+    }
+
+    /// One running and three dead instances of `app`, two of `side`, a
+    /// container that is not ours; two old sandboxes, one still holding a
+    /// container.
+    fn node() -> (Vec<v1::Container>, Vec<v1::PodSandbox>) {
+        let mut foreign = container("x", "p", "app", "zz", false, 1);
+        foreign.labels.clear();
+        (
+            vec![
+                container("a1", "p", "app", "s1", false, 10),
+                container("a2", "p", "app", "s2", false, 20),
+                container("a3", "p", "app", "s3", false, 30),
+                container("a4", "p", "app", "s3", true, 40),
+                container("b1", "p", "side", "s2", false, 15),
+                container("b2", "p", "side", "s3", false, 35),
+                foreign,
+            ],
+            vec![
+                sandbox("s1", "p", false, 5),
+                sandbox("s2", "p", false, 12),
+                sandbox("s3", "p", true, 25),
+                sandbox("t1", "q", false, 1),
+            ],
+        )
+    }
+
+    #[test]
+    fn the_kubelet_s_policy_table() {
+        let (containers, sandboxes) = node();
+        let now = 100 * S;
+        let policy = |min_age: u64, per: i32, max: i32| GcPolicy {
+            min_age: Duration::from_secs(min_age),
+            max_per_pod_container: per,
+            max_containers: max,
+        };
+        let cases = [
+            // The kubelet's defaults: the newest dead instance of each container
+            // stays; s1 and s2 are then empty and not the newest: removed. The
+            // foreign container and q's only sandbox stay.
+            (policy(0, 1, -1), vec!["a1", "a2", "b1"], vec!["s1", "s2"]),
+            // Young containers stay: only what was created 75 s ago or before.
+            (policy(75, 1, -1), vec!["a1"], vec!["s1"]),
+            // No per-container limit, two on the node: a share of one per group.
+            (policy(0, -1, 2), vec!["a1", "a2", "b1"], vec!["s1", "s2"]),
+            // One on the node: the groups keep one each, then the oldest goes.
+            (
+                policy(0, -1, 1),
+                vec!["a1", "a2", "a3", "b1"],
+                vec!["s1", "s2"],
+            ),
+            // Nothing to remove.
+            (policy(0, 5, -1), vec![], vec![]),
+        ];
+        for (p, want_containers, want_sandboxes) in cases {
+            let got = plan(&containers, &sandboxes, &p, now);
+            assert_eq!(
+                (got.containers, got.sandboxes),
+                (
+                    want_containers
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>(),
+                    want_sandboxes
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                ),
+                "{p:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The kubelet's container runtime manager (`kuberuntime_manager.go`) as the pod
+//! workers see it: [`KubeRuntime`] implements [`PodSyncer`] over a CRI client.
+//! The work is split by concern: [`super::sync`] (SyncPod),
+//! [`super::terminate`] (SyncTerminatingPod, SyncTerminatedPod),
+//! [`super::cri_config`] (sandbox and container configs), [`super::cgroups`]
+//! (the pod's cgroup files) and [`super::actions`] (computePodActions).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::actions::{PodActions, Terminal};
+use super::backoff::{CrashBackoff, ImagePullBackoff};
+use super::reasons::ReasonCache;
+use crate::pod_workers::{PodSyncer, SyncError, SyncResult};
+use crate::status::generate::{Context, generate};
+use crate::status::manager::StatusManager;
+use evpleg_core::cache::CacheEntry;
+use evpleg_core::cgroup_path::CgroupDriver;
+use evpleg_core::container::PodStatus;
+use evpleg_core::ids::PodUid;
+use evpleg_cri::CriClient;
+use evpleg_record::Recorder;
+
+/// The node, as SyncPod needs it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub name: String,
+    pub host_ip: String,
+    /// The runtime's name from CRI `Version`: the scheme of container ids.
+    pub runtime_name: String,
+    /// How pod cgroups are named (`--cgroup-driver`).
+    pub cgroup_driver: CgroupDriver,
+    /// Directory for container logs (`<dir>/<ns>_<name>_<uid>/<container>/<n>.log`).
+    pub log_dir: PathBuf,
+    /// Cgroup mounts (cgroup2 first, then v1 hierarchies) whose pod cgroups are
+    /// removed when a pod terminates.
+    pub cgroup_mounts: Vec<PathBuf>,
+    /// The pods' DNS settings (`--cluster-dns`, `--cluster-domain`,
+    /// `--resolv-conf`).
+    pub dns: crate::network::dns::Configurer,
+    /// The agent's state directory (`--root-dir`): `pods/<uid>/etc-hosts`.
+    pub root_dir: PathBuf,
+}
+
+/// The pod's UID, checked.
+pub fn pod_uid(pod: &Pod) -> Result<PodUid, SyncError> {
+    pod.metadata
+        .uid
+        .as_deref()
+        .and_then(PodUid::parse)
+        .ok_or_else(|| SyncError(format!("pod {:?} has no valid uid", pod.metadata.name)))
+}
+
+pub(super) fn unix_now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Pod lifecycle against a CRI runtime.
+#[derive(Debug)]
+pub struct KubeRuntime {
+    pub(super) cri: CriClient,
+    pub(super) status: Arc<StatusManager>,
+    pub(super) node: NodeInfo,
+    pub(super) backoff: Mutex<CrashBackoff>,
+    pub(super) image_backoff: Mutex<ImagePullBackoff>,
+    pub(super) reasons: Mutex<ReasonCache>,
+    pub(super) start_times: Mutex<HashMap<PodUid, i64>>,
+    /// The probes' results ([`crate::prober`]).
+    pub(super) probes: Arc<crate::prober::Results>,
+    /// The pod events recorded ([`evpleg_record`]).
+    pub(super) events: Recorder,
+    /// The volume manager ([`evpleg_volume`]); without one a pod with
+    /// volumes cannot start.
+    pub(super) volumes: Option<Arc<evpleg_volume::VolumeManager>>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl KubeRuntime {
+    pub fn new(
+        cri: CriClient,
+        status: Arc<StatusManager>,
+        node: NodeInfo,
+        backoff: CrashBackoff,
+    ) -> Self {
+        Self {
+            cri,
+            status,
+            node,
+            backoff: Mutex::new(backoff),
+            image_backoff: Mutex::new(ImagePullBackoff::default()),
+            reasons: Mutex::new(ReasonCache::default()),
+            start_times: Mutex::new(HashMap::new()),
+            probes: crate::prober::Results::new().0,
+            events: Recorder::default(),
+            volumes: None,
+        }
+    }
+
+    /// Mounts pods' volumes with this volume manager (its reconciler runs
+    /// elsewhere: [`evpleg_volume::VolumeManager::run`]).
+    pub fn with_volumes(mut self, volumes: Arc<evpleg_volume::VolumeManager>) -> Self {
+        self.volumes = Some(volumes);
+        self
+    }
+
+    /// Uses these probe results (the prober manager's).
+    pub fn with_probes(mut self, probes: Arc<crate::prober::Results>) -> Self {
+        self.probes = probes;
+        self
+    }
+
+    /// Records events with this recorder (the agent's, served and written).
+    pub fn with_events(mut self, events: Recorder) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The recorder events go to.
+    pub fn events(&self) -> &Recorder {
+        &self.events
+    }
+
+    /// Replaces the image pull back-off (the kubelet's 10 s to 5 min).
+    pub fn with_image_pull_backoff(mut self, backoff: ImagePullBackoff) -> Self {
+        self.image_backoff = Mutex::new(backoff);
+        self
+    }
+
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    fn start_time(&self, uid: &PodUid) -> i64 {
+        *lock(&self.start_times)
+            .entry(uid.clone())
+            .or_insert_with(unix_now_ns)
+    }
+
+    pub(super) fn publish(
+        &self,
+        pod: &Arc<Pod>,
+        uid: &PodUid,
+        status: &PodStatus,
+        actions: &PodActions,
+        terminal: Option<Terminal>,
+    ) {
+        // This sync's back-offs first, then the last start errors of the others.
+        let mut waiting = actions.backoff.clone();
+        for w in lock(&self.reasons).waiting(uid) {
+            if !waiting.iter().any(|b| b.name == w.name) {
+                waiting.push(w);
+            }
+        }
+        let ctx = Context {
+            terminal,
+            waiting: &waiting,
+            host_ip: &self.node.host_ip,
+            runtime: &self.node.runtime_name,
+            start_time: Some(self.start_time(uid)),
+            rejected: None,
+            probes: Some(&self.probes),
+        };
+        self.status
+            .set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));
+    }
+}
+
+impl PodSyncer for KubeRuntime {
+    async fn sync_pod(&self, pod: Arc<Pod>, entry: CacheEntry) -> Result<SyncResult, SyncError> {
+        KubeRuntime::sync_pod(self, pod, entry).await
+    }
+
+    async fn sync_terminating_pod(
+        &self,
+        pod: Arc<Pod>,
+        entry: CacheEntry,
+        grace_seconds: i64,
+    ) -> Result<(), SyncError> {
+        KubeRuntime::sync_terminating_pod(self, pod, entry, grace_seconds).await
+    }
+
+    async fn sync_terminated_pod(&self, pod: Arc<Pod>, entry: CacheEntry) -> Result<(), SyncError> {
+        KubeRuntime::sync_terminated_pod(self, pod, entry).await
+    }
+}

@@ -1,0 +1,447 @@
+//! One probe worker (the kubelet's `worker.go`): every `periodSeconds` it finds
+//! the container's newest instance in the PLEG's cache, decides whether to
+//! probe it ([`Decision`]), runs the probe, and feeds the outcome to its
+//! [`Counter`], which changes the published result only after
+//! `successThreshold` / `failureThreshold` equal outcomes in a row.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use tracing::{debug, info};
+
+use super::handlers::{Handlers, Outcome};
+use super::{ProbeKind, ProbeResult, Results};
+use crate::kuberuntime::actions::latest;
+use evpleg_core::cache::PodStatusCache;
+use evpleg_core::container::ContainerState;
+use evpleg_core::ids::{ContainerId, PodUid};
+
+/// The thresholds, with the kubelet's defaults (1 and 3; liveness and
+/// startup need `successThreshold` 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    pub success: u32,
+    pub failure: u32,
+}
+
+impl Thresholds {
+    pub fn of(probe: &Probe) -> Self {
+        Self {
+            success: probe.success_threshold.unwrap_or(1).max(1) as u32,
+            failure: probe.failure_threshold.unwrap_or(3).max(1) as u32,
+        }
+    }
+}
+
+/// Consecutive outcomes of one container's probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counter {
+    kind: ProbeKind,
+    thresholds: Thresholds,
+    /// The published result.
+    pub result: ProbeResult,
+    last: ProbeResult,
+    run: u32,
+    /// A liveness or startup failure was published: no more probing until
+    /// the container is replaced.
+    pub on_hold: bool,
+}
+
+impl Counter {
+    /// A new container's counter, at the kind's initial result.
+    pub fn new(kind: ProbeKind, thresholds: Thresholds) -> Self {
+        Self {
+            kind,
+            thresholds,
+            result: kind.initial(),
+            last: ProbeResult::Unknown,
+            run: 0,
+            on_hold: false,
+        }
+    }
+
+    /// One outcome; returns the new published result when it changed.
+    pub fn observe(&mut self, outcome: ProbeResult) -> Option<ProbeResult> {
+        if self.on_hold {
+            return None;
+        }
+        if outcome == self.last {
+            self.run = self.run.saturating_add(1);
+        } else {
+            self.last = outcome;
+            self.run = 1;
+        }
+        let needed = match outcome {
+            ProbeResult::Success => self.thresholds.success,
+            ProbeResult::Failure => self.thresholds.failure,
+            ProbeResult::Unknown => return None,
+        };
+        if self.run < needed || outcome == self.result {
+            return None;
+        }
+        self.result = outcome;
+        if outcome == ProbeResult::Failure
+            && matches!(self.kind, ProbeKind::Liveness | ProbeKind::Startup)
+        {
+            self.on_hold = true;
+            self.run = 0;
+        }
+        Some(outcome)
+    }
+}
+
+/// What a worker does at a tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// No container yet (or the pod is not in the cache).
+    Wait,
+    /// The container is not running: its result is Failure.
+    NotRunning(ContainerId),
+    /// A startup probe has not succeeded yet (liveness, readiness), or has
+    /// (startup), or the initial delay has not passed: keep the result.
+    Skip(ContainerId),
+    Probe(ContainerId),
+}
+
+/// The decision for a container instance seen at `now_ns` (Unix).
+pub fn decide(
+    kind: ProbeKind,
+    probe: &Probe,
+    container: &Container,
+    instance: Option<(ContainerId, ContainerState, Option<i64>)>,
+    started: bool,
+    now_ns: i64,
+) -> Decision {
+    let Some((id, state, started_at)) = instance else {
+        return Decision::Wait;
+    };
+    if state != ContainerState::Running {
+        return Decision::NotRunning(id);
+    }
+    let gated = match kind {
+        ProbeKind::Startup => started,
+        _ => container.startup_probe.is_some() && !started,
+    };
+    let delay = i64::from(probe.initial_delay_seconds.unwrap_or(0).max(0)) * 1_000_000_000;
+    let early = started_at.is_some_and(|t| now_ns < t.saturating_add(delay));
+    if gated || early {
+        Decision::Skip(id)
+    } else {
+        Decision::Probe(id)
+    }
+}
+
+/// A running worker's parts.
+#[derive(Debug)]
+pub struct Worker {
+    pub uid: PodUid,
+    pub pod: Arc<Pod>,
+    pub container: Container,
+    pub kind: ProbeKind,
+    pub probe: Probe,
+    pub results: Arc<Results>,
+    pub cache: Arc<PodStatusCache>,
+    pub handler: Handlers,
+    /// Failed probes are recorded as `Unhealthy` events, as the kubelet does.
+    pub events: evpleg_record::Recorder,
+}
+
+impl Worker {
+    /// Probes every period until aborted.
+    pub async fn run(self) {
+        let period = Duration::from_secs(self.probe.period_seconds.unwrap_or(10).max(1) as u64);
+        let thresholds = Thresholds::of(&self.probe);
+        let mut current: Option<(ContainerId, Counter)> = None;
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let entry = self.cache.get(&self.uid);
+            let instance = entry.as_ref().and_then(|e| {
+                latest(&e.status, &self.container.name)
+                    .map(|c| (c.id.clone(), c.state, c.started_at))
+            });
+            // A new container instance starts from the initial result.
+            if let Some((id, _, _)) = &instance
+                && current.as_ref().is_none_or(|(c, _)| c != id)
+            {
+                if let Some((old, _)) = current.take() {
+                    self.results.remove(&old, self.kind);
+                }
+                let counter = Counter::new(self.kind, thresholds);
+                self.results.set(&self.uid, id, self.kind, counter.result);
+                current = Some((id.clone(), counter));
+            }
+            let started = instance
+                .as_ref()
+                .is_some_and(|(id, _, _)| self.results.started(&self.container, id));
+            let now = evpleg_core::clock::wall_clock_ns();
+            match decide(
+                self.kind,
+                &self.probe,
+                &self.container,
+                instance,
+                started,
+                now,
+            ) {
+                Decision::Wait | Decision::Skip(_) => {}
+                Decision::NotRunning(id) => {
+                    self.results
+                        .set(&self.uid, &id, self.kind, ProbeResult::Failure);
+                }
+                Decision::Probe(id) => {
+                    let Some((_, counter)) = current.as_mut().filter(|(c, _)| *c == id) else {
+                        continue;
+                    };
+                    if counter.on_hold {
+                        continue;
+                    }
+                    let ips = entry.as_ref().map(|e| e.status.ips.as_slice());
+                    let handler = self.handler.at_pod(&self.pod, ips.unwrap_or_default());
+                    let outcome = match handler.run(&self.container, &id, &self.probe).await {
+                        Ok(outcome) => outcome,
+                        Err(e) => {
+                            debug!(error = %e, "probe not run; its result is thrown away");
+                            continue;
+                        }
+                    };
+                    let outcome = self.record(outcome);
+                    if let Some(result) = counter.observe(outcome) {
+                        info!(
+                            pod = %self.uid,
+                            name = self.pod.metadata.name.as_deref().unwrap_or("-"),
+                            container = %self.container.name,
+                            probe = self.kind.name(),
+                            ?result,
+                            "probe result changed"
+                        );
+                        self.results.set(&self.uid, &id, self.kind, result);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// The kubelet's `prober.probe`: a failure is an `Unhealthy` event, a
+    /// success with a warning a `ProbeWarning` event (and a success).
+    fn record(&self, outcome: Outcome) -> ProbeResult {
+        let Some((reason, message, result)) = event_of(self.kind, &outcome) else {
+            return ProbeResult::Success;
+        };
+        self.events.record(
+            &self.pod,
+            Some(&self.container.name),
+            evpleg_record::EventType::Warning,
+            reason,
+            message,
+        );
+        result
+    }
+}
+
+/// The event the kubelet records for a probe's outcome (reason, message)
+/// and the result it counts; `None` for a plain success (no event).
+pub fn event_of(kind: ProbeKind, outcome: &Outcome) -> Option<(&'static str, String, ProbeResult)> {
+    let mut title = kind.name().to_owned();
+    title[..1].make_ascii_uppercase();
+    match outcome {
+        Outcome::Success => None,
+        Outcome::Warning(why) => Some((
+            evpleg_record::PROBE_WARNING,
+            format!("{title} probe warning: {why}"),
+            ProbeResult::Success,
+        )),
+        Outcome::Failure(why) => Some((
+            evpleg_record::UNHEALTHY,
+            format!("{title} probe failed: {why}"),
+            ProbeResult::Failure,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ProbeResult::{Failure as F, Success as S, Unknown as U};
+
+    fn thresholds(success: u32, failure: u32) -> Thresholds {
+        Thresholds { success, failure }
+    }
+
+    /// Outcomes in, published results out, per kind and thresholds.
+    #[test]
+    fn the_counter_publishes_after_the_thresholds_and_holds_after_a_kill() {
+        type Case = (
+            ProbeKind,
+            Thresholds,
+            &'static [ProbeResult],
+            &'static [Option<ProbeResult>],
+        );
+        let cases: &[Case] = &[
+            // Readiness starts Failure: one success (threshold 1) makes it ready;
+            // three failures in a row make it unready again, not two.
+            (
+                ProbeKind::Readiness,
+                thresholds(1, 3),
+                &[S, F, F, S, F, F, F],
+                &[Some(S), None, None, None, None, None, Some(F)],
+            ),
+            // successThreshold 2: two successes in a row.
+            (
+                ProbeKind::Readiness,
+                thresholds(2, 1),
+                &[S, F, S, S, S],
+                &[None, None, None, Some(S), None],
+            ),
+            // Liveness starts Success; failureThreshold 2; then it holds.
+            (
+                ProbeKind::Liveness,
+                thresholds(1, 2),
+                &[F, S, F, F, S, F, F],
+                &[None, None, None, Some(F), None, None, None],
+            ),
+            // Startup starts Unknown: one success publishes it; Unknown outcomes change nothing.
+            (
+                ProbeKind::Startup,
+                thresholds(1, 3),
+                &[U, S, S],
+                &[None, Some(S), None],
+            ),
+            (
+                ProbeKind::Startup,
+                thresholds(1, 1),
+                &[F, S],
+                &[Some(F), None],
+            ),
+        ];
+        for (kind, th, outcomes, want) in cases {
+            let mut c = Counter::new(*kind, *th);
+            let got: Vec<_> = outcomes.iter().map(|o| c.observe(*o)).collect();
+            assert_eq!(&got, want, "{kind:?} {th:?} {outcomes:?}");
+        }
+    }
+
+    #[test]
+    fn outcomes_are_recorded_as_the_kubelet_records_them() {
+        let cases = [
+            (ProbeKind::Readiness, Outcome::Success, None),
+            (
+                ProbeKind::Readiness,
+                Outcome::Warning("Probe terminated redirects, Response body: x".into()),
+                Some((
+                    "ProbeWarning",
+                    "Readiness probe warning: Probe terminated redirects, Response body: x",
+                    S,
+                )),
+            ),
+            (
+                ProbeKind::Liveness,
+                Outcome::Failure("HTTP probe failed with statuscode: 500".into()),
+                Some((
+                    "Unhealthy",
+                    "Liveness probe failed: HTTP probe failed with statuscode: 500",
+                    F,
+                )),
+            ),
+            (
+                ProbeKind::Startup,
+                Outcome::Warning("w".into()),
+                Some(("ProbeWarning", "Startup probe warning: w", S)),
+            ),
+        ];
+        for (kind, outcome, want) in cases {
+            let got = event_of(kind, &outcome);
+            let got = got.as_ref().map(|(r, m, res)| (*r, m.as_str(), *res));
+            assert_eq!(got, want, "{kind:?} {outcome:?}");
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let id = ContainerId::parse(&"c".repeat(64)).unwrap();
+        let probe: Probe =
+            serde_json::from_value(serde_json::json!({"initialDelaySeconds": 5})).unwrap();
+        let plain = Container::default();
+        let gated: Container =
+            serde_json::from_value(serde_json::json!({"name": "c", "startupProbe": {}})).unwrap();
+        let s = 1_000_000_000i64;
+        let run = |state| Some((id.clone(), state, Some(10 * s)));
+        use ContainerState::{Exited, Running};
+        let cases = [
+            (
+                ProbeKind::Readiness,
+                &plain,
+                None,
+                false,
+                20,
+                Decision::Wait,
+            ),
+            (
+                ProbeKind::Readiness,
+                &plain,
+                run(Exited),
+                false,
+                20,
+                Decision::NotRunning(id.clone()),
+            ),
+            (
+                ProbeKind::Readiness,
+                &plain,
+                run(Running),
+                false,
+                14,
+                Decision::Skip(id.clone()),
+            ),
+            (
+                ProbeKind::Readiness,
+                &plain,
+                run(Running),
+                false,
+                15,
+                Decision::Probe(id.clone()),
+            ),
+            (
+                ProbeKind::Liveness,
+                &gated,
+                run(Running),
+                false,
+                20,
+                Decision::Skip(id.clone()),
+            ),
+            (
+                ProbeKind::Liveness,
+                &gated,
+                run(Running),
+                true,
+                20,
+                Decision::Probe(id.clone()),
+            ),
+            (
+                ProbeKind::Startup,
+                &gated,
+                run(Running),
+                false,
+                20,
+                Decision::Probe(id.clone()),
+            ),
+            (
+                ProbeKind::Startup,
+                &gated,
+                run(Running),
+                true,
+                20,
+                Decision::Skip(id.clone()),
+            ),
+        ];
+        for (kind, c, instance, started, now, want) in cases {
+            assert_eq!(
+                decide(kind, &probe, c, instance.clone(), started, now * s),
+                want,
+                "{kind:?} {instance:?} started={started} now={now}"
+            );
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! The sync loop: the kubelet's `syncLoop` / `syncLoopIteration` and
+//! `HandlePod{Additions,Updates,Removes,Reconcile}`, plus housekeeping
+//! (`HandlePodCleanups`).
+//!
+//! It selects on pod updates from the sources' mux, lifecycle events from the
+//! PLEG, workers that finished, and a housekeeping tick. New pods are admitted
+//! (resources against allocatable) or rejected with a Failed status; admitted
+//! ones go to their worker. A PLEG event wakes the pod's worker at once (the
+//! kubelet also waits for the next sync tick for some events; with kernel events
+//! the point is not to wait). Housekeeping, once every source has sent its first
+//! set, stops and removes sandboxes of pods that no longer exist and removes their
+//! empty pod cgroups (cgroupfs and systemd names).
+//!
+//! Before admission, [`crate::pod_fate`] decides what a new pod becomes: mirror
+//! pods never run, a pod terminal in the API server is never started, a UID
+//! re-added after (or while) it terminated starts again. When a worker finished,
+//! the status manager hears it ([`StatusManager::pod_finished`]), so that a
+//! gracefully deleted API pod is deleted for good; a pod removed from its source
+//! is forgotten (status and cache entry).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use evpleg_cri_api::v1;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::admission::Admission;
+use crate::kuberuntime::manager::pod_uid;
+use crate::pod_fate::{OnAdd, on_add};
+use crate::pod_workers::{PodSyncer, PodWorkers, UpdateType, WorkerState};
+use crate::source::mux::SeenSources;
+use crate::source::{Op, PodUpdate, SourceName};
+use crate::status::generate::{Context, generate};
+use crate::status::manager::StatusManager;
+use evpleg_core::cache::PodStatusCache;
+use evpleg_core::cgroup_path::{CgroupClass, classify};
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::labels;
+use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
+use evpleg_cri::CriClient;
+use evpleg_record::Recorder;
+
+/// The kubelet's housekeeping period.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// What the sync loop drives, handed to [`SyncLoop::new`].
+pub struct SyncLoopParts<S> {
+    pub workers: Arc<PodWorkers<S>>,
+    pub status: Arc<StatusManager>,
+    pub cache: Arc<PodStatusCache>,
+    pub cri: CriClient,
+    pub admission: Admission,
+    pub seen: SeenSources,
+    /// The sources configured (housekeeping waits for all of them).
+    pub sources: Vec<SourceName>,
+    pub host_ip: String,
+    /// Cgroup mounts whose orphaned pod cgroups housekeeping removes.
+    pub cgroup_mounts: Vec<std::path::PathBuf>,
+    /// `pleg_event_latency_seconds`, observed as events are taken.
+    pub event_latency: Arc<evpleg_pleg::latency::EventLatency>,
+    /// The prober manager and the pods whose probe results changed.
+    pub prober: Option<(
+        Arc<crate::prober::ProberManager>,
+        mpsc::UnboundedReceiver<PodUid>,
+    )>,
+    /// Pod events: the kernel PLEG's container deaths are recorded here.
+    pub events: Recorder,
+}
+
+/// The sync loop and what it drives.
+pub struct SyncLoop<S> {
+    workers: Arc<PodWorkers<S>>,
+    status: Arc<StatusManager>,
+    cache: Arc<PodStatusCache>,
+    cri: CriClient,
+    admission: Admission,
+    seen: SeenSources,
+    sources: Vec<SourceName>,
+    host_ip: String,
+    cgroup_mounts: Vec<std::path::PathBuf>,
+    event_latency: Arc<evpleg_pleg::latency::EventLatency>,
+    prober: Option<Arc<crate::prober::ProberManager>>,
+    probe_results: Option<mpsc::UnboundedReceiver<PodUid>>,
+    events: Recorder,
+    pods: HashMap<PodUid, Arc<Pod>>,
+    rejected: HashMap<PodUid, Arc<Pod>>,
+    /// Re-added while their worker was terminating: started again once it ends.
+    restart_requested: HashSet<PodUid>,
+}
+
+impl<S> std::fmt::Debug for SyncLoopParts<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncLoopParts")
+            .field("sources", &self.sources)
+            .field("host_ip", &self.host_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> std::fmt::Debug for SyncLoop<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncLoop")
+            .field("pods", &self.pods.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn grace_override(pod: &Pod) -> Option<i64> {
+    pod.metadata.deletion_grace_period_seconds
+}
+
+impl<S: PodSyncer> SyncLoop<S> {
+    pub fn new(parts: SyncLoopParts<S>) -> Self {
+        let SyncLoopParts {
+            workers,
+            status,
+            cache,
+            cri,
+            admission,
+            seen,
+            sources,
+            host_ip,
+            cgroup_mounts,
+            event_latency,
+            prober,
+            events,
+        } = parts;
+        let (prober, probe_results) = prober.unzip();
+        Self {
+            workers,
+            status,
+            cache,
+            cri,
+            admission,
+            seen,
+            sources,
+            host_ip,
+            cgroup_mounts,
+            event_latency,
+            prober,
+            probe_results,
+            events,
+            pods: HashMap::new(),
+            rejected: HashMap::new(),
+            restart_requested: HashSet::new(),
+        }
+    }
+
+    fn handle_update(&mut self, update: PodUpdate) {
+        for pod in update.pods {
+            if crate::status::finish::is_mirror_pod(&pod) {
+                debug!(op = ?update.op, name = ?pod.metadata.name, namespace = ?pod.metadata.namespace,
+                       "mirror pod: not run (its static pod runs from its own source)");
+                continue;
+            }
+            let uid = match pod_uid(&pod) {
+                Ok(u) => u,
+                Err(e) => {
+                    warn!(error = %e, source = update.source.as_str(), "pod update without a valid uid ignored");
+                    continue;
+                }
+            };
+            match update.op {
+                Op::Add | Op::Set => self.add(uid, pod),
+                Op::Update => {
+                    if self.rejected.contains_key(&uid) {
+                        continue;
+                    }
+                    self.pods.insert(uid.clone(), pod.clone());
+                    self.workers.update_pod(&uid, pod, UpdateType::Update);
+                }
+                Op::Delete => {
+                    if self.rejected.contains_key(&uid) {
+                        // Never ran: finished as it is.
+                        self.rejected.insert(uid.clone(), pod.clone());
+                        self.status.pod_finished(&uid, pod);
+                        continue;
+                    }
+                    self.pods.insert(uid.clone(), pod.clone());
+                    if self.workers.state(&uid) == Some(WorkerState::Done) {
+                        // Finished before the deletion: nothing left to stop.
+                        self.status.pod_finished(&uid, pod);
+                        continue;
+                    }
+                    let grace = grace_override(&pod);
+                    self.workers.update_pod(
+                        &uid,
+                        pod,
+                        UpdateType::Kill {
+                            grace_seconds: grace,
+                        },
+                    );
+                }
+                Op::Remove => {
+                    info!(pod = %uid, name = ?pod.metadata.name, "pod removed from its source: terminating");
+                    self.pods.remove(&uid);
+                    self.restart_requested.remove(&uid);
+                    if self.rejected.remove(&uid).is_some() {
+                        self.status.remove(&uid);
+                        continue;
+                    }
+                    let state = self.workers.state(&uid);
+                    if state.is_none()
+                        || (state == Some(WorkerState::Done) && !self.workers.is_live(&uid))
+                    {
+                        // Terminated earlier (or never started): nothing to kill,
+                        // forget it now.
+                        self.workers.reap(&uid);
+                        self.forget(&uid);
+                        continue;
+                    }
+                    self.workers.update_pod(
+                        &uid,
+                        pod,
+                        UpdateType::Kill {
+                            grace_seconds: None,
+                        },
+                    );
+                }
+                Op::Reconcile => {}
+            }
+        }
+    }
+
+    fn add(&mut self, uid: PodUid, pod: Arc<Pod>) {
+        if self.pods.contains_key(&uid) || self.rejected.contains_key(&uid) {
+            return;
+        }
+        let state = self.workers.state(&uid);
+        let mut fate = on_add(&pod, state, self.workers.is_live(&uid));
+        if fate == OnAdd::Restart {
+            info!(pod = %uid, name = ?pod.metadata.name, "pod added again after it terminated: starting it again");
+            self.workers.forget_finished(&uid);
+            self.status.reset(&uid);
+            self.cache.delete(&uid);
+            fate = on_add(&pod, None, false);
+        }
+        match fate {
+            OnAdd::IgnoreMirror | OnAdd::Restart => return,
+            OnAdd::RestartWhenFinished => {
+                info!(pod = %uid, name = ?pod.metadata.name, ?state, "pod added again while terminating: it starts again once terminated");
+                self.pods.insert(uid.clone(), pod);
+                self.restart_requested.insert(uid);
+                return;
+            }
+            OnAdd::Terminate => {
+                info!(pod = %uid, name = ?pod.metadata.name,
+                      phase = ?pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                      "pod already terminal in the API server: never started, only terminated");
+                self.pods.insert(uid.clone(), pod.clone());
+                self.workers.update_pod(
+                    &uid,
+                    pod,
+                    UpdateType::Kill {
+                        grace_seconds: None,
+                    },
+                );
+                return;
+            }
+            OnAdd::Admit => {}
+        }
+        if let Err(r) = self.admission.admit(&uid, &pod) {
+            warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
+            let ctx = Context {
+                host_ip: &self.host_ip,
+                rejected: Some((&r.reason, &r.message)),
+                ..Context::default()
+            };
+            self.status.set_pod_status(
+                &uid,
+                pod.clone(),
+                generate(&pod, &Default::default(), &ctx),
+            );
+            self.rejected.insert(uid, pod);
+            return;
+        }
+        info!(pod = %uid, name = ?pod.metadata.name, "pod added");
+        self.pods.insert(uid.clone(), pod.clone());
+        if let Some(p) = &self.prober {
+            p.add_pod(&uid, &pod);
+        }
+        self.workers.update_pod(&uid, pod, UpdateType::Create);
+    }
+
+    fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        self.event_latency.observe(&event, &self.cache);
+        let Some(uid) = &event.pod_uid else { return };
+        let latency_us =
+            evpleg_core::clock::monotonic_ns().saturating_sub(event.at_ns) as f64 / 1000.0;
+        info!(
+            kind = ?event.kind,
+            source = ?event.source,
+            pod = %uid,
+            name = self.pods.get(uid).and_then(|p| p.metadata.name.as_deref()).unwrap_or("-"),
+            container = event.container_id.as_ref().map(|c| c.as_str()).unwrap_or("-"),
+            pid = event.pid,
+            exit_code = event.exit.map(|e| e.code),
+            signal = event.exit.and_then(|e| e.signal),
+            oom_killed = event.exit.is_some_and(|e| e.oom_killed),
+            latency_us,
+            "pod lifecycle event"
+        );
+        if let Some(pod) = self.pods.get(uid) {
+            if event.source == EventSource::Kernel && event.kind == EventKind::ContainerDied {
+                self.record_kernel_death(pod, uid, &event);
+            }
+            self.workers.update_pod(uid, pod.clone(), UpdateType::Sync);
+        }
+    }
+
+    /// A death the kernel saw, as an event on the pod, recorded once the
+    /// runtime reported it too (the relist's snapshot shows it exited), with
+    /// how long after the kernel that was; without the lead if the runtime
+    /// has not reported it within [`KERNEL_DEATH_WAIT`]. The container's name
+    /// comes from the cache (a container that died before a relist listed it
+    /// gets it from the relist that follows).
+    fn record_kernel_death(&self, pod: &Arc<Pod>, uid: &PodUid, event: &PodLifecycleEvent) {
+        let (Some(id), Some(exit)) = (event.container_id.clone(), event.exit) else {
+            return;
+        };
+        let (cache, events, pod, uid, seen_ns) = (
+            self.cache.clone(),
+            self.events.clone(),
+            pod.clone(),
+            uid.clone(),
+            event.at_ns,
+        );
+        tokio::spawn(async move {
+            let confirmed = async {
+                let mut after = 0;
+                loop {
+                    let entry = cache.get_newer_than(&uid, after).await;
+                    // Wait for an observation newer than this moment next.
+                    after = evpleg_core::clock::monotonic_ns();
+                    if let Some(c) = entry.status.container(&id)
+                        && c.state == evpleg_core::container::ContainerState::Exited
+                        && c.source != evpleg_core::lifecycle::EventSource::Kernel
+                    {
+                        return (c.name.clone(), entry.observed_ns);
+                    }
+                }
+            };
+            let (name, lead) = match tokio::time::timeout(KERNEL_DEATH_WAIT, confirmed).await {
+                Ok((name, at)) => (Some(name), Some(at.saturating_sub(seen_ns))),
+                Err(_) => (container_name(&cache, &uid, &id), None),
+            };
+            crate::events::kernel_death(
+                &events,
+                &pod,
+                name.as_deref(),
+                id.as_str(),
+                &exit,
+                lead.map(Duration::from_nanos),
+            );
+        });
+    }
+
+    fn finished(&mut self, uid: PodUid) {
+        if let Some(p) = &self.prober {
+            p.remove_pod(&uid);
+        }
+        self.admission.release(&uid);
+        self.workers.reap(&uid);
+        if self.restart_requested.remove(&uid)
+            && let Some(pod) = self.pods.remove(&uid)
+        {
+            self.add(uid, pod);
+            return;
+        }
+        match self.pods.get(&uid) {
+            // Removed from its source and terminated: forget it everywhere.
+            None => self.forget(&uid),
+            // Still in its source: a gracefully deleted pod can now be deleted.
+            Some(pod) => self.status.pod_finished(&uid, pod.clone()),
+        }
+    }
+
+    /// Forgets a pod that left its source and terminated: its status (once the
+    /// last one is out) and its pod status cache entry.
+    fn forget(&mut self, uid: &PodUid) {
+        self.status.remove(uid);
+        self.cache.delete(uid);
+    }
+
+    /// Forgets the cache entries of unknown pods, stops and removes their
+    /// sandboxes, and removes their empty pod cgroups.
+    async fn housekeeping(&mut self) {
+        if !self.seen.seen_all(&self.sources) {
+            return;
+        }
+        // A pod is known while its source has it or its worker still works; a
+        // worker that finished (Done) for a pod its source removed keeps
+        // nothing alive (it never syncs again).
+        let known = |uid: &PodUid| {
+            self.pods.contains_key(uid)
+                || self
+                    .workers
+                    .state(uid)
+                    .is_some_and(|s| s != WorkerState::Done)
+        };
+        // A pod relist that was under way when a pod was forgotten writes its
+        // (empty) status again: entries of unknown pods go here (the kubelet's
+        // relist deletes the entry of a pod the runtime no longer lists).
+        for uid in self.cache.uids() {
+            if !known(&uid) {
+                self.cache.delete(&uid);
+            }
+        }
+        match self.cri.list_pod_sandboxes(None).await {
+            Ok(sandboxes) => {
+                for s in sandboxes {
+                    let Some(uid) = s.labels.get(labels::POD_UID).and_then(|u| PodUid::parse(u))
+                    else {
+                        continue;
+                    };
+                    if known(&uid) {
+                        continue;
+                    }
+                    info!(pod = %uid, sandbox = %s.id, "housekeeping: removing the sandbox of a pod that no longer exists");
+                    if s.state == v1::PodSandboxState::SandboxReady as i32
+                        && let Err(e) = self.cri.stop_pod_sandbox(&s.id).await
+                    {
+                        warn!(sandbox = %s.id, error = %e, "housekeeping: stop failed");
+                        continue;
+                    }
+                    if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
+                        warn!(sandbox = %s.id, error = %e, "housekeeping: remove failed");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "housekeeping: listing sandboxes failed"),
+        }
+        for mount in &self.cgroup_mounts {
+            remove_orphaned_pod_cgroups(mount, &known);
+        }
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(
+        mut self,
+        mut updates: mpsc::Receiver<PodUpdate>,
+        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
+        mut done: mpsc::UnboundedReceiver<PodUid>,
+        shutdown: CancellationToken,
+    ) {
+        // The first round one period after the start, not at once: the
+        // sources' first sets have reached this loop by then (the mux marks a
+        // source seen as it merges its set, a moment before forwarding it).
+        let mut housekeeping = tokio::time::interval_at(
+            tokio::time::Instant::now() + HOUSEKEEPING_PERIOD,
+            HOUSEKEEPING_PERIOD,
+        );
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probes = self.probe_results.take();
+        loop {
+            let probe = async {
+                match probes.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(u) = updates.recv() => self.handle_update(u),
+                // A probe result changed: sync the pod, as a PLEG event does.
+                Some(uid) = probe => {
+                    if let Some(pod) = self.pods.get(&uid) {
+                        self.workers.update_pod(&uid, pod.clone(), UpdateType::Sync);
+                    }
+                }
+                Some(ev) = pleg.recv() => self.handle_pleg(ev),
+                Some(uid) = done.recv() => self.finished(uid),
+                _ = housekeeping.tick() => {
+                    // Updates already forwarded are handled first, so that a
+                    // pod its source has is never taken for an orphan.
+                    while let Ok(u) = updates.try_recv() {
+                        self.handle_update(u);
+                    }
+                    self.housekeeping().await
+                }
+            }
+        }
+        self.workers.shutdown();
+    }
+}
+
+/// The name of container `id` of pod `uid`, if the cache lists it.
+fn container_name(cache: &PodStatusCache, uid: &PodUid, id: &ContainerId) -> Option<String> {
+    cache.get(uid).and_then(|e| {
+        e.status
+            .containers
+            .iter()
+            .find(|c| c.id == *id)
+            .map(|c| c.name.clone())
+    })
+}
+
+/// How long a kernel-seen death waits for the runtime's report before its
+/// event is recorded without it.
+const KERNEL_DEATH_WAIT: Duration = Duration::from_secs(5);
+
+/// Removes the empty pod cgroups under `mount` (both drivers' names, as the
+/// kernel index classifies them) of pods `known` does not know. A cgroup that
+/// still holds a process cannot be removed: it is left for the next round.
+fn remove_orphaned_pod_cgroups(mount: &std::path::Path, known: &dyn Fn(&PodUid) -> bool) {
+    for parent in [
+        "kubepods",
+        "kubepods/burstable",
+        "kubepods/besteffort",
+        "kubepods.slice",
+        "kubepods.slice/kubepods-burstable.slice",
+        "kubepods.slice/kubepods-besteffort.slice",
+    ] {
+        let Ok(entries) = std::fs::read_dir(mount.join(parent)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(CgroupClass::Pod { uid, .. }) = classify(&format!("/{parent}/{name}")) else {
+                continue;
+            };
+            if !known(&uid) && std::fs::remove_dir(e.path()).is_ok() {
+                info!(path = %e.path().display(), "housekeeping: removed an orphaned pod cgroup");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphaned_pod_cgroups_of_both_drivers_are_removed_known_and_busy_ones_kept() {
+        let mount = tempfile::tempdir().unwrap();
+        let known_uid = "11111111-2222-3333-4444-555555555555";
+        let orphan = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+        let dirs = [
+            format!("kubepods/burstable/pod{orphan}"),
+            format!("kubepods/pod{known_uid}"),
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+                orphan.replace('-', "_")
+            ),
+            format!(
+                "kubepods.slice/kubepods-pod{}.slice",
+                known_uid.replace('-', "_")
+            ),
+            // Not a pod cgroup: left alone.
+            "kubepods.slice/kubepods-burstable.slice/other.slice".to_owned(),
+        ];
+        for d in &dirs {
+            std::fs::create_dir_all(mount.path().join(d)).unwrap();
+        }
+        // A pod cgroup that is not empty (a child left) cannot be removed.
+        let busy = format!("kubepods/besteffort/pod{orphan}");
+        std::fs::create_dir_all(mount.path().join(&busy).join("child")).unwrap();
+        let known = PodUid::parse(known_uid).unwrap();
+        remove_orphaned_pod_cgroups(mount.path(), &|uid: &PodUid| *uid == known);
+        let exists = |d: &str| mount.path().join(d).exists();
+        assert!(!exists(&dirs[0]), "the orphan's cgroupfs cgroup");
+        assert!(exists(&dirs[1]), "a known pod's cgroup");
+        assert!(!exists(&dirs[2]), "the orphan's systemd slice");
+        assert!(exists(&dirs[3]), "a known pod's slice");
+        assert!(exists(&dirs[4]), "not a pod cgroup");
+        assert!(exists(&busy), "a cgroup that is not empty");
+    }
+}

@@ -1,0 +1,444 @@
+//! Decoding of the records the kernel programs put in the ring buffer.
+//!
+//! A record's length is checked against the layout its kind announces before any
+//! field is read; a malformed record is rejected with [`DecodeError`] and counted by
+//! the reader, never trusted.
+
+use std::mem::size_of;
+
+use evpleg_events::{
+    CGROUP_PATH_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
+    EVENT_OOM_VICTIM, EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, OOM_VICTIM_TID_ONLY,
+    OomVictimEvent,
+};
+
+use evpleg_core::lifecycle::ExitStatus;
+
+/// Why a ring-buffer record was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// shorter than the header
+    #[error("record of {len} bytes is shorter than the {header}-byte header")]
+    Short { len: usize, header: usize },
+    /// an unknown kind (kernel and user space built from different sources)
+    #[error("record kind {kind} is unknown ({len} bytes)")]
+    UnknownKind { kind: u32, len: usize },
+    /// the size does not match the kind's layout
+    #[error("record kind {kind} has {len} bytes, expected {expected}")]
+    Size {
+        kind: u32,
+        len: usize,
+        expected: usize,
+    },
+    /// a path that is not UTF-8
+    #[error("cgroup path of cgroup id {cgroup_id} is not utf-8")]
+    PathNotUtf8 { cgroup_id: u64 },
+}
+
+/// A decoded kernel record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelEvent {
+    Exec(Exec),
+    Exit(Exit),
+    CgroupMkdir(CgroupChange),
+    CgroupRmdir(CgroupChange),
+    /// The OOM killer chose the process `tgid` (its thread-group id, as
+    /// [`ProcessKey::pid`]).
+    OomVictim {
+        at_ns: u64,
+        tgid: u32,
+    },
+}
+
+impl KernelEvent {
+    /// The kernel's CLOCK_MONOTONIC timestamp of the event.
+    pub fn at_ns(&self) -> u64 {
+        match self {
+            Self::Exec(e) => e.at_ns,
+            Self::Exit(e) => e.at_ns,
+            Self::CgroupMkdir(c) | Self::CgroupRmdir(c) => c.at_ns,
+            Self::OomVictim { at_ns, .. } => *at_ns,
+        }
+    }
+}
+
+/// A process identity that survives PID reuse: the pid and its start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessKey {
+    pub pid: u32,
+    /// `start_boottime` of the process in ns since boot.
+    pub start_boottime_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exec {
+    pub at_ns: u64,
+    pub process: ProcessKey,
+    pub ppid: u32,
+    pub cgroup_id: u64,
+    pub comm: String,
+    pub filename: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub at_ns: u64,
+    pub process: ProcessKey,
+    pub cgroup_id: u64,
+    pub status: ExitStatus,
+    /// The raw wait status.
+    pub wait_status: u32,
+    pub comm: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupChange {
+    pub at_ns: u64,
+    pub hierarchy_id: u32,
+    pub level: u32,
+    pub cgroup_id: u64,
+    pub path: String,
+    /// The kernel filled the whole path buffer: the path may be cut short.
+    pub truncated: bool,
+}
+
+/// Reads a `#[repr(C)]` record from `bytes`, which must be exactly its size.
+fn read_record<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
+    let expected = size_of::<T>();
+    if bytes.len() != expected {
+        return Err(DecodeError::Size {
+            kind,
+            len: bytes.len(),
+            expected,
+        });
+    }
+    // SAFETY: the length was checked; `T` is one of the plain-integer records of
+    // `evpleg_events` (every bit pattern valid); read_unaligned copes with any
+    // alignment of the ring-buffer slot.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+fn c_string(bytes: &[u8]) -> &[u8] {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    &bytes[..end]
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(c_string(bytes)).into_owned()
+}
+
+/// The thread group of thread `tid`, from `/proc/<tid>/status` (only for kernels
+/// whose `mark_victim` passes a thread id; an OOM kill is rare).
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    parse_tgid(&status)
+}
+
+fn parse_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
+    let header_len = size_of::<EventHeader>();
+    if bytes.len() < header_len {
+        return Err(DecodeError::Short {
+            len: bytes.len(),
+            header: header_len,
+        });
+    }
+    let kind = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    match kind {
+        EVENT_EXEC => {
+            let e: ExecEvent = read_record(bytes, kind)?;
+            Ok(KernelEvent::Exec(Exec {
+                at_ns: e.header.ktime_ns,
+                process: ProcessKey {
+                    pid: e.pid,
+                    start_boottime_ns: e.start_boottime_ns,
+                },
+                ppid: e.ppid,
+                cgroup_id: e.cgroup_id,
+                comm: lossy(&e.comm),
+                filename: lossy(&e.filename),
+            }))
+        }
+        EVENT_EXIT => {
+            let e: ExitEvent = read_record(bytes, kind)?;
+            Ok(KernelEvent::Exit(Exit {
+                at_ns: e.header.ktime_ns,
+                process: ProcessKey {
+                    pid: e.pid,
+                    start_boottime_ns: e.start_boottime_ns,
+                },
+                cgroup_id: e.cgroup_id,
+                status: ExitStatus::from_wait_status(
+                    e.exit_code,
+                    e.flags & EXIT_FLAG_OOM_KILLED != 0,
+                ),
+                wait_status: e.exit_code,
+                comm: lossy(&e.comm),
+            }))
+        }
+        EVENT_CGROUP_MKDIR | EVENT_CGROUP_RMDIR => {
+            let e: CgroupEvent = read_record(bytes, kind)?;
+            let path = std::str::from_utf8(c_string(&e.path))
+                .map_err(|_| DecodeError::PathNotUtf8 {
+                    cgroup_id: e.cgroup_id,
+                })?
+                .to_owned();
+            let change = CgroupChange {
+                at_ns: e.header.ktime_ns,
+                hierarchy_id: e.hierarchy_id,
+                level: e.level,
+                cgroup_id: e.cgroup_id,
+                path,
+                truncated: e.path_len as usize >= CGROUP_PATH_LEN,
+            };
+            Ok(if kind == EVENT_CGROUP_MKDIR {
+                KernelEvent::CgroupMkdir(change)
+            } else {
+                KernelEvent::CgroupRmdir(change)
+            })
+        }
+        EVENT_OOM_VICTIM => {
+            let e: OomVictimEvent = read_record(bytes, kind)?;
+            let tgid = if e.flags & OOM_VICTIM_TID_ONLY != 0 {
+                // The older tracepoint names a thread; the victim is alive until it
+                // handles its SIGKILL, so /proc still has it.
+                tgid_of(e.tgid).unwrap_or(e.tgid)
+            } else {
+                e.tgid
+            };
+            Ok(KernelEvent::OomVictim {
+                at_ns: e.header.ktime_ns,
+                tgid,
+            })
+        }
+        _ => Err(DecodeError::UnknownKind {
+            kind,
+            len: bytes.len(),
+        }),
+    }
+}
+
+/// Encoders for tests: the exact bytes the kernel would write.
+#[cfg(test)]
+pub(crate) mod encode {
+    use super::*;
+
+    fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
+        // SAFETY: `T` is a padding-free `#[repr(C)]` record of `evpleg_events`.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    fn fill<const N: usize>(s: &str) -> [u8; N] {
+        let mut out = [0u8; N];
+        let n = s.len().min(N);
+        out[..n].copy_from_slice(&s.as_bytes()[..n]);
+        out
+    }
+
+    pub fn exec(at: u64, pid: u32, start: u64, cgroup_id: u64, filename: &str) -> Vec<u8> {
+        bytes_of(&ExecEvent {
+            header: EventHeader {
+                kind: EVENT_EXEC,
+                cpu: 0,
+                ktime_ns: at,
+            },
+            pid,
+            tid: pid,
+            ppid: 1,
+            old_pid: pid,
+            cgroup_id,
+            start_boottime_ns: start,
+            comm: fill("comm"),
+            filename: fill(filename),
+        })
+    }
+
+    pub fn exit(at: u64, pid: u32, start: u64, cgroup_id: u64, status: u32, flags: u32) -> Vec<u8> {
+        bytes_of(&ExitEvent {
+            header: EventHeader {
+                kind: EVENT_EXIT,
+                cpu: 1,
+                ktime_ns: at,
+            },
+            pid,
+            tid: pid,
+            exit_code: status,
+            flags,
+            cgroup_id,
+            start_boottime_ns: start,
+            comm: fill("comm"),
+        })
+    }
+
+    pub fn oom_victim(at: u64, id: u32, flags: u32) -> Vec<u8> {
+        bytes_of(&OomVictimEvent {
+            header: EventHeader {
+                kind: EVENT_OOM_VICTIM,
+                cpu: 0,
+                ktime_ns: at,
+            },
+            tgid: id,
+            flags,
+        })
+    }
+
+    pub fn cgroup(kind: u32, at: u64, hierarchy_id: u32, cgroup_id: u64, path: &str) -> Vec<u8> {
+        bytes_of(&CgroupEvent {
+            header: EventHeader {
+                kind,
+                cpu: 0,
+                ktime_ns: at,
+            },
+            hierarchy_id,
+            level: path.matches('/').count() as u32,
+            cgroup_id,
+            path_len: (path.len() + 1).min(CGROUP_PATH_LEN) as u32,
+            _pad: 0,
+            path: fill(path),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_each_kind() {
+        let exec = decode(&encode::exec(10, 42, 99, 7, "/bin/true")).unwrap();
+        let KernelEvent::Exec(e) = exec else {
+            panic!("not an exec: {exec:?}")
+        };
+        assert_eq!(
+            (e.at_ns, e.process.pid, e.process.start_boottime_ns),
+            (10, 42, 99)
+        );
+        assert_eq!((e.cgroup_id, e.filename.as_str()), (7, "/bin/true"));
+
+        let exit = decode(&encode::exit(11, 42, 99, 7, 0x700, 0)).unwrap();
+        let KernelEvent::Exit(x) = exit else {
+            panic!("not an exit: {exit:?}")
+        };
+        assert_eq!((x.status.code, x.status.oom_killed), (7, false));
+        let oom = decode(&encode::exit(11, 42, 99, 7, 9, EXIT_FLAG_OOM_KILLED)).unwrap();
+        let KernelEvent::Exit(x) = oom else {
+            panic!("not an exit: {oom:?}")
+        };
+        assert_eq!(
+            (x.status.code, x.status.signal, x.status.oom_killed),
+            (137, Some(9), true)
+        );
+
+        let mk = decode(&encode::cgroup(
+            EVENT_CGROUP_MKDIR,
+            12,
+            0,
+            5,
+            "/kubepods/pod1",
+        ))
+        .unwrap();
+        let KernelEvent::CgroupMkdir(c) = mk else {
+            panic!("not a mkdir: {mk:?}")
+        };
+        assert_eq!(
+            (c.cgroup_id, c.path.as_str(), c.truncated),
+            (5, "/kubepods/pod1", false)
+        );
+        let long = "/a".repeat(200);
+        let rm = decode(&encode::cgroup(EVENT_CGROUP_RMDIR, 12, 3, 5, &long)).unwrap();
+        let KernelEvent::CgroupRmdir(c) = rm else {
+            panic!("not an rmdir: {rm:?}")
+        };
+        assert!(c.truncated);
+        assert_eq!(c.hierarchy_id, 3);
+    }
+
+    #[test]
+    fn oom_victim_is_a_thread_group() {
+        assert_eq!(
+            decode(&encode::oom_victim(5, 4242, 0)),
+            Ok(KernelEvent::OomVictim {
+                at_ns: 5,
+                tgid: 4242
+            })
+        );
+        // The older form names a thread, resolved to its group: a live thread of
+        // this test process.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).expect("send");
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().expect("tid");
+        assert_ne!(tid, std::process::id());
+        assert_eq!(
+            decode(&encode::oom_victim(6, tid, OOM_VICTIM_TID_ONLY)),
+            Ok(KernelEvent::OomVictim {
+                at_ns: 6,
+                tgid: std::process::id()
+            })
+        );
+        drop(done_tx);
+        thread.join().expect("thread");
+        assert_eq!(parse_tgid("Name:\tx\nTgid:\t77\nPid:\t78\n"), Some(77));
+        assert_eq!(parse_tgid("Pid:\t3\n"), None);
+    }
+
+    #[test]
+    fn rejects_malformed_records() {
+        assert_eq!(
+            decode(&[1, 0, 0]),
+            Err(DecodeError::Short { len: 3, header: 16 })
+        );
+        let mut exec = encode::exec(1, 1, 1, 1, "x");
+        exec.pop();
+        assert!(matches!(
+            decode(&exec),
+            Err(DecodeError::Size { kind: 1, .. })
+        ));
+        let mut unknown = encode::exit(1, 1, 1, 1, 0, 0);
+        unknown[0] = 99;
+        assert!(matches!(
+            decode(&unknown),
+            Err(DecodeError::UnknownKind { kind: 99, .. })
+        ));
+        let mut bad_path = encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 9, "/kubepods");
+        bad_path[40] = 0xff;
+        assert_eq!(
+            decode(&bad_path),
+            Err(DecodeError::PathNotUtf8 { cgroup_id: 9 })
+        );
+    }
+
+    #[test]
+    fn never_panics_on_arbitrary_bytes() {
+        // Every prefix of every valid record, and every single-byte corruption of
+        // the kind field, decodes to a value or an error.
+        let records = [
+            encode::exec(1, 2, 3, 4, "/bin/sh"),
+            encode::exit(1, 2, 3, 4, 0x100, 1),
+            encode::cgroup(EVENT_CGROUP_MKDIR, 1, 0, 4, "/k8s.io/x"),
+        ];
+        for r in &records {
+            for n in 0..=r.len() {
+                let _ = decode(&r[..n]);
+            }
+            for k in 0..=255u8 {
+                let mut c = r.clone();
+                c[0] = k;
+                let _ = decode(&c);
+            }
+        }
+    }
+}

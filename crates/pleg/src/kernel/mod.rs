@@ -1,0 +1,333 @@
+//! The kernel-driven PLEG: eBPF programs report execs, process exits and cgroup
+//! mkdir/rmdir; this module loads them, reads their ring buffer on a dedicated
+//! thread and turns the records into [`PodLifecycleEvent`](super::PodLifecycleEvent)s.
+//! See `docs/pleg.md`. cgroup2 is required: task records carry cgroup2 ids, and
+//! cgroup v1 hierarchies are neither reported nor indexed.
+
+pub mod btf;
+
+pub mod event;
+pub mod health;
+pub mod index;
+pub mod loader;
+pub mod main_state;
+pub mod proc;
+pub mod reader;
+pub mod relist_requests;
+pub mod rescan;
+pub mod roots;
+pub mod scan;
+pub mod tracker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc as std_mpsc};
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc;
+use tracing::info;
+
+use evpleg_core::clock::monotonic_ns;
+pub use loader::{LoadError, LoaderConfig};
+pub use reader::{Command, KernelStats, RecordTap};
+
+use health::HealthCell;
+use proc::{ProcFs, ProcSource};
+use relist_requests::RelistRequests;
+
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::lifecycle::{PodLifecycleEvent, RelistSignal};
+
+/// Root cgroups watched by default: the kubelet's cgroupfs and systemd roots and
+/// containerd's default parent. `/system.slice` (CRI-O scopes without a pod parent)
+/// is opt-in: it holds every system service.
+pub const DEFAULT_ROOTS: [&str; 3] = ["/kubepods", "/kubepods.slice", "/k8s.io"];
+
+/// Default ring-buffer size: 1 MiB lost nothing at 1 000 exits/s here.
+pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
+
+/// Default SCHED_FIFO priority of the reader thread.
+pub const DEFAULT_REALTIME_PRIORITY: i32 = 10;
+
+/// What the runtime said at a relist, handed to the tracker so that it learns the
+/// containers it does not know (with their main pid), marks sandboxes, and forgets
+/// containers the runtime no longer has (`docs/pleg.md`, contract clause 4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeView {
+    /// CLOCK_MONOTONIC ns when the listing started: anything the tracker learned
+    /// after this instant is kept even if the view does not list it.
+    pub listed_at_ns: u64,
+    /// `None`: the whole node (a full relist; containers not listed are gone).
+    /// `Some(uid)`: that pod only.
+    pub scope: Option<PodUid>,
+    pub containers: Vec<RuntimeContainer>,
+}
+
+/// One sandbox or container in a [`RuntimeView`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeContainer {
+    pub id: ContainerId,
+    pub pod: PodUid,
+    pub sandbox: bool,
+    /// The runtime reports it running.
+    pub running: bool,
+    /// The runtime's record of its main process (host pid), when the runtime
+    /// gives it (containerd and CRI-O: `ContainerStatus` with `verbose`).
+    pub pid: Option<u32>,
+}
+
+/// Health of the kernel path: the reader thread alive, or since when it is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelHealth {
+    Running,
+    /// A part stopped; the agent falls back to the generic relist.
+    Degraded {
+        /// Which part: `ring-buffer reader`.
+        part: &'static str,
+        /// CLOCK_MONOTONIC ns when it stopped.
+        since_ns: u64,
+        reason: String,
+    },
+}
+
+/// Errors of starting the kernel PLEG.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelPlegError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// the start-up scan failed
+    #[error(transparent)]
+    Scan(#[from] index::ScanError),
+    /// no cgroup2 hierarchy is mounted (cgroup v1 hosts are not supported)
+    #[error(
+        "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo); the kernel pleg needs cgroup2"
+    )]
+    NoCgroup2,
+    /// reading /proc failed
+    #[error("cannot read {path}: {source}")]
+    Proc {
+        path: &'static str,
+        source: std::io::Error,
+    },
+    /// the reader thread could not be spawned
+    #[error("cannot spawn the ring-buffer reader thread: {0}")]
+    Spawn(std::io::Error),
+    /// the reader's wake-up eventfd could not be created
+    #[error("cannot create the ring-buffer reader's eventfd: {0}")]
+    Wake(std::io::Error),
+}
+
+/// How to run the kernel PLEG.
+#[derive(Clone)]
+pub struct KernelPlegConfig {
+    pub object: Option<PathBuf>,
+    pub ring_buffer_bytes: u32,
+    pub roots: Vec<String>,
+    /// `None`: do not try real-time priority.
+    pub realtime_priority: Option<i32>,
+    /// Sees every decoded record on the reader thread (tests, the benchmark).
+    pub tap: Option<RecordTap>,
+}
+
+impl std::fmt::Debug for KernelPlegConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPlegConfig")
+            .field("object", &self.object)
+            .field("ring_buffer_bytes", &self.ring_buffer_bytes)
+            .field("roots", &self.roots)
+            .field("realtime_priority", &self.realtime_priority)
+            .field("tap", &self.tap.as_ref().map(|_| "set"))
+            .finish()
+    }
+}
+
+impl Default for KernelPlegConfig {
+    fn default() -> Self {
+        Self {
+            object: None,
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            roots: DEFAULT_ROOTS.iter().map(|s| s.to_string()).collect(),
+            realtime_priority: Some(DEFAULT_REALTIME_PRIORITY),
+            tap: None,
+        }
+    }
+}
+
+/// The running kernel PLEG: programs attached, reader thread running. Dropping it
+/// stops the thread and detaches the programs.
+#[derive(Debug)]
+pub struct KernelPleg {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<KernelStats>,
+    commands: std_mpsc::Sender<Command>,
+    wake: Arc<reader::Wake>,
+    offsets: evpleg_events::KernelOffsets,
+    health: Arc<HealthCell>,
+}
+
+impl KernelPleg {
+    /// Loads and attaches the programs, scans the existing cgroups and starts the
+    /// reader. Lifecycle events go to `events` (never blocking: a full channel is
+    /// counted and raises `relist`).
+    pub fn start(
+        config: KernelPlegConfig,
+        events: mpsc::Sender<PodLifecycleEvent>,
+        relist: Arc<RelistSignal>,
+    ) -> Result<Self, KernelPlegError> {
+        Self::start_with(config, reader::Sink::Channel(events), relist)
+    }
+
+    /// [`KernelPleg::start`] with the merge run on the reader thread: each
+    /// event is merged into the cache and offered to the pod workers' channel
+    /// as soon as it is attributed, with no hop through another thread.
+    pub fn start_merged(
+        config: KernelPlegConfig,
+        merge: super::merge::KernelMerge,
+        relist: Arc<RelistSignal>,
+    ) -> Result<Self, KernelPlegError> {
+        Self::start_with(config, reader::Sink::Merge(Box::new(merge)), relist)
+    }
+
+    fn start_with(
+        config: KernelPlegConfig,
+        events: reader::Sink,
+        relist: Arc<RelistSignal>,
+    ) -> Result<Self, KernelPlegError> {
+        let cgroup2_mount = index::cgroup2_mount()
+            .map_err(|source| KernelPlegError::Proc {
+                path: "/proc/self/mountinfo",
+                source,
+            })?
+            .ok_or(KernelPlegError::NoCgroup2)?;
+        let mut loaded = loader::load(&LoaderConfig {
+            object: config.object.clone(),
+            ring_buffer_bytes: config.ring_buffer_bytes,
+            roots: config.roots.clone(),
+            hierarchies: vec![index::CGROUP2_HIERARCHY],
+            cgroup2_mount: cgroup2_mount.clone(),
+        })?;
+        let offsets = loaded.offsets;
+        // Attached first, then scanned: a cgroup created in between is both in the
+        // ring buffer and in the scan, and the tracker merges the two.
+        let ticks = procfs::ticks_per_second();
+        let mut tracker = tracker::Tracker::new(ticks);
+        let scanner = scan::Scanner {
+            cgroup2_mount,
+            roots: config.roots.clone(),
+        };
+        let report = scanner.scan_into(&mut tracker, None, monotonic_ns())?;
+        let mut roots = roots::RootFilterUpdates::new(&config.roots);
+        reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots));
+        for e in &report.malformed {
+            tracing::warn!(error = %e, "cgroup found by the start-up scan not attributed");
+        }
+        info!(cgroups = report.learned, roots = ?config.roots, "kernel pleg attached; existing cgroups indexed");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(KernelStats::default());
+        let health = Arc::new(HealthCell::default());
+        let (commands, command_rx) = std_mpsc::channel();
+        let wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
+        let reader = reader::Reader {
+            loaded,
+            tracker,
+            scanner,
+            roots,
+            rescans: rescan::RescanPolicy::default(),
+            awaiting_rescan: Vec::new(),
+            events,
+            relist: RelistRequests::new(relist, stats.relist_requests.clone()),
+            stats: stats.clone(),
+            stop: stop.clone(),
+            health: health.clone(),
+            commands: command_rx,
+            realtime_priority: config.realtime_priority,
+            tap: config.tap,
+            wake: wake.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("evpleg-ringbuf".into())
+            .spawn(move || reader.run())
+            .map_err(KernelPlegError::Spawn)?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+            stats,
+            commands,
+            wake,
+            offsets,
+            health,
+        })
+    }
+
+    pub fn stats(&self) -> &Arc<KernelStats> {
+        &self.stats
+    }
+
+    /// The kernel struct offsets in use (from BTF).
+    pub fn offsets(&self) -> &evpleg_events::KernelOffsets {
+        &self.offsets
+    }
+
+    /// Tells the tracker that `id` is a pod sandbox ([`KernelPleg::reconcile`]
+    /// does this for every sandbox a view lists).
+    pub fn add_sandbox(&self, id: ContainerId) {
+        self.send(Command::AddSandbox(id));
+    }
+
+    /// Hands the runtime's view to the tracker. The runtime's pids are checked
+    /// against `/proc` here, on the caller's thread (start time, cgroup); the
+    /// tracker applies the result on the reader thread before the next record it
+    /// handles. Never blocks on the reader.
+    pub fn reconcile(&self, view: RuntimeView) {
+        self.reconcile_with(view, &ProcFs);
+    }
+
+    /// [`KernelPleg::reconcile`] with another `/proc` (tests give a made-up
+    /// one).
+    pub fn reconcile_with(&self, view: RuntimeView, procs: &dyn ProcSource) {
+        self.send(Command::Reconcile(proc::resolve(view, procs)));
+    }
+
+    /// Whether the reader thread runs, or since when and why it does not.
+    pub fn health(&self) -> KernelHealth {
+        self.health.get()
+    }
+
+    /// Returns once the reader thread stopped without being asked to.
+    pub async fn degraded(&self) {
+        self.health.degraded().await
+    }
+
+    /// Makes the reader thread stop as if it had failed: [`KernelPleg::health`]
+    /// then reports it degraded, and a relist is requested (tests of clause 5).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn fail_reader_for_test(&self) {
+        self.send(Command::FailForTest);
+    }
+
+    /// Queues a command and wakes the reader for it.
+    fn send(&self, cmd: Command) {
+        let _ = self.commands.send(cmd);
+        self.wake.wake();
+    }
+
+    /// Stops the reader (woken at once) and detaches.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.wake.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for KernelPleg {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

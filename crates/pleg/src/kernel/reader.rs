@@ -1,0 +1,556 @@
+//! The ring-buffer reader: a dedicated thread blocked in `epoll_wait` on the ring
+//! buffer's fd, running SCHED_FIFO when allowed.
+//!
+//! Measured on these machines (`docs/pleg.md`), a reader inside tokio waits about
+//! 100 us for a halted vCPU to wake, while a real-time thread blocked in epoll sees
+//! an exit at p50 about 25 us. The thread decodes each record as it reads it (at
+//! most [`BATCH`] before it looks at its commands, counters and stop flag again),
+//! runs the [`Tracker`] and hands lifecycle events to the async side with
+//! `try_send`: it never blocks. Policies live in their own types: when to rescan
+//! ([`RescanPolicy`]), what the kernel filter holds ([`RootFilterUpdates`]), and
+//! every loss's relist request ([`RelistRequests`]). The thread never stops
+//! silently: a [`StopGuard`] marks the kernel path degraded on any stop that was
+//! not asked for.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc as std_mpsc};
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, PerCpuArray};
+use evpleg_events::counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tracing::{debug, info, warn};
+
+use super::event::{DecodeError, KernelEvent, decode};
+use super::health::{HealthCell, StopGuard};
+use super::loader::{Loaded, RootsMap};
+use super::proc::Reconciliation;
+use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
+use super::rescan::RescanPolicy;
+use super::roots::{FilterChange, RootFilterUpdates};
+use super::scan::Scanner;
+use super::tracker::{Handled, Output, ReconcileOutcome, Tracker};
+use crate::merge::KernelMerge;
+use crate::stages;
+use crate::stages::Stage;
+use evpleg_core::clock::monotonic_ns;
+use evpleg_core::ids::ContainerId;
+use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
+
+/// How soon after a record the kernel's counters are read (a drop is seen
+/// within this of the last record read: drops happen only while records come).
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often they are read when no record came since the last read (only the
+/// metrics wait for it: a drop needs records, which wake the reader): the
+/// reader sleeps otherwise (commands and the stop wake it through its
+/// [`Wake`] eventfd), so an idle node costs one wake-up every 5 s. At 1 s,
+/// that wake-up was most of the agent's idle CPU in `ebpf` mode (the
+/// benchmark's idle workload).
+const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// Records handled before the commands, counters and stop flag are looked at
+/// again (commands are also read before each record).
+pub const BATCH: usize = 256;
+
+/// Counters of the kernel PLEG, shared with metrics.
+#[derive(Debug)]
+pub struct KernelStats {
+    /// Delay from the kernel's timestamp to the reader's receipt
+    /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us.
+    pub latency_seconds: Histogram,
+    /// Records read from the ring buffer.
+    pub records: AtomicU64,
+    /// Records rejected by the decoder.
+    pub malformed: AtomicU64,
+    /// Lifecycle events handed to the channel.
+    pub events: AtomicU64,
+    /// Lifecycle events discarded because the channel was full.
+    pub discarded: AtomicU64,
+    /// Kernel counters (sums over CPUs), as last read.
+    pub kernel_reported: AtomicU64,
+    pub kernel_filtered: AtomicU64,
+    pub kernel_dropped: AtomicU64,
+    pub kernel_read_errors: AtomicU64,
+    pub kernel_thread_exits: AtomicU64,
+    /// Task records whose cgroup stayed unknown after a rescan.
+    pub unattributed: AtomicU64,
+    /// Rescans of the cgroup tree.
+    pub rescans: AtomicU64,
+    /// Times the reader thread stopped without being asked to.
+    pub reader_failures: Arc<AtomicU64>,
+    /// Relist requests by reason.
+    pub relist_requests: Arc<RelistCounts>,
+    /// The tracker's counters, as of the last poll (100 ms) or reconcile.
+    pub hints: AtomicU64,
+    pub removed_before_death: AtomicU64,
+    pub confirmed: AtomicU64,
+    pub corrected: AtomicU64,
+    pub unconfirmed: AtomicU64,
+    pub pruned: AtomicU64,
+}
+
+impl Default for KernelStats {
+    fn default() -> Self {
+        Self {
+            // 1 us doubling 24 times: up to about 8 s.
+            latency_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            records: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            kernel_reported: AtomicU64::new(0),
+            kernel_filtered: AtomicU64::new(0),
+            kernel_dropped: AtomicU64::new(0),
+            kernel_read_errors: AtomicU64::new(0),
+            kernel_thread_exits: AtomicU64::new(0),
+            unattributed: AtomicU64::new(0),
+            rescans: AtomicU64::new(0),
+            reader_failures: Arc::new(AtomicU64::new(0)),
+            relist_requests: Arc::new(RelistCounts::default()),
+            hints: AtomicU64::new(0),
+            removed_before_death: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            corrected: AtomicU64::new(0),
+            unconfirmed: AtomicU64::new(0),
+            pruned: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Called on the reader thread with every decoded record and its delay from the
+/// kernel's timestamp to receipt, in ns (metrics, tests, the benchmark).
+pub type RecordTap = Arc<dyn Fn(&KernelEvent, u64) + Send + Sync>;
+
+/// Where the reader hands its lifecycle events.
+#[derive(Debug)]
+pub enum Sink {
+    /// A channel (tests, `evpleg observe --cri-endpoint none`): a full one is a loss.
+    Channel(mpsc::Sender<PodLifecycleEvent>),
+    /// The merge, run on the reader thread itself: the event reaches the cache
+    /// and the pod workers' channel without a wake-up of another thread
+    /// (`ebpf` mode). Its own delivery rules apply (contract clause 4).
+    Merge(Box<KernelMerge>),
+}
+
+/// Commands to the reader thread, applied before the next record is handled.
+#[derive(Debug)]
+pub enum Command {
+    AddSandbox(ContainerId),
+    /// The runtime's view after a relist, its pids resolved against `/proc`.
+    Reconcile(Reconciliation),
+    /// Makes the reader stop as if it had failed (tests of the degradation).
+    FailForTest,
+}
+
+/// Everything the reader thread owns.
+pub(super) struct Reader {
+    pub loaded: Loaded,
+    pub tracker: Tracker,
+    pub scanner: Scanner,
+    pub roots: RootFilterUpdates,
+    pub rescans: RescanPolicy,
+    /// Views that listed a running container the tracker does not know, waiting
+    /// for the next rescan to be applied again (one per scope: the newest).
+    pub awaiting_rescan: Vec<Reconciliation>,
+    pub events: Sink,
+    pub relist: RelistRequests,
+    pub stats: Arc<KernelStats>,
+    pub stop: Arc<AtomicBool>,
+    pub health: Arc<HealthCell>,
+    pub commands: std_mpsc::Receiver<Command>,
+    pub realtime_priority: Option<i32>,
+    pub tap: Option<RecordTap>,
+    /// Written by whoever sends a command or asks the reader to stop.
+    pub wake: Arc<Wake>,
+}
+
+/// An eventfd that wakes the reader from `epoll_wait`.
+#[derive(Debug)]
+pub struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    pub fn new() -> std::io::Result<Self> {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new fd we own.
+        Ok(Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Wakes the reader (never blocks: the counter saturates at 2^64-2).
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our fd.
+        unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Resets the counter (non-blocking).
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking fd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
+/// Tries to make the calling thread SCHED_FIFO at `priority`.
+fn set_realtime(priority: i32) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+struct Epoll(RawFd);
+
+impl Epoll {
+    fn new(fds: &[RawFd]) -> std::io::Result<Self> {
+        // SAFETY: plain syscall.
+        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let epoll = Self(epfd);
+        for (i, &fd) in fds.iter().enumerate() {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: both fds are open; `ev` is valid for the call.
+            if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(epoll)
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // Rounded up: a timeout of 0.5 ms must not spin with 0.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: two valid event slots; EINTR and timeouts both just return.
+        unsafe { libc::epoll_wait(self.0, ev.as_mut_ptr(), 2, ms) };
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        // SAFETY: we own the fd.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn sum(counters: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
+    counters
+        .get(&index, 0)
+        .map(|values| values.iter().sum())
+        .unwrap_or(0)
+}
+
+/// Applies changes to the kernel filter, logging each.
+pub(super) fn apply_filter_changes(roots: &mut RootsMap, changes: Vec<FilterChange>) {
+    for change in changes {
+        match change {
+            FilterChange::Add { cgroup_id, level } => match roots.add(cgroup_id, level) {
+                Ok(()) => info!(cgroup_id, level, "root cgroup now in the kernel filter"),
+                Err(e) => {
+                    warn!(error = %e, cgroup_id, "cannot add root cgroup to the kernel filter")
+                }
+            },
+            FilterChange::Remove { cgroup_id } => {
+                if let Err(e) = roots.remove(cgroup_id) {
+                    warn!(error = %e, cgroup_id, "cannot remove root cgroup from the kernel filter");
+                }
+            }
+        }
+    }
+}
+
+impl Reader {
+    pub(super) fn run(mut self) {
+        let mut guard = StopGuard {
+            health: self.health.clone(),
+            stop: self.stop.clone(),
+            failures: self.stats.reader_failures.clone(),
+            relist: self.relist.clone(),
+            reason: None,
+            now_ns: monotonic_ns,
+        };
+        guard.reason = self.run_loop().err();
+        debug!(reason = ?guard.reason, "ring-buffer reader stopped");
+    }
+
+    /// Runs until `stop`; an `Err` says why it stopped otherwise.
+    fn run_loop(&mut self) -> Result<(), String> {
+        match self.realtime_priority {
+            Some(priority) => match set_realtime(priority) {
+                Ok(()) => info!(priority, "ring-buffer reader runs SCHED_FIFO"),
+                Err(e) => warn!(
+                    error = %e,
+                    "cannot run the ring-buffer reader SCHED_FIFO (needs CAP_SYS_NICE); \
+                     reading at normal priority, event latency will be higher"
+                ),
+            },
+            None => info!("ring-buffer reader runs at normal priority (real-time disabled)"),
+        }
+        let epoll = Epoll::new(&[self.loaded.ring.as_raw_fd(), self.wake.0.as_raw_fd()])
+            .map_err(|e| format!("epoll on the ring buffer failed: {e}"))?;
+        let mut last_poll = Instant::now();
+        // Records were read since the counters were last read.
+        let mut recent = false;
+        let mut out = Output::default();
+        while !self.stop.load(Ordering::Relaxed) {
+            let every = if recent {
+                POLL_INTERVAL
+            } else {
+                IDLE_POLL_INTERVAL
+            };
+            let mut timeout = every.saturating_sub(last_poll.elapsed());
+            if !self.awaiting_rescan.is_empty()
+                && let Some(next) = self.rescans.next_ns()
+            {
+                let until = Duration::from_nanos(next.saturating_sub(monotonic_ns()));
+                timeout = timeout.min(until);
+            }
+            epoll.wait(timeout);
+            self.wake.drain();
+            self.rescan_for_reconciles();
+            for _ in 0..BATCH {
+                let Some(item) = self.loaded.ring.next() else {
+                    break;
+                };
+                recent = true;
+                let now = monotonic_ns();
+                let decoded = decode(&item);
+                drop(item);
+                // A command sent before this record was written is in the channel
+                // now: it is applied before the record.
+                self.apply_commands()?;
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                self.on_record(decoded, now, &mut out);
+                self.deliver(&mut out, now)?;
+            }
+            self.apply_commands()?;
+            let every = if recent {
+                POLL_INTERVAL
+            } else {
+                IDLE_POLL_INTERVAL
+            };
+            if last_poll.elapsed() >= every {
+                last_poll = Instant::now();
+                recent = false;
+                self.poll_counters();
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_commands(&mut self) -> Result<(), String> {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::AddSandbox(id) => self.tracker.add_sandbox(id),
+                Command::Reconcile(r) => self.reconcile(r),
+                Command::FailForTest => return Err("failed by a test hook".into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, decoded: Result<KernelEvent, DecodeError>, now: u64, out: &mut Output) {
+        let ev = match decoded {
+            Ok(ev) => ev,
+            Err(e) => {
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, "malformed ring-buffer record rejected");
+                return;
+            }
+        };
+        let delay = now.saturating_sub(ev.at_ns());
+        self.stats.latency_seconds.observe(delay as f64 / 1e9);
+        if let Some(tap) = &self.tap {
+            tap(&ev, delay);
+        }
+        let changes = match &ev {
+            KernelEvent::CgroupMkdir(c) => self.roots.on_mkdir(c),
+            KernelEvent::CgroupRmdir(c) => self.roots.on_rmdir(c),
+            _ => Vec::new(),
+        };
+        apply_filter_changes(&mut self.loaded.roots, changes);
+        if let KernelEvent::CgroupMkdir(c) = &ev
+            && self.roots.below_unknown_root(&c.path)
+            && self.rescans.allows(monotonic_ns())
+        {
+            self.rescan(None);
+        }
+        if let Handled::UnknownCgroup { cgroup_id } = self.tracker.handle(&ev, out) {
+            let pending = match &ev {
+                KernelEvent::Exec(exec) => Some(exec.process),
+                _ => None,
+            };
+            let attributed = self.rescans.allows(monotonic_ns()) && {
+                self.rescan(pending);
+                self.tracker.handle(&ev, out) == Handled::Done
+            };
+            if !attributed {
+                self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
+                debug!(cgroup_id, "task in an unknown cgroup below a root: relist");
+                self.relist.request(RelistReason::Unattributed);
+            }
+        }
+        for e in out.malformed.drain(..) {
+            warn!(error = %e, "cgroup not attributed");
+        }
+        for reason in out.relists.drain(..) {
+            debug!(reason, "exit missed");
+            self.relist.request(RelistReason::ExitMissed);
+        }
+    }
+
+    /// Rescans the cgroup tree, then applies again the views that waited for a
+    /// rescan.
+    fn rescan(&mut self, pending: Option<super::event::ProcessKey>) {
+        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
+        let at = monotonic_ns();
+        match self.scanner.scan_into(&mut self.tracker, pending, at) {
+            Ok(report) => {
+                let changes = self.roots.on_scan(&report.roots);
+                apply_filter_changes(&mut self.loaded.roots, changes);
+                for e in report.malformed {
+                    warn!(error = %e, "cgroup found by a rescan not attributed");
+                }
+            }
+            Err(e) => warn!(error = %e, "rescan of the cgroup tree failed"),
+        }
+        self.rescans.ran(at, monotonic_ns());
+        for r in std::mem::take(&mut self.awaiting_rescan) {
+            let outcome = self.tracker.reconcile(&r, true);
+            self.reconciled(&r, &outcome);
+        }
+    }
+
+    /// Rescans for the views waiting for one, once the policy allows it.
+    fn rescan_for_reconciles(&mut self) {
+        if !self.awaiting_rescan.is_empty() && self.rescans.allows(monotonic_ns()) {
+            self.rescan(None);
+        }
+    }
+
+    /// Applies a relist's view. One that lists a running container the tracker
+    /// does not know is applied again after the next rescan (at once if the
+    /// rescan policy allows one now).
+    fn reconcile(&mut self, r: Reconciliation) {
+        let outcome = self.tracker.reconcile(&r, false);
+        self.reconciled(&r, &outcome);
+        if outcome.rescan_due {
+            self.awaiting_rescan
+                .retain(|w| w.view.scope != r.view.scope);
+            self.awaiting_rescan.push(r);
+            self.rescan_for_reconciles();
+        }
+    }
+
+    fn reconciled(&mut self, r: &Reconciliation, outcome: &ReconcileOutcome) {
+        for id in &outcome.corrected {
+            warn!(container = %id, "the runtime's main pid differs from the one the kernel saw; the runtime's wins");
+        }
+        debug!(
+            scope = ?r.view.scope,
+            confirmed = outcome.confirmed,
+            unconfirmed = outcome.unconfirmed,
+            pruned = outcome.pruned,
+            rescan_due = outcome.rescan_due,
+            "tracker reconciled with the runtime"
+        );
+        self.store_tracker_stats();
+    }
+
+    /// Hands the events to the sink. Into a channel, a full channel is a loss
+    /// (relist) and a closed one stops the reader; the merge applies its own
+    /// rules. `read_ns`: when the record was taken from the ring (stages).
+    fn deliver(&mut self, out: &mut Output, read_ns: u64) -> Result<(), String> {
+        for event in out.events.drain(..) {
+            if stages::log().is_some()
+                && matches!(
+                    event.kind,
+                    EventKind::ContainerDied | EventKind::SandboxDied
+                )
+                && let Some(id) = &event.container_id
+            {
+                stages::record(Stage::Kernel, id, event.at_ns);
+                stages::record(Stage::Read, id, read_ns);
+                stages::record_now(Stage::Attributed, id);
+            }
+            let sender = match &self.events {
+                Sink::Merge(merge) => {
+                    merge.handle(event);
+                    self.stats.events.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Sink::Channel(sender) => sender,
+            };
+            match sender.try_send(event) {
+                Ok(()) => {
+                    self.stats.events.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(TrySendError::Full(event)) => {
+                    self.stats.discarded.fetch_add(1, Ordering::Relaxed);
+                    warn!(kind = ?event.kind, pod = ?event.pod_uid, "event channel full: event discarded, relist requested");
+                    self.relist.request(RelistReason::ChannelFull);
+                }
+                Err(TrySendError::Closed(_)) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    return Err("the lifecycle event channel closed (its reader stopped)".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store_tracker_stats(&self) {
+        let t = self.tracker.stats;
+        let s = &self.stats;
+        s.hints.store(t.hints, Ordering::Relaxed);
+        s.removed_before_death
+            .store(t.removed_before_death, Ordering::Relaxed);
+        s.confirmed.store(t.confirmed, Ordering::Relaxed);
+        s.corrected.store(t.corrected, Ordering::Relaxed);
+        s.unconfirmed.store(t.unconfirmed, Ordering::Relaxed);
+        s.pruned.store(t.pruned, Ordering::Relaxed);
+    }
+
+    fn poll_counters(&mut self) {
+        self.store_tracker_stats();
+        let c = &self.loaded.counters;
+        let dropped = sum(c, counter::DROPPED);
+        let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
+        if dropped > before {
+            warn!(
+                lost = dropped - before,
+                "kernel ring buffer full: records lost, relist requested"
+            );
+            self.relist.request(RelistReason::KernelDrop);
+        }
+        self.stats
+            .kernel_reported
+            .store(sum(c, counter::REPORTED), Ordering::Relaxed);
+        self.stats
+            .kernel_filtered
+            .store(sum(c, counter::FILTERED), Ordering::Relaxed);
+        self.stats
+            .kernel_read_errors
+            .store(sum(c, counter::READ_ERRORS), Ordering::Relaxed);
+        self.stats
+            .kernel_thread_exits
+            .store(sum(c, counter::THREAD_EXITS), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,93 @@
+//! Relist requests of the kernel PLEG: one home for every loss that must end in a
+//! relist (`docs/pleg.md` clause 4), counted by reason.
+//!
+//! The kubelet relists every second whatever happens; here a relist is asked for
+//! exactly when something may have been lost. Requests are cheap and coalesce in
+//! [`RelistSignal`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use evpleg_core::lifecycle::RelistSignal;
+
+/// Why the kernel PLEG asks for a relist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelistReason {
+    /// The kernel could not reserve ring-buffer space (`DROPPED` grew).
+    KernelDrop,
+    /// The lifecycle event channel was full.
+    ChannelFull,
+    /// A task record's cgroup is unknown even after a rescan.
+    Unattributed,
+    /// A container cgroup was removed before its main process was seen to exit.
+    ExitMissed,
+    /// The ring-buffer reader stopped.
+    ReaderStopped,
+}
+
+impl RelistReason {
+    pub const ALL: [Self; 5] = [
+        Self::KernelDrop,
+        Self::ChannelFull,
+        Self::Unattributed,
+        Self::ExitMissed,
+        Self::ReaderStopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KernelDrop => "kernel ring buffer full",
+            Self::ChannelFull => "pleg event channel full",
+            Self::Unattributed => "task in an unknown cgroup",
+            Self::ExitMissed => "container cgroup removed before its main process exit was seen",
+            Self::ReaderStopped => "kernel pleg reader stopped",
+        }
+    }
+}
+
+/// Counts of requests by reason (metrics).
+#[derive(Debug, Default)]
+pub struct RelistCounts([AtomicU64; 5]);
+
+impl RelistCounts {
+    pub fn get(&self, reason: RelistReason) -> u64 {
+        self.0[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Asks for relists and counts them.
+#[derive(Clone, Debug)]
+pub struct RelistRequests {
+    signal: Arc<RelistSignal>,
+    counts: Arc<RelistCounts>,
+}
+
+impl RelistRequests {
+    pub fn new(signal: Arc<RelistSignal>, counts: Arc<RelistCounts>) -> Self {
+        Self { signal, counts }
+    }
+
+    /// Non-blocking; callable on the reader thread.
+    pub fn request(&self, reason: RelistReason) {
+        self.counts.0[reason as usize].fetch_add(1, Ordering::Relaxed);
+        self.signal.request(reason.as_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_request_signals_and_counts_its_reason() {
+        let signal = Arc::new(RelistSignal::new());
+        let counts = Arc::new(RelistCounts::default());
+        let r = RelistRequests::new(signal.clone(), counts.clone());
+        r.request(RelistReason::KernelDrop);
+        r.request(RelistReason::ExitMissed);
+        r.request(RelistReason::ExitMissed);
+        assert_eq!(signal.count(), 3);
+        let got: Vec<u64> = RelistReason::ALL.iter().map(|r| counts.get(*r)).collect();
+        assert_eq!(got, vec![1, 0, 0, 2, 0]);
+    }
+}

@@ -1,0 +1,553 @@
+//! The user-space side of the kernel PLEG: kernel records in, the kubelet's
+//! lifecycle events out, following the contract of `docs/pleg.md` (clauses 2, 4
+//! and 6).
+//!
+//! # The main-process rule
+//! A container starts when its *main process* execs and dies when that process
+//! exits; other processes in the container (children, `kubectl exec` sessions,
+//! probes) start and die without container events. Each container's knowledge of
+//! its main process is a [`MainState`] (see [`super::main_state`] for the table of
+//! transitions):
+//!
+//! - **certain** in a container cgroup whose creation the tracker saw (or found
+//!   holding only the runtime's init): the first exec that is not a runtime
+//!   re-exec ([`is_runtime_reexec`]) is the main process, the exec chain from the
+//!   runtime's init into the entrypoint; or when the runtime's own pid for the
+//!   container is confirmed against `/proc` ([`Tracker::reconcile`]);
+//! - **uncertain** in a container learned with processes already running (the
+//!   start-up scan, a rescan): [`choose_main`] names only a candidate. Its exit is
+//!   a hint (`PodSync` from the kernel), and no exec ever becomes the main process.
+//!
+//! Started and Died kinds are sent for a certain main process only, Died with its
+//! exit status. Processes are identified by host pid *and* start time, so a reused
+//! pid is not mistaken for the main process; pids are host pids, so the rule holds
+//! with a private PID namespace, a pod-shared one and host PID alike.
+//!
+//! # Differences from the kubelet
+//! The kubelet's generic PLEG derives events by diffing relists; this one derives
+//! them from the kernel as they happen. ContainerChanged is never produced, as in
+//! the kubelet. The Removed kinds are never produced either: a cgroup's removal is
+//! not the runtime forgetting the container. A container cgroup removed before its
+//! certain main process was seen to exit gives a hint and a relist request (an
+//! exit was missed).
+
+mod reconcile;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+pub use reconcile::ReconcileOutcome;
+
+use super::event::{CgroupChange, Exec, Exit, KernelEvent, ProcessKey};
+use super::index::{CGROUP2_HIERARCHY, ContainerIndex};
+use super::main_state::{Effect, MainId, MainState, Step, Transition};
+use evpleg_core::cgroup_path::{CgroupClass, CgroupPathError};
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::lifecycle::{EventKind, EventSource, ExitStatus, PodLifecycleEvent};
+
+/// How long an OOM victim report is kept waiting for its process's exit (ns).
+const OOM_VICTIM_MEMORY_NS: u64 = 10_000_000_000;
+/// At most this many OOM victim reports are kept (the oldest go first).
+const OOM_VICTIMS_MAX: usize = 256;
+/// A container the runtime does not list is forgotten only if it was learned at
+/// least this long before the listing started: containerd adds a sandbox to the
+/// list it serves only at the end of RunPodSandbox, after its cgroup exists and
+/// its pause process runs.
+pub const PRUNE_GRACE_NS: u64 = 10_000_000_000;
+
+/// A process as a scan sees it in `/proc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+    /// The runtime's init, waiting to exec the entrypoint ([`is_runtime_init`]).
+    pub runtime_init: bool,
+}
+
+/// The main process of a container found already running: the process whose parent
+/// is not in the container (the runtime's shim is), the oldest if several are.
+pub fn choose_main(procs: &[ProcInfo]) -> Option<ProcInfo> {
+    let pids: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+    procs
+        .iter()
+        .filter(|p| !pids.contains(&p.ppid))
+        .min_by_key(|p| (p.start_ticks, p.pid))
+        .copied()
+}
+
+/// The state of a container learned by a scan with processes `procs`. `pending`
+/// is the process of the exec record that made the tracker rescan: that exec is
+/// handled next, so the process and its descendants count as not yet running.
+/// A container holding nothing else than the runtime's init is fresh; one with
+/// processes running is uncertain.
+pub fn scanned_state(procs: &[ProcInfo], pending: Option<ProcessKey>, tick_ns: u64) -> MainState {
+    let mut excluded: HashSet<u32> = procs
+        .iter()
+        .filter(|p| {
+            pending.is_some_and(|k| {
+                MainId::Ticks {
+                    pid: p.pid,
+                    start_ticks: p.start_ticks,
+                }
+                .matches(k, tick_ns)
+            })
+        })
+        .map(|p| p.pid)
+        .collect();
+    loop {
+        let before = excluded.len();
+        let children: Vec<u32> = procs
+            .iter()
+            .filter(|p| excluded.contains(&p.ppid))
+            .map(|p| p.pid)
+            .collect();
+        excluded.extend(children);
+        if excluded.len() == before {
+            break;
+        }
+    }
+    let running: Vec<ProcInfo> = procs
+        .iter()
+        .filter(|p| !p.runtime_init && !excluded.contains(&p.pid))
+        .copied()
+        .collect();
+    if running.is_empty() {
+        MainState::Fresh
+    } else {
+        MainState::Uncertain(choose_main(&running).map(|p| MainId::Ticks {
+            pid: p.pid,
+            start_ticks: p.start_ticks,
+        }))
+    }
+}
+
+/// Whether a process name (`comm`) is an OCI runtime's init waiting in the
+/// container's cgroup for the start (runc's `runc:[2:INIT]`, crun, youki).
+pub fn is_runtime_init(comm: &str) -> bool {
+    comm.starts_with("runc") || comm.starts_with("crun") || comm.starts_with("youki")
+}
+
+/// Whether an exec is a container runtime re-executing itself rather than the
+/// container's entrypoint: `/proc/self/exe`, or a sealed copy of its binary run
+/// through a file descriptor (`/dev/fd/N`, `/proc/self/fd/N`, as runc 1.1 does
+/// before it is moved out of the way). Such a process is never the main process.
+pub fn is_runtime_reexec(filename: &str) -> bool {
+    filename == "/proc/self/exe"
+        || filename.starts_with("/dev/fd/")
+        || filename.starts_with("/proc/self/fd/")
+        || (filename.starts_with("/proc/") && filename.contains("/fd/"))
+        || filename.starts_with("/memfd:")
+}
+
+#[derive(Clone, Debug)]
+struct Container {
+    cgroup_id: u64,
+    pod_uid: Option<PodUid>,
+    state: MainState,
+    /// CLOCK_MONOTONIC ns when the tracker learned it.
+    learned_at_ns: u64,
+}
+
+/// What handling a record produced besides its lifecycle events.
+#[derive(Debug, Default)]
+pub struct Output {
+    pub events: Vec<PodLifecycleEvent>,
+    /// State was lost (an exit never seen): the runtime must be relisted.
+    pub relists: Vec<String>,
+    /// Cgroup paths under a root that are malformed.
+    pub malformed: Vec<CgroupPathError>,
+}
+
+/// Whether a record could be attributed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    Done,
+    /// A task ran in a cgroup the index does not know: the caller may rescan the
+    /// tree and hand the record in again.
+    UnknownCgroup {
+        cgroup_id: u64,
+    },
+}
+
+/// Counters of the tracker, for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackerStats {
+    pub execs_other: u64,
+    pub exits_other: u64,
+    /// PodSync hints sent for exits of uncertain main processes and removals.
+    pub hints: u64,
+    /// Container cgroups removed before their certain main death was seen.
+    pub removed_before_death: u64,
+    /// Main processes made certain by the runtime's pid.
+    pub confirmed: u64,
+    /// Certain main processes replaced by the runtime's different pid.
+    pub corrected: u64,
+    /// Runtime pids not found alive in the container's cgroup.
+    pub unconfirmed: u64,
+    /// Containers forgotten because the runtime no longer lists them.
+    pub pruned: u64,
+}
+
+/// Records in `by_pod` that `id` is held for `pod` (a free function, so that
+/// it can be called while another field of the tracker is borrowed).
+fn link(by_pod: &mut HashMap<PodUid, HashSet<ContainerId>>, pod: &PodUid, id: &ContainerId) {
+    by_pod.entry(pod.clone()).or_default().insert(id.clone());
+}
+
+/// OOM victims reported by the kernel, waiting for their process's exit; bounded
+/// in time and number.
+#[derive(Debug, Default)]
+struct OomVictims(VecDeque<(u32, u64)>);
+
+impl OomVictims {
+    fn expire(&mut self, now_ns: u64) {
+        while self
+            .0
+            .front()
+            .is_some_and(|(_, t)| now_ns.saturating_sub(*t) > OOM_VICTIM_MEMORY_NS)
+        {
+            self.0.pop_front();
+        }
+    }
+
+    fn record(&mut self, tgid: u32, at_ns: u64) {
+        self.expire(at_ns);
+        if self.0.len() >= OOM_VICTIMS_MAX {
+            self.0.pop_front();
+        }
+        self.0.push_back((tgid, at_ns));
+    }
+
+    /// Whether `tgid` was reported as a victim (the report is consumed).
+    fn take(&mut self, tgid: u32, at_ns: u64) -> bool {
+        self.expire(at_ns);
+        match self.0.iter().position(|(t, _)| *t == tgid) {
+            Some(i) => {
+                self.0.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The kernel PLEG's per-container state. Single-threaded: the reader thread owns
+/// it.
+#[derive(Debug)]
+pub struct Tracker {
+    index: ContainerIndex,
+    containers: HashMap<ContainerId, Container>,
+    /// Ids the runtime reports as sandboxes, with their pod when known.
+    sandboxes: HashMap<ContainerId, Option<PodUid>>,
+    /// Running containers the runtime lists whose cgroup a rescan did not find.
+    unfound: HashMap<ContainerId, PodUid>,
+    /// The ids `containers`, `sandboxes` and `unfound` hold for each pod (a
+    /// superset: removals leave them until that pod's next reconcile or the
+    /// next full one), so that a pod's reconcile costs that pod's containers.
+    by_pod: HashMap<PodUid, HashSet<ContainerId>>,
+    oom_victims: OomVictims,
+    tick_ns: u64,
+    /// [`PRUNE_GRACE_NS`], changed by tests.
+    prune_grace_ns: u64,
+    pub stats: TrackerStats,
+}
+
+impl Tracker {
+    /// `ticks_per_second` is the kernel's USER_HZ (for `/proc` start times).
+    pub fn new(ticks_per_second: u64) -> Self {
+        Self {
+            index: ContainerIndex::new(),
+            containers: HashMap::new(),
+            sandboxes: HashMap::new(),
+            unfound: HashMap::new(),
+            by_pod: HashMap::new(),
+            oom_victims: OomVictims::default(),
+            tick_ns: 1_000_000_000 / ticks_per_second.max(1),
+            prune_grace_ns: PRUNE_GRACE_NS,
+            stats: TrackerStats::default(),
+        }
+    }
+
+    pub fn index(&self) -> &ContainerIndex {
+        &self.index
+    }
+
+    /// The main-process state of a container, if the tracker knows it.
+    pub fn main_state(&self, id: &ContainerId) -> Option<MainState> {
+        self.containers.get(id).map(|c| c.state)
+    }
+
+    /// How many containers, sandbox marks and unfound ids are kept (memory).
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        (
+            self.containers.len(),
+            self.sandboxes.len(),
+            self.unfound.len(),
+        )
+    }
+
+    /// How many OOM victim reports are kept.
+    pub fn oom_victims_len(&self) -> usize {
+        self.oom_victims.0.len()
+    }
+
+    fn insert_container(&mut self, id: ContainerId, c: Container) {
+        if let Some(pod) = &c.pod_uid {
+            link(&mut self.by_pod, pod, &id);
+        }
+        self.containers.insert(id, c);
+    }
+
+    /// Marks an id as a pod sandbox (the runtime knows; the cgroup path does not).
+    /// [`Tracker::reconcile`] does this for every sandbox a view lists.
+    pub fn add_sandbox(&mut self, id: ContainerId) {
+        self.sandboxes.entry(id).or_insert(None);
+    }
+
+    /// Records a cgroup found by a scan at `now_ns`, with the processes in it (for
+    /// a container cgroup; see [`scanned_state`] for `pending`). Returns whether
+    /// the cgroup was new to the index.
+    pub fn learn_existing(
+        &mut self,
+        cgroup_id: u64,
+        path: &str,
+        procs: &[ProcInfo],
+        pending: Option<ProcessKey>,
+        now_ns: u64,
+    ) -> Result<bool, CgroupPathError> {
+        if self.index.get(cgroup_id).is_some() || self.index.is_ignored(cgroup_id) {
+            return Ok(false);
+        }
+        let Some(entry) = self.index.insert(cgroup_id, path, now_ns)? else {
+            return Ok(true);
+        };
+        let Some((id, pod, false)) = entry.container() else {
+            return Ok(true);
+        };
+        let (id, pod) = (id.clone(), pod.cloned());
+        self.unfound.remove(&id);
+        let state = scanned_state(procs, pending, self.tick_ns);
+        let known = self
+            .containers
+            .get(&id)
+            .is_some_and(|c| c.cgroup_id == cgroup_id);
+        if !known {
+            self.insert_container(
+                id,
+                Container {
+                    cgroup_id,
+                    pod_uid: pod,
+                    state,
+                    learned_at_ns: now_ns,
+                },
+            );
+        }
+        Ok(true)
+    }
+
+    /// Handles one kernel record.
+    pub fn handle(&mut self, event: &KernelEvent, out: &mut Output) -> Handled {
+        match event {
+            KernelEvent::Exec(exec) => self.on_exec(exec, out),
+            KernelEvent::Exit(exit) => self.on_exit(exit, out),
+            KernelEvent::CgroupMkdir(change) => {
+                self.on_mkdir(change, out);
+                Handled::Done
+            }
+            KernelEvent::CgroupRmdir(change) => {
+                self.on_rmdir(change, out);
+                Handled::Done
+            }
+            KernelEvent::OomVictim { at_ns, tgid } => {
+                self.oom_victims.record(*tgid, *at_ns);
+                Handled::Done
+            }
+        }
+    }
+
+    /// The container a task's cgroup belongs to (`Ok(None)`: a known cgroup that
+    /// holds no container, or a container the tracker does not follow).
+    fn container_of(&self, cgroup_id: u64) -> Result<Option<ContainerId>, Handled> {
+        if let Some(entry) = self.index.get(cgroup_id) {
+            // Node- and pod-level cgroups hold no container.
+            return Ok(entry
+                .container()
+                .map(|(id, _, _)| id.clone())
+                .filter(|id| self.containers.contains_key(id)));
+        }
+        if self.index.is_ignored(cgroup_id) {
+            return Ok(None);
+        }
+        Err(Handled::UnknownCgroup { cgroup_id })
+    }
+
+    fn kinds(&self, id: &ContainerId) -> (EventKind, EventKind) {
+        if self.sandboxes.contains_key(id) {
+            (EventKind::SandboxStarted, EventKind::SandboxDied)
+        } else {
+            (EventKind::ContainerStarted, EventKind::ContainerDied)
+        }
+    }
+
+    /// Applies a transition's step to container `id` and reports its effect.
+    fn apply(
+        &mut self,
+        id: &ContainerId,
+        step: Step,
+        at_ns: u64,
+        exit: Option<ExitStatus>,
+        out: &mut Output,
+    ) {
+        let (started, died) = self.kinds(id);
+        let container = match step.next {
+            Some(next) => {
+                let Some(c) = self.containers.get_mut(id) else {
+                    return;
+                };
+                c.state = next;
+                c.clone()
+            }
+            None => {
+                let Some(c) = self.containers.remove(id) else {
+                    return;
+                };
+                self.sandboxes.remove(id);
+                c
+            }
+        };
+        match step.transition {
+            Transition::OtherExec => self.stats.execs_other += 1,
+            Transition::OtherExit => self.stats.exits_other += 1,
+            Transition::RemovedBeforeDeath => self.stats.removed_before_death += 1,
+            _ => {}
+        }
+        let event = |kind, exit, pid| PodLifecycleEvent {
+            pod_uid: container.pod_uid.clone(),
+            kind,
+            container_id: Some(id.clone()),
+            at_ns,
+            source: EventSource::Kernel,
+            exit,
+            pid,
+        };
+        match step.effect {
+            Effect::None => {}
+            Effect::Started(pid) => out.events.push(event(started, None, Some(pid))),
+            Effect::Died(pid) => out.events.push(event(died, exit, Some(pid))),
+            Effect::Hint => {
+                self.stats.hints += 1;
+                out.events.push(event(EventKind::PodSync, None, None));
+            }
+            Effect::HintAndRelist => {
+                self.stats.hints += 1;
+                out.events.push(event(EventKind::PodSync, None, None));
+                out.relists.push(format!(
+                    "cgroup of container {id} removed before its main process was seen to exit"
+                ));
+            }
+        }
+    }
+
+    fn on_exec(&mut self, exec: &Exec, out: &mut Output) -> Handled {
+        let id = match self.container_of(exec.cgroup_id) {
+            Ok(Some(id)) => id,
+            Ok(None) => return Handled::Done,
+            Err(unknown) => return unknown,
+        };
+        let state = self.containers[&id].state;
+        let step = state.exec(
+            exec.process,
+            is_runtime_reexec(&exec.filename),
+            self.tick_ns,
+        );
+        self.apply(&id, step, exec.at_ns, None, out);
+        Handled::Done
+    }
+
+    fn on_exit(&mut self, exit: &Exit, out: &mut Output) -> Handled {
+        let id = match self.container_of(exit.cgroup_id) {
+            Ok(Some(id)) => id,
+            Ok(None) => return Handled::Done,
+            Err(unknown) => return unknown,
+        };
+        let state = self.containers[&id].state;
+        let step = state.exit(exit.process, self.tick_ns);
+        let mut status = exit.status;
+        if step.transition == Transition::MainExit {
+            status.oom_killed |= self.oom_victims.take(exit.process.pid, exit.at_ns);
+        }
+        self.apply(&id, step, exit.at_ns, Some(status), out);
+        Handled::Done
+    }
+
+    fn on_mkdir(&mut self, change: &CgroupChange, out: &mut Output) {
+        if change.truncated || change.hierarchy_id != CGROUP2_HIERARCHY {
+            // A cut path could be misread (a partial id); the first task in this
+            // cgroup finds it unknown and the rescan reads the full path from disk.
+            return;
+        }
+        match self
+            .index
+            .insert(change.cgroup_id, &change.path, change.at_ns)
+        {
+            Ok(Some(entry)) => {
+                let Some((id, pod, false)) = entry.container() else {
+                    return;
+                };
+                let (id, pod) = (id.clone(), pod.cloned());
+                self.unfound.remove(&id);
+                match self.containers.get(&id) {
+                    // Learned by a scan before this record was read: every record
+                    // of the cgroup follows this one in the ring buffer.
+                    Some(c) if c.cgroup_id == change.cgroup_id => {
+                        let step = c.state.history_in_ring();
+                        self.apply(&id, step, change.at_ns, None, out);
+                    }
+                    // New, or a cgroup re-created under the same name.
+                    _ => {
+                        self.insert_container(
+                            id,
+                            Container {
+                                cgroup_id: change.cgroup_id,
+                                pod_uid: pod,
+                                state: MainState::Fresh,
+                                learned_at_ns: change.at_ns,
+                            },
+                        );
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => out.malformed.push(e),
+        }
+    }
+
+    fn on_rmdir(&mut self, change: &CgroupChange, out: &mut Output) {
+        if change.hierarchy_id != CGROUP2_HIERARCHY {
+            return;
+        }
+        let Some(entry) = self.index.remove(change.cgroup_id) else {
+            return;
+        };
+        let CgroupClass::Container {
+            id, nested: false, ..
+        } = entry.class
+        else {
+            return;
+        };
+        let Some(c) = self.containers.get(&id) else {
+            return;
+        };
+        if c.cgroup_id != change.cgroup_id {
+            return;
+        }
+        let step = c.state.removed();
+        self.apply(&id, step, change.at_ns, None, out);
+    }
+}
+
+#[cfg(test)]
+mod prune_tests;
+#[cfg(test)]
+mod tests;

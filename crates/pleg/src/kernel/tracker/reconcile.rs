@@ -1,0 +1,237 @@
+//! Reconciling the tracker with the runtime's view after every relist
+//! (`docs/pleg.md` clause 4): containers the runtime lists and the tracker does not
+//! know are learned (a rescan of the cgroup tree is due), the runtime's pid makes
+//! the main process certain or corrects it, sandboxes are marked, and everything
+//! kept per container is forgotten once the runtime no longer lists it, so a lost
+//! rmdir cannot grow memory forever.
+
+use std::collections::HashSet;
+
+use super::{MainId, Output, Tracker, Transition, link};
+use crate::kernel::proc::Reconciliation;
+use evpleg_core::cgroup_path::{CgroupClass, classify};
+use evpleg_core::ids::{ContainerId, PodUid};
+
+/// What a reconcile did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileOutcome {
+    /// A running container the runtime lists has no known cgroup: rescan, then
+    /// reconcile again with `after_rescan`.
+    pub rescan_due: bool,
+    pub confirmed: usize,
+    /// Containers whose certain main process the runtime's pid replaced.
+    pub corrected: Vec<ContainerId>,
+    /// Runtime pids not alive in the container's cgroup.
+    pub unconfirmed: usize,
+    /// Containers forgotten.
+    pub pruned: usize,
+}
+
+/// Whether a cgroup2 path is container `id`'s cgroup or one nested in it.
+fn in_container(path: &str, id: &ContainerId) -> bool {
+    matches!(classify(path), Ok(CgroupClass::Container { id: ref c, .. }) if c == id)
+}
+
+impl Tracker {
+    /// Applies a relist's view. `after_rescan`: the rescan a previous call asked
+    /// for ran; running containers still unknown are remembered as not found (no
+    /// rescan for them again while the runtime lists them).
+    pub fn reconcile(&mut self, r: &Reconciliation, after_rescan: bool) -> ReconcileOutcome {
+        self.reconcile_with(r, after_rescan, Self::prune)
+    }
+
+    /// [`Tracker::reconcile`] with the prune given (tests compare two).
+    pub(super) fn reconcile_with(
+        &mut self,
+        r: &Reconciliation,
+        after_rescan: bool,
+        prune: fn(&mut Self, &Reconciliation) -> usize,
+    ) -> ReconcileOutcome {
+        let view = &r.view;
+        let mut outcome = ReconcileOutcome::default();
+        for c in &view.containers {
+            if c.sandbox {
+                self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
+                link(&mut self.by_pod, &c.pod, &c.id);
+            }
+            let Some(container) = self.containers.get_mut(&c.id) else {
+                if c.running {
+                    if after_rescan {
+                        self.unfound.insert(c.id.clone(), c.pod.clone());
+                        link(&mut self.by_pod, &c.pod, &c.id);
+                    } else if !self.unfound.contains_key(&c.id) {
+                        outcome.rescan_due = true;
+                    }
+                }
+                continue;
+            };
+            // `/k8s.io/<id>` does not name the pod; the runtime does.
+            if container.pod_uid.is_none() {
+                container.pod_uid = Some(c.pod.clone());
+                link(&mut self.by_pod, &c.pod, &c.id);
+            }
+            let Some(proc) = r.mains.get(&c.id) else {
+                continue;
+            };
+            if !in_container(&proc.cgroup, &c.id) {
+                self.stats.unconfirmed += 1;
+                outcome.unconfirmed += 1;
+                continue;
+            }
+            let runtime_main = MainId::Ticks {
+                pid: proc.pid,
+                start_ticks: proc.start_ticks,
+            };
+            let step = container.state.confirm(runtime_main, self.tick_ns);
+            match step.transition {
+                Transition::Confirmed => {
+                    self.stats.confirmed += 1;
+                    outcome.confirmed += 1;
+                }
+                Transition::Corrected => {
+                    self.stats.corrected += 1;
+                    outcome.corrected.push(c.id.clone());
+                }
+                _ => {}
+            }
+            // Confirmation has no effect to report.
+            self.apply(&c.id, step, view.listed_at_ns, None, &mut Output::default());
+        }
+        outcome.pruned = prune(self, r);
+        self.stats.pruned += outcome.pruned as u64;
+        outcome
+    }
+
+    /// Forgets what the view's scope no longer lists, except what was learned
+    /// after the listing started, or less than the grace before it. Returns how
+    /// many containers were forgotten. A pod's view visits what is held for
+    /// that pod only (`by_pod`); a full view visits everything.
+    pub(super) fn prune(&mut self, r: &Reconciliation) -> usize {
+        match r.view.scope.clone() {
+            None => self.prune_all(r),
+            Some(scope) => self.prune_pod(r, &scope),
+        }
+    }
+
+    fn prune_all(&mut self, r: &Reconciliation) -> usize {
+        let view = &r.view;
+        let at = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
+        let listed: HashSet<&ContainerId> = view.containers.iter().map(|c| &c.id).collect();
+        let pods: HashSet<&PodUid> = view.containers.iter().map(|c| &c.pod).collect();
+        let gone: Vec<ContainerId> = self
+            .containers
+            .iter()
+            .filter(|(id, c)| !listed.contains(id) && c.learned_at_ns < at)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            self.containers.remove(id);
+        }
+        let containers = &self.containers;
+        self.index.retain(|e| {
+            if e.learned_at_ns >= at {
+                return true;
+            }
+            match &e.class {
+                CgroupClass::Container { id, .. } | CgroupClass::RuntimeHelper { id } => {
+                    listed.contains(id) || containers.contains_key(id)
+                }
+                CgroupClass::Pod { uid, .. } => pods.contains(uid),
+                CgroupClass::NodeLevel { .. } => true,
+            }
+        });
+        self.index.forget_ignored_before(at);
+        self.sandboxes
+            .retain(|id, _| listed.contains(id) || containers.contains_key(id));
+        self.unfound.retain(|id, _| listed.contains(id));
+        self.by_pod.clear();
+        for (id, c) in &self.containers {
+            if let Some(pod) = &c.pod_uid {
+                link(&mut self.by_pod, pod, id);
+            }
+        }
+        for (id, pod) in &self.sandboxes {
+            if let Some(pod) = pod {
+                link(&mut self.by_pod, pod, id);
+            }
+        }
+        for (id, pod) in &self.unfound {
+            link(&mut self.by_pod, pod, id);
+        }
+        gone.len()
+    }
+
+    fn prune_pod(&mut self, r: &Reconciliation, scope: &PodUid) -> usize {
+        let view = &r.view;
+        let at = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
+        let listed: HashSet<&ContainerId> = view.containers.iter().map(|c| &c.id).collect();
+        let pod_listed = view.containers.iter().any(|c| c.pod == *scope);
+        let held: Vec<ContainerId> = self
+            .by_pod
+            .remove(scope)
+            .map(|s| s.into_iter().collect())
+            .unwrap_or_default();
+        let gone: Vec<ContainerId> = (held.iter())
+            .filter(|id| {
+                self.containers.get(*id).is_some_and(|c| {
+                    c.pod_uid.as_ref() == Some(scope)
+                        && !listed.contains(id)
+                        && c.learned_at_ns < at
+                })
+            })
+            .cloned()
+            .collect();
+        for id in &gone {
+            self.containers.remove(id);
+        }
+        let gone_set: HashSet<&ContainerId> = gone.iter().collect();
+        let containers = &self.containers;
+        // Entries of other pods, and those naming no pod, are kept unless
+        // they serve a container forgotten here.
+        self.index.retain_scoped(scope, &gone_set, |e| {
+            if e.learned_at_ns >= at {
+                return true;
+            }
+            match &e.class {
+                CgroupClass::Container { id, .. } | CgroupClass::RuntimeHelper { id } => {
+                    if gone_set.contains(id) {
+                        return false;
+                    }
+                    e.pod() != Some(scope) || listed.contains(id) || containers.contains_key(id)
+                }
+                CgroupClass::Pod { uid, .. } => uid != scope || pod_listed,
+                CgroupClass::NodeLevel { .. } => true,
+            }
+        });
+        for id in &held {
+            let drop_sandbox = self.sandboxes.get(id).is_some_and(|pod| {
+                gone_set.contains(id)
+                    || (pod.as_ref() == Some(scope)
+                        && !listed.contains(id)
+                        && !self.containers.contains_key(id))
+            });
+            if drop_sandbox {
+                self.sandboxes.remove(id);
+            }
+            if self.unfound.get(id) == Some(scope) && !listed.contains(id) {
+                self.unfound.remove(id);
+            }
+        }
+        let still: HashSet<ContainerId> = (held.into_iter())
+            .filter(|id| {
+                self.containers
+                    .get(id)
+                    .is_some_and(|c| c.pod_uid.as_ref() == Some(scope))
+                    || self
+                        .sandboxes
+                        .get(id)
+                        .is_some_and(|p| p.as_ref() == Some(scope))
+                    || self.unfound.get(id) == Some(scope)
+            })
+            .collect();
+        if !still.is_empty() {
+            self.by_pod.insert(scope.clone(), still);
+        }
+        gone.len()
+    }
+}

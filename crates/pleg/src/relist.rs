@@ -1,0 +1,980 @@
+//! The relist PLEG: the kubelet's generic PLEG (`pkg/kubelet/pleg/generic.go`).
+//!
+//! Every period it lists the runtime's sandboxes and containers, diffs each
+//! container's state against the previous relist, inspects only the pods that
+//! changed, writes their status into the [`PodStatusCache`] and sends the
+//! kubelet's lifecycle events. Faithful to the kubelet:
+//!
+//! * the list's timestamp is taken *before* listing, and each pod's cache entry is
+//!   stamped with the time taken just before *its* inspection (`updateCache`);
+//! * a pod whose inspection fails gets the error in the cache (its worker does not
+//!   sync on it) and is re-inspected next time; its events wait for success;
+//! * a snapshot older than what the cache holds (a kernel death observed after the
+//!   list began) is not stored and its events are not sent: the change is found
+//!   again, here within [`CONFIRM_RETRY`] rather than at the next period;
+//! * the state-to-event table of [`events_for`]; a change to Created or Unknown
+//!   inspects the pod (the kubelet's ContainerChanged) but sends nothing;
+//! * a re-inspection without other events sends PodSync;
+//! * after all pods are written the cache's global time advances to the list's
+//!   timestamp, releasing waiters of unchanged pods;
+//! * the event channel never blocks: a full channel drops the event and counts it
+//!   (`pleg_discard_events`);
+//! * health: "pleg has yet to be successful" before the first relist, then
+//!   unhealthy when the last relist is older than a threshold;
+//! * on demand, one pod alone is relisted (the kubelet's PLEGOnDemandRelist).
+//!
+//! Where it differs (docs/pleg.md, "The contract"): in `ebpf` mode the period is
+//! slow and the kernel's certain exits are merged in: one the runtime does not
+//! report yet is kept as an overlay (the runtime lags by tens of milliseconds) and
+//! the pod re-checked every [`CONFIRM_RETRY`]; one the runtime still contradicts
+//! after [`CONFIRM_BOUND`] is forgotten, counted, logged, and the worker woken
+//! with the runtime's view; the pod is then re-checked for
+//! [`CONTRADICTION_WATCH`], in case the runtime only lagged. Transitions the kernel delivered are not sent again.
+//! A kernel hint (something it cannot vouch for) re-checks its pod for
+//! [`DOUBT_WATCH`], a certain event of a container the snapshot did not hold
+//! yet until the confirmation bound ([`super::on_demand::Watch`]).
+//! A dropped event is not lost: the pod is re-checked and a PodSync delivered.
+//! A full relist that fails is retried after [`GENERIC_PERIOD`], whatever the
+//! period. Every relist hands the runtime's view to the kernel tracker
+//! ([`Reconciler`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::kernel::{RuntimeContainer, RuntimeView};
+use super::on_demand::{PodRelistQueue, Watch};
+use super::stages::{self, Stage};
+use evpleg_core::cache::PodStatusCache;
+use evpleg_core::clock::SharedClock;
+use evpleg_core::clock::monotonic_to_unix_ns;
+use evpleg_core::container::{ContainerState, PodStatus, SandboxState};
+use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent, RelistSignal};
+use evpleg_core::runtime::{PlegState, PodRuntime, RuntimeEntry, RuntimeError};
+
+/// The kubelet's relist period, for `generic` mode, and the fallback period.
+pub const GENERIC_PERIOD: Duration = Duration::from_secs(1);
+/// The reconciling relist period in `ebpf` mode.
+pub const EBPF_PERIOD: Duration = Duration::from_secs(300);
+/// The kubelet's relist threshold: unhealthy when the last relist is older.
+pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
+/// How long a kernel-observed exit may disagree with the runtime before the
+/// runtime's view wins.
+pub const CONFIRM_BOUND: Duration = Duration::from_secs(2);
+/// How soon a pod is looked at again: a kernel exit the runtime does not confirm
+/// yet, a snapshot older than the cache, an event the channel could not take.
+pub const CONFIRM_RETRY: Duration = Duration::from_millis(20);
+/// The longest wait before a failed pod relist is tried again.
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a pod whose kernel exit the runtime contradicted is re-checked (every
+/// [`RETRY_MAX`] at most), so that a runtime that only lagged past the bound is
+/// heard as soon as it reports the exit.
+pub const CONTRADICTION_WATCH: Duration = Duration::from_secs(30);
+/// How long a pod is re-checked (every [`RETRY_MAX`] at most) after a kernel
+/// hint, something the kernel cannot vouch for (an uncertain main process's
+/// exit, a cgroup removed before its main process was seen to exit): a death
+/// the runtime reports up to this long after the hint is reported by the
+/// relist within [`RETRY_MAX`] of the runtime's report. As long as the watch
+/// after a contradiction: the runtime may lag as much for an uncertain death as
+/// for a certain one (containerd here: 40-630 ms, seconds under load).
+pub const DOUBT_WATCH: Duration = CONTRADICTION_WATCH;
+
+/// The kubelet's state-to-event table (`generateEvents`), without ContainerChanged
+/// (never sent; the change still inspects the pod). `sandbox` picks the sandbox
+/// variants.
+pub fn events_for(old: PlegState, new: PlegState, sandbox: bool) -> Vec<EventKind> {
+    use EventKind::*;
+    let (started, died, removed) = if sandbox {
+        (SandboxStarted, SandboxDied, SandboxRemoved)
+    } else {
+        (ContainerStarted, ContainerDied, ContainerRemoved)
+    };
+    if old == new {
+        return Vec::new();
+    }
+    match new {
+        PlegState::Running => vec![started],
+        PlegState::Exited => vec![died],
+        PlegState::Unknown => Vec::new(),
+        PlegState::NonExistent => match old {
+            PlegState::Exited => vec![removed],
+            _ => vec![died, removed],
+        },
+    }
+}
+
+/// Hands the runtime's view to the kernel tracker after each relist.
+pub type Reconciler = Box<dyn Fn(RuntimeView) + Send + Sync>;
+
+/// Transitions delivered to the pod workers, by the kernel merge or by the relist,
+/// so that neither sends one a second time (a container's start and death are
+/// each delivered once). A transition counts only once its event was taken by
+/// the channel (contract clause 4); the check, the send and the record happen
+/// under one lock, so the two senders cannot both deliver it.
+#[derive(Debug, Default)]
+pub struct KernelReports(Mutex<HashMap<ContainerId, (PlegState, u64)>>);
+
+/// What became of an event offered through [`KernelReports::deliver`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Sent,
+    /// The transition was delivered before: not sent again.
+    AlreadyDelivered,
+    /// The channel did not take it: nothing recorded.
+    Dropped,
+}
+
+impl KernelReports {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, (PlegState, u64)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that the transition of `id` to `state` at `at_ns` was delivered.
+    pub fn record(&self, id: &ContainerId, state: PlegState, at_ns: u64) {
+        self.lock().insert(id.clone(), (state, at_ns));
+    }
+
+    /// The last transition of `id` delivered, and when.
+    pub fn get(&self, id: &ContainerId) -> Option<(PlegState, u64)> {
+        self.lock().get(id).copied()
+    }
+
+    /// Offers the event of `kind` for `id`: unless that transition was delivered
+    /// already, `send` is called (it must not block) and, if it delivered, the
+    /// transition is recorded.
+    pub fn deliver(
+        &self,
+        id: &ContainerId,
+        kind: EventKind,
+        at_ns: u64,
+        send: impl FnOnce() -> bool,
+    ) -> Delivery {
+        let mut map = self.lock();
+        let state = map.get(id).map(|(s, _)| *s);
+        use EventKind::*;
+        let (already, new) = match kind {
+            ContainerStarted | SandboxStarted => (state.is_some(), Some(PlegState::Running)),
+            ContainerDied | SandboxDied => {
+                (state == Some(PlegState::Exited), Some(PlegState::Exited))
+            }
+            ContainerRemoved | SandboxRemoved | PodSync => (false, None),
+        };
+        if already {
+            return Delivery::AlreadyDelivered;
+        }
+        if !send() {
+            return Delivery::Dropped;
+        }
+        match new {
+            Some(state) => {
+                map.insert(id.clone(), (state, at_ns));
+            }
+            None if kind != PodSync => {
+                map.remove(id);
+            }
+            None => {}
+        }
+        Delivery::Sent
+    }
+
+    pub fn forget(&self, id: &ContainerId) {
+        self.lock().remove(id);
+    }
+
+    /// Forgets transitions of containers a listing that began at `listed_at_ns`
+    /// did not show (`listed` is false), unless delivered after it began.
+    pub fn prune(&self, listed_at_ns: u64, listed: impl Fn(&ContainerId) -> bool) {
+        self.lock()
+            .retain(|id, (_, at)| listed(id) || *at >= listed_at_ns);
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Counters and health of the relist PLEG (Prometheus names in `metrics`).
+#[derive(Debug)]
+pub struct RelistStats {
+    /// `pleg_relist_duration_seconds`.
+    pub duration_seconds: Histogram,
+    /// `pleg_relist_interval_seconds`.
+    pub interval_seconds: Histogram,
+    /// Monotonic ns of the start of the last successful full relist (0: none yet).
+    pub last_relist_ns: AtomicU64,
+    pub relists: AtomicU64,
+    pub pod_relists: AtomicU64,
+    /// On-demand requests a full relist that began after them had served.
+    pub pod_relists_skipped: AtomicU64,
+    pub failed_relists: AtomicU64,
+    pub failed_pod_relists: AtomicU64,
+    /// Events dropped because the channel was full (`pleg_discard_events`).
+    pub discarded: AtomicU64,
+    /// Duration of the last full relist, ns.
+    pub last_duration_ns: AtomicU64,
+    /// Interval between the last two full relists, ns.
+    pub last_interval_ns: AtomicU64,
+    /// Kernel exits the runtime confirmed (once each).
+    pub confirmed: AtomicU64,
+    /// Kernel exits the runtime contradicted past the bound.
+    pub contradictions: AtomicU64,
+    /// The current full relist period, ns.
+    pub period_ns: AtomicU64,
+}
+
+impl Default for RelistStats {
+    fn default() -> Self {
+        // The kubelet's buckets (DefBuckets).
+        let buckets = evpleg_core::metrics::def_histogram;
+        Self {
+            duration_seconds: buckets(),
+            interval_seconds: buckets(),
+            last_relist_ns: AtomicU64::new(0),
+            relists: AtomicU64::new(0),
+            pod_relists: AtomicU64::new(0),
+            pod_relists_skipped: AtomicU64::new(0),
+            failed_relists: AtomicU64::new(0),
+            failed_pod_relists: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            last_duration_ns: AtomicU64::new(0),
+            last_interval_ns: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            contradictions: AtomicU64::new(0),
+            period_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RelistStats {
+    /// The kubelet's PLEG health check (`Healthy`).
+    pub fn healthy(&self, now_ns: u64, threshold: Duration) -> Result<(), String> {
+        let last = self.last_relist_ns.load(Ordering::Relaxed);
+        if last == 0 {
+            return Err("pleg has yet to be successful".into());
+        }
+        let ago = Duration::from_nanos(now_ns.saturating_sub(last));
+        if ago > threshold {
+            return Err(format!(
+                "pleg was last seen active {:.1}s ago; threshold is {:.1}s",
+                ago.as_secs_f64(),
+                threshold.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a pod is processed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inspect {
+    /// Inspected only when a container changed.
+    OnChange,
+    /// Failed last time, or an event was not delivered: inspected, PodSync when
+    /// nothing else changed.
+    Reinspect,
+    /// Asked for on demand: inspected, no PodSync.
+    Always,
+}
+
+#[derive(Debug, Default)]
+struct PodRecord {
+    old: Option<Vec<RuntimeEntry>>,
+    current: Option<Vec<RuntimeEntry>>,
+}
+
+fn state_of(entries: &Option<Vec<RuntimeEntry>>, id: &ContainerId) -> (PlegState, Option<bool>) {
+    entries
+        .as_ref()
+        .and_then(|v| v.iter().find(|e| e.id == *id))
+        .map(|e| (e.state, Some(e.sandbox)))
+        .unwrap_or((PlegState::NonExistent, None))
+}
+
+/// A pod to look at again, and when.
+#[derive(Clone, Copy, Debug)]
+struct Recheck {
+    due: Instant,
+    /// Consecutive failed relists of the pod (for the back-off).
+    failures: u32,
+    /// An event could not be delivered: send a PodSync.
+    redeliver: bool,
+    /// A kernel hint: keep looking, at doubling intervals, until then (the
+    /// runtime may learn of what the kernel saw only later).
+    until: Option<Instant>,
+    interval: Duration,
+}
+
+impl Recheck {
+    fn at(due: Instant) -> Self {
+        Self {
+            due,
+            failures: 0,
+            redeliver: false,
+            until: None,
+            interval: CONFIRM_RETRY,
+        }
+    }
+}
+
+/// After a full relist that a loss asked for, full relists follow at these
+/// delays: the runtime may learn of the lost transition only later (containerd
+/// reported exits 40-630 ms after the kernel here), and a lost record does not
+/// name its pod. The last one is past [`CONFIRM_BOUND`].
+pub const LOSS_FOLLOW_UPS: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+    Duration::from_millis(2500),
+];
+
+/// The relist PLEG.
+pub struct RelistPleg<R> {
+    runtime: R,
+    cache: Arc<PodStatusCache>,
+    events: mpsc::Sender<PodLifecycleEvent>,
+    clock: SharedClock,
+    kernel: Arc<KernelReports>,
+    stats: Arc<RelistStats>,
+    records: HashMap<PodUid, PodRecord>,
+    reinspect: HashSet<PodUid>,
+    recheck: HashMap<PodUid, Recheck>,
+    /// Main pids the runtime reported at the last inspection, for the tracker.
+    pids: HashMap<ContainerId, u32>,
+    reconciler: Option<Reconciler>,
+}
+
+impl<R> std::fmt::Debug for RelistPleg<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelistPleg")
+            .field("pods", &self.records.len())
+            .field("reinspect", &self.reinspect)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: PodRuntime> RelistPleg<R> {
+    pub fn new(
+        runtime: R,
+        cache: Arc<PodStatusCache>,
+        events: mpsc::Sender<PodLifecycleEvent>,
+        clock: SharedClock,
+        kernel: Arc<KernelReports>,
+    ) -> Self {
+        Self {
+            runtime,
+            cache,
+            events,
+            clock,
+            kernel,
+            stats: Arc::new(RelistStats::default()),
+            records: HashMap::new(),
+            reinspect: HashSet::new(),
+            recheck: HashMap::new(),
+            pids: HashMap::new(),
+            reconciler: None,
+        }
+    }
+
+    /// Hands every relist's view of the runtime to `reconciler` (the kernel
+    /// tracker's [`crate::kernel::KernelPleg::reconcile`]).
+    pub fn with_reconciler(mut self, reconciler: Reconciler) -> Self {
+        self.reconciler = Some(reconciler);
+        self
+    }
+
+    pub fn stats(&self) -> Arc<RelistStats> {
+        self.stats.clone()
+    }
+
+    /// Pods that failed inspection and will be re-inspected.
+    pub fn pods_to_reinspect(&self) -> &HashSet<PodUid> {
+        &self.reinspect
+    }
+
+    /// Whether some pod is due to be looked at again (a kernel exit awaiting
+    /// confirmation, a failed pod relist, an undelivered event).
+    pub fn has_rechecks(&self) -> bool {
+        !self.recheck.is_empty()
+    }
+
+    /// One full relist.
+    pub async fn relist(&mut self) -> Result<(), RuntimeError> {
+        let timestamp = self.clock.now_ns();
+        let entries = match self.runtime.list(None).await {
+            Ok(e) => e,
+            Err(e) => {
+                self.stats.failed_relists.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, "relist: listing the runtime failed; retried within 1s");
+                return Err(e);
+            }
+        };
+        let previous = self.stats.last_relist_ns.swap(timestamp, Ordering::Relaxed);
+        if previous != 0 {
+            let interval = timestamp.saturating_sub(previous);
+            self.stats
+                .last_interval_ns
+                .store(interval, Ordering::Relaxed);
+            self.stats.interval_seconds.observe(interval as f64 / 1e9);
+        }
+        let mut by_pod: HashMap<PodUid, Vec<RuntimeEntry>> = HashMap::new();
+        for e in &entries {
+            by_pod.entry(e.pod.clone()).or_default().push(e.clone());
+        }
+        let mut pods: Vec<PodUid> = self.records.keys().cloned().collect();
+        pods.extend(
+            by_pod
+                .keys()
+                .filter(|p| !self.records.contains_key(*p))
+                .cloned(),
+        );
+        for uid in &pods {
+            self.records.entry(uid.clone()).or_default().current = by_pod.remove(uid);
+        }
+        let mut needs_reinspection = HashSet::new();
+        for uid in &pods {
+            let inspect = if self.reinspect.remove(uid) {
+                Inspect::Reinspect
+            } else {
+                Inspect::OnChange
+            };
+            self.process_pod(uid, timestamp, &mut needs_reinspection, inspect)
+                .await;
+        }
+        self.cache.update_time(timestamp);
+        // Failed inspections are retried soon, not a period later.
+        for uid in &needs_reinspection {
+            self.schedule_retry(uid);
+        }
+        self.reinspect = needs_reinspection;
+        self.records
+            .retain(|_, r| r.old.is_some() || r.current.is_some());
+        let listed: HashSet<&ContainerId> = entries.iter().map(|e| &e.id).collect();
+        self.pids.retain(|id, _| listed.contains(id));
+        // Nothing is kept about containers the runtime no longer has.
+        self.cache
+            .prune_exits(None, timestamp, |id| listed.contains(id));
+        self.kernel.prune(timestamp, |id| listed.contains(id));
+        self.reconcile(None, timestamp, &entries);
+        self.stats.relists.fetch_add(1, Ordering::Relaxed);
+        let duration = self.clock.now_ns().saturating_sub(timestamp);
+        self.stats
+            .last_duration_ns
+            .store(duration, Ordering::Relaxed);
+        self.stats.duration_seconds.observe(duration as f64 / 1e9);
+        Ok(())
+    }
+
+    /// Relists one pod alone (on demand: after a kernel event, after a sync that
+    /// called the runtime, or a re-check). Does not advance the cache's global
+    /// time. A failure is written to the cache as the pod's error and the pod is
+    /// tried again with back-off (at most [`RETRY_MAX`]).
+    pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<(), RuntimeError> {
+        self.relist_pod_as(uid, Inspect::Always).await
+    }
+
+    async fn relist_pod_as(&mut self, uid: &PodUid, inspect: Inspect) -> Result<(), RuntimeError> {
+        let timestamp = self.clock.now_ns();
+        self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
+        // This relist serves any re-check that was due for the pod, except a
+        // hint's, which goes on until its bound.
+        let mut inspect = inspect;
+        if let Some(r) = self.recheck.get(uid).copied() {
+            if r.redeliver {
+                // An event for this pod was dropped: this relist delivers a PodSync.
+                inspect = Inspect::Reinspect;
+            }
+            if r.until.is_none() {
+                self.recheck.remove(uid);
+            } else if let Some(r) = self.recheck.get_mut(uid) {
+                r.redeliver = false;
+            }
+        }
+        let entries = match self.runtime.list(Some(uid)).await {
+            Ok(e) => e,
+            Err(e) => {
+                self.pod_relist_failed(uid, &e, timestamp);
+                return Err(e);
+            }
+        };
+        let entries: Vec<RuntimeEntry> = entries.into_iter().filter(|e| e.pod == *uid).collect();
+        self.records.entry(uid.clone()).or_default().current =
+            (!entries.is_empty()).then(|| entries.clone());
+        let mut needs = HashSet::new();
+        self.reinspect.remove(uid);
+        self.process_pod(uid, timestamp, &mut needs, inspect).await;
+        let failed = !needs.is_empty();
+        self.reinspect.extend(needs);
+        self.records
+            .retain(|_, r| r.old.is_some() || r.current.is_some());
+        self.cache.prune_exits(Some(uid), timestamp, |id| {
+            entries.iter().any(|e| e.id == *id)
+        });
+        self.reconcile(Some(uid), timestamp, &entries);
+        if failed {
+            let e = RuntimeError(format!("inspection of pod {uid} failed"));
+            self.schedule_retry(uid);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn pod_relist_failed(&mut self, uid: &PodUid, e: &RuntimeError, timestamp: u64) {
+        self.stats
+            .failed_pod_relists
+            .fetch_add(1, Ordering::Relaxed);
+        self.cache.set_error(uid, e.0.clone(), timestamp);
+        self.schedule_retry(uid);
+    }
+
+    fn schedule_retry(&mut self, uid: &PodUid) {
+        let entry = self
+            .recheck
+            .entry(uid.clone())
+            .or_insert(Recheck::at(Instant::now()));
+        entry.failures = entry.failures.saturating_add(1);
+        let backoff = CONFIRM_RETRY
+            .saturating_mul(1 << entry.failures.min(8))
+            .min(RETRY_MAX);
+        entry.due = Instant::now() + backoff;
+    }
+
+    fn recheck_soon(&mut self, uid: &PodUid, redeliver: bool) {
+        let due = Instant::now() + CONFIRM_RETRY;
+        let entry = self.recheck.entry(uid.clone()).or_insert(Recheck::at(due));
+        entry.due = entry.due.min(due);
+        entry.redeliver |= redeliver;
+    }
+
+    /// Re-checks `uid` at doubling intervals (from [`CONFIRM_RETRY`] to
+    /// [`RETRY_MAX`]) for `window`: after a kernel hint (the runtime may learn of
+    /// it only later) and after a contradiction (a runtime that only lagged is
+    /// caught up with when it reports the exit).
+    fn recheck_for(&mut self, uid: &PodUid, window: Duration) {
+        let now = Instant::now();
+        let entry = self
+            .recheck
+            .entry(uid.clone())
+            .or_insert(Recheck::at(now + CONFIRM_RETRY));
+        entry.due = entry.due.min(now + CONFIRM_RETRY);
+        entry.until = entry.until.max(Some(now + window));
+        entry.interval = CONFIRM_RETRY;
+    }
+
+    fn reconcile(&self, scope: Option<&PodUid>, listed_at_ns: u64, entries: &[RuntimeEntry]) {
+        let Some(reconciler) = &self.reconciler else {
+            return;
+        };
+        reconciler(RuntimeView {
+            listed_at_ns,
+            scope: scope.cloned(),
+            containers: entries
+                .iter()
+                .map(|e| RuntimeContainer {
+                    id: e.id.clone(),
+                    pod: e.pod.clone(),
+                    sandbox: e.sandbox,
+                    running: e.state == PlegState::Running,
+                    pid: self.pids.get(&e.id).copied(),
+                })
+                .collect(),
+        });
+    }
+
+    async fn process_pod(
+        &mut self,
+        uid: &PodUid,
+        timestamp: u64,
+        needs: &mut HashSet<PodUid>,
+        inspect: Inspect,
+    ) {
+        let Some(record) = self.records.get(uid) else {
+            return;
+        };
+        let mut ids: Vec<ContainerId> = Vec::new();
+        for list in [&record.old, &record.current].into_iter().flatten() {
+            for e in list {
+                if !ids.contains(&e.id) {
+                    ids.push(e.id.clone());
+                }
+            }
+        }
+        let mut changed = false;
+        let mut events = Vec::new();
+        for id in &ids {
+            let (old, old_sandbox) = state_of(&record.old, id);
+            let (new, new_sandbox) = state_of(&record.current, id);
+            changed |= old != new;
+            let sandbox = new_sandbox.or(old_sandbox).unwrap_or(false);
+            for kind in events_for(old, new, sandbox) {
+                events.push((kind, id.clone()));
+            }
+        }
+        if !changed && inspect == Inspect::OnChange {
+            if let Some(r) = self.records.get_mut(uid) {
+                r.old = r.current.clone();
+            }
+            return;
+        }
+        let contradicted = match self.update_cache(uid).await {
+            Err(e) => {
+                debug!(pod = %uid, error = %e, "pod inspection failed; re-inspected");
+                needs.insert(uid.clone());
+                return;
+            }
+            Ok(None) => {
+                // The cache holds a newer observation (a kernel death seen after
+                // this list began): as the kubelet, leave the record so the change
+                // is found again, and look again shortly.
+                self.recheck_soon(uid, inspect == Inspect::Reinspect);
+                return;
+            }
+            Ok(Some(contradicted)) => contradicted,
+        };
+        if let Some(r) = self.records.get_mut(uid) {
+            r.old = r.current.clone();
+        }
+        let mut to_send: Vec<PodLifecycleEvent> = Vec::new();
+        for (kind, id) in events {
+            if matches!(
+                kind,
+                EventKind::ContainerRemoved | EventKind::SandboxRemoved
+            ) {
+                // Gone from the runtime: nothing about it is kept any longer.
+                self.cache.forget_exit(&id);
+                self.pids.remove(&id);
+            }
+            let exit = self.cache.kernel_exit(&id).map(|k| k.status);
+            to_send.push(PodLifecycleEvent {
+                pod_uid: Some(uid.clone()),
+                kind,
+                container_id: Some(id),
+                at_ns: timestamp,
+                source: EventSource::Relist,
+                exit,
+                pid: None,
+            });
+        }
+        // A re-inspection owes the workers a wake-up (an event of this pod was
+        // dropped before, or the kernel was contradicted): if none of the
+        // events above reaches them (none, or all delivered already by the
+        // kernel), a PodSync does.
+        let owes_wake_up = inspect == Inspect::Reinspect || contradicted;
+        let mut woken = false;
+        for event in to_send {
+            // The stage log's `delivered` (benchmarks; off otherwise).
+            let stage = stages::log()
+                .and_then(|_| event.container_id.clone())
+                .map(|id| (id, event.kind));
+            let delivery = match event.container_id.clone() {
+                Some(id) => {
+                    let (kind, at) = (event.kind, event.at_ns);
+                    self.kernel.deliver(&id, kind, at, || self.send(event))
+                }
+                None if self.send(event) => Delivery::Sent,
+                None => Delivery::Dropped,
+            };
+            match delivery {
+                Delivery::Sent => {
+                    if let Some((id, EventKind::ContainerDied | EventKind::SandboxDied)) = &stage {
+                        stages::record_now(Stage::Delivered, id);
+                    }
+                    woken = true;
+                }
+                Delivery::Dropped => {
+                    // Redelivered by the re-check.
+                    woken = true;
+                    self.recheck_soon(uid, true);
+                }
+                Delivery::AlreadyDelivered => {}
+            }
+        }
+        if owes_wake_up && !woken {
+            let sync = PodLifecycleEvent {
+                pod_uid: Some(uid.clone()),
+                kind: EventKind::PodSync,
+                container_id: None,
+                at_ns: timestamp,
+                source: EventSource::Relist,
+                exit: None,
+                pid: None,
+            };
+            if !self.send(sync) {
+                self.recheck_soon(uid, true);
+            }
+        }
+    }
+
+    /// Inspects a pod and writes its status, with the kernel's exits merged in.
+    /// `Ok(None)`: the cache holds a newer observation and kept it. `Ok(Some(c))`:
+    /// stored; `c` tells whether a kernel exit was contradicted.
+    async fn update_cache(&mut self, uid: &PodUid) -> Result<Option<bool>, RuntimeError> {
+        let timestamp = self.clock.now_ns();
+        let gone = self.records.get(uid).is_none_or(|r| r.current.is_none());
+        let mut status = if gone {
+            // No sandbox or container left: an empty status.
+            PodStatus {
+                uid: Some(uid.clone()),
+                ..PodStatus::default()
+            }
+        } else {
+            match self.runtime.pod_status(uid).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.cache.set_error(uid, e.0.clone(), timestamp);
+                    return Err(e);
+                }
+            }
+        };
+        for c in &status.containers {
+            match c.pid {
+                Some(pid) => self.pids.insert(c.id.clone(), pid),
+                None => self.pids.remove(&c.id),
+            };
+        }
+        for s in &status.sandboxes {
+            match s.pid {
+                Some(pid) => self.pids.insert(s.id.clone(), pid),
+                None => self.pids.remove(&s.id),
+            };
+        }
+        let contradicted = self.merge_kernel_exits(uid, &mut status);
+        Ok(self
+            .cache
+            .set(uid, status, timestamp)
+            .then_some(contradicted))
+    }
+
+    /// Overlays the kernel's certain exits that the runtime does not report yet;
+    /// confirms (once) those it does; forgets those it still contradicts after
+    /// [`CONFIRM_BOUND`]. Returns whether something was contradicted.
+    fn merge_kernel_exits(&mut self, uid: &PodUid, status: &mut PodStatus) -> bool {
+        let now = self.clock.now_ns();
+        let mut pending = false;
+        let mut contradicted = false;
+        for (id, exit, _) in self.cache.kernel_exits(uid) {
+            let runtime_exited = if let Some(c) = status.container(&id) {
+                (c.state == ContainerState::Exited).then_some(c.exit_code)
+            } else if let Some(s) = status.sandboxes.iter().find(|s| s.id == id) {
+                (s.state == SandboxState::NotReady).then_some(None)
+            } else {
+                // The runtime forgot it: the exit stays for its code until the
+                // relist sees the removal.
+                continue;
+            };
+            if let Some(runtime_code) = runtime_exited {
+                if self.cache.confirm_exit(&id) {
+                    self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
+                    if runtime_code.is_some_and(|c| c != exit.status.code) {
+                        warn!(container = %id, kernel = exit.status.code, runtime = ?runtime_code,
+                              "runtime and kernel disagree on the exit code; the runtime's is kept");
+                    }
+                }
+                continue;
+            }
+            let age = Duration::from_nanos(now.saturating_sub(exit.at_ns));
+            if age < CONFIRM_BOUND {
+                // The runtime lags the kernel: keep the kernel's view, re-check soon.
+                if let Some(c) = status.container_mut(&id) {
+                    c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns));
+                } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == id) {
+                    s.state = SandboxState::NotReady;
+                }
+                pending = true;
+            } else {
+                self.stats.contradictions.fetch_add(1, Ordering::Relaxed);
+                warn!(container = %id, pod = %uid, age_ms = age.as_millis() as u64,
+                      "the runtime still reports running a container whose death the kernel \
+                       reported; the runtime's view wins and the kernel's exit is forgotten");
+                self.cache.forget_exit(&id);
+                self.kernel.forget(&id);
+                contradicted = true;
+            }
+        }
+        // Starts too: the kernel saw the entrypoint exec, the runtime may still say
+        // Created for a few milliseconds; re-check within the same bound.
+        for c in &status.containers {
+            if let Some((PlegState::Running, at)) = self.kernel.get(&c.id)
+                && matches!(c.state, ContainerState::Created | ContainerState::Unknown)
+                && Duration::from_nanos(now.saturating_sub(at)) < CONFIRM_BOUND
+            {
+                pending = true;
+            }
+        }
+        if pending {
+            self.recheck_soon(uid, false);
+        }
+        if contradicted {
+            self.recheck_for(uid, CONTRADICTION_WATCH);
+        }
+        contradicted
+    }
+
+    /// Sends without blocking; returns false when the event was dropped.
+    fn send(&self, event: PodLifecycleEvent) -> bool {
+        match self.events.try_send(event) {
+            Ok(()) => true,
+            Err(TrySendError::Full(e)) => {
+                self.stats.discarded.fetch_add(1, Ordering::Relaxed);
+                warn!(kind = ?e.kind, pod = ?e.pod_uid, "pleg event channel full: event discarded; the pod is re-checked");
+                false
+            }
+            Err(TrySendError::Closed(_)) => true,
+        }
+    }
+
+    pub(crate) async fn run_rechecks(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(PodUid, Recheck)> = self
+            .recheck
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(u, r)| (u.clone(), *r))
+            .collect();
+        for (uid, r) in due {
+            self.recheck.remove(&uid);
+            let inspect = if r.redeliver {
+                Inspect::Reinspect
+            } else {
+                Inspect::Always
+            };
+            let result = self.relist_pod_as(&uid, inspect).await;
+            if let Some(next) = self.recheck.get_mut(&uid) {
+                // Keep the back-off counting and the hint's bound across re-checks.
+                if result.is_err() {
+                    next.failures = next.failures.max(r.failures.saturating_add(1));
+                    next.redeliver |= r.redeliver;
+                }
+                next.until = next.until.max(r.until);
+            } else if let Some(until) = r.until.filter(|u| *u > now) {
+                let interval = (r.interval * 2).min(RETRY_MAX);
+                self.recheck.insert(
+                    uid.clone(),
+                    Recheck {
+                        due: (now + interval).min(until),
+                        until: Some(until),
+                        interval,
+                        ..Recheck::at(now)
+                    },
+                );
+            }
+            if let Err(e) = result {
+                warn!(pod = %uid, error = %e, "pod relist failed; retrying");
+            }
+        }
+    }
+
+    pub(crate) async fn run_requests(&mut self, queue: &PodRelistQueue) {
+        let served_until = self.stats.last_relist_ns.load(Ordering::Relaxed);
+        for (uid, request) in queue.take() {
+            match request.watch {
+                Watch::Doubt => self.recheck_for(&uid, DOUBT_WATCH),
+                Watch::Deferred => self.recheck_for(&uid, CONFIRM_BOUND + CONFIRM_RETRY),
+                Watch::Once => {}
+            }
+            if request.watch == Watch::Once && served_until > request.at_ns {
+                // A full relist that began after the request has looked already.
+                self.stats
+                    .pod_relists_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Err(e) = self.relist_pod(&uid).await {
+                warn!(pod = %uid, error = %e, "on-demand relist failed; retrying");
+            }
+        }
+    }
+
+    /// Runs until `shutdown`: a full relist every `period` (which may change: the
+    /// fallback to [`GENERIC_PERIOD`]), whenever `signal` asks (a kernel drop, a
+    /// full channel), one pod whenever `queue` names it, and re-checks when due.
+    /// A full relist has priority over pod relists.
+    pub async fn run(
+        mut self,
+        mut period: watch::Receiver<Duration>,
+        signal: Arc<RelistSignal>,
+        queue: Arc<PodRelistQueue>,
+        shutdown: CancellationToken,
+    ) {
+        let mut current = *period.borrow_and_update();
+        let mut tick = interval(current);
+        self.stats
+            .period_ns
+            .store(current.as_nanos() as u64, Ordering::Relaxed);
+        info!(period_s = current.as_secs_f64(), "relist pleg started");
+        let mut retry_full: Option<Instant> = None;
+        let mut follow_ups: Vec<Instant> = Vec::new();
+        let mut period_open = true;
+        loop {
+            let next_recheck = self.recheck.values().map(|r| r.due).min();
+            let next_follow_up = follow_ups.iter().min().copied();
+            let full = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = signal.requested() => {
+                    let now = Instant::now();
+                    follow_ups = LOSS_FOLLOW_UPS.iter().map(|d| now + *d).collect();
+                    true
+                }
+                _ = tick.tick() => true,
+                () = sleep_until_opt(retry_full) => true,
+                () = sleep_until_opt(next_follow_up) => {
+                    let now = Instant::now();
+                    follow_ups.retain(|t| *t > now);
+                    true
+                }
+                changed = period.changed(), if period_open => {
+                    if changed.is_err() {
+                        // The sender is gone: keep the current period.
+                        period_open = false;
+                        continue;
+                    }
+                    let new = *period.borrow_and_update();
+                    if new != current {
+                        info!(from_s = current.as_secs_f64(), to_s = new.as_secs_f64(), "relist period changed");
+                        current = new;
+                        tick = interval(current);
+                        self.stats.period_ns.store(current.as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    false
+                }
+                () = queue.ready() => { self.run_requests(&queue).await; false }
+                () = sleep_until_opt(next_recheck) => { self.run_rechecks().await; false }
+            };
+            if full {
+                retry_full = match self.relist().await {
+                    Ok(()) => None,
+                    Err(_) => Some(Instant::now() + GENERIC_PERIOD.min(current)),
+                };
+            }
+        }
+    }
+}
+
+fn interval(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+#[path = "relist_tests.rs"]
+mod tests;

@@ -1,0 +1,732 @@
+//! Tests of the relist PLEG (`relist.rs`).
+
+use std::sync::Mutex as StdMutex;
+
+use proptest::prelude::*;
+
+use crate::relist::*;
+use evpleg_core::cache::KernelExit;
+use evpleg_core::clock::{Clock, ManualClock};
+use evpleg_core::container::ContainerStatus;
+use evpleg_core::lifecycle::ExitStatus;
+
+/// The runtime as in-memory values: what it lists and what inspection says.
+#[derive(Debug, Default)]
+struct MemRuntime {
+    entries: StdMutex<Vec<RuntimeEntry>>,
+    fail_status: StdMutex<bool>,
+    status_calls: AtomicU64,
+    /// Each inspection takes this clock 1 ms forward.
+    status_clock: StdMutex<Option<ManualClock>>,
+    /// Listing waits while a test holds this for writing (a stalled runtime).
+    stall: tokio::sync::RwLock<()>,
+}
+
+impl MemRuntime {
+    fn set(&self, entries: Vec<RuntimeEntry>) {
+        *self.entries.lock().unwrap() = entries;
+    }
+
+    fn advance_on_status(&self, clock: Option<ManualClock>) {
+        *self.status_clock.lock().unwrap() = clock;
+    }
+}
+
+impl PodRuntime for MemRuntime {
+    async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
+        let _running = self.stall.read().await;
+        let all = self.entries.lock().unwrap().clone();
+        Ok(all
+            .into_iter()
+            .filter(|e| pod.is_none_or(|p| *p == e.pod))
+            .collect())
+    }
+
+    async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
+        self.status_calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(clock) = &*self.status_clock.lock().unwrap() {
+            clock.advance(1_000_000);
+        }
+        if *self.fail_status.lock().unwrap() {
+            return Err(RuntimeError(format!(
+                "PodSandboxStatus of pod {pod}: unavailable"
+            )));
+        }
+        let entries = self.entries.lock().unwrap().clone();
+        let containers = entries
+            .iter()
+            .filter(|e| e.pod == *pod && !e.sandbox)
+            .map(|e| {
+                let state = match e.state {
+                    PlegState::Running => ContainerState::Running,
+                    PlegState::Exited => ContainerState::Exited,
+                    _ => ContainerState::Unknown,
+                };
+                let mut c = ContainerStatus::new(e.id.clone(), "app", state, EventSource::Relist);
+                if state == ContainerState::Exited {
+                    c.exit_code = Some(7);
+                }
+                if state == ContainerState::Running {
+                    // The runtime's record of the main pid: 1000 + the id's byte.
+                    c.pid = Some(1000 + u32::from(e.id.as_str().as_bytes()[1] - b'0'));
+                }
+                c
+            })
+            .collect();
+        Ok(PodStatus {
+            uid: Some(pod.clone()),
+            containers,
+            ..PodStatus::default()
+        })
+    }
+}
+
+fn uid(n: u8) -> PodUid {
+    PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
+}
+
+fn cid(n: u8) -> ContainerId {
+    ContainerId::parse(&format!("{n:02x}").repeat(32)).unwrap()
+}
+
+fn entry(pod: u8, c: u8, state: PlegState) -> RuntimeEntry {
+    RuntimeEntry {
+        pod: uid(pod),
+        id: cid(c),
+        sandbox: false,
+        state,
+    }
+}
+
+struct Fixture {
+    runtime: Arc<MemRuntime>,
+    cache: Arc<PodStatusCache>,
+    clock: ManualClock,
+    kernel: Arc<KernelReports>,
+    pleg: RelistPleg<Arc<MemRuntime>>,
+    rx: mpsc::Receiver<PodLifecycleEvent>,
+}
+
+fn fixture(capacity: usize) -> Fixture {
+    let runtime = Arc::new(MemRuntime::default());
+    let cache = Arc::new(PodStatusCache::new());
+    let clock = ManualClock::new(1_000);
+    let kernel = Arc::new(KernelReports::default());
+    let (tx, rx) = mpsc::channel(capacity);
+    let pleg = RelistPleg::new(
+        runtime.clone(),
+        cache.clone(),
+        tx,
+        Arc::new(clock.clone()),
+        kernel.clone(),
+    );
+    Fixture {
+        runtime,
+        cache,
+        clock,
+        kernel,
+        pleg,
+        rx,
+    }
+}
+
+impl Fixture {
+    async fn relist(&mut self) -> Vec<(EventKind, Option<ContainerId>)> {
+        self.clock.advance(1_000_000);
+        self.pleg.relist().await.unwrap();
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Vec<(EventKind, Option<ContainerId>)> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.rx.try_recv() {
+            out.push((e.kind, e.container_id));
+        }
+        out
+    }
+}
+
+#[test]
+fn the_kubelet_state_to_event_table() {
+    use EventKind::*;
+    use PlegState::*;
+    let table = [
+        (NonExistent, Running, vec![ContainerStarted]),
+        (NonExistent, Exited, vec![ContainerDied]),
+        (NonExistent, Unknown, vec![]),
+        (Running, Exited, vec![ContainerDied]),
+        (Running, NonExistent, vec![ContainerDied, ContainerRemoved]),
+        (Exited, NonExistent, vec![ContainerRemoved]),
+        (Unknown, NonExistent, vec![ContainerDied, ContainerRemoved]),
+        (Unknown, Running, vec![ContainerStarted]),
+        (Exited, Running, vec![ContainerStarted]),
+        (Running, Unknown, vec![]),
+        (Running, Running, vec![]),
+        (Exited, Exited, vec![]),
+    ];
+    for (old, new, expected) in table {
+        assert_eq!(events_for(old, new, false), expected, "{old:?} -> {new:?}");
+    }
+    assert_eq!(
+        events_for(Running, NonExistent, true),
+        vec![SandboxDied, SandboxRemoved]
+    );
+}
+
+#[tokio::test]
+async fn lifecycle_of_a_container_across_relists() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerStarted, Some(cid(1)))]
+    );
+    assert_eq!(f.relist().await, vec![], "nothing changed");
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerDied, Some(cid(1)))]
+    );
+    let cached = f.cache.get(&uid(1)).unwrap();
+    assert_eq!(cached.status.container(&cid(1)).unwrap().exit_code, Some(7));
+    f.runtime.set(vec![]);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerRemoved, Some(cid(1)))]
+    );
+    // Gone while running: Died then Removed.
+    f.runtime.set(vec![entry(2, 2, PlegState::Running)]);
+    f.relist().await;
+    f.runtime.set(vec![]);
+    assert_eq!(
+        f.relist().await,
+        vec![
+            (EventKind::ContainerDied, Some(cid(2))),
+            (EventKind::ContainerRemoved, Some(cid(2)))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn only_changed_pods_are_inspected_and_the_timestamp_precedes_the_list() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![
+        entry(1, 1, PlegState::Running),
+        entry(2, 2, PlegState::Running),
+    ]);
+    f.relist().await;
+    assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), 2);
+    f.runtime.set(vec![
+        entry(1, 1, PlegState::Exited),
+        entry(2, 2, PlegState::Running),
+    ]);
+    let before = f.clock.now_ns() + 1_000_000;
+    f.relist().await;
+    assert_eq!(
+        f.runtime.status_calls.load(Ordering::Relaxed),
+        3,
+        "only pod 1 inspected"
+    );
+    assert_eq!(f.cache.get(&uid(1)).unwrap().observed_ns, before);
+    assert_eq!(f.cache.global_ns(), before);
+}
+
+#[tokio::test]
+async fn failed_inspection_is_retried_and_then_sends_its_events() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    *f.runtime.fail_status.lock().unwrap() = true;
+    assert_eq!(
+        f.relist().await,
+        vec![],
+        "events wait for a successful inspection"
+    );
+    assert!(f.pleg.pods_to_reinspect().contains(&uid(1)));
+    *f.runtime.fail_status.lock().unwrap() = false;
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerDied, Some(cid(1)))]
+    );
+    assert!(f.pleg.pods_to_reinspect().is_empty());
+}
+
+#[tokio::test]
+async fn reinspection_without_events_is_a_pod_sync() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    *f.runtime.fail_status.lock().unwrap() = true;
+    f.relist().await;
+    // Back to running before the retry: no container event, but a PodSync.
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    *f.runtime.fail_status.lock().unwrap() = false;
+    assert_eq!(f.relist().await, vec![(EventKind::PodSync, None)]);
+}
+
+#[tokio::test]
+async fn full_channel_drops_and_counts() {
+    let mut f = fixture(1);
+    f.runtime.set(vec![
+        entry(1, 1, PlegState::Running),
+        entry(1, 2, PlegState::Running),
+    ]);
+    f.relist().await;
+    assert_eq!(f.pleg.stats().discarded.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    // The kernel saw the exit (code 3); the runtime still says running.
+    let exit = ExitStatus::from_wait_status(0x300, false);
+    let at = f.clock.now_ns();
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: exit,
+            at_ns: at,
+        },
+    );
+    f.kernel.record(&cid(1), PlegState::Exited, at);
+    f.clock.advance(1_000_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let c = f
+        .cache
+        .get(&uid(1))
+        .unwrap()
+        .status
+        .container(&cid(1))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (c.state, c.exit_code),
+        (ContainerState::Exited, Some(3)),
+        "the kernel's view is kept"
+    );
+    assert!(f.pleg.has_rechecks());
+    // The runtime catches up: confirmed, and its Died is not sent again.
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    f.clock.advance(1_000_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    assert!(!f.pleg.has_rechecks());
+    assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
+    assert_eq!(f.drain(), vec![]);
+    assert_eq!(f.cache.kernel_exit(&cid(1)).unwrap().status.code, 3);
+    // A later inspection does not count the confirmation again.
+    f.clock.advance(1_000_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
+    // Removed after the kernel reported only the death: sent, and nothing about
+    // the container is kept any longer.
+    f.runtime.set(vec![]);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerRemoved, Some(cid(1)))]
+    );
+    assert!(f.cache.kernel_exit(&cid(1)).is_none());
+    assert!(f.kernel.is_empty());
+}
+
+#[tokio::test]
+async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let exit = ExitStatus::from_wait_status(9, false);
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: exit,
+            at_ns: f.clock.now_ns(),
+        },
+    );
+    f.kernel
+        .record(&cid(1), PlegState::Exited, f.clock.now_ns());
+    f.clock.advance(CONFIRM_BOUND.as_nanos() as u64 + 1);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let c = f
+        .cache
+        .get(&uid(1))
+        .unwrap()
+        .status
+        .container(&cid(1))
+        .unwrap()
+        .clone();
+    assert_eq!(c.state, ContainerState::Running, "the runtime wins");
+    assert_eq!(f.pleg.stats().contradictions.load(Ordering::Relaxed), 1);
+    assert!(
+        f.pleg.has_rechecks(),
+        "watched, in case the runtime only lags"
+    );
+    assert!(
+        f.cache.kernel_exit(&cid(1)).is_none(),
+        "the stale exit is forgotten"
+    );
+    assert_eq!(
+        f.drain(),
+        vec![(EventKind::PodSync, None)],
+        "the worker is woken with the corrected status"
+    );
+    // The container's real death later is sent by the relist, with the runtime's
+    // exit code, not suppressed or labelled by the stale kernel exit.
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerDied, Some(cid(1)))]
+    );
+    let c = f
+        .cache
+        .get(&uid(1))
+        .unwrap()
+        .status
+        .container(&cid(1))
+        .unwrap()
+        .clone();
+    assert_eq!((c.exit_code, c.source), (Some(7), EventSource::Relist));
+}
+
+#[tokio::test]
+async fn a_snapshot_older_than_the_cache_is_found_again() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    // A kernel death observed in the future of the next inspection: the cache's
+    // entry is newer than what the relist is about to read.
+    let far = f.clock.now_ns() + 10_000_000;
+    let exit = ExitStatus::from_wait_status(0x100, false);
+    assert!(f.cache.overlay_exit(&uid(1), &cid(1), &exit, far));
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    assert_eq!(f.relist().await, vec![], "not stored, nothing sent");
+    assert!(f.pleg.has_rechecks(), "looked at again soon");
+    f.clock.set(far + 1);
+    assert_eq!(
+        f.relist().await,
+        vec![(EventKind::ContainerDied, Some(cid(1)))],
+        "the change is found again"
+    );
+}
+
+#[tokio::test]
+async fn a_change_to_unknown_inspects_the_pod_without_an_event() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let calls = f.runtime.status_calls.load(Ordering::Relaxed);
+    f.runtime.set(vec![entry(1, 1, PlegState::Unknown)]);
+    assert_eq!(f.relist().await, vec![]);
+    assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), calls + 1);
+    let c = f
+        .cache
+        .get(&uid(1))
+        .unwrap()
+        .status
+        .container(&cid(1))
+        .unwrap()
+        .clone();
+    assert_eq!(c.state, ContainerState::Unknown, "the cache learns Unknown");
+}
+
+#[tokio::test]
+async fn inspection_errors_reach_the_cache_and_pod_relists_retry() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    *f.runtime.fail_status.lock().unwrap() = true;
+    f.clock.advance(1_000);
+    assert!(f.pleg.relist_pod(&uid(1)).await.is_err());
+    let e = f.cache.get(&uid(1)).unwrap();
+    assert!(e.error.as_deref().unwrap().contains("unavailable"), "{e:?}");
+    assert!(f.pleg.has_rechecks(), "retried with back-off");
+    *f.runtime.fail_status.lock().unwrap() = false;
+    f.clock.advance(1_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    assert_eq!(f.cache.get(&uid(1)).unwrap().error, None);
+    assert!(!f.pleg.has_rechecks());
+}
+
+#[tokio::test]
+async fn each_pod_is_stamped_with_its_own_inspection_time() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.runtime.advance_on_status(Some(f.clock.clone()));
+    let list_start = f.clock.now_ns() + 1_000_000;
+    f.relist().await;
+    let observed = f.cache.get(&uid(1)).unwrap().observed_ns;
+    assert!(observed >= list_start, "{observed} < {list_start}");
+    assert_eq!(f.cache.global_ns(), list_start, "global time is the list's");
+}
+
+#[tokio::test]
+async fn an_undelivered_event_is_redelivered_as_a_pod_sync() {
+    let mut f = fixture(1);
+    f.runtime.set(vec![
+        entry(1, 1, PlegState::Running),
+        entry(1, 2, PlegState::Running),
+    ]);
+    assert_eq!(f.relist().await.len(), 1, "one fits, one dropped");
+    assert!(f.pleg.has_rechecks());
+    tokio::time::pause();
+    tokio::time::advance(CONFIRM_RETRY).await;
+    f.pleg.run_rechecks().await;
+    assert_eq!(f.drain(), vec![(EventKind::PodSync, None)]);
+    assert!(!f.pleg.has_rechecks());
+}
+
+#[tokio::test]
+async fn the_tracker_is_handed_the_runtime_view_with_main_pids() {
+    let mut f = fixture(100);
+    let views = Arc::new(StdMutex::new(Vec::new()));
+    let sink = views.clone();
+    let pleg = std::mem::replace(
+        &mut f.pleg,
+        RelistPleg::new(
+            f.runtime.clone(),
+            f.cache.clone(),
+            mpsc::channel(1).0,
+            Arc::new(f.clock.clone()),
+            f.kernel.clone(),
+        ),
+    );
+    f.pleg = pleg.with_reconciler(Box::new(move |v| sink.lock().unwrap().push(v)));
+    f.runtime.set(vec![
+        entry(1, 1, PlegState::Running),
+        entry(2, 2, PlegState::Exited),
+    ]);
+    f.relist().await;
+    f.clock.advance(5);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let views = views.lock().unwrap();
+    assert_eq!(views.len(), 2);
+    assert_eq!(views[0].scope, None);
+    let c1 = views[0].containers.iter().find(|c| c.id == cid(1)).unwrap();
+    assert_eq!((c1.running, c1.pid), (true, Some(1001)));
+    let c2 = views[0].containers.iter().find(|c| c.id == cid(2)).unwrap();
+    assert_eq!((c2.running, c2.pid), (false, None));
+    assert_eq!(views[1].scope, Some(uid(1)));
+    assert_eq!(views[1].containers.len(), 1);
+}
+
+#[test]
+fn health_threshold() {
+    let stats = RelistStats::default();
+    assert_eq!(
+        stats.healthy(10, RELIST_THRESHOLD).unwrap_err(),
+        "pleg has yet to be successful",
+        "unhealthy before the first relist, as the kubelet"
+    );
+    stats.last_relist_ns.store(1, Ordering::Relaxed);
+    let late = 1 + RELIST_THRESHOLD.as_nanos() as u64 + 1_000_000_000;
+    let err = stats.healthy(late, RELIST_THRESHOLD).unwrap_err();
+    assert!(
+        err.starts_with("pleg was last seen active 181.0s ago; threshold is 180.0s"),
+        "{err}"
+    );
+    assert!(stats.healthy(2, RELIST_THRESHOLD).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_relists_on_its_period_and_on_request() {
+    let f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    let stats = f.pleg.stats();
+    let signal = Arc::new(RelistSignal::new());
+    let queue = Arc::new(PodRelistQueue::new(Arc::new(f.clock.clone())));
+    let (period_tx, period_rx) = watch::channel(Duration::from_secs(300));
+    let shutdown = CancellationToken::new();
+    let mut rx = f.rx;
+    let clock = f.clock.clone();
+    let task = tokio::spawn(
+        f.pleg
+            .run(period_rx, signal.clone(), queue.clone(), shutdown.clone()),
+    );
+    let first = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.kind,
+        EventKind::ContainerStarted,
+        "the first relist runs at once"
+    );
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    clock.advance(10);
+    signal.request("test");
+    let died = tokio::time::timeout(Duration::from_secs(1), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(died.kind, EventKind::ContainerDied);
+    // A request made before that full relist began was served by it.
+    let before = stats.relists.load(Ordering::Relaxed);
+    clock.advance(10);
+    queue.request(uid(1));
+    wait_for(|| stats.pod_relists.load(Ordering::Relaxed) == 1).await;
+    assert_eq!(stats.pod_relists_skipped.load(Ordering::Relaxed), 0);
+    // The fallback period takes effect at once.
+    period_tx.send(GENERIC_PERIOD).unwrap();
+    wait_for(|| stats.period_ns.load(Ordering::Relaxed) == GENERIC_PERIOD.as_nanos() as u64).await;
+    let after_change = stats.relists.load(Ordering::Relaxed);
+    assert!(after_change > before);
+    tokio::time::advance(GENERIC_PERIOD * 3).await;
+    wait_for(|| stats.relists.load(Ordering::Relaxed) >= after_change + 3).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_older_than_a_full_relist_is_skipped() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+    queue.request(uid(1));
+    f.relist().await;
+    f.pleg.run_requests(&queue).await;
+    let stats = f.pleg.stats();
+    assert_eq!(stats.pod_relists_skipped.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 0);
+    queue.request(uid(1));
+    f.pleg.run_requests(&queue).await;
+    assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
+}
+
+/// Runs every re-check due up to `until` (paused time), in order.
+async fn run_rechecks_until(f: &mut Fixture, until: Instant) {
+    while let Some(due) = f.pleg.recheck.values().map(|r| r.due).min() {
+        if due > until {
+            break;
+        }
+        tokio::time::advance(due.saturating_duration_since(Instant::now())).await;
+        f.pleg.run_rechecks().await;
+    }
+    tokio::time::advance(until.saturating_duration_since(Instant::now())).await;
+}
+
+/// A kernel hint (an uncertain death) whose death the runtime reports only
+/// 10 s later, past the confirmation bound: the pod is still being re-checked,
+/// and the relist reports the death within [`RETRY_MAX`] of the runtime's
+/// report; the re-checks end after [`DOUBT_WATCH`]. A deferred certain event's
+/// re-checks end at the bound (its death waits in the cache, re-checked by
+/// its own rules).
+#[tokio::test(start_paused = true)]
+async fn a_doubt_is_rechecked_until_a_late_runtime_reports_the_death() {
+    for (watch, reported) in [(Watch::Doubt, true), (Watch::Deferred, false)] {
+        let mut f = fixture(100);
+        f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+        assert_eq!(
+            f.relist().await,
+            [(EventKind::ContainerStarted, Some(cid(1)))]
+        );
+        let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+        match watch {
+            Watch::Doubt => queue.doubt(uid(1)),
+            _ => queue.deferred(uid(1)),
+        }
+        f.pleg.run_requests(&queue).await;
+        run_rechecks_until(&mut f, Instant::now() + Duration::from_secs(10)).await;
+        assert_eq!(f.drain(), [], "{watch:?}: the runtime still says running");
+        f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+        run_rechecks_until(&mut f, Instant::now() + RETRY_MAX).await;
+        let died = [(EventKind::ContainerDied, Some(cid(1)))];
+        if reported {
+            assert_eq!(f.drain(), died, "{watch:?}");
+            run_rechecks_until(&mut f, Instant::now() + DOUBT_WATCH).await;
+            assert!(!f.pleg.has_rechecks(), "the watch ends");
+        } else {
+            assert_eq!(f.drain(), [], "{watch:?}: left to the periodic relist");
+            assert!(!f.pleg.has_rechecks());
+        }
+    }
+}
+
+/// Waits (paused time advances itself) until `cond` holds, for at most 10 s.
+async fn wait_for(cond: impl Fn() -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("condition not reached within 10 s");
+}
+
+fn arb_state() -> impl Strategy<Value = PlegState> {
+    prop_oneof![
+        Just(PlegState::Running),
+        Just(PlegState::Exited),
+        Just(PlegState::Unknown),
+        Just(PlegState::NonExistent)
+    ]
+}
+
+proptest! {
+    /// Over any sequence of runtime states a container can go through (created,
+    /// running, exited, removed, never back: a restart is a new container), the
+    /// relist sends exactly what the kubelet's table gives for each consecutive
+    /// pair, per container.
+    #[test]
+    fn relist_events_follow_the_table(raw in proptest::collection::vec(proptest::collection::vec(arb_state(), 3), 1..12)) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let mut stage = [0u8; 3];
+        let steps: Vec<Vec<PlegState>> = raw
+            .iter()
+            .map(|states| {
+                states
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let rank = match s {
+                            PlegState::NonExistent if stage[i] == 0 => 0,
+                            PlegState::NonExistent => 4,
+                            PlegState::Unknown => 1,
+                            PlegState::Running => 2,
+                            PlegState::Exited => 3,
+                        };
+                        stage[i] = stage[i].max(rank);
+                        [
+                            PlegState::NonExistent,
+                            PlegState::Unknown,
+                            PlegState::Running,
+                            PlegState::Exited,
+                            PlegState::NonExistent,
+                        ][usize::from(stage[i])]
+                    })
+                    .collect()
+            })
+            .collect();
+        rt.block_on(async {
+            let mut f = fixture(10_000);
+            let mut previous = [PlegState::NonExistent; 3];
+            for states in &steps {
+                let entries = states
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| **s != PlegState::NonExistent)
+                    .map(|(i, s)| entry(1, i as u8, *s))
+                    .collect();
+                f.runtime.set(entries);
+                let got = f.relist().await;
+                for (i, s) in states.iter().enumerate() {
+                    let expected: Vec<_> = events_for(previous[i], *s, false)
+                        .into_iter()
+                        .map(|k| (k, Some(cid(i as u8))))
+                        .collect();
+                    let mine: Vec<_> = got.iter().filter(|(_, c)| *c == Some(cid(i as u8))).cloned().collect();
+                    prop_assert_eq!(mine, expected);
+                }
+                prop_assert!(got.iter().all(|(k, _)| *k != EventKind::PodSync));
+                previous = [states[0], states[1], states[2]];
+            }
+            Ok(())
+        })?;
+    }
+}
