@@ -9,11 +9,11 @@ pub mod evented_cri;
 pub mod kernel;
 pub mod latency;
 pub mod merge;
-#[cfg(test)]
-mod model_tests;
 pub mod on_demand;
 pub mod relist;
 pub mod stages;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

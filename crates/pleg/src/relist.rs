@@ -976,5 +976,4 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 #[cfg(test)]
-#[path = "relist_tests.rs"]
 mod tests;

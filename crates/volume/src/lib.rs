@@ -395,5 +395,4 @@ pub fn device_mount_path(root: &Path, plugin: &str, unique: &UniqueVolumeName) -
 }
 
 #[cfg(test)]
-#[path = "manager_tests.rs"]
 mod tests;

@@ -476,5 +476,4 @@ async fn set_up(
 }
 
 #[cfg(test)]
-#[path = "reconciler_tests.rs"]
 mod tests;

@@ -460,5 +460,4 @@ async fn read(mut resp: hyper::Response<hyper::body::Incoming>) -> Result<Respon
 }
 
 #[cfg(test)]
-#[path = "http_tests.rs"]
 mod tests;

@@ -548,6 +548,4 @@ impl Tracker {
 }
 
 #[cfg(test)]
-mod prune_tests;
-#[cfg(test)]
 mod tests;

@@ -8,6 +8,8 @@ use crate::kernel::proc::{ProcIdentity, Reconciliation};
 use crate::kernel::{RuntimeContainer, RuntimeView};
 use evpleg_events::{EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EXIT_FLAG_OOM_KILLED};
 
+mod prune;
+
 const UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
 const UID2: &str = "2b4e28ba-2fa1-11d2-883f-0016d3cca427";
 

@@ -2,7 +2,6 @@
 //! against real servers in the test (plain http, and TLS with a certificate
 //! made now by Debian's `openssl`; [`servers`]).
 
-#[path = "http_test_servers.rs"]
 mod servers;
 
 use servers::{serve, serve_h2_tls, serve_tls};

@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 
-use super::*;
 use crate::kernel::event::CgroupChange;
 use crate::kernel::proc::Reconciliation;
+use crate::kernel::tracker::*;
 use crate::kernel::{RuntimeContainer, RuntimeView};
 
 const PODS: [&str; 3] = [
