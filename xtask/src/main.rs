@@ -132,7 +132,7 @@ fn main() -> Result<()> {
     }
 }
 
-/// Where `cargo xtask build` puts the eBPF object; `agent/build.rs` embeds it.
+/// Where `cargo xtask build` puts the eBPF object; `crates/pleg/build.rs` embeds it.
 fn bpf_object(root: &std::path::Path) -> PathBuf {
     root.join("target/ebpf/evpleg.bpf.o")
 }

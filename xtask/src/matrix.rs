@@ -465,7 +465,7 @@ fn ensure_image(root: &Path, kernel: &Kernel) -> Result<PathBuf> {
 /// that make cargo share the build scripts' dependencies (tempfile, rustix...) with
 /// the target's, so prost-build, the CRI API crate, the agent and the test support
 /// crate are built again. The binary embeds the eBPF object at
-/// `target/ebpf/evpleg.bpf.o` (agent/build.rs), which the caller has built.
+/// `target/ebpf/evpleg.bpf.o` (crates/pleg/build.rs), which the caller has built.
 fn build_probe(root: &Path) -> Result<PathBuf> {
     step("kernel matrix: building the probe with the test build (cargo test --workspace --no-run)");
     let mut cmd = util::cargo(root);

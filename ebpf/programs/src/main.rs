@@ -1,6 +1,6 @@
 //! evpleg's kernel programs: thin by design. Each one filters, fills a record in a
 //! ring-buffer slot and submits it; every decision about containers and pods is made
-//! in user space (`agent/src/pleg/kernel`).
+//! in user space (`crates/pleg/src/kernel`).
 //!
 //! * `sched_process_exec` (tp_btf): an exec in a task under a configured root cgroup.
 //! * `sched_process_exit` (tp_btf): one record per process exit, with the process's
