@@ -514,7 +514,7 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
     let _ = writeln!(
         out,
         "## How it measures\n\n\
-         Each PLEG runs in-process (the `evpleg` library, as `tests/` run it) against the \
+         Each PLEG runs in-process (the `evpleg-pleg` crate, as `tests/` run it) against the \
          same private containerd, with the same workload; in the `agent-killed` workload the \
          whole agent runs in each mode (file source, sync loop, pod workers, status manager; \
          in `generic` and `evented-cri` mode a kernel PLEG beside it is the stopwatch, and \

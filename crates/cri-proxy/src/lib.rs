@@ -22,7 +22,7 @@
 //!   not show is passed on, nothing is served twice.
 //!
 //! This crate is the proxy itself, handed a plain [`ProxyConfig`]; the
-//! binary adds the flags, the HTTP endpoints (/metrics, /healthz) and the
+//! binary adds the flags, the HTTP endpoints (/metrics, /healthz, /readyz) and the
 //! metrics registry around it.
 //!
 //! The PLEG inside is the kernel PLEG of `evpleg run` in `ebpf` mode over the
