@@ -16,6 +16,7 @@ pub mod kernel_checks;
 pub mod pleg;
 pub mod registry;
 pub mod start_gate;
+pub mod stock_kubelet;
 pub mod threads;
 pub mod tls;
 

@@ -1,0 +1,424 @@
+//! The stock kubelet (built from `k8s.io/kubernetes` by `cargo xtask setup`,
+//! docs/real-kubernetes.md) run standalone for tests: static pods from a
+//! manifest directory, statuses read from its read-only port's `/pods` (a
+//! standalone kubelet serves its static pods there with the status manager's
+//! status, `Kubelet.GetPods`), its CRI endpoint the caller's (containerd
+//! directly, or `evpleg cri-proxy` in front of it).
+//!
+//! The host is not the kubelet's to change. At start the kubelet sets six
+//! kernel tunables it wants (`setupKernelTunables`: `vm.overcommit_memory=1`,
+//! `kernel.panic=10`, `kernel.panic_on_oops=1`, ...), makes its root directory
+//! a shared mount, and keeps symlinks in the hard-coded `/var/log/containers`
+//! (and removes the dead ones there). So it runs in a private mount namespace
+//! whose mounts do not propagate to the host: there, files holding the values
+//! it wants are bound over those `/proc/sys` entries (it reads them, finds
+//! nothing to change and writes nothing), and a directory of its own is bound
+//! over `/var/log`. Its pod logs go to a directory of the test's
+//! (`podLogsDir`), which containerd, in the host's namespace, writes. What
+//! this costs: a volume the kubelet mounts (a secret's tmpfs) is not seen by
+//! the runtime, so pods here use no such volumes.
+//!
+//! Its cgroups: the default cgroup root, so that its pods' cgroups are
+//! `/kubepods/<qos>/pod<uid>` as the kernel PLEG classifies them; the pod
+//! cgroups of the pods it served are removed when it is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The kernel tunables the kubelet sets at start, with the values it wants
+/// (`k8s.io/component-helpers/node/util/sysctl`).
+const KUBELET_TUNABLES: [(&str, &str); 6] = [
+    ("vm/overcommit_memory", "1"),
+    ("vm/panic_on_oom", "0"),
+    ("kernel/panic", "10"),
+    ("kernel/panic_on_oops", "1"),
+    ("kernel/keys/root_maxkeys", "1000000"),
+    ("kernel/keys/root_maxbytes", "25000000"),
+];
+
+/// How long the kubelet may take to serve its read-only port.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The directory of the Go-built binaries: `$EVPLEG_GO_BIN_DIR`, else the
+/// workspace's `.tools/go/bin` (where `cargo xtask setup` links them).
+pub fn go_binary(name: &str) -> PathBuf {
+    let dir = std::env::var_os("EVPLEG_GO_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../.tools/go/bin")
+                .to_path_buf()
+        });
+    dir.join(name)
+}
+
+/// Whether the stock kubelet can run here: [`crate::runtime_available`] and
+/// its binary built. Prints why not; under `CI=true` that is a failure.
+pub fn available(test: &str) -> bool {
+    if !crate::runtime_available(test) {
+        return false;
+    }
+    let kubelet = go_binary("kubelet");
+    if !kubelet.is_file() {
+        crate::skip(
+            test,
+            &format!(
+                "needs the stock kubelet at {} (`cargo xtask setup` builds it)",
+                kubelet.display()
+            ),
+        );
+        return false;
+    }
+    true
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("stock kubelet: {what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("stock kubelet: no free port on 127.0.0.1: {0}")]
+    Port(std::io::Error),
+    #[error("stock kubelet: exited before serving /pods ({status}); its log {log}:\n{tail}")]
+    Exited {
+        status: std::process::ExitStatus,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("stock kubelet: /pods not served within {0:?}; its log {1}:\n{2}")]
+    NotReady(Duration, PathBuf, String),
+}
+
+/// How to run it.
+#[derive(Debug, Clone)]
+pub struct KubeletOptions {
+    /// `unix:///...` of the runtime (or of the proxy in front of it).
+    pub endpoint: String,
+    /// The node name (`--hostname-override`): static pods are `<name>-<node>`.
+    pub node: String,
+    /// `--feature-gates=EventedPLEG=true`.
+    pub evented_pleg: bool,
+}
+
+/// A running stock kubelet; stopped (SIGTERM, then SIGKILL) when dropped.
+/// Its containers are the runtime's to remove (the containerd harness's
+/// teardown does), its pod cgroups are removed here.
+#[derive(Debug)]
+pub struct StockKubelet {
+    child: Option<Child>,
+    base: PathBuf,
+    manifests: PathBuf,
+    log: PathBuf,
+    /// Its read-only port (`/pods`, `/metrics`).
+    pub read_only: std::net::SocketAddr,
+    uids: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KubeletError + 'a {
+    move |source| KubeletError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn free_port() -> Result<u16, KubeletError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(KubeletError::Port)?;
+    Ok(l.local_addr().map_err(KubeletError::Port)?.port())
+}
+
+impl StockKubelet {
+    /// Starts the kubelet under `base` (its root, manifests, logs and
+    /// configuration all below it) and waits until it serves `/pods`.
+    pub async fn start(base: &Path, opts: &KubeletOptions) -> Result<Self, KubeletError> {
+        let base = base.join("stock-kubelet");
+        let manifests = base.join("manifests");
+        let root = base.join("root");
+        let pod_logs = base.join("pod-logs");
+        let var_log = base.join("var-log");
+        let tunables = base.join("tunables");
+        for dir in [&manifests, &root, &pod_logs, &var_log, &tunables] {
+            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        }
+        let (port, read_only, healthz) = (free_port()?, free_port()?, free_port()?);
+        let config = base.join("config.yaml");
+        std::fs::write(
+            &config,
+            config_yaml(opts, &manifests, &pod_logs, port, read_only, healthz),
+        )
+        .map_err(io("write", &config))?;
+        // The private mount namespace's set-up, then the kubelet itself.
+        let mut script = String::from("set -e\n");
+        for (name, value) in KUBELET_TUNABLES {
+            let file = tunables.join(name.replace('/', "."));
+            std::fs::write(&file, format!("{value}\n")).map_err(io("write", &file))?;
+            script.push_str(&format!(
+                "mount --bind '{}' /proc/sys/{name}\n",
+                file.display()
+            ));
+        }
+        script.push_str(&format!("mount --bind '{}' /var/log\n", var_log.display()));
+        script.push_str("exec \"$@\"\n");
+        let log = base.join("kubelet.log");
+        let out = std::fs::File::create(&log).map_err(io("create", &log))?;
+        let err = out.try_clone().map_err(io("open", &log))?;
+        let kubelet = go_binary("kubelet");
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
+            .arg(&script)
+            .arg("sh")
+            .arg(&kubelet)
+            .arg(format!("--config={}", config.display()))
+            .arg(format!("--root-dir={}", root.display()))
+            .arg(format!("--hostname-override={}", opts.node))
+            .arg("--v=2")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io("spawn", &kubelet))?;
+        let mut this = Self {
+            child: Some(child),
+            base,
+            manifests,
+            log,
+            read_only: ([127, 0, 0, 1], read_only).into(),
+            uids: Default::default(),
+        };
+        this.wait_ready().await?;
+        Ok(this)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), KubeletError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(KubeletError::Exited {
+                    status,
+                    log: self.log.clone(),
+                    tail: self.log_tail(),
+                });
+            }
+            if self.try_pods().await.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(KubeletError::NotReady(
+                    START_TIMEOUT,
+                    self.log.clone(),
+                    self.log_tail(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Writes a static pod manifest (renamed in, never seen half written).
+    pub fn write(&self, file: &str, yaml: &str) {
+        let tmp = self.base.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    /// Removes a static pod manifest.
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    async fn try_pods(&self) -> Option<Value> {
+        let body = get(self.read_only, "/pods").await?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// The pod `<name>-<node>` as the kubelet serves it now.
+    pub async fn pod(&self, name: &str, node: &str) -> Option<Value> {
+        let list = self.try_pods().await?;
+        let full = format!("{name}-{node}");
+        let pod = list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == full.as_str())
+            .cloned()?;
+        if let Some(uid) = pod["metadata"]["uid"].as_str() {
+            self.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.to_owned());
+        }
+        Some(pod)
+    }
+
+    /// Polls `/pods` every `every` until the pod satisfies `check` (bounded by
+    /// `deadline`); returns it and when it was first seen so.
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        node: &str,
+        what: &str,
+        deadline: Duration,
+        every: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> (Value, Instant) {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(p) = self.pod(name, node).await
+                && check(&p)
+            {
+                return (p, Instant::now());
+            }
+            assert!(
+                Instant::now() < end,
+                "stock kubelet: pod {name}: {what} not seen within {deadline:?}; last: {:#}\nkubelet log:\n{}",
+                self.pod(name, node).await.unwrap_or(Value::Null),
+                self.log_tail()
+            );
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Stops the kubelet: SIGTERM, then SIGKILL after 10 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The pod UIDs it served, for the caller's cgroup clean-up.
+    pub fn uids(&self) -> Vec<String> {
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for StockKubelet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the pod cgroups (`/kubepods/<qos>/pod<uid>`, every hierarchy) of
+/// these pods, once the runtime has removed their containers, and the QoS
+/// levels when nothing else uses them.
+pub fn remove_pod_cgroups(uids: &[String]) {
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+    roots.extend(
+        std::fs::read_dir("/sys/fs/cgroup")
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default(),
+    );
+    for uid in uids {
+        for root in &roots {
+            for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
+            }
+        }
+    }
+}
+
+fn config_yaml(
+    opts: &KubeletOptions,
+    manifests: &Path,
+    pod_logs: &Path,
+    port: u16,
+    read_only: u16,
+    healthz: u16,
+) -> String {
+    let gates = if opts.evented_pleg {
+        "featureGates:\n  EventedPLEG: true\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: {port}
+readOnlyPort: {read_only}
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+staticPodPath: {manifests}
+fileCheckFrequency: 1s
+podLogsDir: {pod_logs}
+containerRuntimeEndpoint: {endpoint}
+imageServiceEndpoint: {endpoint}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+failSwapOn: false
+failCgroupV1: false
+registerNode: false
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+crashLoopBackOff:
+  maxContainerRestartPeriod: 1s
+evictionHard:
+  memory.available: 1Mi
+  nodefs.available: 1%
+  imagefs.available: 1%
+{gates}",
+        manifests = manifests.display(),
+        pod_logs = pod_logs.display(),
+        endpoint = opts.endpoint,
+    )
+}
+
+/// One HTTP/1.1 GET: the body of a 200 answer, or `None` when the peer is
+/// not (yet) there or answers otherwise; bounded at 5 s.
+async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use http_body_util::BodyExt;
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        if response.status() != hyper::StatusCode::OK {
+            return None;
+        }
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        String::from_utf8(body.to_vec()).ok()
+    })
+    .await
+    .ok()?
+}
