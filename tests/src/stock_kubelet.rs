@@ -1,5 +1,5 @@
 //! The stock kubelet (built from `k8s.io/kubernetes` by `cargo xtask setup`,
-//! docs/real-kubernetes.md) run standalone for tests: static pods from a
+//! docs/stock-kubelet.md) run standalone for tests: static pods from a
 //! manifest directory, statuses read from its read-only port's `/pods` (a
 //! standalone kubelet serves its static pods there with the status manager's
 //! status, `Kubelet.GetPods`), its CRI endpoint the caller's (containerd
