@@ -241,6 +241,11 @@ impl StockKubelet {
         std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
     }
 
+    /// Its `/pods` now, `None` when it does not answer.
+    pub async fn pods(&self) -> Option<Value> {
+        self.try_pods().await
+    }
+
     async fn try_pods(&self) -> Option<Value> {
         let body = get(self.read_only, "/pods").await?;
         serde_json::from_str(&body).ok()

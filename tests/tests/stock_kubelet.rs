@@ -364,3 +364,231 @@ async fn behind_the_proxy_the_evented_kubelet_sees_a_death_before_its_relist() {
         "death to the kubelet's status behind the proxy: median {median:?} (all {lags:?})"
     );
 }
+
+/// A death as the kubelet's status first showed it.
+#[derive(Debug, Clone)]
+struct KubeletDeath {
+    pod: String,
+    exit_code: i64,
+    reason: String,
+    /// When `/pods` first showed it (wall clock, as observe's lines).
+    seen: k8s_openapi::jiff::Timestamp,
+}
+
+/// Every terminated container (current or last state) in `/pods`, by
+/// container id.
+fn deaths_in(list: &Value) -> Vec<(String, String, i64, String)> {
+    let mut out = Vec::new();
+    for pod in list["items"].as_array().into_iter().flatten() {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        for key in ["initContainerStatuses", "containerStatuses"] {
+            for c in pod["status"][key].as_array().into_iter().flatten() {
+                for state in [&c["state"], &c["lastState"]] {
+                    let t = &state["terminated"];
+                    if let (Some(id), Some(code)) =
+                        (t["containerID"].as_str(), t["exitCode"].as_i64())
+                    {
+                        let id = id.trim_start_matches("containerd://").to_owned();
+                        let reason = t["reason"].as_str().unwrap_or("").to_owned();
+                        out.push((id, name.clone(), code, reason));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Shadow mode beside the real thing (issue #30): `evpleg observe` on the
+/// node of a stock kubelet (generic PLEG, containerd 1.7). Every container
+/// death the kubelet reports in a pod status (exit codes, a crash loop, an
+/// OOM kill, kills from the host), observe saw first (the `time` of its line,
+/// the kernel's timestamp, before the kubelet's status showed it) and printed,
+/// with the same exit code and OOM verdict; its lead is measured against the
+/// kubelet's own status. A line is printed once observe's comparison relist
+/// has seen the death too (its `relist_lead_ms`), so the printing itself can
+/// come after the kubelet's status (docs/stock-kubelet.md). And observe
+/// changed nothing in the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
+    use evpleg::observe::Observer;
+    use evpleg_tests::cri_interceptor::CriInterceptor;
+    let Some(containerd) = runnable("observe_sees_every_death_before_the_stock_kubelet_and_agrees")
+    else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let node = Node::start(Mode::Direct, &containerd).await;
+    let cri = node.containerd.as_ref().expect("containerd");
+    let interceptor = CriInterceptor::start(cri.socket(), cri.base().join("observer-cri.sock"))
+        .expect("interceptor");
+    let argv = [
+        "evpleg",
+        "observe",
+        "--cri-endpoint",
+        &interceptor.endpoint(),
+        "--listen",
+        "127.0.0.1:0",
+        "--compare-period",
+        "1s",
+    ];
+    use clap::Parser;
+    let evpleg::config::Command::Observe(args) = evpleg::config::Cli::try_parse_from(argv)
+        .expect("observe flags")
+        .command
+    else {
+        panic!("not observe")
+    };
+    let mut observer = Observer::start(&args)
+        .await
+        .unwrap_or_else(|e| panic!("observer: {e}"));
+    // What observe printed, as it printed it.
+    let (tx, mut printed) = tokio::sync::mpsc::unbounded_channel();
+    let mut events = std::mem::replace(&mut observer.events, tokio::sync::mpsc::channel(1).1);
+    tokio::spawn(async move {
+        while let Some(ev) = events.recv().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut oom = pod(
+        "oom",
+        "Never",
+        &[],
+        &[("app", "sleep 1; exec tail /dev/zero")],
+    );
+    oom["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"memory": "24Mi"}, "requests": {"memory": "24Mi"}});
+    for p in [
+        pod("exits", "Never", &[], &[("app", "sleep 1; exit 3")]),
+        pod(
+            "loops",
+            "Always",
+            &[("init", "exit 0")],
+            &[("app", "sleep 0.5; exit 2")],
+        ),
+        oom,
+        pod("victim", "Always", &[], &[("app", "sleep 600")]),
+    ] {
+        let name = p["metadata"]["name"].as_str().expect("name").to_owned();
+        node.kubelet().write(
+            &format!("{name}.yaml"),
+            &serde_json::to_string(&p).expect("json"),
+        );
+    }
+    // The kubelet's deaths, first seen (polled every 5 ms), until each pod
+    // has had its deaths: two kills of the victim from the host.
+    let mut seen: std::collections::BTreeMap<String, KubeletDeath> = Default::default();
+    let mut killed = 0u64;
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let list = node
+            .kubelet()
+            .pods()
+            .await
+            .expect("the kubelet serves /pods");
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for (id, pod, exit_code, reason) in deaths_in(&list) {
+            seen.entry(id).or_insert(KubeletDeath {
+                pod,
+                exit_code,
+                reason,
+                seen: now,
+            });
+        }
+        let count = |p: &str| {
+            seen.values()
+                .filter(|d| d.pod == format!("{p}-{NODE}"))
+                .count()
+        };
+        let victim = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["metadata"]["name"] == format!("victim-{NODE}"))
+            .map(|p| p["status"]["containerStatuses"][0].clone())
+            .unwrap_or(Value::Null);
+        if killed < 2
+            && victim["state"]["running"].is_object()
+            && victim["restartCount"].as_u64() == Some(killed)
+        {
+            let pid = container_pid(&victim);
+            // SAFETY: kill has no memory preconditions; the pid is the container's.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+            killed += 1;
+        }
+        if count("exits") == 1 && count("loops") >= 4 && count("oom") == 1 && count("victim") == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "not every death within {DEADLINE:?}: {seen:#?}\n{}",
+            node.kubelet().log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // What observe printed: every death is printed within its comparison
+    // relist's patience (two periods and 0.5 s) of the kubelet's status.
+    let mut observed: std::collections::BTreeMap<String, evpleg::observe::ObservedEvent> =
+        Default::default();
+    let patience = Instant::now() + Duration::from_millis(2_500);
+    while seen.keys().any(|id| !observed.contains_key(id)) && Instant::now() < patience {
+        match tokio::time::timeout_at(patience.into(), printed.recv()).await {
+            Ok(Some(ev)) if ev.kind == "ContainerDied" => {
+                observed.entry(ev.container_id.clone()).or_insert(ev);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let mut leads = Vec::new();
+    let mut print_delays = Vec::new();
+    for (id, death) in &seen {
+        let ev = observed
+            .get(id)
+            .unwrap_or_else(|| panic!("observe never printed the death of {id} ({death:?})"));
+        assert_eq!(
+            ev.exit_code.map(i64::from),
+            Some(death.exit_code),
+            "exit code of {id}: observe {}, kubelet {death:?}",
+            ev.json()
+        );
+        assert_eq!(
+            ev.oom_killed,
+            death.reason == "OOMKilled",
+            "OOM verdict of {id}: observe {}, kubelet {death:?}",
+            ev.json()
+        );
+        assert!(ev.disagreement.is_none(), "{}", ev.json());
+        assert_eq!(ev.source, "kernel", "{}", ev.json());
+        let at: k8s_openapi::jiff::Timestamp = ev.time.parse().expect("an RFC 3339 time");
+        assert!(
+            at < death.seen,
+            "observe saw {id} at {at}, after the kubelet's status showed it at {}: {}",
+            death.seen,
+            ev.json()
+        );
+        leads.push(death.seen.duration_since(at).as_secs_f64() * 1_000.0);
+        print_delays.push(ev.age_ms);
+    }
+    leads.sort_by(f64::total_cmp);
+    print_delays.sort_by(f64::total_cmp);
+    eprintln!(
+        "observe beside the stock kubelet, {} deaths: lead over the kubelet's status min {:.1} ms, median {:.1} ms, max {:.1} ms; printed after its sighting median {:.1} ms, max {:.1} ms",
+        leads.len(),
+        leads[0],
+        leads[leads.len() / 2],
+        leads[leads.len() - 1],
+        print_delays[print_delays.len() / 2],
+        print_delays[print_delays.len() - 1],
+    );
+    assert_eq!(
+        interceptor.mutating_calls(),
+        Default::default(),
+        "observe changed nothing: {:?}",
+        interceptor.calls()
+    );
+    observer.stop().await;
+}
