@@ -405,7 +405,9 @@ fn deaths_in(list: &Value) -> Vec<(String, String, i64, String)> {
 /// OOM kill, kills from the host), observe saw first (the `time` of its line,
 /// the kernel's timestamp, before the kubelet's status showed it) and printed,
 /// with the same exit code and OOM verdict; its lead is measured against the
-/// kubelet's own status. A line is printed once observe's comparison relist
+/// kubelet's own status (from the kernel's sighting, or from the relist a
+/// hint triggered where the kernel could not vouch for the death). A line is
+/// printed once observe's comparison relist
 /// has seen the death too (its `relist_lead_ms`), so the printing itself can
 /// come after the kubelet's status (docs/stock-kubelet.md). And observe
 /// changed nothing in the runtime.
@@ -545,6 +547,9 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
     }
     let mut leads = Vec::new();
     let mut print_delays = Vec::new();
+    // Deaths the kernel could not vouch for: its sighting was a hint, and
+    // observe's PLEG relisted the pod (docs/stock-kubelet.md, "Found").
+    let mut uncertain = Vec::new();
     for (id, death) in &seen {
         let ev = observed
             .get(id)
@@ -562,7 +567,9 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
             ev.json()
         );
         assert!(ev.disagreement.is_none(), "{}", ev.json());
-        assert_eq!(ev.source, "kernel", "{}", ev.json());
+        if ev.source != "kernel" {
+            uncertain.push(ev.json());
+        }
         let at: k8s_openapi::jiff::Timestamp = ev.time.parse().expect("an RFC 3339 time");
         assert!(
             at < death.seen,
@@ -583,6 +590,11 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
         leads[leads.len() - 1],
         print_delays[print_delays.len() / 2],
         print_delays[print_delays.len() - 1],
+    );
+    eprintln!(
+        "{} of {} deaths seen by a hint's relist, not the kernel: {uncertain:#?}",
+        uncertain.len(),
+        seen.len()
     );
     assert_eq!(
         interceptor.mutating_calls(),
