@@ -100,9 +100,10 @@ struct Binary {
     package: &'static str,
     /// Built with `go test -c` (critest) rather than `go build`.
     test_binary: bool,
-    /// `-X` settings of `-ldflags`: the version variables.
+    /// `-X` settings of `-ldflags`: the version variables ([`expand`]).
     x_flags: &'static [&'static str],
-    /// Arguments that print the version, and what that output must contain.
+    /// Arguments that print the version, and what that output must contain
+    /// ([`expand`]).
     version_args: &'static [&'static str],
     version_shown: &'static str,
     /// Who uses it (said when it is built).
@@ -110,19 +111,19 @@ struct Binary {
 }
 
 const K8S_VERSION_X: &[&str] = &[
-    "k8s.io/component-base/version.gitVersion=v1.37.2",
-    "k8s.io/component-base/version.gitMajor=1",
-    "k8s.io/component-base/version.gitMinor=37",
+    "k8s.io/component-base/version.gitVersion={v}",
+    "k8s.io/component-base/version.gitMajor={major}",
+    "k8s.io/component-base/version.gitMinor={minor}",
     "k8s.io/component-base/version.gitTreeState=clean",
-    "k8s.io/client-go/pkg/version.gitVersion=v1.37.2",
-    "k8s.io/client-go/pkg/version.gitMajor=1",
-    "k8s.io/client-go/pkg/version.gitMinor=37",
+    "k8s.io/client-go/pkg/version.gitVersion={v}",
+    "k8s.io/client-go/pkg/version.gitMajor={major}",
+    "k8s.io/client-go/pkg/version.gitMinor={minor}",
     "k8s.io/client-go/pkg/version.gitTreeState=clean",
 ];
 
-const CRI_TOOLS_X: &[&str] = &["sigs.k8s.io/cri-tools/pkg/version.Version=1.37.0"];
+const CRI_TOOLS_X: &[&str] = &["sigs.k8s.io/cri-tools/pkg/version.Version={n}"];
 
-const CONTAINERD_X: &[&str] = &["github.com/containerd/containerd/v2/version.Version=v2.4.2"];
+const CONTAINERD_X: &[&str] = &["github.com/containerd/containerd/v2/version.Version={v}"];
 
 /// Every binary the tests and the benchmark use, in build order (the control
 /// plane first).
@@ -134,7 +135,7 @@ const BINARIES: &[Binary] = &[
         test_binary: false,
         x_flags: K8S_VERSION_X,
         version_args: &["--version"],
-        version_shown: "Kubernetes v1.37.2",
+        version_shown: "Kubernetes {v}",
         why: "the real control plane of the API tests",
     },
     Binary {
@@ -145,7 +146,7 @@ const BINARIES: &[Binary] = &[
         // The version is a constant of go.etcd.io/etcd/api/v3/version.
         x_flags: &[],
         version_args: &["--version"],
-        version_shown: "etcd Version: 3.7.3",
+        version_shown: "etcd Version: {n}",
         why: "kube-apiserver's storage",
     },
     Binary {
@@ -155,7 +156,7 @@ const BINARIES: &[Binary] = &[
         test_binary: false,
         x_flags: K8S_VERSION_X,
         version_args: &["--version"],
-        version_shown: "Kubernetes v1.37.2",
+        version_shown: "Kubernetes {v}",
         why: "the stock kubelet: the CRI proxy's client and the benchmark's rival",
     },
     Binary {
@@ -165,7 +166,7 @@ const BINARIES: &[Binary] = &[
         test_binary: false,
         x_flags: CRI_TOOLS_X,
         version_args: &["--version"],
-        version_shown: "crictl version 1.37.0",
+        version_shown: "crictl version {n}",
         why: "the CRI's command-line client, for the proxy's tests",
     },
     Binary {
@@ -175,7 +176,7 @@ const BINARIES: &[Binary] = &[
         test_binary: true,
         x_flags: CRI_TOOLS_X,
         version_args: &["--version"],
-        version_shown: "critest version: 1.37.0",
+        version_shown: "critest version: {n}",
         why: "the CRI validation suite, for the proxy's tests",
     },
     Binary {
@@ -185,7 +186,7 @@ const BINARIES: &[Binary] = &[
         test_binary: false,
         x_flags: CONTAINERD_X,
         version_args: &["--version"],
-        version_shown: "containerd github.com/containerd/containerd/v2 v2.4.2",
+        version_shown: "containerd github.com/containerd/containerd/v2 {v}",
         why: "containerd 2.x in the runtime matrix",
     },
     Binary {
@@ -195,7 +196,7 @@ const BINARIES: &[Binary] = &[
         test_binary: false,
         x_flags: CONTAINERD_X,
         version_args: &["-v"],
-        version_shown: "Version:  v2.4.2",
+        version_shown: "Version:  {v}",
         why: "containerd 2.x's runc shim",
     },
 ];
@@ -203,6 +204,20 @@ const BINARIES: &[Binary] = &[
 /// `.tools/go`: the binaries, their links and the wrapper modules.
 pub fn go_dir(root: &Path) -> PathBuf {
     util::tools_dir(root).join("go")
+}
+
+/// `template` with the module's version put in: `{v}` as tagged (v1.37.2),
+/// `{n}` without the v, `{major}` and `{minor}` its first two numbers.
+fn expand(template: &str, version: &str) -> String {
+    let n = version.strip_prefix('v').unwrap_or(version);
+    let mut parts = n.split('.');
+    let major = parts.next().unwrap_or_default();
+    let minor = parts.next().unwrap_or_default();
+    template
+        .replace("{v}", version)
+        .replace("{n}", n)
+        .replace("{major}", major)
+        .replace("{minor}", minor)
 }
 
 /// Builds what is missing or stale, and links `.tools/go/bin/<name>` to each.
@@ -274,7 +289,7 @@ fn go(dir: &Path) -> Command {
 fn build_args(binary: &Binary, out: &Path) -> Vec<String> {
     let mut ldflags = String::from("-s -w");
     for x in binary.x_flags {
-        let _ = write!(ldflags, " -X {x}");
+        let _ = write!(ldflags, " -X {}", expand(x, binary.module.version));
     }
     let mut args: Vec<String> = if binary.test_binary {
         vec!["test".into(), "-c".into()]
@@ -449,14 +464,15 @@ fn build(binary: &Binary, wrapper: &Path, out_dir: &Path, recipe: &str) -> Resul
     util::run(go(wrapper).args(build_args(binary, &tmp)))?;
     let secs = started.elapsed().as_secs_f64();
     let shown = output(Command::new(&tmp).args(binary.version_args)).unwrap_or_default();
-    if !shown.contains(binary.version_shown) {
+    let wanted = expand(binary.version_shown, module.version);
+    if !shown.contains(&wanted) {
         bail!(
             "{} {} does not report its version: `{} {}` printed {shown:?}, expected {:?}",
             binary.name,
             module.version,
             tmp.display(),
             binary.version_args.join(" "),
-            binary.version_shown
+            wanted
         );
     }
     let exe = out_dir.join(binary.name);
@@ -532,11 +548,24 @@ mod tests {
     }
 
     #[test]
+    fn templates_take_the_version_as_tagged_without_v_and_its_numbers() {
+        assert_eq!(
+            expand("{v} {n} {major}.{minor} x", "v1.37.2"),
+            "v1.37.2 1.37.2 1.37 x"
+        );
+        assert_eq!(expand("etcd Version: {n}", "v3.7.3"), "etcd Version: 3.7.3");
+    }
+
+    #[test]
     fn the_recipe_names_the_version_and_every_flag() {
         let r = recipe(&BINARIES[0]);
         assert!(r.contains("module k8s.io/kubernetes v1.37.2\n"), "{r}");
         assert!(
             r.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"),
+            "{r}"
+        );
+        assert!(
+            r.contains("-X k8s.io/component-base/version.gitMinor=37 "),
             "{r}"
         );
         assert!(r.contains("env CGO_ENABLED=0 GOTOOLCHAIN=local\n"), "{r}");
