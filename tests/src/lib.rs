@@ -12,6 +12,7 @@ pub mod cri_proxy;
 pub mod csi_driver;
 pub mod e2e;
 pub mod fake_apiserver;
+pub mod go_tools;
 pub mod kernel_checks;
 pub mod pleg;
 pub mod registry;

@@ -9,6 +9,7 @@
 //!   Debian's kernels, docs/kernels.md);
 //! * `bench`: the PLEG latency and cost benchmark (`bench/`, docs/benchmarks.md).
 
+mod gotools;
 mod matrix;
 mod setup;
 mod util;
@@ -27,7 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what is missing: toolchain parts, LLVM 22, bpf-linker, containerd...
+    /// Install what is missing: toolchain parts, LLVM 22, bpf-linker, containerd...,
+    /// and build the real Kubernetes parts from their Go modules (cached)
     Setup,
     /// Build the eBPF object and the agent.
     Build {

@@ -1,6 +1,6 @@
 //! `cargo xtask setup`: installs what is missing, idempotently, and says what it
 //! does. Also run by `build`, `run` and `test`. A second run only checks (a few
-//! `dpkg-query`/`rustc -vV` calls) and takes well under 5 s.
+//! `dpkg-query`/`rustc -vV` calls, the Go binaries' stamps) and takes well under 5 s.
 //!
 //! What is needed (see docs/development.md):
 //! * the nightly toolchain with rust-src, whose LLVM major is [`LLVM_MAJOR`], for the
@@ -15,6 +15,10 @@
 //!   package's own service is not used (Debian's policy-rc.d on these machines
 //!   keeps it from starting at install time; elsewhere it listens on :5000);
 //! * qemu-system-x86 and cpio for the kernel matrix (busybox-static too);
+//! * the real Kubernetes parts, built from their Go modules under `.tools/go/`
+//!   (xtask/src/gotools.rs): kube-apiserver, etcd, the kubelet, crictl, critest,
+//!   containerd 2.x and its runc shim. Once built, a second run only compares
+//!   their stamps;
 //! * a kernel with BTF and a cgroup2 hierarchy. No tracefs: the programs are BTF
 //!   tracepoints.
 
@@ -24,6 +28,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+use crate::gotools;
 use crate::util::{self, info, output, step};
 
 /// LLVM major version of the nightly and of the LLVM bpf-linker is built against.
@@ -76,6 +81,7 @@ pub fn run(root: &Path) -> Result<()> {
     ensure_nightly()?;
     ensure_apt_packages()?;
     ensure_bpf_linker(root)?;
+    gotools::ensure(root)?;
     info(&format!(
         "setup complete in {:.1} s",
         started.elapsed().as_secs_f64()

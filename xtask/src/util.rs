@@ -53,7 +53,7 @@ pub fn output(cmd: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The project's tool directory (bpf-linker), not committed.
+/// The project's tool directory (bpf-linker, the Go-built binaries), not committed.
 pub fn tools_dir(root: &Path) -> PathBuf {
     root.join(".tools")
 }
