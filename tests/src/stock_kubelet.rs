@@ -8,19 +8,23 @@
 //! The host is not the kubelet's to change. At start the kubelet sets six
 //! kernel tunables it wants (`setupKernelTunables`: `vm.overcommit_memory=1`,
 //! `kernel.panic=10`, `kernel.panic_on_oops=1`, ...), makes its root directory
-//! a shared mount, and keeps symlinks in the hard-coded `/var/log/containers`
-//! (and removes the dead ones there). So it runs in a private mount namespace
-//! whose mounts do not propagate to the host: there, files holding the values
-//! it wants are bound over those `/proc/sys` entries (it reads them, finds
-//! nothing to change and writes nothing), and a directory of its own is bound
-//! over `/var/log`. Its pod logs go to a directory of the test's
+//! a shared mount, keeps symlinks in the hard-coded `/var/log/containers` (and
+//! removes the dead ones there) and its device plugin socket in the
+//! hard-coded `/var/lib/kubelet/device-plugins`. So it runs in a private
+//! mount namespace whose mounts do not propagate to the host: there, files
+//! holding the values it wants are bound over those `/proc/sys` entries (it
+//! reads them, finds nothing to change and writes nothing), and directories
+//! of its own over `/var/log` and `/var/lib`. Its pod logs go to a directory of the test's
 //! (`podLogsDir`), which containerd, in the host's namespace, writes. What
 //! this costs: a volume the kubelet mounts (a secret's tmpfs) is not seen by
 //! the runtime, so pods here use no such volumes.
 //!
 //! Its cgroups: the default cgroup root, so that its pods' cgroups are
 //! `/kubepods/<qos>/pod<uid>` as the kernel PLEG classifies them; the pod
-//! cgroups of the pods it served are removed when it is dropped.
+//! cgroups of the pods it served are removed when it is dropped. It removes
+//! pod cgroups under `/kubepods` it does not know (`cleanupOrphanedPodCgroups`),
+//! so no other pod test may run beside it: cargo runs test binaries one at a
+//! time, and the tests of `tests/stock_kubelet.rs` one at a time.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -42,34 +46,14 @@ const KUBELET_TUNABLES: [(&str, &str); 6] = [
 /// How long the kubelet may take to serve its read-only port.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The directory of the Go-built binaries: `$EVPLEG_GO_BIN_DIR`, else the
-/// workspace's `.tools/go/bin` (where `cargo xtask setup` links them).
-pub fn go_binary(name: &str) -> PathBuf {
-    let dir = std::env::var_os("EVPLEG_GO_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../.tools/go/bin")
-                .to_path_buf()
-        });
-    dir.join(name)
-}
-
 /// Whether the stock kubelet can run here: [`crate::runtime_available`] and
 /// its binary built. Prints why not; under `CI=true` that is a failure.
 pub fn available(test: &str) -> bool {
     if !crate::runtime_available(test) {
         return false;
     }
-    let kubelet = go_binary("kubelet");
-    if !kubelet.is_file() {
-        crate::skip(
-            test,
-            &format!(
-                "needs the stock kubelet at {} (`cargo xtask setup` builds it)",
-                kubelet.display()
-            ),
-        );
+    if let Err(e) = crate::go_tools::binary("kubelet") {
+        crate::skip(test, &e.to_string());
         return false;
     }
     true
@@ -77,6 +61,8 @@ pub fn available(test: &str) -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
+    #[error("stock kubelet: {0}")]
+    Binary(crate::go_tools::GoToolsError),
     #[error("stock kubelet: {what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -142,8 +128,12 @@ impl StockKubelet {
         let root = base.join("root");
         let pod_logs = base.join("pod-logs");
         let var_log = base.join("var-log");
+        let var_lib = base.join("var-lib");
+        let certs = base.join("pki");
         let tunables = base.join("tunables");
-        for dir in [&manifests, &root, &pod_logs, &var_log, &tunables] {
+        for dir in [
+            &manifests, &root, &pod_logs, &var_log, &var_lib, &certs, &tunables,
+        ] {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
         let (port, read_only, healthz) = (free_port()?, free_port()?, free_port()?);
@@ -163,12 +153,14 @@ impl StockKubelet {
                 file.display()
             ));
         }
-        script.push_str(&format!("mount --bind '{}' /var/log\n", var_log.display()));
+        for (private, public) in [(&var_log, "/var/log"), (&var_lib, "/var/lib")] {
+            script.push_str(&format!("mount --bind '{}' {public}\n", private.display()));
+        }
         script.push_str("exec \"$@\"\n");
         let log = base.join("kubelet.log");
         let out = std::fs::File::create(&log).map_err(io("create", &log))?;
         let err = out.try_clone().map_err(io("open", &log))?;
-        let kubelet = go_binary("kubelet");
+        let kubelet = crate::go_tools::binary("kubelet").map_err(KubeletError::Binary)?;
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
             .arg(&script)
@@ -176,6 +168,7 @@ impl StockKubelet {
             .arg(&kubelet)
             .arg(format!("--config={}", config.display()))
             .arg(format!("--root-dir={}", root.display()))
+            .arg(format!("--cert-dir={}", certs.display()))
             .arg(format!("--hostname-override={}", opts.node))
             .arg("--v=2")
             .stdin(Stdio::null())
@@ -391,6 +384,8 @@ authorization:
   mode: AlwaysAllow
 crashLoopBackOff:
   maxContainerRestartPeriod: 1s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 evictionHard:
   memory.available: 1Mi
   nodefs.available: 1%
