@@ -120,7 +120,7 @@ impl CriProxy {
         let (tx, pleg_rx) = mpsc::channel(1000);
         let pleg = Pleg::start(
             PlegMode::Ebpf,
-            CriRuntime::new(cri.clone()),
+            CriRuntime::new(cri.clone()).attributing_unlabelled(),
             config.kernel.clone(),
             tx,
             clock.clone(),
@@ -166,6 +166,7 @@ impl CriProxy {
             overlay_on: config.overlay,
             calls: calls_tx,
             stats: stats.clone(),
+            cri: cri.clone(),
         });
         tasks.push(tokio::spawn(server::serve(
             listener,
