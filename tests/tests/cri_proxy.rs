@@ -1191,8 +1191,9 @@ fn a_sandbox_stopped_payload_says_not_ready_before_the_runtime_does() {
         events.wait(&sandbox, T::ContainerStartedEvent).await;
         let pause = find_container_pid(&sandbox).expect("the pause process");
         let shim = parent_pid(pause);
-        // SAFETY: signals to the test's own shim and pause process.
+        // SAFETY: a signal to the test's own shim.
         assert_eq!(unsafe { libc::kill(shim, libc::SIGSTOP) }, 0);
+        // SAFETY: a signal to the test's own pause process.
         assert_eq!(unsafe { libc::kill(pause, libc::SIGKILL) }, 0);
         let stopped = events.wait(&sandbox, T::ContainerStoppedEvent).await;
         let state = |c: &CriClient| {

@@ -14,9 +14,14 @@
 //!   ([`hub`]).
 //! - The overlay ([`overlay`]): a container whose death the kernel saw with
 //!   certainty while the runtime still reports it running is shown exited in
-//!   ListContainers, ContainerStatus and PodSandboxStatus answers, so that a
-//!   kubelet relisting the pod on the event sees the death at once;
-//!   `--overlay=false` switches it off.
+//!   ListContainers, ContainerStatus and PodSandboxStatus answers (a sandbox
+//!   whose pause process died is shown not ready in PodSandboxStatus and
+//!   ListPodSandbox), so that a kubelet relisting the pod on the event sees
+//!   the death at once; `--overlay=false` switches it off.
+//! - Answers it reads whole and writes again, and its own errors, keep the
+//!   runtime's HTTP/2 framing: a trailers-only answer ends with its headers
+//!   (END_STREAM), as grpc-go (the kubelet, crictl) needs to read its status
+//!   ([`grpc::body`]).
 //! - With `--merge-runtime-events`, the runtime's own stream (containerd 1.7
 //!   and later) is merged in ([`merge`]): what the kernel and the calls did
 //!   not show is passed on, nothing is served twice.
