@@ -250,3 +250,77 @@ pub async fn never_reading_subscriber(
         .expect("a request");
     sender.send_request(req).await.expect("the proxy answers")
 }
+
+/// A gRPC answer as the HTTP/2 frames brought it ([`raw_unary`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawAnswer {
+    /// The response's HEADERS frame carried END_STREAM: a trailers-only
+    /// answer, the only form in which grpc-go reads a status from headers.
+    pub ended_by_headers: bool,
+    /// `grpc-status` and `grpc-message` of the headers.
+    pub header_status: Option<(String, String)>,
+    /// DATA frames received (an empty one counts).
+    pub data_frames: usize,
+    /// `grpc-status` and `grpc-message` of the trailers, if any came.
+    pub trailer_status: Option<(String, String)>,
+}
+
+impl RawAnswer {
+    /// The status wherever it came, as grpc-go would read it: from a
+    /// trailers-only answer's headers or from the trailers; `None`: grpc-go
+    /// reports `Internal: server closed the stream without sending trailers`.
+    pub fn go_status(&self) -> Option<(String, String)> {
+        if self.ended_by_headers {
+            self.header_status.clone()
+        } else {
+            self.trailer_status.clone()
+        }
+    }
+}
+
+fn grpc_status(h: &hyper::HeaderMap) -> Option<(String, String)> {
+    let get = |k: &str| {
+        h.get(k)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    Some((get("grpc-status")?, get("grpc-message").unwrap_or_default()))
+}
+
+/// A unary call `method` (`RuntimeService/ContainerStatus`) with `request`
+/// (one framed message: `evpleg_cri_proxy::grpc::frame`) over raw HTTP/2 on
+/// `socket`, read frame by frame (bounded by [`WAIT`]).
+pub async fn raw_unary(socket: &std::path::Path, method: &str, request: bytes::Bytes) -> RawAnswer {
+    tokio::time::timeout(WAIT, async {
+        let stream = tokio::net::UnixStream::connect(socket)
+            .await
+            .unwrap_or_else(|e| panic!("dial {}: {e}", socket.display()));
+        let (client, conn) = h2::client::handshake(stream).await.expect("http/2");
+        tokio::spawn(conn);
+        let mut client = client.ready().await.expect("a stream");
+        let req = hyper::Request::post(format!("http://localhost/runtime.v1.{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a request");
+        let (resp, mut send) = client.send_request(req, false).expect("sent");
+        send.send_data(request, true)
+            .expect("the request's message");
+        let (head, mut body) = resp.await.expect("an answer").into_parts();
+        let ended_by_headers = body.is_end_stream();
+        let mut data_frames = 0;
+        while let Some(d) = body.data().await {
+            let d = d.expect("a data frame");
+            let _ = body.flow_control().release_capacity(d.len());
+            data_frames += 1;
+        }
+        let trailers = body.trailers().await.expect("the trailers");
+        RawAnswer {
+            ended_by_headers,
+            header_status: grpc_status(&head.headers),
+            data_frames,
+            trailer_status: trailers.as_ref().and_then(grpc_status),
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{method} on {} within {WAIT:?}", socket.display()))
+}

@@ -15,8 +15,8 @@ use evpleg_cri::CriClient;
 use evpleg_cri_api::v1;
 use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
 use evpleg_tests::cri_proxy::{
-    Subscription, metric, metric_sum, never_reading_subscriber, proxy, runtime_exited, status,
-    status_of, wait_metrics,
+    Subscription, metric, metric_sum, never_reading_subscriber, proxy, raw_unary, runtime_exited,
+    status, status_of, wait_metrics,
 };
 use evpleg_tests::e2e::{find_container_pid, http_get};
 use evpleg_tests::start_gate;
@@ -920,4 +920,484 @@ fn the_agent_in_evented_cri_mode_runs_a_pod_through_the_proxy() {
         e.finish().await;
         proxy.stop().await;
     });
+}
+
+/// Issue #26: what a Go client (the kubelet, crictl) reads of the answers
+/// the proxy writes itself, at the HTTP/2 frame level. grpc-go reads a
+/// status from headers only when that HEADERS frame ends the stream (a
+/// trailers-only answer); the proxy's rebuilt answers sent the status in
+/// headers then an empty DATA frame ending the stream, which grpc-go
+/// reports as `Internal: server closed the stream without sending
+/// trailers` (tonic accepted it, so the other tests could not see it). Each
+/// answer the proxy rebuilds (a status the overlay reads, a call that makes
+/// an event) or writes (UNAVAILABLE) must end as the runtime's does, with
+/// grpc-status and grpc-message as the runtime sent them.
+#[test]
+fn answers_the_proxy_writes_end_their_stream_as_the_runtime_ended_them() {
+    if !evpleg_tests::privileged("answers_the_proxy_writes_end_their_stream") {
+        return;
+    }
+    let _serial = serial();
+    let mut containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "frames");
+    let rt = runtime();
+    let proxy = rt.block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let socket = containerd.base().join("proxy.sock");
+        let unknown = evpleg_tests::container_id();
+        let mut absent = pod.container("absent", &["true"]);
+        absent.image = Some(v1::ImageSpec {
+            image: "evpleg.invalid/absent:none".into(),
+            ..Default::default()
+        });
+        use evpleg_cri_proxy::grpc::frame;
+        let calls = [
+            (
+                "RuntimeService/ContainerStatus",
+                frame(&v1::ContainerStatusRequest {
+                    container_id: unknown.clone(),
+                    verbose: false,
+                }),
+            ),
+            (
+                "RuntimeService/PodSandboxStatus",
+                frame(&v1::PodSandboxStatusRequest {
+                    pod_sandbox_id: unknown.clone(),
+                    verbose: false,
+                }),
+            ),
+            (
+                "RuntimeService/CreateContainer",
+                frame(&v1::CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(absent),
+                    sandbox_config: Some(pod.config.clone()),
+                }),
+            ),
+            // Forwarded untouched: it kept its code before the fix too.
+            (
+                "RuntimeService/StopContainer",
+                frame(&v1::StopContainerRequest {
+                    container_id: unknown.clone(),
+                    timeout: 1,
+                }),
+            ),
+        ];
+        for (method, request) in &calls {
+            let direct = raw_unary(containerd.socket(), method, request.clone()).await;
+            let via = raw_unary(&socket, method, request.clone()).await;
+            eprintln!("{method}: directly {direct:?}, through the proxy {via:?}");
+            let (code, _) = direct
+                .go_status()
+                .unwrap_or_else(|| panic!("{method}: containerd's answer: {direct:?}"));
+            assert_ne!(code, "0", "{method} must fail: {direct:?}");
+            assert!(direct.ended_by_headers, "{method}: {direct:?}");
+            assert_eq!(via, direct, "{method}: through the proxy vs directly");
+        }
+        proxy
+    });
+    // The runtime gone: the proxy's own UNAVAILABLE, trailers-only.
+    containerd.stop();
+    rt.block_on(async {
+        let socket = containerd.base().join("proxy.sock");
+        let via = raw_unary(
+            &socket,
+            "RuntimeService/Version",
+            evpleg_cri_proxy::grpc::frame(&v1::VersionRequest::default()),
+        )
+        .await;
+        assert!(via.ended_by_headers && via.data_frames == 0, "{via:?}");
+        let (code, message) = via.go_status().expect("a status");
+        assert_eq!(code, "14", "{via:?}");
+        assert!(
+            message.starts_with("evpleg cri-proxy: cannot reach the runtime at "),
+            "{via:?}"
+        );
+        proxy.stop().await;
+    });
+}
+
+/// A pod sandbox and container with none of the kubelet's `io.kubernetes.*`
+/// labels and no cgroup parent, as crictl makes them: their STARTED and
+/// STOPPED come through the proxy as a labelled pod's do (issue #26: they
+/// got CREATED and DELETED only, from the calls, as the proxy's PLEG
+/// ignored what it could not attribute to a pod by label).
+#[test]
+fn containers_without_the_kubelets_labels_get_started_and_stopped() {
+    if !evpleg_tests::privileged("containers_without_the_kubelets_labels") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "unlabelled");
+    let mut config = pod.config.clone();
+    config
+        .labels
+        .retain(|k, _| !k.starts_with("io.kubernetes."));
+    if let Some(linux) = config.linux.as_mut() {
+        linux.cgroup_parent.clear();
+    }
+    let mut container = pod.waiting_container_exiting("plain", 5);
+    container
+        .labels
+        .retain(|k, _| !k.starts_with("io.kubernetes."));
+    runtime().block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = through
+            .run_pod_sandbox(&config, "")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let id = through
+            .create_container(&sandbox, &container, &config)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        through
+            .start_container(&id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        events.wait(&sandbox, T::ContainerStartedEvent).await;
+        let started = events.wait(&id, T::ContainerStartedEvent).await;
+        assert_eq!(
+            status_of(&started, &id).state(),
+            v1::ContainerState::ContainerRunning
+        );
+        assert_eq!(
+            started.pod_sandbox_status.as_ref().map(|s| s.id.as_str()),
+            Some(sandbox.as_str())
+        );
+        pod.release("plain");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 5, "{stopped:?}");
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        events.wait(&id, T::ContainerDeletedEvent).await;
+        events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        assert_eq!(events.repeated(), [], "{:?}", events.types());
+        proxy.stop().await;
+    });
+}
+
+/// RemovePodSandbox and RemoveContainer of ids the runtime never had answer
+/// OK (the CRI's removals are idempotent) and make no event; a pod's
+/// removal, served after them, shows they were handled (the calls' events
+/// are served in order).
+#[test]
+fn removing_an_unknown_id_makes_no_event() {
+    if !evpleg_tests::privileged("removing_an_unknown_id_makes_no_event") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "unknown-removals");
+    runtime().block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let (never_pod, never_container) =
+            (evpleg_tests::container_id(), evpleg_tests::container_id());
+        through
+            .remove_pod_sandbox(&never_pod)
+            .await
+            .unwrap_or_else(|e| panic!("an idempotent removal: {e}"));
+        through
+            .remove_container(&never_container)
+            .await
+            .unwrap_or_else(|e| panic!("an idempotent removal: {e}"));
+        let sandbox = run_sandbox(&through, &pod).await;
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        assert_eq!(events.of(&never_pod), [], "{:?}", events.types());
+        assert_eq!(events.of(&never_container), [], "{:?}", events.types());
+        proxy.stop().await;
+    });
+}
+
+/// A RemovePodSandbox removes the pod's containers with it: each gets its
+/// DELETED at once, before the sandbox's (as containerd 1.7's own stream
+/// orders them), with the pod's last state, not at the proxy's relist 5
+/// minutes later. The pod is removed once the proxy's PLEG has stopped
+/// relisting it after its deaths (as the kubelet removes a stopped pod's
+/// sandbox later): while those relists go on, one of them may find the
+/// container gone, which hid the missing DELETED before the fix (served
+/// after the sandbox's in 1 run of 3 of a removal right after the stop).
+#[test]
+fn a_container_removed_with_its_pod_gets_its_deleted_at_once() {
+    if !evpleg_tests::privileged("a_container_removed_with_its_pod") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "removed-with-pod");
+    runtime().block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.container("sleeper", &["sleep", "600"]),
+        )
+        .await;
+        events.wait(&id, T::ContainerStartedEvent).await;
+        through.stop_pod_sandbox(&sandbox).await.unwrap();
+        events.wait(&id, T::ContainerStoppedEvent).await;
+        events.wait(&sandbox, T::ContainerStoppedEvent).await;
+        // Not a synchronisation: the scenario. The kubelet removes a stopped
+        // pod's sandbox later, past the PLEG's watches after a death (the
+        // longest 30 s), whose relists of the pod would find it gone.
+        tokio::time::sleep(evpleg_pleg::relist::DOUBT_WATCH + Duration::from_secs(2)).await;
+        through.remove_pod_sandbox(&sandbox).await.unwrap();
+        let deleted = events.wait(&id, T::ContainerDeletedEvent).await;
+        let pod_deleted = events.wait(&sandbox, T::ContainerDeletedEvent).await;
+        let order: Vec<_> = events
+            .seen
+            .iter()
+            .filter(|e| e.container_event_type() == T::ContainerDeletedEvent)
+            .map(|e| e.container_id.clone())
+            .collect();
+        assert_eq!(order, [id.clone(), sandbox.clone()]);
+        for ev in [&deleted, &pod_deleted] {
+            let s = ev
+                .pod_sandbox_status
+                .as_ref()
+                .expect("the pod's last state");
+            assert_eq!(s.id, sandbox);
+            assert_eq!(s.state(), v1::PodSandboxState::SandboxNotready);
+        }
+        proxy.stop().await;
+    });
+}
+
+/// The pause process dies while its shim is stopped (SIGSTOP), so that
+/// containerd goes on saying SANDBOX_READY for as long as the test looks:
+/// the kernel's STOPPED of the sandbox must say not ready in its payload
+/// (issue #26: it said READY, the runtime's lagging answer).
+#[test]
+fn a_sandbox_stopped_payload_says_not_ready_before_the_runtime_does() {
+    if !evpleg_tests::privileged("a_sandbox_stopped_payload_says_not_ready") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "pause-dies");
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        events.wait(&sandbox, T::ContainerStartedEvent).await;
+        let pause = find_container_pid(&sandbox).expect("the pause process");
+        let shim = parent_pid(pause);
+        // SAFETY: a signal to the test's own shim.
+        assert_eq!(unsafe { libc::kill(shim, libc::SIGSTOP) }, 0);
+        // SAFETY: a signal to the test's own pause process.
+        assert_eq!(unsafe { libc::kill(pause, libc::SIGKILL) }, 0);
+        let stopped = events.wait(&sandbox, T::ContainerStoppedEvent).await;
+        let state = |c: &CriClient| {
+            let (c, sandbox) = (c.clone(), sandbox.clone());
+            async move {
+                let s = c.pod_sandbox_status(&sandbox, false).await;
+                s.unwrap().status.map(|s| s.state())
+            }
+        };
+        let (runtime_says, proxy_says) = tokio::join!(state(&direct), state(&through));
+        let ready = v1::PodSandboxFilter {
+            state: Some(v1::PodSandboxStateValue {
+                state: v1::PodSandboxState::SandboxReady as i32,
+            }),
+            ..Default::default()
+        };
+        let listed_ready = through.list_pod_sandboxes(Some(ready)).await.unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(shim, libc::SIGCONT) }, 0);
+        assert_eq!(
+            runtime_says,
+            Some(v1::PodSandboxState::SandboxReady),
+            "the runtime, its shim stopped, has not seen the exit"
+        );
+        assert_eq!(
+            stopped.pod_sandbox_status.as_ref().map(|s| s.state()),
+            Some(v1::PodSandboxState::SandboxNotready),
+            "{stopped:?}"
+        );
+        // The overlay: a hint-mode kubelet relisting on the event sees it.
+        assert_eq!(proxy_says, Some(v1::PodSandboxState::SandboxNotready));
+        assert!(
+            listed_ready.iter().all(|s| s.id != sandbox),
+            "{listed_ready:?}"
+        );
+        // Once the runtime has seen the exit its own answer passes.
+        let deadline = Instant::now() + WAIT;
+        while state(&direct).await != Some(v1::PodSandboxState::SandboxNotready) {
+            assert!(Instant::now() < deadline, "containerd never saw the exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            state(&through).await,
+            Some(v1::PodSandboxState::SandboxNotready)
+        );
+        proxy.stop().await;
+    });
+}
+
+/// The parent of `pid` (`/proc/<pid>/stat`).
+fn parent_pid(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    stat.rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no parent in /proc/{pid}/stat: {stat}"))
+}
+
+/// A Go program built by `cargo xtask setup` (branch go-tools: under
+/// `<workspace>/.tools/go/bin`), or from `$EVPLEG_GO_BIN_DIR`; `None` when
+/// absent (the caller skips, which fails under `CI=true`).
+fn go_binary(name: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("EVPLEG_GO_BIN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/go/bin")
+        });
+    Some(dir.join(name)).filter(|p| p.is_file())
+}
+
+/// crictl's exit status, standard output and standard error (each log
+/// line's time and pid left out: logrus's `time="..."`, klog's
+/// `E1202 01:58:39.626411   23719 file.go:657]`), bounded by 60 s.
+fn crictl(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    args: &[&str],
+) -> (i32, String, String) {
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(binary)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", binary.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(|l| {
+            let klog = l.len() > 5
+                && l.starts_with(['I', 'W', 'E', 'F'])
+                && l[1..5].bytes().all(|b| b.is_ascii_digit());
+            match l.strip_prefix("time=\"") {
+                Some(rest) => rest
+                    .split_once("\" ")
+                    .map_or(rest, |(_, msg)| msg)
+                    .to_owned(),
+                None if klog => l.split_once("] ").map_or(l, |(_, msg)| msg).to_owned(),
+                None => l.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
+/// Issue #26 with a Go client: crictl (cri-tools v1.37.0) directly on
+/// containerd and through the proxy gets the same exit status, output and
+/// error (code and message) for each call, errors included; with the
+/// runtime gone the proxy's answer reads `Unavailable`. Before the fix
+/// every error the proxy rebuilt read `code = Internal desc = server closed
+/// the stream without sending trailers` in crictl.
+#[test]
+fn crictl_reads_the_same_codes_and_messages_through_the_proxy() {
+    if !evpleg_tests::privileged("crictl_reads_the_same_codes_and_messages") {
+        return;
+    }
+    let Some(binary) = go_binary("crictl") else {
+        evpleg_tests::skip(
+            "crictl_reads_the_same_codes_and_messages",
+            "no crictl: `cargo xtask setup` builds it from cri-tools (or set EVPLEG_GO_BIN_DIR)",
+        );
+        return;
+    };
+    let _serial = serial();
+    let mut containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "crictl");
+    let rt = runtime();
+    let dir = containerd.base().join("crictl");
+    std::fs::create_dir_all(&dir).expect("crictl's directory");
+    let config = |name: &str, endpoint: &str| {
+        let path = dir.join(name);
+        let yaml = format!(
+            "runtime-endpoint: {endpoint}\nimage-endpoint: {endpoint}\ntimeout: 10\ndebug: false\n"
+        );
+        std::fs::write(&path, yaml).expect("crictl's config");
+        path
+    };
+    let proxy_socket = containerd.base().join("proxy.sock");
+    let direct = config("direct.yaml", &containerd.endpoint());
+    let through = config(
+        "through.yaml",
+        &format!("unix://{}", proxy_socket.display()),
+    );
+    let (proxy, sandbox) = rt.block_on(async {
+        let (proxy, client) = proxy(&containerd, &[]).await;
+        let sandbox = run_sandbox(&client, &pod).await;
+        (proxy, sandbox)
+    });
+    let pod_json = dir.join("pod.json");
+    let meta = pod.config.metadata.clone().expect("metadata");
+    let pod_doc = serde_json::json!({
+        "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+        "log_directory": pod.config.log_directory,
+        "linux": {"security_context": {"namespace_options": {"network": 2}}},
+    });
+    std::fs::write(&pod_json, pod_doc.to_string()).expect("pod.json");
+    let container_json = dir.join("container.json");
+    let container_doc = serde_json::json!({
+        "metadata": {"name": "absent"},
+        "image": {"image": "evpleg.invalid/absent:none"},
+        "command": ["true"],
+    });
+    std::fs::write(&container_json, container_doc.to_string()).expect("container.json");
+    let unknown = evpleg_tests::container_id();
+    let (pod_json, container_json) = (
+        pod_json.display().to_string(),
+        container_json.display().to_string(),
+    );
+    let cases: [(Vec<&str>, Option<&str>); 6] = [
+        (vec!["version"], None),
+        (vec!["inspect", &unknown], Some("code = NotFound")),
+        (vec!["inspectp", &unknown], Some("code = NotFound")),
+        (vec!["stop", &unknown], Some("code = NotFound")),
+        (
+            vec!["create", &sandbox, &container_json, &pod_json],
+            Some("rpc error: code = "),
+        ),
+        (vec!["pods", "-q"], None),
+    ];
+    for (args, error) in &cases {
+        let want = crictl(&binary, &direct, args);
+        let got = crictl(&binary, &through, args);
+        eprintln!("crictl {args:?}: directly {want:?}");
+        if let Some(error) = error {
+            assert_ne!(want.0, 0, "crictl {args:?} must fail: {want:?}");
+            assert!(want.2.contains(error), "crictl {args:?}: {want:?}");
+        } else {
+            assert_eq!(want.0, 0, "crictl {args:?}: {want:?}");
+        }
+        assert_eq!(got, want, "crictl {args:?}: through the proxy vs directly");
+    }
+    containerd.stop();
+    let (code, _, stderr) = crictl(&binary, &through, &["version"]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("code = Unavailable desc = evpleg cri-proxy: cannot reach the runtime"),
+        "{stderr}"
+    );
+    rt.block_on(proxy.stop());
 }

@@ -52,12 +52,26 @@ use evpleg_cri::CriClient;
 use v1::ContainerEventType as T;
 
 /// A call through the proxy that makes an event.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Call {
     /// CreateContainer (with its sandbox) or RunPodSandbox (sandbox: None).
     Created { id: String, sandbox: Option<String> },
-    /// RemoveContainer or RemovePodSandbox.
-    Removed { id: String, sandbox: bool },
+    /// RemoveContainer (sandbox: None) or RemovePodSandbox of an object the
+    /// runtime had (an idempotent removal of an unknown id makes no call).
+    Removed {
+        id: String,
+        sandbox: Option<Box<RemovedSandbox>>,
+    },
+}
+
+/// What a RemovePodSandbox removed besides the sandbox, asked before it was
+/// forwarded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemovedSandbox {
+    /// Its status then (the DELETED events' payload; not ready by then).
+    pub status: Option<v1::PodSandboxStatus>,
+    /// Its containers, removed with it: each gets its DELETED first.
+    pub containers: Vec<String>,
 }
 
 /// Ids remembered so that a DELETED still has its pod.
@@ -217,6 +231,7 @@ impl Events {
             self.known.mark_deleted(&id);
             if let Some(c) = ContainerId::parse(&id) {
                 self.overlay.forget(&c);
+                self.overlay.forget_sandbox(&c);
             }
             self.known.sandbox_of.remove(&id);
             if self.known.sandboxes.remove(&id).is_some() {
@@ -259,14 +274,11 @@ impl Events {
                 finished_at: monotonic_to_unix_ns(ev.at_ns),
             };
             self.overlay.died(id.clone(), death);
-            tokio::spawn(confirm(
-                self.cri.clone(),
-                self.overlay.clone(),
-                self.stats.clone(),
-                self.clock.clone(),
-                id.clone(),
-                death,
-            ));
+            self.confirm(id.clone(), Pending::Container(death));
+        }
+        if ev.kind == EventKind::SandboxDied && ev.source == EventSource::Kernel {
+            self.overlay.sandbox_died(id.clone());
+            self.confirm(id.clone(), Pending::Sandbox { at_ns: ev.at_ns });
         }
         if !admitted {
             return;
@@ -276,11 +288,15 @@ impl Events {
                 return;
             }
             self.overlay.forget(&id);
+            self.overlay.forget_sandbox(&id);
         }
         let created_at = monotonic_to_unix_ns(ev.at_ns);
         let mut resp = self.payload(id.as_str(), t, sandbox, created_at).await;
         if ev.source == EventSource::Kernel && ev.kind == EventKind::ContainerStarted {
             started_on(&mut resp, created_at);
+        }
+        if ev.kind == EventKind::SandboxDied {
+            sandbox_stopped(&mut resp);
         }
         if ev.source != EventSource::Kernel && self.before_start(&resp, t) {
             debug!(id = %id, kind = ?ev.kind, "a transition from before the proxy started");
@@ -291,7 +307,7 @@ impl Events {
 
     async fn call(&mut self, call: Call) {
         let now = wall_clock_ns();
-        let resp = match call {
+        match call {
             Call::Created { id, sandbox } => {
                 if let Some(s) = &sandbox {
                     self.known.sandbox_of.insert(id.clone(), s.clone());
@@ -299,23 +315,56 @@ impl Events {
                 if !self.admit(&id, T::ContainerCreatedEvent, Origin::Proxy) {
                     return;
                 }
-                self.payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
-                    .await
+                let resp = self
+                    .payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
+                    .await;
+                self.send(resp);
             }
-            Call::Removed { id, sandbox } => {
-                if !self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy)
-                    || !self.known.mark_deleted(&id)
-                {
-                    return;
+            Call::Removed { id, sandbox: None } => self.removed(&id, false, now).await,
+            Call::Removed {
+                id,
+                sandbox: Some(removed),
+            } => {
+                // As containerd removes them: the containers, then the sandbox.
+                let RemovedSandbox { status, containers } = *removed;
+                if let Some(s) = status {
+                    self.known.sandboxes.insert(id.clone(), s);
                 }
-                if let Some(c) = ContainerId::parse(&id) {
-                    self.overlay.forget(&c);
+                for c in containers {
+                    self.known.sandbox_of.insert(c.clone(), id.clone());
+                    self.removed(&c, false, now).await;
                 }
-                self.payload(&id, T::ContainerDeletedEvent, sandbox, now)
-                    .await
+                self.removed(&id, true, now).await;
             }
-        };
+        }
+    }
+
+    /// The DELETED of a removal through the proxy, once per id.
+    async fn removed(&mut self, id: &str, sandbox: bool, now: i64) {
+        if !self.admit(id, T::ContainerDeletedEvent, Origin::Proxy) || !self.known.mark_deleted(id)
+        {
+            return;
+        }
+        if let Some(c) = ContainerId::parse(id) {
+            self.overlay.forget(&c);
+            self.overlay.forget_sandbox(&c);
+        }
+        let resp = self
+            .payload(id, T::ContainerDeletedEvent, sandbox, now)
+            .await;
         self.send(resp);
+    }
+
+    /// Checks a pending overlay entry until the runtime agrees ([`confirm`]).
+    fn confirm(&self, id: ContainerId, pending: Pending) {
+        tokio::spawn(confirm(
+            self.cri.clone(),
+            self.overlay.clone(),
+            self.stats.clone(),
+            self.clock.clone(),
+            id,
+            pending,
+        ));
     }
 
     fn send(&mut self, resp: v1::ContainerEventResponse) {
@@ -467,6 +516,17 @@ fn started_on(resp: &mut v1::ContainerEventResponse, started_at: i64) {
     }
 }
 
+/// The runtime lags at a sandbox's death as at a container's: read right
+/// after the kernel saw the pause process exit, the sandbox may still be
+/// READY. The STOPPED's payload then says not ready, as the runtime will.
+fn sandbox_stopped(resp: &mut v1::ContainerEventResponse) {
+    if let Some(s) = resp.pod_sandbox_status.as_mut()
+        && s.id == resp.container_id
+    {
+        s.state = v1::PodSandboxState::SandboxNotready as i32;
+    }
+}
+
 /// First and last wait between two checks of a pending death.
 const CHECK_FIRST: Duration = Duration::from_millis(5);
 const CHECK_MAX: Duration = Duration::from_millis(50);
@@ -515,54 +575,98 @@ fn check(answer: Answer, past_bound: bool) -> Check {
     }
 }
 
+/// An overlay entry being checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    /// A container's death.
+    Container(KernelDeath),
+    /// A sandbox's pause process exit (CLOCK_MONOTONIC ns).
+    Sandbox { at_ns: u64 },
+}
+
+impl Pending {
+    fn at_ns(self) -> u64 {
+        match self {
+            Self::Container(d) => d.at_ns,
+            Self::Sandbox { at_ns } => at_ns,
+        }
+    }
+
+    /// The runtime's answer about `id`; a sandbox's NOTREADY is read as its
+    /// EXITED, READY as RUNNING.
+    async fn ask(self, cri: &CriClient, id: &ContainerId) -> Answer {
+        let asked =
+            match self {
+                Self::Container(_) => cri.container_status(id.as_str(), false).await.map(|r| {
+                    r.status
+                        .map(|s| s.state())
+                        .unwrap_or(v1::ContainerState::ContainerUnknown)
+                }),
+                Self::Sandbox { .. } => cri.pod_sandbox_status(id.as_str(), false).await.map(|r| {
+                    match r.status.map(|s| s.state()) {
+                        Some(v1::PodSandboxState::SandboxReady) => {
+                            v1::ContainerState::ContainerRunning
+                        }
+                        Some(_) => v1::ContainerState::ContainerExited,
+                        None => v1::ContainerState::ContainerUnknown,
+                    }
+                }),
+            };
+        match asked {
+            Ok(state) => Answer::State(state),
+            Err(e) if e.is_not_found() => Answer::NotFound,
+            Err(e) => {
+                debug!(id = %id, error = %e, "checking a pending death");
+                Answer::Failed
+            }
+        }
+    }
+
+    fn forget(self, overlay: &Overlay, id: &ContainerId) -> bool {
+        match self {
+            Self::Container(_) => overlay.forget(id).is_some(),
+            Self::Sandbox { .. } => overlay.forget_sandbox(id),
+        }
+    }
+}
+
 /// Asks the runtime about a pending death (5 ms doubling to 50 ms) until it
-/// reports the container exited: the lead is recorded and the entry ends.
-/// Not exited past [`CONFIRM_BOUND`]: the runtime wins, loudly (the kernel
-/// PLEG's contract clause 3). See [`check`].
+/// reports the container exited (the sandbox not ready): the lead is
+/// recorded and the entry ends. Not exited past [`CONFIRM_BOUND`]: the
+/// runtime wins, loudly (the kernel PLEG's contract clause 3). See [`check`].
 async fn confirm(
     cri: CriClient,
     overlay: Arc<Overlay>,
     stats: Arc<ProxyStats>,
     clock: SharedClock,
     id: ContainerId,
-    death: KernelDeath,
+    pending: Pending,
 ) {
-    let deadline = death.at_ns + CONFIRM_BOUND.as_nanos() as u64;
+    let deadline = pending.at_ns() + CONFIRM_BOUND.as_nanos() as u64;
     let mut wait = CHECK_FIRST;
     loop {
-        let answer = match cri.container_status(id.as_str(), false).await {
-            Ok(r) => Answer::State(
-                r.status
-                    .map(|s| s.state())
-                    .unwrap_or(v1::ContainerState::ContainerUnknown),
-            ),
-            Err(e) if e.is_not_found() => Answer::NotFound,
-            Err(e) => {
-                debug!(id = %id, error = %e, "checking a pending death");
-                Answer::Failed
-            }
-        };
+        let answer = pending.ask(&cri, &id).await;
         let now = clock.now_ns();
         match check(answer, now >= deadline) {
             Check::Again => {}
             Check::CaughtUp => {
                 stats
                     .kernel_lead_seconds
-                    .observe(now.saturating_sub(death.at_ns) as f64 / 1e9);
-                overlay.forget(&id);
+                    .observe(now.saturating_sub(pending.at_ns()) as f64 / 1e9);
+                pending.forget(&overlay, &id);
                 return;
             }
             Check::Contradicted => {
-                if overlay.forget(&id).is_some() {
+                if pending.forget(&overlay, &id) {
                     stats.contradictions.inc();
-                    warn!(id = %id, exit_code = death.exit.code, answer = ?answer,
-                        "the runtime still does not report exited {}s after the kernel saw the container's main process exit: the runtime wins",
+                    warn!(id = %id, pending = ?pending, answer = ?answer,
+                        "the runtime still does not report exited {}s after the kernel saw the main process exit: the runtime wins",
                         CONFIRM_BOUND.as_secs());
                 }
                 return;
             }
             Check::Gone => {
-                overlay.forget(&id);
+                pending.forget(&overlay, &id);
                 return;
             }
         }
@@ -614,6 +718,40 @@ mod tests {
                 "{answer:?}, past the bound: {past}"
             );
         }
+    }
+
+    /// Issue #26: a sandbox's STOPPED read SANDBOX_READY when the runtime
+    /// had not seen the pause process exit yet.
+    #[test]
+    fn a_sandbox_stopped_payload_says_not_ready() {
+        let sandbox = |id: &str| v1::PodSandboxStatus {
+            id: id.into(),
+            state: v1::PodSandboxState::SandboxReady as i32,
+            ..Default::default()
+        };
+        let mut resp = v1::ContainerEventResponse {
+            container_id: "s".into(),
+            container_event_type: T::ContainerStoppedEvent as i32,
+            pod_sandbox_status: Some(sandbox("s")),
+            ..Default::default()
+        };
+        sandbox_stopped(&mut resp);
+        assert_eq!(
+            resp.pod_sandbox_status.map(|s| s.state()),
+            Some(v1::PodSandboxState::SandboxNotready)
+        );
+        // Another sandbox's status (never the case for a sandbox's event)
+        // is left as the runtime said.
+        let mut other = v1::ContainerEventResponse {
+            container_id: "s".into(),
+            pod_sandbox_status: Some(sandbox("t")),
+            ..Default::default()
+        };
+        sandbox_stopped(&mut other);
+        assert_eq!(
+            other.pod_sandbox_status.map(|s| s.state()),
+            Some(v1::PodSandboxState::SandboxReady)
+        );
     }
 
     #[test]

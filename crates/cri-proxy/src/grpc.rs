@@ -86,8 +86,19 @@ pub fn trailers(code: u32, message: &str) -> HeaderMap {
     t
 }
 
-/// A body of `data` then `trailers`.
+/// A body of `data` then `trailers`. Without either it is an empty body that
+/// says so ([`hyper::body::Body::is_end_stream`]): the answer's HEADERS frame
+/// then carries END_STREAM, which makes it a trailers-only answer. grpc-go
+/// (the kubelet, crictl) reads a status in headers only from such a frame; a
+/// status in headers followed by an empty DATA frame that ends the stream is
+/// `Internal: server closed the stream without sending trailers` to it
+/// (tonic accepts both).
 pub fn body(data: Option<Bytes>, trailers: Option<HeaderMap>) -> Body {
+    if data.is_none() && trailers.is_none() {
+        return http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed();
+    }
     let frames = data
         .into_iter()
         .map(Frame::data)
@@ -96,7 +107,8 @@ pub fn body(data: Option<Bytes>, trailers: Option<HeaderMap>) -> Body {
     http_body_util::StreamBody::new(futures::stream::iter(frames)).boxed()
 }
 
-/// A trailers-only error answer: `code` and `message` in the headers.
+/// A trailers-only error answer: `code` and `message` in the headers, which
+/// end the stream.
 pub fn error_response(code: u32, message: &str) -> hyper::Response<Body> {
     let mut resp = hyper::Response::new(body(None, None));
     resp.headers_mut()
@@ -125,6 +137,18 @@ mod tests {
         assert_eq!(unary::<v1::ContainerStatusRequest>(&framed[..6]), None);
         let two = [&framed[..], &framed[..]].concat();
         assert_eq!(unary::<v1::ContainerStatusRequest>(&two), None);
+    }
+
+    /// Issue #26: an answer with no message and no trailers is an empty body
+    /// that reports its end, so hyper sets END_STREAM on the headers; a
+    /// stream of no frames did not, and grpc-go took the status for missing.
+    #[test]
+    fn a_trailers_only_answer_ends_with_its_headers() {
+        use hyper::body::Body as _;
+        assert!(body(None, None).is_end_stream());
+        assert!(error_response(UNAVAILABLE, "gone").body().is_end_stream());
+        assert!(!body(Some(Bytes::from_static(b"x")), None).is_end_stream());
+        assert!(!body(None, Some(trailers(OK, ""))).is_end_stream());
     }
 
     #[test]

@@ -14,9 +14,14 @@
 //!   ([`hub`]).
 //! - The overlay ([`overlay`]): a container whose death the kernel saw with
 //!   certainty while the runtime still reports it running is shown exited in
-//!   ListContainers, ContainerStatus and PodSandboxStatus answers, so that a
-//!   kubelet relisting the pod on the event sees the death at once;
-//!   `--overlay=false` switches it off.
+//!   ListContainers, ContainerStatus and PodSandboxStatus answers (a sandbox
+//!   whose pause process died is shown not ready in PodSandboxStatus and
+//!   ListPodSandbox), so that a kubelet relisting the pod on the event sees
+//!   the death at once; `--overlay=false` switches it off.
+//! - Answers it reads whole and writes again, and its own errors, keep the
+//!   runtime's HTTP/2 framing: a trailers-only answer ends with its headers
+//!   (END_STREAM), as grpc-go (the kubelet, crictl) needs to read its status
+//!   ([`grpc::body`]).
 //! - With `--merge-runtime-events`, the runtime's own stream (containerd 1.7
 //!   and later) is merged in ([`merge`]): what the kernel and the calls did
 //!   not show is passed on, nothing is served twice.
@@ -120,7 +125,7 @@ impl CriProxy {
         let (tx, pleg_rx) = mpsc::channel(1000);
         let pleg = Pleg::start(
             PlegMode::Ebpf,
-            CriRuntime::new(cri.clone()),
+            CriRuntime::new(cri.clone()).attributing_unlabelled(),
             config.kernel.clone(),
             tx,
             clock.clone(),
@@ -166,6 +171,7 @@ impl CriProxy {
             overlay_on: config.overlay,
             calls: calls_tx,
             stats: stats.clone(),
+            cri: cri.clone(),
         });
         tasks.push(tokio::spawn(server::serve(
             listener,

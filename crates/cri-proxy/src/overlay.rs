@@ -29,8 +29,14 @@
 //! `cri_proxy::a_death_before_the_runtime_finished_the_start_is_shown_exited`).
 //! An answer shown exited that had no start time (CREATED) gets the exit's
 //! time as its start: the kernel saw it start, no later than that.
+//!
+//! A sandbox whose pause process the kernel saw exit is shown not ready the
+//! same way, in PodSandboxStatus and ListPodSandbox answers (a list
+//! filtered on READY leaves it out), until the runtime says NOTREADY, it is
+//! removed, or the bound passes: the same table, with READY for running and
+//! NOTREADY for exited.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -81,6 +87,8 @@ impl KernelDeath {
 #[derive(Debug, Default)]
 pub struct Overlay {
     pending: Mutex<HashMap<ContainerId, KernelDeath>>,
+    /// Sandboxes whose pause process died, the runtime not saying so yet.
+    sandboxes: Mutex<HashSet<ContainerId>>,
 }
 
 /// What a runtime answer said about a pending death.
@@ -90,6 +98,8 @@ pub enum Seen {
     Overlaid,
     /// The runtime caught up: the entry is gone.
     CaughtUp(KernelDeath),
+    /// The runtime says a pending sandbox not ready: the entry is gone.
+    SandboxCaughtUp,
 }
 
 /// Whether a runtime's answer has caught up with a kernel death: only
@@ -120,7 +130,60 @@ impl Overlay {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + self.sandboxes_lock().len()
+    }
+
+    fn sandboxes_lock(&self) -> std::sync::MutexGuard<'_, HashSet<ContainerId>> {
+        self.sandboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The kernel saw sandbox `id`'s pause process exit.
+    pub fn sandbox_died(&self, id: ContainerId) {
+        self.sandboxes_lock().insert(id);
+    }
+
+    /// Ends the entry of sandbox `id`; whether there was one.
+    pub fn forget_sandbox(&self, id: &ContainerId) -> bool {
+        self.sandboxes_lock().remove(id)
+    }
+
+    /// A sandbox's `state` in an answer: READY shown NOTREADY while pending;
+    /// any other state ends the entry.
+    fn sandbox_seen(&self, id: &str, state: &mut i32) -> Option<Seen> {
+        let id = ContainerId::parse(id)?;
+        let mut pending = self.sandboxes_lock();
+        if !pending.contains(&id) {
+            return None;
+        }
+        if *state == v1::PodSandboxState::SandboxReady as i32 {
+            *state = v1::PodSandboxState::SandboxNotready as i32;
+            Some(Seen::Overlaid)
+        } else {
+            pending.remove(&id);
+            Some(Seen::SandboxCaughtUp)
+        }
+    }
+
+    /// PodSandboxStatus's own status.
+    pub fn sandbox_status(&self, status: &mut v1::PodSandboxStatus) -> Option<Seen> {
+        self.sandbox_seen(&status.id, &mut status.state)
+    }
+
+    /// ListPodSandbox: entries overlaid; filtered on READY, the ones shown
+    /// not ready are left out.
+    pub fn list_sandboxes(
+        &self,
+        resp: &mut v1::ListPodSandboxResponse,
+        filter_state: Option<i32>,
+    ) -> Vec<Seen> {
+        let ready = v1::PodSandboxState::SandboxReady as i32;
+        let mut seen = Vec::new();
+        resp.items.retain_mut(|s| {
+            let o = self.sandbox_seen(&s.id, &mut s.state);
+            seen.extend(o);
+            !(o == Some(Seen::Overlaid) && filter_state == Some(ready))
+        });
+        seen
     }
 
     pub fn is_empty(&self) -> bool {
@@ -279,6 +342,52 @@ mod tests {
         assert_eq!(o.len(), 1, "pending until the runtime says exited");
         let mut s = status(1, Exited);
         assert_eq!(o.status(&mut s), Some(Seen::CaughtUp(death(3, false))));
+        assert!(o.is_empty());
+    }
+
+    /// Issue #26: the sandboxes' table: READY shown NOTREADY while
+    /// pending (left out of a list filtered on READY), the runtime's
+    /// NOTREADY ends the entry, another sandbox is untouched.
+    #[test]
+    fn a_dead_pause_process_shows_its_sandbox_not_ready() {
+        use v1::PodSandboxState::{SandboxNotready as NotReady, SandboxReady as Ready};
+        let o = Overlay::default();
+        let status = |n: u8, state: v1::PodSandboxState| v1::PodSandboxStatus {
+            id: id(n).to_string(),
+            state: state as i32,
+            created_at: 9,
+            ..Default::default()
+        };
+        let mut s = status(1, Ready);
+        assert_eq!(o.sandbox_status(&mut s), None);
+        o.sandbox_died(id(1));
+        assert!(!o.is_empty());
+        assert_eq!(o.sandbox_status(&mut s), Some(Seen::Overlaid));
+        assert_eq!((s.state(), s.created_at), (NotReady, 9));
+        let listed = |n: u8| v1::PodSandbox {
+            id: id(n).to_string(),
+            state: Ready as i32,
+            ..Default::default()
+        };
+        let mut all = v1::ListPodSandboxResponse {
+            items: vec![listed(1), listed(2)],
+        };
+        let mut ready_only = all.clone();
+        assert_eq!(o.list_sandboxes(&mut all, None), vec![Seen::Overlaid]);
+        assert_eq!(
+            all.items.iter().map(|s| s.state()).collect::<Vec<_>>(),
+            [NotReady, Ready]
+        );
+        o.list_sandboxes(&mut ready_only, Some(Ready as i32));
+        assert_eq!(ready_only.items, [listed(2)]);
+        let mut caught_up = status(1, NotReady);
+        assert_eq!(
+            o.sandbox_status(&mut caught_up),
+            Some(Seen::SandboxCaughtUp)
+        );
+        assert!(o.is_empty());
+        o.sandbox_died(id(3));
+        assert!(o.forget_sandbox(&id(3)));
         assert!(o.is_empty());
     }
 

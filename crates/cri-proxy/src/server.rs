@@ -4,8 +4,9 @@
 //! | method | what the proxy does |
 //! |---|---|
 //! | GetContainerEvents | answers itself from the kernel PLEG ([`super::events`]) |
-//! | ListContainers, ContainerStatus, PodSandboxStatus | forwards, decodes the answer and lays pending kernel deaths on it ([`super::overlay`]); with `--overlay=false` forwarded untouched |
-//! | CreateContainer, RunPodSandbox, RemoveContainer, RemovePodSandbox | forwards untouched, and on success makes the CREATED or DELETED event |
+//! | ListContainers, ContainerStatus, PodSandboxStatus, ListPodSandbox | forwards, decodes the answer and lays pending kernel deaths on it ([`super::overlay`]); with `--overlay=false` forwarded untouched |
+//! | CreateContainer, RunPodSandbox | forwards untouched, and on success makes the CREATED event |
+//! | RemoveContainer, RemovePodSandbox | asks the runtime what it will remove (a sandbox's containers too), forwards untouched, and on success makes a DELETED event for each object that existed |
 //! | everything else (streams included) | forwards untouched |
 
 use std::convert::Infallible;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use evpleg_cri::CriClient;
 use evpleg_cri_api::v1;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
@@ -24,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::events::Call;
+use super::events::{Call, RemovedSandbox};
 use super::forward::{ForwardError, Unary, Upstream, read_body};
 use super::grpc::{self, Body};
 use super::hub::Hub;
@@ -99,6 +101,9 @@ pub struct Service {
     pub overlay_on: bool,
     pub calls: mpsc::Sender<Call>,
     pub stats: Arc<ProxyStats>,
+    /// The runtime as a CRI client: what a removal will remove is asked
+    /// before it is forwarded.
+    pub cri: CriClient,
 }
 
 /// How long connections may take to finish at shutdown (an event stream's
@@ -173,6 +178,7 @@ impl Service {
             "RuntimeService/ListContainers"
             | "RuntimeService/ContainerStatus"
             | "RuntimeService/PodSandboxStatus"
+            | "RuntimeService/ListPodSandbox"
                 if self.overlay_on =>
             {
                 self.overlaid(&method, req).await
@@ -210,11 +216,15 @@ impl Service {
     ) -> Result<hyper::Response<Body>, ForwardError> {
         let (head, body) = req.into_parts();
         let body = read_body(body).await?;
-        let filter_state = (method == "RuntimeService/ListContainers")
-            .then(|| grpc::unary::<v1::ListContainersRequest>(&body))
-            .flatten()
-            .and_then(|r| r.filter?.state)
-            .map(|s| s.state);
+        let filter_state = match method {
+            "RuntimeService/ListContainers" => grpc::unary::<v1::ListContainersRequest>(&body)
+                .and_then(|r| r.filter?.state)
+                .map(|s| s.state),
+            "RuntimeService/ListPodSandbox" => grpc::unary::<v1::ListPodSandboxRequest>(&body)
+                .and_then(|r| r.filter?.state)
+                .map(|s| s.state),
+            _ => None,
+        };
         let answer = self.upstream.unary(head, body).await?;
         if !ok(&answer) || self.overlay.is_empty() {
             let data = answer.data.clone();
@@ -238,6 +248,12 @@ impl Service {
     ) -> Result<hyper::Response<Body>, ForwardError> {
         let (head, body) = req.into_parts();
         let body = read_body(body).await?;
+        let removal = match method {
+            "RuntimeService/RemoveContainer" | "RuntimeService/RemovePodSandbox" => {
+                Some(self.before_removal(method, &body).await)
+            }
+            _ => None,
+        };
         let request = body.clone();
         let answer = self.upstream.unary(head, body).await?;
         if ok(&answer) {
@@ -258,16 +274,7 @@ impl Service {
                         sandbox: None,
                     })
                 }
-                "RuntimeService/RemoveContainer" => {
-                    grpc::unary::<v1::RemoveContainerRequest>(&request).map(|r| Call::Removed {
-                        id: r.container_id,
-                        sandbox: false,
-                    })
-                }
-                _ => grpc::unary::<v1::RemovePodSandboxRequest>(&request).map(|r| Call::Removed {
-                    id: r.pod_sandbox_id,
-                    sandbox: true,
-                }),
+                _ => removal.flatten(),
             };
             if let Some(call) = call
                 && let Err(e) = self.calls.try_send(call)
@@ -278,12 +285,75 @@ impl Service {
         let data = answer.data.clone();
         Ok(answer.into_response(data))
     }
+
+    /// What a RemoveContainer or RemovePodSandbox will have removed, asked
+    /// before it is forwarded: the object's full id (the CRI lets a client
+    /// name it by a prefix), and for a sandbox its status and the containers
+    /// removed with it. `None`: the runtime has no such object, so that the
+    /// removal (idempotent, answered OK) makes no DELETED. When the runtime
+    /// cannot tell (another error), the event names the id as the client
+    /// gave it.
+    async fn before_removal(&self, method: &str, request: &[u8]) -> Option<Call> {
+        if method == "RuntimeService/RemoveContainer" {
+            let id = grpc::unary::<v1::RemoveContainerRequest>(request)?.container_id;
+            return match self.cri.container_status(&id, false).await {
+                Ok(r) => Some(Call::Removed {
+                    id: r
+                        .status
+                        .map(|s| s.id)
+                        .filter(|s| !s.is_empty())
+                        .unwrap_or(id),
+                    sandbox: None,
+                }),
+                Err(e) if e.is_not_found() => {
+                    debug!(id = %id, "removing a container the runtime does not have: no event");
+                    None
+                }
+                Err(e) => {
+                    debug!(id = %id, error = %e, "container status before its removal");
+                    Some(Call::Removed { id, sandbox: None })
+                }
+            };
+        }
+        let id = grpc::unary::<v1::RemovePodSandboxRequest>(request)?.pod_sandbox_id;
+        let status = match self.cri.pod_sandbox_status(&id, false).await {
+            Ok(r) => r.status,
+            Err(e) if e.is_not_found() => {
+                debug!(id = %id, "removing a pod sandbox the runtime does not have: no event");
+                return None;
+            }
+            Err(e) => {
+                debug!(id = %id, error = %e, "pod sandbox status before its removal");
+                None
+            }
+        };
+        let full = status
+            .as_ref()
+            .map(|s| s.id.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(id);
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: full.clone(),
+            ..Default::default()
+        };
+        let containers = match self.cri.list_containers(Some(filter)).await {
+            Ok(c) => c.into_iter().map(|c| c.id).collect(),
+            Err(e) => {
+                debug!(id = %full, error = %e, "a pod sandbox's containers before its removal");
+                Vec::new()
+            }
+        };
+        Some(Call::Removed {
+            id: full,
+            sandbox: Some(Box::new(RemovedSandbox { status, containers })),
+        })
+    }
 }
 
 /// The answer `data` of `method` (ListContainers, ContainerStatus,
-/// PodSandboxStatus: its `containers_statuses`) with pending kernel deaths
-/// laid on it; `None`: nothing overlaid, the runtime's bytes stand.
-/// `filter_state`: a ListContainers request's state filter.
+/// PodSandboxStatus: its own status and its `containers_statuses`,
+/// ListPodSandbox) with pending kernel deaths laid on it; `None`: nothing overlaid, the runtime's bytes stand.
+/// `filter_state`: a ListContainers or ListPodSandbox request's state filter.
 fn overlay_answer(
     overlay: &Overlay,
     method: &str,
@@ -302,11 +372,16 @@ fn overlay_answer(
                 .collect()
         }),
         "RuntimeService/PodSandboxStatus" => rewrite::<v1::PodSandboxStatusResponse>(data, |r| {
+            let own = r.status.as_mut().and_then(|s| overlay.sandbox_status(s));
             r.containers_statuses
                 .iter_mut()
                 .filter_map(|s| overlay.status(s))
+                .chain(own)
                 .collect()
         }),
+        "RuntimeService/ListPodSandbox" => {
+            rewrite::<v1::ListPodSandboxResponse>(data, |r| overlay.list_sandboxes(r, filter_state))
+        }
         _ => None,
     }
 }

@@ -6,7 +6,11 @@
 //! containers are attributed to pods by the labels the agent puts on them
 //! ([`labels`]); a pod's status is every sandbox's `PodSandboxStatus` and every
 //! container's `ContainerStatus`. Objects without the pod UID label are not the
-//! agent's and are ignored.
+//! agent's and are ignored, unless [`CriRuntime::attributing_unlabelled`]
+//! (`evpleg cri-proxy`, which serves the events of every container of its
+//! runtime, crictl's included): then a sandbox without the label is a pod of
+//! its own, named by the sandbox's id, and a container without it belongs to
+//! its sandbox's pod, as the runtime knows every container's sandbox.
 
 use std::collections::BTreeMap;
 
@@ -32,11 +36,28 @@ impl From<CriError> for RuntimeError {
 #[derive(Clone, Debug)]
 pub struct CriRuntime {
     client: CriClient,
+    /// Attribute objects without the pod UID label too.
+    unlabelled: bool,
 }
 
 impl CriRuntime {
     pub fn new(client: CriClient) -> Self {
-        Self { client }
+        Self {
+            client,
+            unlabelled: false,
+        }
+    }
+
+    /// Also attributes sandboxes and containers without the kubelet's pod UID
+    /// label (made by crictl or another client): a sandbox without it is its
+    /// own pod, whose UID is the sandbox's id (64 hex digits: a valid UID
+    /// that no API server gives, its UIDs being 36-character UUIDs); a
+    /// container without it is in its sandbox's pod. Listing one pod then
+    /// lists its sandboxes' containers sandbox by sandbox (the runtime
+    /// filters containers by one sandbox, not by a label's absence).
+    pub fn attributing_unlabelled(mut self) -> Self {
+        self.unlabelled = true;
+        self
     }
 
     pub fn client(&self) -> &CriClient {
@@ -119,26 +140,14 @@ pub fn pid_from_info(info: &std::collections::HashMap<String, String>) -> Option
 
 impl PodRuntime for CriRuntime {
     async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
-        let selector = pod_selector(pod);
-        let sandboxes = self
-            .client
-            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
-                label_selector: selector.clone().into_iter().collect(),
-                ..Default::default()
-            }))
-            .await?;
-        let containers = self
-            .client
-            .list_containers(Some(v1::ContainerFilter {
-                label_selector: selector.into_iter().collect(),
-                ..Default::default()
-            }))
-            .await?;
+        let (sandboxes, containers) = self.members(pod).await?;
         let mut out = Vec::with_capacity(sandboxes.len() + containers.len());
+        let mut pod_of_sandbox = std::collections::HashMap::new();
         for s in &sandboxes {
-            let (Some(uid), Some(id)) = (pod_of(&s.labels), ContainerId::parse(&s.id)) else {
+            let (Some(uid), Some(id)) = (self.sandbox_pod(s), ContainerId::parse(&s.id)) else {
                 continue;
             };
+            pod_of_sandbox.insert(s.id.as_str(), uid.clone());
             let state = if s.state == v1::PodSandboxState::SandboxReady as i32 {
                 PlegState::Running
             } else {
@@ -152,8 +161,13 @@ impl PodRuntime for CriRuntime {
             });
         }
         for c in &containers {
-            let Some(uid) = pod_of(&c.labels) else {
-                continue;
+            let uid = match pod_of(&c.labels) {
+                Some(uid) => uid,
+                None if self.unlabelled => match pod_of_sandbox.get(c.pod_sandbox_id.as_str()) {
+                    Some(uid) => uid.clone(),
+                    None => continue,
+                },
+                None => continue,
             };
             let Some(id) = ContainerId::parse(&c.id) else {
                 warn!(container = %c.id, "container id is not 64 hex digits; ignored");
@@ -170,14 +184,7 @@ impl PodRuntime for CriRuntime {
     }
 
     async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
-        let selector = pod_selector(Some(pod));
-        let sandboxes = self
-            .client
-            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
-                label_selector: selector.clone().into_iter().collect(),
-                ..Default::default()
-            }))
-            .await?;
+        let (sandboxes, containers) = self.members(Some(pod)).await?;
         let mut status = PodStatus {
             uid: Some(pod.clone()),
             ..PodStatus::default()
@@ -221,13 +228,6 @@ impl PodRuntime for CriRuntime {
                 pid: pid_from_info(&resp.info),
             });
         }
-        let containers = self
-            .client
-            .list_containers(Some(v1::ContainerFilter {
-                label_selector: selector.into_iter().collect(),
-                ..Default::default()
-            }))
-            .await?;
         for c in &containers {
             let resp = match self.client.container_status(&c.id, true).await {
                 Ok(r) => r,
@@ -242,6 +242,75 @@ impl PodRuntime for CriRuntime {
             }
         }
         Ok(status)
+    }
+}
+
+impl CriRuntime {
+    /// The pod of sandbox `s`: its label, else (attributing unlabelled ones)
+    /// its id.
+    fn sandbox_pod(&self, s: &v1::PodSandbox) -> Option<PodUid> {
+        match pod_of(&s.labels) {
+            Some(uid) => Some(uid),
+            None if self.unlabelled => PodUid::parse(&s.id),
+            None => None,
+        }
+    }
+
+    /// The sandboxes and containers of `pod` (every one for `None`), each
+    /// still to be attributed by [`Self::sandbox_pod`] and the labels.
+    async fn members(
+        &self,
+        pod: Option<&PodUid>,
+    ) -> Result<(Vec<v1::PodSandbox>, Vec<v1::Container>), CriError> {
+        let selector = pod_selector(pod);
+        let mut sandboxes = self
+            .client
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: selector.clone().into_iter().collect(),
+                ..Default::default()
+            }))
+            .await?;
+        let (Some(pod), true) = (pod, self.unlabelled) else {
+            let containers = self
+                .client
+                .list_containers(Some(v1::ContainerFilter {
+                    label_selector: selector.into_iter().collect(),
+                    ..Default::default()
+                }))
+                .await?;
+            return Ok((sandboxes, containers));
+        };
+        // A pod named by its sandbox's id: that sandbox, if it has no label.
+        if ContainerId::parse(pod.as_str()).is_some() {
+            let by_id = self
+                .client
+                .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                    id: pod.to_string(),
+                    ..Default::default()
+                }))
+                .await?;
+            sandboxes.extend(
+                by_id
+                    .into_iter()
+                    .filter(|s| pod_of(&s.labels).is_none() && s.id == pod.as_str()),
+            );
+        }
+        let mut containers = Vec::new();
+        for s in &sandboxes {
+            let listed = self
+                .client
+                .list_containers(Some(v1::ContainerFilter {
+                    pod_sandbox_id: s.id.clone(),
+                    ..Default::default()
+                }))
+                .await?;
+            containers.extend(
+                listed
+                    .into_iter()
+                    .filter(|c| pod_of(&c.labels).is_none_or(|uid| &uid == pod)),
+            );
+        }
+        Ok((sandboxes, containers))
     }
 }
 
