@@ -1254,18 +1254,6 @@ fn parent_pid(pid: i32) -> i32 {
         .unwrap_or_else(|| panic!("no parent in /proc/{pid}/stat: {stat}"))
 }
 
-/// A Go program built by `cargo xtask setup` (branch go-tools: under
-/// `<workspace>/.tools/go/bin`), or from `$EVPLEG_GO_BIN_DIR`; `None` when
-/// absent (the caller skips, which fails under `CI=true`).
-fn go_binary(name: &str) -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("EVPLEG_GO_BIN_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/go/bin")
-        });
-    Some(dir.join(name)).filter(|p| p.is_file())
-}
-
 /// crictl's exit status, standard output and standard error (each log
 /// line's time and pid left out: logrus's `time="..."`, klog's
 /// `E1202 01:58:39.626411   23719 file.go:657]`), bounded by 60 s.
@@ -1317,12 +1305,11 @@ fn crictl_reads_the_same_codes_and_messages_through_the_proxy() {
     if !evpleg_tests::privileged("crictl_reads_the_same_codes_and_messages") {
         return;
     }
-    let Some(binary) = go_binary("crictl") else {
-        evpleg_tests::skip(
-            "crictl_reads_the_same_codes_and_messages",
-            "no crictl: `cargo xtask setup` builds it from cri-tools (or set EVPLEG_GO_BIN_DIR)",
-        );
-        return;
+    let binary = match evpleg_tests::go_tools::binary("crictl") {
+        Ok(path) => path,
+        Err(e) => {
+            return evpleg_tests::skip("crictl_reads_the_same_codes_and_messages", &e.to_string());
+        }
     };
     let _serial = serial();
     let mut containerd = start_containerd();
