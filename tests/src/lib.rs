@@ -13,6 +13,7 @@ pub mod csi_driver;
 pub mod e2e;
 pub mod fake_apiserver;
 pub mod kernel_checks;
+pub mod oci_hooks;
 pub mod pleg;
 pub mod registry;
 pub mod start_gate;
