@@ -267,6 +267,11 @@ impl Containerd {
         fs::write(&config, config_toml(&this.base)).map_err(io_err("write", &config))?;
         let gated = crate::start_gate::wrapper_path(&this.base);
         crate::start_gate::install(&this.base, RUNC).map_err(io_err("write", &gated))?;
+        let ctr = this.ctr.display().to_string();
+        crate::oci_hooks::install(&this.base, &ctr).map_err(|e| HarnessError::Command {
+            command: format!("{ctr} oci spec"),
+            detail: e.to_string(),
+        })?;
         this.spawn()?;
         let started = Instant::now();
         for image in &images {
@@ -779,6 +784,9 @@ fn config_toml(base: &Path) -> String {
     let gated = crate::start_gate::wrapper_path(base);
     let gated = gated.display();
     const GATED: &str = crate::start_gate::HANDLER;
+    let hooked_spec = crate::oci_hooks::spec_path(base);
+    let hooked_spec = hooked_spec.display();
+    const HOOKED: &str = crate::oci_hooks::HANDLER;
     format!(
         r#"# Written by evpleg's test harness (tests/src/containerd.rs).
 version = 2
@@ -841,6 +849,17 @@ disabled_plugins = [
 
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{GATED}.options]
           BinaryName = "{gated}"
+          Root = "{b}/runc-root"
+          SystemdCgroup = false
+
+      # runc whose containers run an OCI createContainer hook in their
+      # cgroup before the entrypoint (tests/src/oci_hooks.rs).
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{HOOKED}]
+        runtime_type = "io.containerd.runc.v2"
+        base_runtime_spec = "{hooked_spec}"
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{HOOKED}.options]
+          BinaryName = "{RUNC}"
           Root = "{b}/runc-root"
           SystemdCgroup = false
 

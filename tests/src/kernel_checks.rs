@@ -127,6 +127,20 @@ fn exits_of(pleg: &PlegUnderTest, pid: u32, timeout: Duration) -> Vec<Exit> {
     exits
 }
 
+/// This process's cgroup2 id (its cgroup directory's inode number).
+fn own_cgroup_id() -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mount = evpleg_pleg::kernel::index::cgroup2_mount()
+        .expect("mountinfo")
+        .expect("cgroup2 mounted");
+    let text = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+    let path = evpleg_pleg::kernel::proc::cgroup2_path(&text).expect("a cgroup2 line");
+    let dir = mount.join(path.trim_start_matches('/'));
+    std::fs::metadata(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .ino()
+}
+
 /// A shell blocked on stdin in a container cgroup: its exec record carries its
 /// pid, its parent (this process), its cgroup's id, `/bin/sh` and its start time,
 /// each compared with `/proc/<pid>/stat` (ppid, start time in ticks), so a field
@@ -153,6 +167,15 @@ pub fn exec_exit_records(pleg: &PlegUnderTest, timeout: Duration) -> String {
     let ticks = clock_ticks();
     assert_eq!(exec.cgroup_id, cg.id(), "exec record's cgroup id");
     assert_eq!(exec.filename, "/bin/sh", "exec record's file name");
+    assert!(
+        !exec.read_error,
+        "exec record flagged a read error: {exec:?}"
+    );
+    assert_eq!(
+        exec.parent_cgroup_id,
+        own_cgroup_id(),
+        "exec record's parent cgroup (real_parent->cgroups->dfl_cgrp->kn->id): this process's"
+    );
     assert_eq!(
         (exec.ppid, ppid),
         (std::process::id(), std::process::id()),

@@ -294,6 +294,7 @@ fn process_started_before_the_agent_reports_its_exit_code() {
             sandbox: false,
             running: true,
             pid: Some(child.id()),
+            contradicted: false,
         }],
     });
     assert_eq!(release(&mut child), Some(5));
@@ -334,6 +335,7 @@ fn a_wave_of_views_listing_unknown_containers_costs_few_rescans() {
                 sandbox: true,
                 running: true,
                 pid: None,
+                contradicted: false,
             }],
         });
     }
@@ -479,7 +481,8 @@ fn one_page_ring_buffer_under_a_burst_counts_drops_and_requests_a_relist() {
 
 /// Runs `sh -c 'read line; exit 7'` as the container's main process in a private
 /// PID namespace, as runc does: the process that joins the cgroup unshares the
-/// namespace and forks; the child (pid 1 inside) execs, the parent waits.
+/// namespace, forks and exits; the child (pid 1 inside), reparented to the
+/// shim outside the container, execs.
 #[test]
 fn main_process_in_a_private_pid_namespace() {
     if !privileged("main_process_in_a_private_pid_namespace") {
@@ -493,11 +496,13 @@ fn main_process_in_a_private_pid_namespace() {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            join_cgroup(&procs)?;
-            if libc::unshare(libc::CLONE_NEWPID) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            fork_and_wait_in_parent()
+            as_runc_would(|| {
+                join_cgroup(&procs)?;
+                if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
         });
     }
     let mut waiter = cmd.spawn().expect("spawn");
@@ -541,11 +546,13 @@ fn main_process_in_a_pod_shared_pid_namespace() {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            join_cgroup(&procs)?;
-            if libc::unshare(libc::CLONE_NEWPID) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            fork_and_wait_in_parent()
+            as_runc_would(|| {
+                join_cgroup(&procs)?;
+                if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
         });
     }
     let mut sandbox_waiter = cmd.spawn().expect("spawn sandbox");
@@ -564,11 +571,13 @@ fn main_process_in_a_pod_shared_pid_namespace() {
     // SAFETY: only async-signal-safe calls between fork and exec; `ns` outlives spawn.
     unsafe {
         cmd.pre_exec(move || {
-            join_cgroup(&procs)?;
-            if libc::setns(ns_fd, libc::CLONE_NEWPID) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            fork_and_wait_in_parent()
+            as_runc_would(|| {
+                join_cgroup(&procs)?;
+                if libc::setns(ns_fd, libc::CLONE_NEWPID) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
         });
     }
     let mut waiter = cmd.spawn().expect("spawn container");
@@ -666,29 +675,78 @@ fn reader_stopped_by_the_test_hook_is_degraded_and_relists() {
     assert!(pleg.relist.count() >= 1);
 }
 
-/// In the pre_exec of a process that just entered a new PID namespace (or
-/// `setns`ed into one): fork; the child returns and execs, the parent waits and
-/// exits with the child's status.
-unsafe fn fork_and_wait_in_parent() -> std::io::Result<()> {
+/// In a pre_exec, the process tree runc and its shim make: this process is the
+/// shim (outside the container, a child subreaper); its child, the runtime,
+/// runs `enter` (joins the container's cgroup, unshares or joins a PID
+/// namespace), forks the init and exits; the init, reparented to the shim as
+/// runc's is long before its start, returns and execs the entrypoint. Its
+/// parent is then outside the container, as the kernel PLEG's main-process
+/// rule expects of a runtime's init (a process whose parent is inside, such as
+/// an OCI hook, is not the main process). The shim exits with the init's
+/// status.
+unsafe fn as_runc_would(enter: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
     // SAFETY: fork in a single-threaded child of fork; async-signal-safe calls only.
     unsafe {
-        let pid = libc::fork();
-        if pid < 0 {
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if pid > 0 {
-            // std's spawn waits for its exec-error pipe to close: the child closes
-            // it by exec'ing, the waiter must close its copy (and every other fd).
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            let mut status = 0;
-            libc::waitpid(pid, &mut status, 0);
-            let code = if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            };
-            libc::_exit(code);
+        // The shim tells the init once the runtime is reaped (the init is its
+        // child by then).
+        let mut reparented = [0i32; 2];
+        if libc::pipe(reparented.as_mut_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        let [read_end, write_end] = reparented;
+        let runtime = libc::fork();
+        if runtime < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if runtime > 0 {
+            // std's spawn waits for its exec-error pipe to close: the init closes
+            // it by exec'ing, the shim must close its copy (and every other fd but
+            // the write end of its own pipe, which is above the read end).
+            libc::syscall(libc::SYS_close_range, 3u32, (write_end - 1) as u32, 0u32);
+            libc::syscall(
+                libc::SYS_close_range,
+                (write_end + 1) as u32,
+                u32::MAX,
+                0u32,
+            );
+            loop {
+                let mut status = 0;
+                let pid = libc::waitpid(-1, &mut status, 0);
+                if pid < 0 {
+                    libc::_exit(127);
+                }
+                if pid == runtime {
+                    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+                        libc::_exit(126);
+                    }
+                    libc::write(write_end, b"r".as_ptr().cast(), 1);
+                    continue;
+                }
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    128 + libc::WTERMSIG(status)
+                };
+                libc::_exit(code);
+            }
+        }
+        libc::close(write_end);
+        enter()?;
+        let init = libc::fork();
+        if init < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if init > 0 {
+            libc::_exit(0);
+        }
+        let mut byte = 0u8;
+        if libc::read(read_end, (&raw mut byte).cast(), 1) != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::close(read_end);
     }
     Ok(())
 }

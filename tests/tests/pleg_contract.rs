@@ -106,6 +106,63 @@ fn an_exec_into_a_container_is_never_its_death() {
     });
 }
 
+/// Clause 2 under an OCI hook (issue #25): a runtime handler whose runc runs a
+/// `createContainer` hook in the container's cgroup before the entrypoint
+/// (the hook execs `sh`, then `sleep`, and exits 0). The hook is neither the
+/// container's start nor its death: no ContainerDied while the container
+/// runs, and its one death, when the entrypoint exits, has the entrypoint's
+/// code 7. Before the fix the hook was "the first exec in a fresh cgroup": its
+/// exit was a certain ContainerDied with code 0 at the container's creation.
+#[test]
+fn an_oci_hook_is_never_the_main_process() {
+    if !privileged("an_oci_hook_is_never_the_main_process") {
+        return;
+    }
+    let containerd = start_containerd();
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "hook7");
+    rt.block_on(async {
+        let client = containerd.client().await;
+        let (pleg, mut events) = start_pleg(PlegMode::Ebpf, &client, PERIOD);
+        let sandbox = client
+            .run_pod_sandbox(&pod.config, evpleg_tests::oci_hooks::HANDLER)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        let started = events.wait(&id, EventKind::ContainerStarted).await;
+        let c = wait_cached(&pleg, &pod.pod_uid(), &id, "running", |c| {
+            c.state == ContainerState::Running
+        })
+        .await;
+        // The kernel's start is the entrypoint's: the runtime's own pid.
+        let runtime_pid = main_pid(&client, &id).await;
+        assert_eq!(started.pid, Some(runtime_pid), "{started:?} {c:?}");
+        // The hook ran before the start: had it been taken for the main
+        // process, its death (code 0) would be in the stream by now.
+        settle(&pleg, &mut events, &pod).await;
+        assert_eq!(
+            events.count(&id, EventKind::ContainerDied),
+            0,
+            "no death while it runs: {:#?}",
+            events.all
+        );
+        pod.release("app");
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        assert_eq!(
+            (died.source, died.exit.map(|e| e.code), died.pid),
+            (EventSource::Kernel, Some(7), Some(runtime_pid)),
+            "{died:?}"
+        );
+        let c = wait_cached(&pleg, &pod.pod_uid(), &id, "exited", |c| {
+            c.state == ContainerState::Exited
+        })
+        .await;
+        assert_exited_7(&c);
+        eprintln!("hook test: one death, the entrypoint's, code 7, pid {runtime_pid}");
+        pleg.stop().await;
+    });
+}
+
 /// Minimal HTTP/1.1 GET on loopback: (status code, body).
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr)

@@ -9,7 +9,12 @@
 //! clock), and an observation older than the cached one never replaces it (the
 //! kubelet's evented PLEG broke on exactly that). Kernel exits are also kept per
 //! container, so an exit code the kernel saw survives the runtime removing the
-//! container.
+//! container. A kernel death laid on a snapshot does not make the snapshot newer:
+//! its time is kept apart (`CacheEntry::deaths_ns`), so that a worker waiting
+//! for a view newer than its own runtime calls is never handed a snapshot taken
+//! before them (issue #25); and a snapshot stored after a death was recorded
+//! gets that death laid on it under the same lock, so no interleaving of a
+//! relist and the kernel merge loses it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,16 +22,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use crate::clock::monotonic_to_unix_ns;
-use crate::container::{PodStatus, SandboxState};
+use crate::container::{ContainerState, PodStatus, SandboxState};
 use crate::ids::{ContainerId, PodUid};
-use crate::lifecycle::ExitStatus;
+use crate::lifecycle::{EventSource, ExitStatus};
 
 /// A cached observation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheEntry {
     pub status: Arc<PodStatus>,
-    /// When it was observed (CLOCK_MONOTONIC ns).
+    /// When the snapshot was taken (CLOCK_MONOTONIC ns): the runtime's view is
+    /// at least this recent. Kernel deaths laid on it do not change it.
     pub observed_ns: u64,
+    /// The latest kernel death laid on the snapshot (CLOCK_MONOTONIC ns; 0:
+    /// none).
+    pub deaths_ns: u64,
     /// The inspection failed: the status is the last good one, or empty.
     pub error: Option<String>,
 }
@@ -51,6 +60,34 @@ struct Inner {
     pods: HashMap<PodUid, CacheEntry>,
     exits: HashMap<ContainerId, ExitRecord>,
     global_ns: u64,
+}
+
+/// Lays kernel death `exit` of container (or sandbox) `id` on `entry`'s
+/// snapshot and advances its `deaths_ns`; a container the runtime itself
+/// reports exited keeps the runtime's status. Returns whether the snapshot
+/// holds `id` (nothing changed when not).
+fn lay_exit(entry: &mut CacheEntry, id: &ContainerId, exit: &KernelExit) -> bool {
+    let (holds, runtime_exited) = match entry.status.container(id) {
+        Some(c) => (
+            true,
+            c.state == ContainerState::Exited && c.source != EventSource::Kernel,
+        ),
+        None => (entry.status.sandboxes.iter().any(|s| s.id == *id), false),
+    };
+    if !holds {
+        return false;
+    }
+    if !runtime_exited {
+        let finished = monotonic_to_unix_ns(exit.at_ns);
+        let status = Arc::make_mut(&mut entry.status);
+        if let Some(c) = status.container_mut(id) {
+            c.apply_exit(&exit.status, finished);
+        } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == *id) {
+            s.state = SandboxState::NotReady;
+        }
+    }
+    entry.deaths_ns = entry.deaths_ns.max(exit.at_ns);
+    true
 }
 
 /// The pod status cache; cheap to share behind an `Arc`.
@@ -119,14 +156,23 @@ impl PodStatusCache {
         {
             return false;
         }
-        inner.pods.insert(
-            uid.clone(),
-            CacheEntry {
-                status,
-                observed_ns,
-                error,
-            },
-        );
+        let mut entry = CacheEntry {
+            status,
+            observed_ns,
+            deaths_ns: 0,
+            error,
+        };
+        if entry.error.is_none() {
+            // Deaths recorded while this snapshot was being taken (or before,
+            // the runtime lagging) that it does not show: laid on it here, under
+            // the lock the merge records them under, so none is overwritten.
+            for (id, r) in inner.exits.iter().filter(|(_, r)| r.pod == *uid) {
+                if !r.confirmed {
+                    lay_exit(&mut entry, id, &r.exit);
+                }
+            }
+        }
+        inner.pods.insert(uid.clone(), entry);
         drop(inner);
         self.bump();
         true
@@ -135,7 +181,8 @@ impl PodStatusCache {
     /// Overlays a certain kernel death on the latest complete snapshot of the pod
     /// (contract clause 1): the container (or sandbox) `id` exited at `at_ns`.
     /// Applied only when the pod is cached without an error and its snapshot holds
-    /// `id`; the entry is then marked observed at `at_ns` if that is newer.
+    /// `id`; the entry's `deaths_ns` is then advanced to `at_ns` (its
+    /// `observed_ns`, the snapshot's own time, is not: clause 8).
     /// Returns whether it was applied: when not, nothing changed and the caller
     /// relists the pod instead.
     pub fn overlay_exit(
@@ -152,16 +199,13 @@ impl PodStatusCache {
         if entry.error.is_some() {
             return false;
         }
-        let finished = monotonic_to_unix_ns(at_ns);
-        let status = Arc::make_mut(&mut entry.status);
-        if let Some(c) = status.container_mut(id) {
-            c.apply_exit(exit, finished);
-        } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == *id) {
-            s.state = SandboxState::NotReady;
-        } else {
+        let exit = KernelExit {
+            status: *exit,
+            at_ns,
+        };
+        if !lay_exit(entry, id, &exit) {
             return false;
         }
-        entry.observed_ns = entry.observed_ns.max(at_ns);
         drop(inner);
         self.bump();
         true
@@ -283,6 +327,7 @@ impl PodStatusCache {
                 Some(other.cloned().unwrap_or_else(|| CacheEntry {
                     status: Arc::new(PodStatus::default()),
                     observed_ns: inner.global_ns,
+                    deaths_ns: 0,
                     error: None,
                 }))
             }
@@ -381,11 +426,27 @@ mod tests {
             },
         );
         let e = cache.get(&uid(1)).unwrap();
-        assert_eq!(e.observed_ns, 15);
+        assert_eq!(
+            (e.observed_ns, e.deaths_ns),
+            (10, 15),
+            "the snapshot's own time is kept"
+        );
         let c = e.status.container(&cid('a')).unwrap();
         assert_eq!((c.exit_code, c.name.as_str()), (Some(7), "app"));
-        // A relist that started before the exit does not undo it.
-        assert!(!cache.set(&uid(1), status("stale"), 12));
+        // A relist that started before the exit does not undo it: the death is
+        // laid on its snapshot.
+        let mut stale = status("stale");
+        stale.containers.push(ContainerStatus::new(
+            cid('a'),
+            "app",
+            ContainerState::Running,
+            EventSource::Relist,
+        ));
+        assert!(cache.set(&uid(1), stale, 12));
+        let e = cache.get(&uid(1)).unwrap();
+        let c = e.status.container(&cid('a')).unwrap();
+        assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(7)));
+        assert_eq!((e.observed_ns, e.deaths_ns), (12, 15));
         assert_eq!(cache.kernel_exit(&cid('a')).unwrap().status.code, 7);
         assert_eq!(cache.kernel_exits(&uid(1)).len(), 1);
         assert!(cache.confirm_exit(&cid('a')), "first confirmation");
@@ -397,6 +458,114 @@ mod tests {
         assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 25));
         cache.delete(&uid(1));
         assert!(cache.get(&uid(1)).is_none());
+    }
+
+    fn running(name: &str, ids: &[char]) -> PodStatus {
+        let mut s = status(name);
+        for &c in ids {
+            s.containers.push(ContainerStatus::new(
+                cid(c),
+                "app",
+                ContainerState::Running,
+                EventSource::Relist,
+            ));
+        }
+        s
+    }
+
+    /// Clause 8 under a kernel death (issue #25): a worker whose last sync ended
+    /// at 20 (it created container 'b') is not handed the snapshot of 10
+    /// (without 'b') because a death at 30 was laid on it; the post-sync relist
+    /// (stamped 25, before the death) is stored, with the death on it.
+    #[test]
+    fn an_overlaid_death_does_not_make_an_old_snapshot_new() {
+        let cache = PodStatusCache::new();
+        cache.set(&uid(1), running("before the sync", &['a']), 10);
+        let exit = ExitStatus::from_wait_status(0x300, false);
+        cache.record_exit(
+            &uid(1),
+            &cid('a'),
+            KernelExit {
+                status: exit,
+                at_ns: 30,
+            },
+        );
+        assert!(cache.overlay_exit(&uid(1), &cid('a'), &exit, 30));
+        assert_eq!(
+            cache
+                .newer_than_now(&uid(1), 20)
+                .map(|e| e.status.name.clone()),
+            None,
+            "a snapshot taken before the worker's calls is not newer for a death on it"
+        );
+        assert!(cache.set(&uid(1), running("after the sync", &['a', 'b']), 25));
+        let e = cache
+            .newer_than_now(&uid(1), 20)
+            .expect("the post-sync relist");
+        assert_eq!(
+            (e.status.name.as_str(), e.observed_ns),
+            ("after the sync", 25)
+        );
+        assert!(e.status.container(&cid('b')).is_some());
+        let a = e.status.container(&cid('a')).unwrap();
+        assert_eq!((a.state, a.exit_code), (ContainerState::Exited, Some(3)));
+    }
+
+    /// Issue #25's lost wake-up: a death recorded between a relist's reading
+    /// of the kernel exits and its store is laid on the stored snapshot, not
+    /// overwritten by its "running". A runtime's own exit is kept as is.
+    #[test]
+    fn a_death_recorded_during_a_relist_survives_its_store() {
+        let cache = PodStatusCache::new();
+        cache.set(&uid(1), running("old", &['a', 'b']), 10);
+        // The relist reads exits (none), the kernel records a death and lays it
+        // on the old snapshot, the relist stores its snapshot (taken at 12).
+        let exit = ExitStatus::from_wait_status(0x100, false);
+        cache.record_exit(
+            &uid(1),
+            &cid('a'),
+            KernelExit {
+                status: exit,
+                at_ns: 13,
+            },
+        );
+        assert!(cache.overlay_exit(&uid(1), &cid('a'), &exit, 13));
+        assert!(cache.set(&uid(1), running("relist", &['a', 'b']), 12));
+        let e = cache.get(&uid(1)).unwrap();
+        let a = e.status.container(&cid('a')).unwrap();
+        assert_eq!(
+            (a.state, a.exit_code, a.source),
+            (ContainerState::Exited, Some(1), EventSource::Kernel)
+        );
+        assert_eq!(
+            e.status.container(&cid('b')).unwrap().state,
+            ContainerState::Running
+        );
+        // The runtime's own report wins over the kernel's code.
+        let mut reported = running("runtime", &['a', 'b']);
+        let c = reported.container_mut(&cid('a')).unwrap();
+        c.state = ContainerState::Exited;
+        c.exit_code = Some(2);
+        assert!(cache.set(&uid(1), reported, 14));
+        let a = cache
+            .get(&uid(1))
+            .unwrap()
+            .status
+            .container(&cid('a'))
+            .unwrap()
+            .clone();
+        assert_eq!((a.exit_code, a.source), (Some(2), EventSource::Relist));
+        // A confirmed exit is not laid again.
+        assert!(cache.confirm_exit(&cid('a')));
+        assert!(cache.set(&uid(1), running("restarted?", &['a']), 15));
+        let a = cache
+            .get(&uid(1))
+            .unwrap()
+            .status
+            .container(&cid('a'))
+            .unwrap()
+            .clone();
+        assert_eq!(a.state, ContainerState::Running);
     }
 
     #[test]

@@ -76,6 +76,13 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC) as u64
 }
 
+/// How far CLOCK_BOOTTIME (a process's `start_boottime`) is ahead of
+/// CLOCK_MONOTONIC (a kernel record's time) now, in ns: the time the machine
+/// spent suspended. It only grows.
+pub fn boottime_offset_ns() -> u64 {
+    (clock_ns(libc::CLOCK_BOOTTIME) - clock_ns(libc::CLOCK_MONOTONIC)).max(0) as u64
+}
+
 /// The wall clock (CLOCK_REALTIME), in Unix nanoseconds: the runtime's clock.
 pub fn wall_clock_ns() -> i64 {
     clock_ns(libc::CLOCK_REALTIME)

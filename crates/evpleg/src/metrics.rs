@@ -378,9 +378,26 @@ impl Collector for PlegCollector {
                     "Rescans of the cgroup tree",
                     load(&k.rescans),
                 ),
+                (
+                    "pleg_kernel_containers_demoted",
+                    "Containers whose main process became uncertain because kernel records were lost",
+                    load(&k.demoted),
+                ),
+                (
+                    "pleg_kernel_deaths_contradicted",
+                    "Kernel deaths the runtime contradicted (the tracker forgot that main process)",
+                    load(&k.contradicted),
+                ),
             ] {
                 counter(&mut encoder, name, help, value)?;
             }
+            let unfound = ConstGauge::new(load(&k.unfound) as i64);
+            unfound.encode(encoder.encode_descriptor(
+                "pleg_kernel_unfound_containers",
+                "Running containers the runtime lists whose cgroup is under no kernel pleg root (their deaths wait for a relist)",
+                None,
+                unfound.metric_type(),
+            )?)?;
         }
         counter(
             &mut encoder,
@@ -578,7 +595,17 @@ mod tests {
         stats.latency_seconds.observe(25e-6);
         stats.discarded.store(3, Ordering::Relaxed);
         stats.kernel_dropped.store(2, Ordering::Relaxed);
+        stats.unfound.store(4, Ordering::Relaxed);
+        stats.demoted.store(5, Ordering::Relaxed);
         let text = Metrics::new(None, Some(stats)).render();
+        assert!(
+            text.contains("evpleg_pleg_kernel_unfound_containers 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evpleg_pleg_kernel_containers_demoted_total 5"),
+            "{text}"
+        );
         assert!(
             text.contains("evpleg_pleg_kernel_event_latency_seconds_count 1"),
             "{text}"

@@ -79,8 +79,8 @@ impl PathHealth {
 }
 
 /// Waits for the kernel path to degrade (the reader thread, which also runs
-/// the merge, stopped without being asked to: its stop guard wakes this task,
-/// no polling); then says so (log, metric, `/healthz`), asks for a relist at
+/// the merge, stopped without being asked to: its stop guard wakes this task;
+/// or it is blocked past its heartbeat bound); then says so (log, metric, `/healthz`), asks for a relist at
 /// once and moves the relist to the kubelet's 1 s period for good.
 async fn supervise(
     kernel: std::sync::Arc<kernel::KernelPleg>,
@@ -89,9 +89,20 @@ async fn supervise(
     relist: std::sync::Arc<RelistSignal>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    tokio::select! {
-        () = shutdown.cancelled() => return,
-        () = kernel.degraded() => {}
+    // A stopped reader wakes this task through its stop guard; a blocked one
+    // is found by its heartbeat, checked every 5 s.
+    let mut heartbeat = tokio::time::interval(std::time::Duration::from_secs(5));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = kernel.degraded() => break,
+            _ = heartbeat.tick() => {
+                if kernel.check_heartbeat(evpleg_core::clock::monotonic_ns()) {
+                    break;
+                }
+            }
+        }
     }
     if let kernel::KernelHealth::Degraded {
         part,

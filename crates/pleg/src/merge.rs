@@ -132,7 +132,7 @@ impl KernelMerge {
     }
 
     fn forward(&self, event: PodLifecycleEvent, id: &evpleg_core::ids::ContainerId) {
-        let (kind, at_ns) = (event.kind, event.at_ns);
+        let (kind, at_ns, pod) = (event.kind, event.at_ns, event.pod_uid.clone());
         let delivery = self.reports.deliver(id, kind, at_ns, || {
             match self.out.try_send(event) {
                 Ok(()) => true,
@@ -152,6 +152,9 @@ impl KernelMerge {
             Delivery::Dropped => {
                 self.stats.discarded.fetch_add(1, Ordering::Relaxed);
                 warn!(?kind, container = %id, "pod worker channel full: kernel event discarded; the relist sends it");
+                if let Some(uid) = pod {
+                    self.pod_relist.redeliver(uid);
+                }
             }
         }
     }
@@ -240,7 +243,11 @@ mod tests {
             (c.state, c.exit_code, c.reason.as_str(), c.name.as_str()),
             (ContainerState::Exited, Some(7), "Error", "app")
         );
-        assert_eq!(entry.observed_ns, 500);
+        assert_eq!(
+            (entry.observed_ns, entry.deaths_ns),
+            (100, 500),
+            "the snapshot's own time is kept apart from the death's"
+        );
         assert_eq!(merge.cache.kernel_exit(&cid('c')).unwrap().status.code, 7);
         assert_eq!(rx.try_recv().unwrap().kind, EventKind::ContainerDied);
         assert_eq!(
@@ -298,7 +305,12 @@ mod tests {
             merge.reports.get(&cid('c')).is_none(),
             "the relist must still send it"
         );
-        assert_eq!(merge.pod_relist.len(), 1);
+        let requests = merge.pod_relist.take();
+        assert_eq!(requests.len(), 1);
+        assert!(
+            requests[0].1.redeliver,
+            "a redelivery, which no full relist skips: {requests:?}"
+        );
         rx.try_recv().unwrap();
     }
 

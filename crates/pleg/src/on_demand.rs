@@ -15,8 +15,10 @@
 //! | [`PodRelistQueue::request`] | a worker's sync, a certain kernel event, a CRI event | `Once` | no |
 //! | [`PodRelistQueue::deferred`] | a certain kernel start or death of a container the snapshot does not hold yet | `Deferred` | until the confirmation bound (its exit waits in the cache, with re-checks of its own) |
 //! | [`PodRelistQueue::doubt`] | a kernel hint: an exit the kernel cannot vouch for, a cgroup removed before its main process was seen to exit | `Doubt` | for [`super::relist::DOUBT_WATCH`] |
+//! | [`PodRelistQueue::redeliver`] | a kernel event the workers' channel could not take | `Once`, never skipped, delivered as a PodSync | until delivered |
 //!
-//! Requests for one pod merge: the latest time, the longest watch.
+//! Requests for one pod merge: the latest time, the longest watch, a
+//! redelivery if any asked for one.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -55,6 +57,9 @@ pub struct Request {
     pub at_ns: u64,
     /// The longest watch asked for.
     pub watch: Watch,
+    /// An event of the pod was dropped: the relist is not skipped, and wakes
+    /// the workers (PodSync) even if it finds no change.
+    pub redeliver: bool,
 }
 
 impl std::fmt::Debug for PodRelistQueue {
@@ -95,12 +100,28 @@ impl PodRelistQueue {
         self.push(uid, Watch::Doubt);
     }
 
+    /// A kernel event of pod `uid` was dropped (the workers' channel was
+    /// full): the pod is relisted, whatever full relist runs meanwhile, and
+    /// its workers woken (issue #25: a skipped request lost the wake-up).
+    pub fn redeliver(&self, uid: PodUid) {
+        self.push_as(uid, Watch::Once, true);
+    }
+
     fn push(&self, uid: PodUid, watch: Watch) {
+        self.push_as(uid, watch, false);
+    }
+
+    fn push_as(&self, uid: PodUid, watch: Watch, redeliver: bool) {
         let now = self.clock.now_ns();
         let mut pending = self.lock();
-        let r = pending.entry(uid).or_insert(Request { at_ns: now, watch });
+        let r = pending.entry(uid).or_insert(Request {
+            at_ns: now,
+            watch,
+            redeliver,
+        });
         r.at_ns = r.at_ns.max(now);
         r.watch = r.watch.max(watch);
+        r.redeliver |= redeliver;
         drop(pending);
         self.notify.notify_one();
     }
@@ -162,20 +183,34 @@ mod tests {
         q.request(uid(2));
         q.doubt(uid(3));
         q.deferred(uid(3));
+        q.request(uid(4));
+        q.redeliver(uid(4));
+        q.request(uid(4));
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(q.len(), 3, "bounded by the number of pods");
-        let r = |watch| Request { at_ns: 150, watch };
+        assert_eq!(q.len(), 4, "bounded by the number of pods");
+        let r = |watch| Request {
+            at_ns: 150,
+            watch,
+            redeliver: false,
+        };
         assert_eq!(
             q.take(),
             vec![
                 (uid(1), r(Watch::Once)),
                 (uid(2), r(Watch::Deferred)),
-                (uid(3), r(Watch::Doubt))
+                (uid(3), r(Watch::Doubt)),
+                (
+                    uid(4),
+                    Request {
+                        redeliver: true,
+                        ..r(Watch::Once)
+                    }
+                ),
             ],
-            "the longest watch is kept"
+            "the longest watch is kept, and a redelivery"
         );
         assert!(q.is_empty());
     }

@@ -352,6 +352,9 @@ pub struct RelistPleg<R> {
     recheck: HashMap<PodUid, Recheck>,
     /// Main pids the runtime reported at the last inspection, for the tracker.
     pids: HashMap<ContainerId, u32>,
+    /// Containers whose kernel death the runtime contradicted, told to the
+    /// tracker with the next view.
+    contradicted: HashSet<ContainerId>,
     reconciler: Option<Reconciler>,
 }
 
@@ -383,6 +386,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             reinspect: HashSet::new(),
             recheck: HashMap::new(),
             pids: HashMap::new(),
+            contradicted: HashSet::new(),
             reconciler: None,
         }
     }
@@ -467,6 +471,8 @@ impl<R: PodRuntime> RelistPleg<R> {
             .prune_exits(None, timestamp, |id| listed.contains(id));
         self.kernel.prune(timestamp, |id| listed.contains(id));
         self.reconcile(None, timestamp, &entries);
+        // What the view did not list is gone.
+        self.contradicted.clear();
         self.stats.relists.fetch_add(1, Ordering::Relaxed);
         let duration = self.clock.now_ns().saturating_sub(timestamp);
         self.stats
@@ -561,21 +567,29 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// [`RETRY_MAX`]) for `window`: after a kernel hint (the runtime may learn of
     /// it only later) and after a contradiction (a runtime that only lagged is
     /// caught up with when it reports the exit).
+    /// A watch already running for the pod is extended, its back-off kept: a
+    /// busy uncertain container hints at every exit of its processes, and
+    /// restarting at 20 ms each time relisted it every 20 ms for as long as it
+    /// ran (issue #25); a re-check is still at most [`RETRY_MAX`] away.
     fn recheck_for(&mut self, uid: &PodUid, window: Duration) {
         let now = Instant::now();
         let entry = self
             .recheck
             .entry(uid.clone())
             .or_insert(Recheck::at(now + CONFIRM_RETRY));
-        entry.due = entry.due.min(now + CONFIRM_RETRY);
+        let watching = entry.until.is_some_and(|u| u > now);
+        if !watching {
+            entry.due = entry.due.min(now + CONFIRM_RETRY);
+            entry.interval = CONFIRM_RETRY;
+        }
         entry.until = entry.until.max(Some(now + window));
-        entry.interval = CONFIRM_RETRY;
     }
 
-    fn reconcile(&self, scope: Option<&PodUid>, listed_at_ns: u64, entries: &[RuntimeEntry]) {
+    fn reconcile(&mut self, scope: Option<&PodUid>, listed_at_ns: u64, entries: &[RuntimeEntry]) {
         let Some(reconciler) = &self.reconciler else {
             return;
         };
+        let contradicted = &mut self.contradicted;
         reconciler(RuntimeView {
             listed_at_ns,
             scope: scope.cloned(),
@@ -587,6 +601,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                     sandbox: e.sandbox,
                     running: e.state == PlegState::Running,
                     pid: self.pids.get(&e.id).copied(),
+                    contradicted: contradicted.remove(&e.id),
                 })
                 .collect(),
         });
@@ -799,6 +814,11 @@ impl<R: PodRuntime> RelistPleg<R> {
                        reported; the runtime's view wins and the kernel's exit is forgotten");
                 self.cache.forget_exit(&id);
                 self.kernel.forget(&id);
+                // The tracker is told with this relist's view: the main process
+                // is unknown again, so the real death is a death (or a hint).
+                if self.reconciler.is_some() {
+                    self.contradicted.insert(id.clone());
+                }
                 contradicted = true;
             }
         }
@@ -878,12 +898,32 @@ impl<R: PodRuntime> RelistPleg<R> {
     pub(crate) async fn run_requests(&mut self, queue: &PodRelistQueue) {
         let served_until = self.stats.last_relist_ns.load(Ordering::Relaxed);
         for (uid, request) in queue.take() {
+            // A hint for a pod already watched waits for the watch's next
+            // re-check (at most RETRY_MAX away): a busy uncertain container
+            // hints at every exit of its processes.
+            let watched = request.watch == Watch::Doubt
+                && !request.redeliver
+                && self
+                    .recheck
+                    .get(&uid)
+                    .is_some_and(|r| r.until.is_some_and(|u| u > Instant::now()));
             match request.watch {
                 Watch::Doubt => self.recheck_for(&uid, DOUBT_WATCH),
                 Watch::Deferred => self.recheck_for(&uid, CONFIRM_BOUND + CONFIRM_RETRY),
                 Watch::Once => {}
             }
-            if request.watch == Watch::Once && served_until > request.at_ns {
+            if request.redeliver {
+                // A kernel event of this pod was dropped: its relist wakes the
+                // workers, and no full relist serves it.
+                self.recheck_soon(&uid, true);
+            }
+            if watched {
+                self.stats
+                    .pod_relists_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if request.watch == Watch::Once && !request.redeliver && served_until > request.at_ns {
                 // A full relist that began after the request has looked already.
                 self.stats
                     .pod_relists_skipped

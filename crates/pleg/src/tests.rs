@@ -31,6 +31,8 @@ use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{EventKind, EventSource, ExitStatus, PodLifecycleEvent, RelistSignal};
 use evpleg_core::runtime::{PlegState, PodRuntime, RuntimeEntry, RuntimeError};
 
+mod kernel_model;
+
 const PODS: u8 = 3;
 /// The slowest the simulated runtime is to learn of a death (containerd took
 /// 40-630 ms here): past the confirmation bound, so that contradictions happen,
@@ -493,37 +495,17 @@ impl Model {
         }
         self.drain();
     }
-}
 
-fn run(steps: &[Step]) -> Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut m = Model::new();
-        let _ = m.relist.relist().await;
-        for s in steps {
-            if std::env::var_os("MODEL_TRACE").is_some() {
-                eprintln!(
-                    "step {s:?}; kernel queue {:?}",
-                    m.kernel
-                        .iter()
-                        .map(|e| (e.kind, &e.container_id.as_ref().unwrap().as_str()[60..]))
-                        .collect::<Vec<_>>()
-                );
-            }
-            m.apply(s).await;
-            m.check_cache()?;
-        }
-        m.settle().await;
-        m.check_cache()?;
+    /// At quiescence (clause 4): every death the runtime still lists reached
+    /// the workers with its code, no living container died in their view, the
+    /// cache agrees with a generic relist of the same runtime, and no kernel
+    /// exit of a removed container is kept.
+    async fn check_deaths_reached_the_workers(&mut self) -> Result<(), TestCaseError> {
         // Every death the runtime still lists reached the workers with its code
         // (clause 4): the worker's last view of the pod shows it.
-        let truth = m.runtime.0.lock().unwrap().containers.clone();
+        let truth = self.runtime.0.lock().unwrap().containers.clone();
         for c in truth.iter().filter(|c| !c.removed && !c.sandbox) {
-            let view = m.views.get(&uid(c.pod));
+            let view = self.views.get(&uid(c.pod));
             let seen = view.and_then(|v| v.container(&c.id)).cloned();
             match c.died {
                 Some(code) => {
@@ -552,14 +534,14 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         let generic_cache = Arc::new(PodStatusCache::new());
         let (tx, _rx) = mpsc::channel(10_000);
         let mut generic = RelistPleg::new(
-            m.runtime.clone(),
+            self.runtime.clone(),
             generic_cache.clone(),
             tx,
-            Arc::new(m.clock.clone()),
+            Arc::new(self.clock.clone()),
             Arc::new(KernelReports::default()),
         );
         generic.relist().await.unwrap();
-        m.relist.relist().await.unwrap();
+        self.relist.relist().await.unwrap();
         for pod in 0..PODS {
             let key = |s: &PodStatus| {
                 let mut v: Vec<_> = s
@@ -583,7 +565,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                     .map(|e| key(&e.status))
                     .filter(|(c, s)| !c.is_empty() || !s.is_empty())
             };
-            let (ours, theirs) = (seen(&m.cache), seen(&generic_cache));
+            let (ours, theirs) = (seen(&self.cache), seen(&generic_cache));
             prop_assert_eq!(
                 ours,
                 theirs,
@@ -592,10 +574,38 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
             );
         }
         prop_assert!(
-            m.cache.kernel_exit_count() <= truth.iter().filter(|c| !c.removed).count(),
+            self.cache.kernel_exit_count() <= truth.iter().filter(|c| !c.removed).count(),
             "kernel exits of removed containers are kept"
         );
         Ok(())
+    }
+}
+
+fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut m = Model::new();
+        let _ = m.relist.relist().await;
+        for s in steps {
+            if std::env::var_os("MODEL_TRACE").is_some() {
+                eprintln!(
+                    "step {s:?}; kernel queue {:?}",
+                    m.kernel
+                        .iter()
+                        .map(|e| (e.kind, &e.container_id.as_ref().unwrap().as_str()[60..]))
+                        .collect::<Vec<_>>()
+                );
+            }
+            m.apply(s).await;
+            m.check_cache()?;
+        }
+        m.settle().await;
+        m.check_cache()?;
+        m.check_deaths_reached_the_workers().await
     })
 }
 

@@ -40,6 +40,14 @@ pub const EXIT_FLAG_GROUP_EXIT: u32 = 2;
 /// argument, from Linux 6.16) chose this thread as the last one; otherwise the exit
 /// program's dedupe by (tgid, start time) did.
 pub const EXIT_FLAG_GROUP_DEAD_ARG: u32 = 4;
+/// `ExitEvent::flags`: a kernel read for this record failed (its status, start
+/// time or OOM mark may be zeros): user space takes the record as a hint only.
+pub const EXIT_FLAG_READ_ERROR: u32 = 8;
+
+/// `ExecEvent::flags`: a kernel read for this record failed (the start time, the
+/// parent, its cgroup or the file name may be zeros): user space never takes the
+/// exec for a container's main process on its word.
+pub const EXEC_FLAG_READ_ERROR: u32 = 1;
 
 /// `OomVictimEvent::flags`: the kernel's `mark_victim` passes only the victim
 /// thread's id (the older `int pid` form), so `OomVictimEvent::tgid` is a tid that
@@ -76,6 +84,14 @@ pub struct ExecEvent {
     /// The process's start time, `task_struct.start_boottime` of its leader (ns since
     /// boot, counting suspend): the PID-reuse guard.
     pub start_boottime_ns: u64,
+    /// The parent's cgroup id in the cgroup2 hierarchy
+    /// (`real_parent->cgroups->dfl_cgrp->kn->id`): a runtime's init exec'ing the
+    /// entrypoint has its parent (the shim) outside the container, a hook the
+    /// runtime runs inside the container has its parent (the init) inside.
+    pub parent_cgroup_id: u64,
+    /// `EXEC_FLAG_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
     pub comm: [u8; COMM_LEN],
     pub filename: [u8; FILENAME_LEN],
 }
@@ -165,6 +181,10 @@ pub struct KernelOffsets {
     /// the loader attached `sched_process_exit_group_dead`; 0 when it attached
     /// `sched_process_exit` (the dedupe). Read by user space only.
     pub exit_group_dead_arg: u32,
+    /// `task_struct.cgroups` (the task's `css_set`).
+    pub task_cgroups: u32,
+    /// `css_set.dfl_cgrp` (its cgroup in the cgroup2 hierarchy).
+    pub css_set_dfl_cgrp: u32,
 }
 
 /// Maximum number of root cgroups a task may be under to be reported.
@@ -209,7 +229,8 @@ pub mod counter {
     pub const FILTERED: u32 = 1;
     /// Records lost because the ring buffer was full: each one calls for a relist.
     pub const DROPPED: u32 = 2;
-    /// Kernel reads that failed (the record is still sent, with zeros).
+    /// Kernel reads that failed (the record is still sent, with zeros, and
+    /// flagged `EXEC_FLAG_READ_ERROR` or `EXIT_FLAG_READ_ERROR`).
     pub const READ_ERRORS: u32 = 3;
     /// Thread exits that did not end their process, and exits of a thread group
     /// already reported by another of its threads (not reported).
@@ -220,11 +241,11 @@ pub mod counter {
 
 const _: () = {
     assert!(core::mem::size_of::<EventHeader>() == 16);
-    assert!(core::mem::size_of::<ExecEvent>() == 48 + COMM_LEN + FILENAME_LEN);
+    assert!(core::mem::size_of::<ExecEvent>() == 64 + COMM_LEN + FILENAME_LEN);
     assert!(core::mem::size_of::<ExitEvent>() == 48 + COMM_LEN);
     assert!(core::mem::size_of::<CgroupEvent>() == 40 + CGROUP_PATH_LEN);
     assert!(core::mem::size_of::<OomVictimEvent>() == 24);
-    assert!(core::mem::size_of::<KernelOffsets>() == 80);
+    assert!(core::mem::size_of::<KernelOffsets>() == 88);
     assert!(core::mem::size_of::<RootFilter>() == 16);
     assert!(core::mem::size_of::<PathPrefix>() == 8 + PREFIX_LEN);
     assert!(core::mem::align_of::<CgroupEvent>() == 8);

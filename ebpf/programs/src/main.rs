@@ -33,7 +33,7 @@ use aya_ebpf::{
 use evpleg_events::{
     CGROUP_PATH_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
     EVENT_OOM_VICTIM, EXIT_DEDUPE_ENTRIES, EXIT_FLAG_GROUP_DEAD_ARG, EXIT_FLAG_GROUP_EXIT,
-    EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, KernelOffsets, MAX_PREFIXES,
+    EXIT_FLAG_OOM_KILLED, EXIT_FLAG_READ_ERROR, EXEC_FLAG_READ_ERROR, EventHeader, ExecEvent, ExitEvent, KernelOffsets, MAX_PREFIXES,
     MAX_ROOTS, OOM_VICTIM_TID_ONLY, OomVictimEvent, PREFIX_LEN, PathPrefix, RootFilter,
     SIGNAL_GROUP_EXIT, counter,
 };
@@ -61,6 +61,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     signal_group_exit_code: 0,
     task_mm: 0,
     exit_group_dead_arg: 0,
+    task_cgroups: 0,
+    css_set_dfl_cgrp: 0,
 };
 
 /// Bit `n` set: report mkdir/rmdir in the hierarchy with id `n` (0 is cgroup2).
@@ -106,11 +108,13 @@ fn header(kind: u32) -> EventHeader {
     }
 }
 
-/// Reads a `T` at `base + offset`, counting a failed read and giving zero.
+/// Reads a `T` at `base + offset`; a failed read is counted, gives zero and sets
+/// `failed` (the record is then flagged, and user space takes it as a hint).
 #[inline(always)]
-fn read<T: Copy + Default>(base: *const u8, offset: u32) -> T {
+fn read<T: Copy + Default>(base: *const u8, offset: u32, failed: &mut bool) -> T {
     if base.is_null() {
         count(counter::READ_ERRORS);
+        *failed = true;
         return T::default();
     }
     // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error.
@@ -118,14 +122,15 @@ fn read<T: Copy + Default>(base: *const u8, offset: u32) -> T {
         Ok(v) => v,
         Err(_) => {
             count(counter::READ_ERRORS);
+            *failed = true;
             T::default()
         }
     }
 }
 
 #[inline(always)]
-fn read_ptr(base: *const u8, offset: u32) -> *const u8 {
-    read::<usize>(base, offset) as *const u8
+fn read_ptr(base: *const u8, offset: u32, failed: &mut bool) -> *const u8 {
+    read::<usize>(base, offset, failed) as *const u8
 }
 
 /// Whether the current task is in, or below, one of the configured root cgroups.
@@ -166,24 +171,34 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
     };
     let ev = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
-    let parent = read_ptr(task, off.task_real_parent);
-    let leader = read_ptr(task, off.task_group_leader);
+    let mut failed = false;
+    let parent = read_ptr(task, off.task_real_parent, &mut failed);
+    let leader = read_ptr(task, off.task_group_leader, &mut failed);
+    // The parent's cgroup2 cgroup: whether the runtime's init (parent outside the
+    // container) or a process inside it (a hook) exec'd is user space's to decide.
+    let css_set = read_ptr(parent, off.task_cgroups, &mut failed);
+    let parent_cgroup = read_ptr(css_set, off.css_set_dfl_cgrp, &mut failed);
+    let parent_kn = read_ptr(parent_cgroup, off.cgroup_kn, &mut failed);
     // SAFETY: `ev` points to a reserved slot of the right size; fields are written in
     // place so the record never sits on the 512-byte stack.
     unsafe {
         (*ev).header = header(EVENT_EXEC);
         (*ev).pid = (pid_tgid >> 32) as u32;
         (*ev).tid = pid_tgid as u32;
-        (*ev).ppid = read::<u32>(parent, off.task_tgid);
+        (*ev).ppid = read::<u32>(parent, off.task_tgid, &mut failed);
         (*ev).old_pid = old_pid;
         (*ev).cgroup_id = bpf_get_current_cgroup_id();
-        (*ev).start_boottime_ns = read::<u64>(leader, off.task_start_boottime);
+        (*ev).start_boottime_ns = read::<u64>(leader, off.task_start_boottime, &mut failed);
+        (*ev).parent_cgroup_id = read::<u64>(parent_kn, off.kernfs_node_id, &mut failed);
         (*ev).comm = comm();
-        let filename = read_ptr(bprm, off.binprm_filename);
+        let filename = read_ptr(bprm, off.binprm_filename, &mut failed);
         let dst = &mut (*ev).filename;
         if filename.is_null() || bpf_probe_read_kernel_str_bytes(filename, dst).is_err() {
             dst[0] = 0;
+            failed = true;
         }
+        (*ev).flags = if failed { EXEC_FLAG_READ_ERROR } else { 0 };
+        (*ev)._pad = 0;
     }
     entry.submit(0);
     count(counter::REPORTED);
@@ -219,35 +234,45 @@ fn wait_status(
     signal: *const u8,
     signal_flags: u32,
     leader: *const u8,
+    failed: &mut bool,
 ) -> (u32, u32) {
     if signal_flags & SIGNAL_GROUP_EXIT != 0 {
         (
-            read::<u32>(signal, off.signal_group_exit_code),
+            read::<u32>(signal, off.signal_group_exit_code, failed),
             EXIT_FLAG_GROUP_EXIT,
         )
     } else {
-        (read::<u32>(leader, off.task_exit_code), 0)
+        (read::<u32>(leader, off.task_exit_code, failed), 0)
     }
 }
 
-/// Fills and submits the exit record of the current thread's process.
+/// Fills and submits the exit record of the current thread's process; `failed`:
+/// a read for it failed, the record is flagged `EXIT_FLAG_READ_ERROR`.
 #[inline(always)]
-fn report_exit(off: &KernelOffsets, signal: *const u8, status: u32, flags: u32, start: u64) -> i32 {
+fn report_exit(
+    off: &KernelOffsets,
+    signal: *const u8,
+    status: u32,
+    flags: u32,
+    start: u64,
+    mut failed: bool,
+) -> i32 {
     let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) else {
         count(counter::DROPPED);
         return 0;
     };
     let ev = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
-    let oom_mm: usize = read(signal, off.signal_oom_mm);
+    let oom_mm: usize = read(signal, off.signal_oom_mm, &mut failed);
     let oom = if oom_mm != 0 { EXIT_FLAG_OOM_KILLED } else { 0 };
+    let read_error = if failed { EXIT_FLAG_READ_ERROR } else { 0 };
     // SAFETY: as in sched_process_exec.
     unsafe {
         (*ev).header = header(EVENT_EXIT);
         (*ev).pid = (pid_tgid >> 32) as u32;
         (*ev).tid = pid_tgid as u32;
         (*ev).exit_code = status;
-        (*ev).flags = flags | oom;
+        (*ev).flags = flags | oom | read_error;
         (*ev).cgroup_id = bpf_get_current_cgroup_id();
         (*ev).start_boottime_ns = start;
         (*ev).comm = comm();
@@ -281,16 +306,17 @@ pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     }
     let off = offsets();
     let task: *const u8 = ctx.arg(0);
-    let signal = read_ptr(task, off.task_signal);
-    let live: i32 = read(signal, off.signal_live);
+    let mut failed = false;
+    let signal = read_ptr(task, off.task_signal, &mut failed);
+    let live: i32 = read(signal, off.signal_live, &mut failed);
     if live != 0 {
         count(counter::THREAD_EXITS);
         return 0;
     }
-    let leader = read_ptr(task, off.task_group_leader);
-    let signal_flags: u32 = read(signal, off.signal_flags);
+    let leader = read_ptr(task, off.task_group_leader, &mut failed);
+    let signal_flags: u32 = read(signal, off.signal_flags, &mut failed);
     if signal_flags & SIGNAL_GROUP_EXIT == 0 && leader != task {
-        let leader_mm: usize = read(leader, off.task_mm);
+        let leader_mm: usize = read(leader, off.task_mm, &mut failed);
         if leader_mm != 0 {
             // The leader reports, with its exit code final.
             count(counter::THREAD_EXITS);
@@ -300,14 +326,14 @@ pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     let key = ExitKey {
         tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
         _pad: 0,
-        start_boottime_ns: read::<u64>(leader, off.task_start_boottime),
+        start_boottime_ns: read::<u64>(leader, off.task_start_boottime, &mut failed),
     };
     if let Err(EEXIST) = REPORTED_EXITS.insert(key, 0u8, BPF_NOEXIST as u64) {
         count(counter::THREAD_EXITS);
         return 0;
     }
-    let (status, flags) = wait_status(&off, signal, signal_flags, leader);
-    report_exit(&off, signal, status, flags, key.start_boottime_ns)
+    let (status, flags) = wait_status(&off, signal, signal_flags, leader, &mut failed);
+    report_exit(&off, signal, status, flags, key.start_boottime_ns, failed)
 }
 
 /// Kernels from 6.16: the tracepoint's second argument is `do_exit`'s own
@@ -327,17 +353,19 @@ pub fn sched_process_exit_group_dead(ctx: BtfTracePointContext) -> i32 {
     }
     let off = offsets();
     let task: *const u8 = ctx.arg(0);
-    let signal = read_ptr(task, off.task_signal);
-    let leader = read_ptr(task, off.task_group_leader);
-    let signal_flags: u32 = read(signal, off.signal_flags);
-    let (status, flags) = wait_status(&off, signal, signal_flags, leader);
-    let start = read::<u64>(leader, off.task_start_boottime);
+    let mut failed = false;
+    let signal = read_ptr(task, off.task_signal, &mut failed);
+    let leader = read_ptr(task, off.task_group_leader, &mut failed);
+    let signal_flags: u32 = read(signal, off.signal_flags, &mut failed);
+    let (status, flags) = wait_status(&off, signal, signal_flags, leader, &mut failed);
+    let start = read::<u64>(leader, off.task_start_boottime, &mut failed);
     report_exit(
         &off,
         signal,
         status,
         flags | EXIT_FLAG_GROUP_DEAD_ARG,
         start,
+        failed,
     )
 }
 
@@ -379,8 +407,11 @@ fn cgroup_event(ctx: &BtfTracePointContext, kind: u32) -> i32 {
     let off = offsets();
     let cgrp: *const u8 = ctx.arg(0);
     let path: *const u8 = ctx.arg(1);
-    let root = read_ptr(cgrp, off.cgroup_root);
-    let hierarchy_id: i32 = read(root, off.cgroup_root_hierarchy_id);
+    // A failed read is counted; a cgroup record has no flag for it: a zero id is
+    // unknown to user space, whose task records then ask for a rescan.
+    let mut failed = false;
+    let root = read_ptr(cgrp, off.cgroup_root, &mut failed);
+    let hierarchy_id: i32 = read(root, off.cgroup_root_hierarchy_id, &mut failed);
     // SAFETY: a plain read of a global the loader initialised.
     let mask = unsafe { core::ptr::read_volatile(&HIERARCHY_MASK) };
     if !(0..64).contains(&hierarchy_id) || mask & (1u64 << hierarchy_id) == 0 {
@@ -407,13 +438,13 @@ fn cgroup_event(ctx: &BtfTracePointContext, kind: u32) -> i32 {
         count(counter::FILTERED);
         return 0;
     }
-    let kn = read_ptr(cgrp, off.cgroup_kn);
+    let kn = read_ptr(cgrp, off.cgroup_kn, &mut failed);
     // SAFETY: as above; the record is then copied into the ring buffer.
     let sent = unsafe {
         (*ev).header = header(kind);
         (*ev).hierarchy_id = hierarchy_id as u32;
-        (*ev).level = read::<i32>(cgrp, off.cgroup_level) as u32;
-        (*ev).cgroup_id = read::<u64>(kn, off.kernfs_node_id);
+        (*ev).level = read::<i32>(cgrp, off.cgroup_level, &mut failed) as u32;
+        (*ev).cgroup_id = read::<u64>(kn, off.kernfs_node_id, &mut failed);
         (*ev)._pad = 0;
         EVENTS.output::<CgroupEvent>(&*ev, 0)
     };
@@ -443,7 +474,8 @@ pub fn mark_victim(ctx: BtfTracePointContext) -> i32 {
     let off = offsets();
     let (tgid, flags) = if off.oom_victim_arg_is_task != 0 {
         let task: *const u8 = ctx.arg(0);
-        (read::<u32>(task, off.task_tgid), 0)
+        // A failed read gives tgid 0, which matches no exit.
+        (read::<u32>(task, off.task_tgid, &mut false), 0)
     } else {
         (ctx.arg::<u64>(0) as u32, OOM_VICTIM_TID_ONLY)
     };

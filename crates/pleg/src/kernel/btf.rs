@@ -677,6 +677,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         signal_group_exit_code: off("signal_struct", "group_exit_code")?,
         task_mm: off("task_struct", "mm")?,
         exit_group_dead_arg: u32::from(btf.tracepoint_arg_count("sched_process_exit")? >= 2),
+        task_cgroups: off("task_struct", "cgroups")?,
+        css_set_dfl_cgrp: off("css_set", "dfl_cgrp")?,
     };
     tracing::debug!(
         origin = btf.origin(),
@@ -842,6 +844,8 @@ mod tests {
         signal_group_exit_code: 100,
         task_mm: 1280,
         exit_group_dead_arg: 0,
+        task_cgroups: 1320,
+        css_set_dfl_cgrp: 136,
     };
 
     /// A blob shaped like vmlinux's parts we use: `task_struct` wraps its fields in
@@ -894,6 +898,14 @@ mod tests {
             ],
         );
         let signal_ptr = b.ptr(signal);
+        let fwd_cgroup = b.record("cgroup", kind::FWD, false, 0, 0, &[]);
+        let cgroup_ptr = b.ptr(fwd_cgroup);
+        let css_set = b.struct_(
+            "css_set",
+            512,
+            &[("refcount", int, 0), ("dfl_cgrp", cgroup_ptr, 136 * 8)],
+        );
+        let css_set_ptr = b.ptr(css_set);
         // Bitfields (kind_flag) before the anonymous part.
         let flags = b.composite(
             kind::STRUCT,
@@ -919,6 +931,7 @@ mod tests {
                 ("real_parent", task_ptr_fwd, 128),
                 ("group_leader", task_ptr_fwd, 256),
                 ("mm", char_ptr, 384),
+                ("cgroups", css_set_ptr, (1320 - 1232) * 8),
                 ("start_boottime", u64_, (1700 - 1232) * 8),
             ],
         );
@@ -1379,6 +1392,7 @@ mod tests {
             o.task_signal,
             o.task_start_boottime,
             o.task_mm,
+            o.task_cgroups,
         ];
         for (i, a) in task.iter().enumerate() {
             assert!(*a != 0 && *a < 16384, "{o:?}");
@@ -1402,6 +1416,7 @@ mod tests {
         }
         assert!(o.signal_oom_mm != 0 && o.signal_oom_mm < 4096, "{o:?}");
         assert!(o.binprm_filename < 1024, "{o:?}");
+        assert!(o.css_set_dfl_cgrp < 1024, "{o:?}");
         let cg = [o.cgroup_kn, o.cgroup_level, o.cgroup_root];
         assert!(cg.iter().all(|&v| v < 8192), "{o:?}");
         assert!(cg[0] != cg[1] && cg[1] != cg[2] && cg[0] != cg[2], "{o:?}");

@@ -7,9 +7,9 @@
 use std::mem::size_of;
 
 use evpleg_events::{
-    CGROUP_PATH_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
-    EVENT_OOM_VICTIM, EXIT_FLAG_OOM_KILLED, EventHeader, ExecEvent, ExitEvent, OOM_VICTIM_TID_ONLY,
-    OomVictimEvent,
+    CGROUP_PATH_LEN, COMM_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC,
+    EVENT_EXIT, EVENT_OOM_VICTIM, EXEC_FLAG_READ_ERROR, EXIT_FLAG_OOM_KILLED, EXIT_FLAG_READ_ERROR,
+    EventHeader, ExecEvent, ExitEvent, FILENAME_LEN, OOM_VICTIM_TID_ONLY, OomVictimEvent,
 };
 
 use evpleg_core::lifecycle::ExitStatus;
@@ -62,6 +62,60 @@ impl KernelEvent {
     }
 }
 
+/// A kernel string (a `comm`, a file name) kept as the record's bytes, up to
+/// its NUL: decoding a record allocates nothing (the reader's hot path).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Name<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Name<N> {
+    pub fn new(raw: &[u8; N]) -> Self {
+        Self {
+            bytes: *raw,
+            len: c_string(raw).len(),
+        }
+    }
+
+    /// The name up to its first byte that is not UTF-8 (a kernel name is bytes).
+    pub fn as_str(&self) -> &str {
+        let bytes = &self.bytes[..self.len];
+        match std::str::from_utf8(bytes) {
+            Ok(s) => s,
+            // SAFETY-free: the prefix up to `valid_up_to` is valid UTF-8.
+            Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+        }
+    }
+}
+
+impl<const N: usize> From<&str> for Name<N> {
+    fn from(s: &str) -> Self {
+        let mut bytes = [0u8; N];
+        let n = s.len().min(N);
+        bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
+        Self::new(&bytes)
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for Name<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl<const N: usize> std::fmt::Display for Name<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<const N: usize> PartialEq<&str> for Name<N> {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// A process identity that survives PID reuse: the pid and its start time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcessKey {
@@ -76,8 +130,14 @@ pub struct Exec {
     pub process: ProcessKey,
     pub ppid: u32,
     pub cgroup_id: u64,
-    pub comm: String,
-    pub filename: String,
+    /// The parent's cgroup2 cgroup id: inside the container for a hook or a
+    /// child, outside for the runtime's init exec'ing the entrypoint.
+    pub parent_cgroup_id: u64,
+    /// A kernel read for the record failed: its start time, parent, parent's
+    /// cgroup or file name may be zeros (a hint, never the main process).
+    pub read_error: bool,
+    pub comm: Name<COMM_LEN>,
+    pub filename: Name<FILENAME_LEN>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +148,10 @@ pub struct Exit {
     pub status: ExitStatus,
     /// The raw wait status.
     pub wait_status: u32,
-    pub comm: String,
+    /// A kernel read for the record failed: its status or start time may be
+    /// zeros (a hint, never a certain death).
+    pub read_error: bool,
+    pub comm: Name<COMM_LEN>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,10 +184,6 @@ fn read_record<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
 fn c_string(bytes: &[u8]) -> &[u8] {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     &bytes[..end]
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(c_string(bytes)).into_owned()
 }
 
 /// The thread group of thread `tid`, from `/proc/<tid>/status` (only for kernels
@@ -164,8 +223,10 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                 },
                 ppid: e.ppid,
                 cgroup_id: e.cgroup_id,
-                comm: lossy(&e.comm),
-                filename: lossy(&e.filename),
+                parent_cgroup_id: e.parent_cgroup_id,
+                read_error: e.flags & EXEC_FLAG_READ_ERROR != 0,
+                comm: Name::new(&e.comm),
+                filename: Name::new(&e.filename),
             }))
         }
         EVENT_EXIT => {
@@ -182,7 +243,8 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                     e.flags & EXIT_FLAG_OOM_KILLED != 0,
                 ),
                 wait_status: e.exit_code,
-                comm: lossy(&e.comm),
+                read_error: e.flags & EXIT_FLAG_READ_ERROR != 0,
+                comm: Name::new(&e.comm),
             }))
         }
         EVENT_CGROUP_MKDIR | EVENT_CGROUP_RMDIR => {
@@ -244,7 +306,27 @@ pub(crate) mod encode {
         out
     }
 
+    /// The cgroup id [`exec`] gives the parent: the shim's, outside every
+    /// container (a runtime's init exec'ing the entrypoint).
+    pub const OUTSIDE: u64 = 2;
+
+    /// An exec by a task whose parent (pid 1) is outside the container: the
+    /// runtime's init exec'ing the entrypoint.
     pub fn exec(at: u64, pid: u32, start: u64, cgroup_id: u64, filename: &str) -> Vec<u8> {
+        exec_by(at, pid, start, cgroup_id, filename, (1, OUTSIDE), 0)
+    }
+
+    /// An exec whose parent is `(ppid, parent's cgroup id)`, with `flags`
+    /// (`EXEC_FLAG_*`).
+    pub fn exec_by(
+        at: u64,
+        pid: u32,
+        start: u64,
+        cgroup_id: u64,
+        filename: &str,
+        (ppid, parent_cgroup_id): (u32, u64),
+        flags: u32,
+    ) -> Vec<u8> {
         bytes_of(&ExecEvent {
             header: EventHeader {
                 kind: EVENT_EXEC,
@@ -253,10 +335,13 @@ pub(crate) mod encode {
             },
             pid,
             tid: pid,
-            ppid: 1,
+            ppid,
             old_pid: pid,
             cgroup_id,
             start_boottime_ns: start,
+            parent_cgroup_id,
+            flags,
+            _pad: 0,
             comm: fill("comm"),
             filename: fill(filename),
         })
@@ -323,12 +408,41 @@ mod tests {
             (10, 42, 99)
         );
         assert_eq!((e.cgroup_id, e.filename.as_str()), (7, "/bin/true"));
+        assert_eq!(e.filename, "/bin/true");
+        assert_eq!(e.comm.to_string(), "comm");
+        let cut: Name<4> = Name::new(&[b'a', 0xff, b'b', 0]);
+        assert_eq!(cut.as_str(), "a", "the UTF-8 prefix of a kernel name");
+        assert_eq!(
+            (e.ppid, e.parent_cgroup_id, e.read_error),
+            (1, encode::OUTSIDE, false)
+        );
+        let hook = decode(&encode::exec_by(
+            10,
+            43,
+            99,
+            7,
+            "/hook",
+            (42, 7),
+            EXEC_FLAG_READ_ERROR,
+        ));
+        let Ok(KernelEvent::Exec(h)) = hook else {
+            panic!("not an exec: {hook:?}")
+        };
+        assert_eq!((h.ppid, h.parent_cgroup_id, h.read_error), (42, 7, true));
+        let flagged = decode(&encode::exit(11, 42, 0, 7, 0, EXIT_FLAG_READ_ERROR));
+        let Ok(KernelEvent::Exit(f)) = flagged else {
+            panic!("not an exit: {flagged:?}")
+        };
+        assert!(f.read_error);
 
         let exit = decode(&encode::exit(11, 42, 99, 7, 0x700, 0)).unwrap();
         let KernelEvent::Exit(x) = exit else {
             panic!("not an exit: {exit:?}")
         };
-        assert_eq!((x.status.code, x.status.oom_killed), (7, false));
+        assert_eq!(
+            (x.status.code, x.status.oom_killed, x.read_error),
+            (7, false, false)
+        );
         let oom = decode(&encode::exit(11, 42, 99, 7, 9, EXIT_FLAG_OOM_KILLED)).unwrap();
         let KernelEvent::Exit(x) = oom else {
             panic!("not an exit: {oom:?}")

@@ -19,6 +19,36 @@ use super::relist_requests::{RelistReason, RelistRequests};
 /// The part of the kernel path the reader is.
 pub const READER_PART: &str = "ring-buffer reader";
 
+/// How long the reader may go without finishing a pass of its loop before it
+/// counts as blocked (it wakes at least every 5 s when idle: on stderr, a
+/// lock or I/O it would otherwise look healthy forever).
+pub const HEARTBEAT_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Degrades `cell` when the reader's last heartbeat (`last_ns`, 0: none yet,
+/// the start counts) is older than `bound` at `now_ns`. Returns whether it
+/// did.
+pub fn check_heartbeat(
+    cell: &HealthCell,
+    started_ns: u64,
+    last_ns: u64,
+    now_ns: u64,
+    bound: std::time::Duration,
+) -> bool {
+    let last = last_ns.max(started_ns);
+    let age = now_ns.saturating_sub(last);
+    if age <= bound.as_nanos() as u64 || cell.get() != KernelHealth::Running {
+        return false;
+    }
+    let reason = format!(
+        "blocked: no pass of its loop for {} ms (bound {} ms)",
+        age / 1_000_000,
+        bound.as_millis()
+    );
+    error!(part = READER_PART, %reason, "kernel pleg degraded: the ring-buffer reader is blocked; the relist falls back to 1 s");
+    cell.degrade(READER_PART, now_ns, reason);
+    true
+}
+
 /// Shared health of the kernel path; a degradation wakes whoever waits in
 /// [`HealthCell::degraded`] (no polling).
 #[derive(Debug)]
@@ -116,6 +146,34 @@ mod tests {
             now_ns: || 42,
         };
         (g, health, signal)
+    }
+
+    /// Issue #25: a reader blocked (on stderr, a lock, I/O) looked healthy
+    /// forever; past the heartbeat bound it is degraded, once.
+    #[test]
+    fn a_reader_without_a_heartbeat_past_the_bound_is_degraded() {
+        let cell = HealthCell::default();
+        let bound = std::time::Duration::from_secs(20);
+        let s = 1_000_000_000;
+        assert!(
+            !check_heartbeat(&cell, 5 * s, 0, 24 * s, bound),
+            "since the start"
+        );
+        assert!(
+            !check_heartbeat(&cell, 5 * s, 10 * s, 30 * s, bound),
+            "at the bound"
+        );
+        assert_eq!(cell.get(), KernelHealth::Running);
+        assert!(check_heartbeat(&cell, 5 * s, 10 * s, 31 * s, bound));
+        assert!(matches!(
+            cell.get(),
+            KernelHealth::Degraded { part: READER_PART, since_ns, ref reason }
+                if since_ns == 31 * s && reason.starts_with("blocked: no pass of its loop for 21000 ms")
+        ));
+        assert!(
+            !check_heartbeat(&cell, 5 * s, 10 * s, 40 * s, bound),
+            "once"
+        );
     }
 
     #[test]

@@ -8,11 +8,14 @@
 //!
 //! | state | input | next state | effect | transition |
 //! |---|---|---|---|---|
-//! | `Fresh` | exec, not a runtime re-exec | `Certain` | Started | [`MainState::exec`]: `main_exec` |
+//! | `Fresh` | exec by the runtime's init (parent outside the container) | `Certain` | Started | [`MainState::exec`]: `main_exec` |
 //! | `Fresh` | exec, runtime re-exec | `Fresh` | none | `runtime_reexec` |
+//! | `Fresh` | exec with its parent inside the container (a hook) | `Fresh` | none | `inner_exec` |
+//! | `Fresh` | exec whose record has a read error | `Uncertain(None)` | hint | `unread_exec` |
 //! | `Certain(m)` | exec by `m` | `Certain` (new key) | none | `main_reexec` |
 //! | `Certain`, `Uncertain`, `Exited` | exec by another process | same | none | `other_exec` |
 //! | `Certain(m)` | exit of `m` | `Exited` | Died (status) | [`MainState::exit`]: `main_exit` |
+//! | `Certain(m)`, `Uncertain(Some(m))` | exit of `m`'s pid, read error | `Uncertain(None)` | hint | `unread_exit` |
 //! | `Uncertain(Some(c))` | exit of `c` | `Uncertain(None)` | hint | `candidate_exit` |
 //! | `Uncertain(None)` | any exit | same | hint | `unknown_main_exit` |
 //! | other | another exit | same | none | `other_exit` |
@@ -20,19 +23,35 @@
 //! | `Certain(m)` | runtime's pid, not `m` | `Certain(pid)` | none | `corrected` |
 //! | `Certain(m)` | runtime's pid is `m` | same | none | `agreed` |
 //! | `Exited` | runtime's pid | same | none | `stale_confirmation` |
+//! | `Exited` | the runtime contradicted the death | `Uncertain(None)` | none | [`MainState::contradicted`]: `contradicted` |
+//! | `Fresh` | records lost | `Uncertain(None)` | none | [`MainState::records_lost`]: `demoted` |
+//! | `Certain(m)` | records lost | `Uncertain(Some(m))` | none | `demoted` |
 //! | `Uncertain` | its mkdir read from the ring | `Fresh` | none | [`MainState::history_in_ring`] |
 //! | `Exited` | cgroup removed | forgotten | none | [`MainState::removed`]: `removed_after_death` |
 //! | `Fresh` | cgroup removed | forgotten | none | `removed_unstarted` |
 //! | `Uncertain(None)` | cgroup removed | forgotten | hint | `removed_after_hints` |
 //! | `Certain`, `Uncertain(Some)` | cgroup removed | forgotten | hint + relist | `removed_before_death` |
 //!
+//! The main process is the one the runtime's init becomes: runc's and crun's
+//! init waits in the container's cgroup, its parent the shim (outside the
+//! container), and execs the entrypoint. OCI `createContainer` and
+//! `startContainer` hooks run inside the container's cgroup before that, as
+//! children of the init: an exec whose parent is inside the container is never
+//! the main process, however early it comes.
+//!
 //! A removal misses nothing when no main process ever ran (`Fresh`: a container
 //! created and never started), or when every exit since the candidate's was
 //! already a hint (`Uncertain(None)`); otherwise the main process's exit was
 //! missed, and the pod is relisted.
 //!
-//! A container leaves `Exited` only by being forgotten: Kubernetes restarts a
-//! container under a new id, in a new cgroup.
+//! Certainty rests on having seen every record of the container: when records
+//! are lost (a full ring buffer), a `Fresh` container may have missed its
+//! entrypoint's exec and a `Certain` one its main's exit or a runtime re-exec,
+//! so both are demoted until the runtime's pid confirms the main process again.
+//!
+//! A container leaves `Exited` only by being forgotten (Kubernetes restarts a
+//! container under a new id, in a new cgroup), or when the runtime contradicts
+//! the death: the exit was not the main process's, and the real one is to come.
 
 use super::event::ProcessKey;
 
@@ -92,6 +111,22 @@ pub enum MainState {
     Exited(MainId),
 }
 
+/// Who exec'd, as far as the kernel record tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecOrigin {
+    /// The task's parent is outside the container: the runtime's init (whose
+    /// parent is the shim) exec'ing the entrypoint.
+    Outside,
+    /// The task's parent is inside the container: a hook run by the init, or
+    /// a child of a process in the container.
+    Inside,
+    /// A container runtime re-executing itself ([`super::tracker::is_runtime_reexec`]).
+    RuntimeReexec,
+    /// A kernel read for the record failed: the start time, the parent or the
+    /// file name may be zeros.
+    Unread,
+}
+
 /// What a transition asks the tracker to report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Effect {
@@ -111,6 +146,11 @@ pub enum Effect {
 pub enum Transition {
     MainExec,
     RuntimeReexec,
+    InnerExec,
+    UnreadExec,
+    UnreadExit,
+    Contradicted,
+    Demoted,
     MainReexec,
     OtherExec,
     MainExit,
@@ -148,15 +188,19 @@ fn step(next: MainState, transition: Transition, effect: Effect) -> Step {
 
 impl MainState {
     /// A process exec'd in the container's cgroup (or one nested in it).
-    pub fn exec(self, process: ProcessKey, runtime_reexec: bool, tick_ns: u64) -> Step {
+    pub fn exec(self, process: ProcessKey, origin: ExecOrigin, tick_ns: u64) -> Step {
         use Transition::*;
         match self {
-            Self::Fresh if runtime_reexec => step(self, RuntimeReexec, Effect::None),
-            Self::Fresh => step(
-                Self::Certain(MainId::Exact(process)),
-                MainExec,
-                Effect::Started(process.pid),
-            ),
+            Self::Fresh => match origin {
+                ExecOrigin::Outside => step(
+                    Self::Certain(MainId::Exact(process)),
+                    MainExec,
+                    Effect::Started(process.pid),
+                ),
+                ExecOrigin::RuntimeReexec => step(self, RuntimeReexec, Effect::None),
+                ExecOrigin::Inside => step(self, InnerExec, Effect::None),
+                ExecOrigin::Unread => step(Self::Uncertain(None), UnreadExec, Effect::Hint),
+            },
             // A shell's `exec`: the same process, a new image.
             Self::Certain(m) if m.matches(process, tick_ns) => step(
                 Self::Certain(MainId::Exact(process)),
@@ -169,10 +213,15 @@ impl MainState {
         }
     }
 
-    /// A process in the container exited.
-    pub fn exit(self, process: ProcessKey, tick_ns: u64) -> Step {
+    /// A process in the container exited; `read_error`: a kernel read for the
+    /// record failed (its status and start time may be zeros), so an exit that
+    /// may be the main process's is only a hint.
+    pub fn exit(self, process: ProcessKey, read_error: bool, tick_ns: u64) -> Step {
         use Transition::*;
         match self {
+            Self::Certain(m) | Self::Uncertain(Some(m)) if read_error && m.pid() == process.pid => {
+                step(Self::Uncertain(None), UnreadExit, Effect::Hint)
+            }
             Self::Certain(m) if m.matches(process, tick_ns) => step(
                 Self::Exited(MainId::Exact(process)),
                 MainExit,
@@ -195,6 +244,33 @@ impl MainState {
             Self::Certain(m) if m.same(&pid, tick_ns) => step(self, Agreed, Effect::None),
             Self::Certain(_) => step(Self::Certain(pid), Corrected, Effect::None),
             Self::Exited(_) => step(self, StaleConfirmation, Effect::None),
+        }
+    }
+
+    /// The runtime still reports running a container whose death the kernel
+    /// reported, past the confirmation bound: that exit was not the main
+    /// process's. The main process is unknown again (the runtime's pid, handed
+    /// with the same view, makes it certain), so that the real death is seen.
+    pub fn contradicted(self) -> Step {
+        match self {
+            Self::Exited(_) => step(
+                Self::Uncertain(None),
+                Transition::Contradicted,
+                Effect::None,
+            ),
+            _ => step(self, Transition::Unchanged, Effect::None),
+        }
+    }
+
+    /// Records were lost (the ring buffer was full): certainty that rests on
+    /// having seen every record of the container ends. A `Fresh` container may
+    /// have missed its entrypoint's exec (the next exec would be taken for it);
+    /// a `Certain` one its main process's exit or re-exec.
+    pub fn records_lost(self) -> Step {
+        match self {
+            Self::Fresh => step(Self::Uncertain(None), Transition::Demoted, Effect::None),
+            Self::Certain(m) => step(Self::Uncertain(Some(m)), Transition::Demoted, Effect::None),
+            _ => step(self, Transition::Unchanged, Effect::None),
         }
     }
 
@@ -258,24 +334,56 @@ mod tests {
 
     #[test]
     fn exec_table() {
+        use ExecOrigin::{Inside, Outside, RuntimeReexec, Unread};
         let main = key(10, 1_000);
         let other = key(11, 2_000);
         let reused = key(10, 9_000);
-        // (state, process, runtime re-exec, next, transition, effect)
+        // (state, process, origin, next, transition, effect)
         let rows = [
+            // The runtime's init (its parent the shim, outside) execs the entrypoint.
             (
                 S::Fresh,
                 main,
-                false,
+                Outside,
                 S::Certain(MainId::Exact(main)),
                 T::MainExec,
                 E::Started(10),
             ),
-            (S::Fresh, main, true, S::Fresh, T::RuntimeReexec, E::None),
+            (
+                S::Fresh,
+                main,
+                RuntimeReexec,
+                S::Fresh,
+                T::RuntimeReexec,
+                E::None,
+            ),
+            // An OCI createContainer/startContainer hook: the init's child, in
+            // the container's cgroup before the entrypoint. Never the main
+            // process, however early (issue #25: it was, being first).
+            (S::Fresh, other, Inside, S::Fresh, T::InnerExec, E::None),
+            // Who exec'd is unknown (a kernel read failed): a hint, and the
+            // runtime's pid decides.
+            (
+                S::Fresh,
+                main,
+                Unread,
+                S::Uncertain(None),
+                T::UnreadExec,
+                E::Hint,
+            ),
             (
                 S::Certain(exact(10, 1_000)),
                 main,
-                false,
+                Outside,
+                S::Certain(MainId::Exact(main)),
+                T::MainReexec,
+                E::None,
+            ),
+            // A shell's `exec`: its parent is the shim still.
+            (
+                S::Certain(exact(10, 1_000)),
+                main,
+                Inside,
                 S::Certain(MainId::Exact(main)),
                 T::MainReexec,
                 E::None,
@@ -283,7 +391,7 @@ mod tests {
             (
                 S::Certain(exact(10, 1_000)),
                 other,
-                false,
+                Outside,
                 S::Certain(exact(10, 1_000)),
                 T::OtherExec,
                 E::None,
@@ -292,7 +400,7 @@ mod tests {
             (
                 S::Certain(exact(10, 1_000)),
                 reused,
-                false,
+                Outside,
                 S::Certain(exact(10, 1_000)),
                 T::OtherExec,
                 E::None,
@@ -301,7 +409,7 @@ mod tests {
             (
                 S::Certain(ticks(10, 0)),
                 main,
-                false,
+                Outside,
                 S::Certain(MainId::Exact(main)),
                 T::MainReexec,
                 E::None,
@@ -311,7 +419,7 @@ mod tests {
             (
                 S::Uncertain(None),
                 other,
-                false,
+                Outside,
                 S::Uncertain(None),
                 T::OtherExec,
                 E::None,
@@ -319,7 +427,7 @@ mod tests {
             (
                 S::Uncertain(Some(ticks(10, 0))),
                 other,
-                false,
+                Outside,
                 S::Uncertain(Some(ticks(10, 0))),
                 T::OtherExec,
                 E::None,
@@ -327,15 +435,15 @@ mod tests {
             (
                 S::Exited(exact(10, 1_000)),
                 other,
-                false,
+                Outside,
                 S::Exited(exact(10, 1_000)),
                 T::OtherExec,
                 E::None,
             ),
         ];
-        for (i, (state, process, reexec, next, transition, effect)) in rows.into_iter().enumerate()
+        for (i, (state, process, origin, next, transition, effect)) in rows.into_iter().enumerate()
         {
-            let got = state.exec(process, reexec, TICK);
+            let got = state.exec(process, origin, TICK);
             assert_eq!(
                 got,
                 Step {
@@ -343,9 +451,32 @@ mod tests {
                     transition,
                     effect
                 },
-                "row {i}: {state:?} exec {process:?}"
+                "row {i}: {state:?} exec {process:?} {origin:?}"
             );
         }
+    }
+
+    /// A hook exec'd and exited before the entrypoint (its parent, the init,
+    /// inside the container): no start, no death; the entrypoint's exec is the
+    /// start and its exit the death.
+    #[test]
+    fn a_hook_before_the_entrypoint_is_neither_its_start_nor_its_death() {
+        let hook = key(20, 5_000);
+        let init = key(19, 4_000);
+        let mut state = S::Fresh;
+        let mut effects = Vec::new();
+        for step in [
+            |s: S, h: ProcessKey, _: ProcessKey| s.exec(h, ExecOrigin::Inside, TICK),
+            |s: S, h: ProcessKey, _: ProcessKey| s.exit(h, false, TICK),
+            |s: S, _: ProcessKey, i: ProcessKey| s.exec(i, ExecOrigin::Outside, TICK),
+            |s: S, _: ProcessKey, i: ProcessKey| s.exit(i, false, TICK),
+        ] {
+            let got = step(state, hook, init);
+            effects.push(got.effect);
+            state = got.next.expect("kept");
+        }
+        assert_eq!(effects, [E::None, E::None, E::Started(19), E::Died(19)]);
+        assert_eq!(state, S::Exited(MainId::Exact(init)));
     }
 
     #[test]
@@ -414,7 +545,7 @@ mod tests {
         ];
         for (i, (state, process, next, transition, effect)) in rows.into_iter().enumerate() {
             assert_eq!(
-                state.exit(process, TICK),
+                state.exit(process, false, TICK),
                 Step {
                     next: Some(next),
                     transition,
@@ -423,6 +554,105 @@ mod tests {
                 "row {i}: {state:?} exit {process:?}"
             );
         }
+    }
+
+    /// A flagged exit record (a kernel read failed: status and start time may
+    /// be zeros) is never a certain death: the main's pid gives a hint.
+    #[test]
+    fn an_exit_with_a_read_error_is_a_hint() {
+        let main = key(10, 25_000_000);
+        let zeroed = key(10, 0);
+        let rows = [
+            (
+                S::Certain(MainId::Exact(main)),
+                main,
+                S::Uncertain(None),
+                T::UnreadExit,
+                E::Hint,
+            ),
+            // The start time read as zero: the main's pid still gives the hint
+            // (unflagged, it would not match and the death would be lost).
+            (
+                S::Certain(MainId::Exact(main)),
+                zeroed,
+                S::Uncertain(None),
+                T::UnreadExit,
+                E::Hint,
+            ),
+            (
+                S::Uncertain(Some(ticks(10, 2))),
+                zeroed,
+                S::Uncertain(None),
+                T::UnreadExit,
+                E::Hint,
+            ),
+            (
+                S::Certain(MainId::Exact(main)),
+                key(11, 0),
+                S::Certain(MainId::Exact(main)),
+                T::OtherExit,
+                E::None,
+            ),
+            (
+                S::Uncertain(None),
+                zeroed,
+                S::Uncertain(None),
+                T::UnknownMainExit,
+                E::Hint,
+            ),
+        ];
+        for (i, (state, process, next, transition, effect)) in rows.into_iter().enumerate() {
+            assert_eq!(
+                state.exit(process, true, TICK),
+                Step {
+                    next: Some(next),
+                    transition,
+                    effect
+                },
+                "row {i}: {state:?} flagged exit {process:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn contradiction_and_lost_records_table() {
+        let m = exact(10, 1_000);
+        type Input = fn(MainState) -> Step;
+        let (contradicted, lost): (Input, Input) = (S::contradicted, S::records_lost);
+        let rows = [
+            (
+                S::Exited(m),
+                contradicted,
+                S::Uncertain(None),
+                T::Contradicted,
+            ),
+            (S::Certain(m), contradicted, S::Certain(m), T::Unchanged),
+            (S::Fresh, lost, S::Uncertain(None), T::Demoted),
+            (S::Certain(m), lost, S::Uncertain(Some(m)), T::Demoted),
+            (S::Exited(m), lost, S::Exited(m), T::Unchanged),
+            (S::Uncertain(None), lost, S::Uncertain(None), T::Unchanged),
+        ];
+        for (i, (state, input, next, transition)) in rows.into_iter().enumerate() {
+            assert_eq!(
+                input(state),
+                Step {
+                    next: Some(next),
+                    transition,
+                    effect: E::None
+                },
+                "row {i}: {state:?}"
+            );
+        }
+        // After a contradiction the runtime's pid makes the main certain again,
+        // and its exit is the death.
+        let runtime = ticks(30, 2);
+        let step = S::Exited(m).contradicted().next.expect("kept");
+        let step = step.confirm(runtime, TICK).next.expect("kept");
+        assert_eq!(step, S::Certain(runtime));
+        assert_eq!(
+            step.exit(key(30, 25_000_000), false, TICK).effect,
+            E::Died(30)
+        );
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct RuntimeContainer {
     /// The runtime's record of its main process (host pid), when the runtime
     /// gives it (containerd and CRI-O: `ContainerStatus` with `verbose`).
     pub pid: Option<u32>,
+    /// This relist found the kernel's death of the container contradicted past
+    /// the confirmation bound: the tracker forgets that death's main process.
+    pub contradicted: bool,
 }
 
 /// Health of the kernel path: the reader thread alive, or since when it is not.
@@ -164,6 +167,9 @@ pub struct KernelPleg {
     wake: Arc<reader::Wake>,
     offsets: evpleg_events::KernelOffsets,
     health: Arc<HealthCell>,
+    /// When the reader was started (CLOCK_MONOTONIC ns): its first heartbeat
+    /// is due from then.
+    started_ns: u64,
 }
 
 impl KernelPleg {
@@ -257,6 +263,7 @@ impl KernelPleg {
             wake,
             offsets,
             health,
+            started_ns: monotonic_ns(),
         })
     }
 
@@ -292,6 +299,19 @@ impl KernelPleg {
     /// Whether the reader thread runs, or since when and why it does not.
     pub fn health(&self) -> KernelHealth {
         self.health.get()
+    }
+
+    /// Degrades the path when the reader has not finished a pass of its loop
+    /// within [`health::HEARTBEAT_BOUND`] (blocked, not stopped: issue #25).
+    /// Returns whether it did.
+    pub fn check_heartbeat(&self, now_ns: u64) -> bool {
+        health::check_heartbeat(
+            &self.health,
+            self.started_ns,
+            self.stats.heartbeat_ns.load(Ordering::Relaxed),
+            now_ns,
+            health::HEARTBEAT_BOUND,
+        )
     }
 
     /// Returns once the reader thread stopped without being asked to.

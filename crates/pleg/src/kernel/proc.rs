@@ -112,6 +112,7 @@ mod tests {
             sandbox: false,
             running: true,
             pid,
+            contradicted: false,
         };
         let alive = ProcIdentity {
             pid: 10,

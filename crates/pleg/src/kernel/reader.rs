@@ -88,6 +88,16 @@ pub struct KernelStats {
     pub corrected: AtomicU64,
     pub unconfirmed: AtomicU64,
     pub pruned: AtomicU64,
+    /// Containers demoted to uncertain because records were lost.
+    pub demoted: AtomicU64,
+    /// Kernel deaths the runtime contradicted, told to the tracker.
+    pub contradicted: AtomicU64,
+    /// Running containers the runtime lists whose cgroup no rescan found (a
+    /// misconfigured root: their deaths wait for a relist), as last counted.
+    pub unfound: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the reader loop's last pass (at least every 5 s):
+    /// the supervisor's heartbeat.
+    pub heartbeat_ns: AtomicU64,
 }
 
 impl Default for KernelStats {
@@ -113,6 +123,10 @@ impl Default for KernelStats {
             confirmed: AtomicU64::new(0),
             corrected: AtomicU64::new(0),
             unconfirmed: AtomicU64::new(0),
+            demoted: AtomicU64::new(0),
+            contradicted: AtomicU64::new(0),
+            unfound: AtomicU64::new(0),
+            heartbeat_ns: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
         }
     }
@@ -320,6 +334,9 @@ impl Reader {
                 let until = Duration::from_nanos(next.saturating_sub(monotonic_ns()));
                 timeout = timeout.min(until);
             }
+            self.stats
+                .heartbeat_ns
+                .store(monotonic_ns(), Ordering::Relaxed);
             epoll.wait(timeout);
             self.wake.drain();
             self.rescan_for_reconciles();
@@ -390,6 +407,14 @@ impl Reader {
         {
             self.rescan(None);
         }
+        if let KernelEvent::Exec(exec) = &ev
+            && self.tracker.exec_would_start(exec)
+        {
+            // A start makes the main process certain only if no record was lost
+            // before it (the entrypoint's own exec may have been): the drop
+            // counter is read first (once per container start).
+            self.check_drops();
+        }
         if let Handled::UnknownCgroup { cgroup_id } = self.tracker.handle(&ev, out) {
             let pending = match &ev {
                 KernelEvent::Exec(exec) => Some(exec.process),
@@ -458,6 +483,9 @@ impl Reader {
     }
 
     fn reconciled(&mut self, r: &Reconciliation, outcome: &ReconcileOutcome) {
+        for id in &outcome.unfound {
+            warn!(container = %id, "the runtime lists a running container whose cgroup is under no kernel pleg root; its death waits for a relist (check --cgroup-root)");
+        }
         for id in &outcome.corrected {
             warn!(container = %id, "the runtime's main pid differs from the one the kernel saw; the runtime's wins");
         }
@@ -526,20 +554,34 @@ impl Reader {
         s.corrected.store(t.corrected, Ordering::Relaxed);
         s.unconfirmed.store(t.unconfirmed, Ordering::Relaxed);
         s.pruned.store(t.pruned, Ordering::Relaxed);
+        s.demoted.store(t.demoted, Ordering::Relaxed);
+        s.contradicted.store(t.contradicted, Ordering::Relaxed);
+        s.unfound
+            .store(self.tracker.sizes().2 as u64, Ordering::Relaxed);
+    }
+
+    /// Reads the kernel's drop counter: records lost since the last read end
+    /// the certainty that rested on them (every container is demoted until
+    /// the runtime's pid confirms its main process) and request a relist.
+    fn check_drops(&mut self) {
+        let dropped = sum(&self.loaded.counters, counter::DROPPED);
+        let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
+        if dropped > before {
+            let demoted = self.tracker.records_lost(monotonic_ns());
+            warn!(
+                lost = dropped - before,
+                demoted,
+                "kernel ring buffer full: records lost, containers demoted to uncertain, relist requested"
+            );
+            self.relist.request(RelistReason::KernelDrop);
+            self.store_tracker_stats();
+        }
     }
 
     fn poll_counters(&mut self) {
         self.store_tracker_stats();
+        self.check_drops();
         let c = &self.loaded.counters;
-        let dropped = sum(c, counter::DROPPED);
-        let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
-        if dropped > before {
-            warn!(
-                lost = dropped - before,
-                "kernel ring buffer full: records lost, relist requested"
-            );
-            self.relist.request(RelistReason::KernelDrop);
-        }
         self.stats
             .kernel_reported
             .store(sum(c, counter::REPORTED), Ordering::Relaxed);

@@ -39,7 +39,7 @@ pub use reconcile::ReconcileOutcome;
 
 use super::event::{CgroupChange, Exec, Exit, KernelEvent, ProcessKey};
 use super::index::{CGROUP2_HIERARCHY, ContainerIndex};
-use super::main_state::{Effect, MainId, MainState, Step, Transition};
+use super::main_state::{Effect, ExecOrigin, MainId, MainState, Step, Transition};
 use evpleg_core::cgroup_path::{CgroupClass, CgroupPathError};
 use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{EventKind, EventSource, ExitStatus, PodLifecycleEvent};
@@ -123,9 +123,14 @@ pub fn scanned_state(procs: &[ProcInfo], pending: Option<ProcessKey>, tick_ns: u
 }
 
 /// Whether a process name (`comm`) is an OCI runtime's init waiting in the
-/// container's cgroup for the start (runc's `runc:[2:INIT]`, crun, youki).
+/// container's cgroup for the start: the runtime's own name, or one of the
+/// stage names runc and youki give their init (`runc:[2:INIT]`). Exact: a
+/// main process merely named `runc...` (`runc-exporter`) is not the runtime
+/// (a prefix test took it for one after an agent restart, issue #25).
 pub fn is_runtime_init(comm: &str) -> bool {
-    comm.starts_with("runc") || comm.starts_with("crun") || comm.starts_with("youki")
+    matches!(comm, "runc" | "crun" | "youki")
+        || comm.starts_with("runc:[")
+        || comm.starts_with("youki:[")
 }
 
 /// Whether an exec is a container runtime re-executing itself rather than the
@@ -187,6 +192,10 @@ pub struct TrackerStats {
     pub unconfirmed: u64,
     /// Containers forgotten because the runtime no longer lists them.
     pub pruned: u64,
+    /// Containers whose certainty ended because records were lost.
+    pub demoted: u64,
+    /// Kernel deaths the runtime contradicted: the main process is unknown again.
+    pub contradicted: u64,
 }
 
 /// Records in `by_pod` that `id` is held for `pod` (a free function, so that
@@ -219,10 +228,19 @@ impl OomVictims {
         self.0.push_back((tgid, at_ns));
     }
 
-    /// Whether `tgid` was reported as a victim (the report is consumed).
-    fn take(&mut self, tgid: u32, at_ns: u64) -> bool {
+    /// Whether the process `tgid` that started at `start_boottime_ns` was
+    /// reported as a victim (the report is consumed). A report made before the
+    /// process started is another process's, whose pid was reused (its exit
+    /// record lost): `boot_offset_ns` is CLOCK_BOOTTIME minus CLOCK_MONOTONIC
+    /// when the tracker started (it only grows, so a true victim started after
+    /// a suspend may be missed, never a reused pid matched; the exit record's
+    /// own OOM flag still tells).
+    fn take(&mut self, tgid: u32, start_boottime_ns: u64, at_ns: u64, boot_offset_ns: u64) -> bool {
         self.expire(at_ns);
-        match self.0.iter().position(|(t, _)| *t == tgid) {
+        let matching = |(t, reported): &(u32, u64)| {
+            *t == tgid && start_boottime_ns <= reported.saturating_add(boot_offset_ns)
+        };
+        match self.0.iter().position(matching) {
             Some(i) => {
                 self.0.remove(i);
                 true
@@ -250,6 +268,11 @@ pub struct Tracker {
     tick_ns: u64,
     /// [`PRUNE_GRACE_NS`], changed by tests.
     prune_grace_ns: u64,
+    /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC at the start (OOM victims).
+    boot_offset_ns: u64,
+    /// When records were last found lost (CLOCK_MONOTONIC ns): a cgroup made
+    /// before then may have lost a record, it is not `Fresh`.
+    lost_before_ns: u64,
     pub stats: TrackerStats,
 }
 
@@ -265,6 +288,8 @@ impl Tracker {
             oom_victims: OomVictims::default(),
             tick_ns: 1_000_000_000 / ticks_per_second.max(1),
             prune_grace_ns: PRUNE_GRACE_NS,
+            boot_offset_ns: evpleg_core::clock::boottime_offset_ns(),
+            lost_before_ns: 0,
             stats: TrackerStats::default(),
         }
     }
@@ -368,18 +393,30 @@ impl Tracker {
 
     /// The container a task's cgroup belongs to (`Ok(None)`: a known cgroup that
     /// holds no container, or a container the tracker does not follow).
-    fn container_of(&self, cgroup_id: u64) -> Result<Option<ContainerId>, Handled> {
+    /// Borrowed: the records of a container's other processes, most of them,
+    /// are handled without an allocation.
+    fn container_of(&self, cgroup_id: u64) -> Result<Option<&ContainerId>, Handled> {
         if let Some(entry) = self.index.get(cgroup_id) {
             // Node- and pod-level cgroups hold no container.
             return Ok(entry
                 .container()
-                .map(|(id, _, _)| id.clone())
-                .filter(|id| self.containers.contains_key(id)));
+                .map(|(id, _, _)| id)
+                .filter(|id| self.containers.contains_key(*id)));
         }
         if self.index.is_ignored(cgroup_id) {
             return Ok(None);
         }
         Err(Handled::UnknownCgroup { cgroup_id })
+    }
+
+    /// A step that changes nothing and reports nothing (another process's exec
+    /// or exit): counted only, nothing cloned.
+    fn count_unchanged(&mut self, transition: Transition) {
+        match transition {
+            Transition::OtherExec => self.stats.execs_other += 1,
+            Transition::OtherExit => self.stats.exits_other += 1,
+            _ => {}
+        }
     }
 
     fn kinds(&self, id: &ContainerId) -> (EventKind, EventKind) {
@@ -455,14 +492,74 @@ impl Tracker {
             Ok(None) => return Handled::Done,
             Err(unknown) => return unknown,
         };
-        let state = self.containers[&id].state;
-        let step = state.exec(
-            exec.process,
-            is_runtime_reexec(&exec.filename),
-            self.tick_ns,
-        );
+        let state = self.containers[id].state;
+        let step = state.exec(exec.process, self.exec_origin(exec, id), self.tick_ns);
+        if step.next == Some(state) && step.effect == Effect::None {
+            self.count_unchanged(step.transition);
+            return Handled::Done;
+        }
+        let id = id.clone();
         self.apply(&id, step, exec.at_ns, None, out);
         Handled::Done
+    }
+
+    /// Who exec'd in container `id`: the runtime's init (its parent outside the
+    /// container), a process inside it (a hook, a child), the runtime
+    /// re-executing itself, or unknown (a kernel read failed).
+    fn exec_origin(&self, exec: &Exec, id: &ContainerId) -> ExecOrigin {
+        if exec.read_error || exec.parent_cgroup_id == 0 {
+            return ExecOrigin::Unread;
+        }
+        if is_runtime_reexec(exec.filename.as_str()) {
+            return ExecOrigin::RuntimeReexec;
+        }
+        let parent_inside = exec.parent_cgroup_id == exec.cgroup_id
+            || self
+                .index
+                .get(exec.parent_cgroup_id)
+                .and_then(|e| e.container())
+                .is_some_and(|(c, _, _)| c == id);
+        if parent_inside {
+            ExecOrigin::Inside
+        } else {
+            ExecOrigin::Outside
+        }
+    }
+
+    /// Whether `exec` would make its container's main process certain (a
+    /// `Fresh` container's entrypoint): the reader then checks first that no
+    /// record was lost before it.
+    pub fn exec_would_start(&self, exec: &Exec) -> bool {
+        match self.container_of(exec.cgroup_id) {
+            Ok(Some(id)) => {
+                self.containers[id].state == MainState::Fresh
+                    && self.exec_origin(exec, id) == ExecOrigin::Outside
+            }
+            _ => false,
+        }
+    }
+
+    /// Records were lost (a full ring buffer), as the kernel's drop counter
+    /// read at `noticed_at_ns` says: every container whose certainty rested on
+    /// seeing all of its records is demoted (see [`MainState::records_lost`])
+    /// until the runtime's pid confirms its main process, and so is every
+    /// container whose mkdir is still in the ring, written before that read (a
+    /// record of it after its mkdir may be the lost one). Returns how many
+    /// known containers were demoted.
+    pub fn records_lost(&mut self, noticed_at_ns: u64) -> usize {
+        self.lost_before_ns = self.lost_before_ns.max(noticed_at_ns);
+        let mut demoted = 0;
+        for c in self.containers.values_mut() {
+            let step = c.state.records_lost();
+            if step.transition == Transition::Demoted
+                && let Some(next) = step.next
+            {
+                c.state = next;
+                demoted += 1;
+            }
+        }
+        self.stats.demoted += demoted as u64;
+        demoted
     }
 
     fn on_exit(&mut self, exit: &Exit, out: &mut Output) -> Handled {
@@ -471,11 +568,21 @@ impl Tracker {
             Ok(None) => return Handled::Done,
             Err(unknown) => return unknown,
         };
-        let state = self.containers[&id].state;
-        let step = state.exit(exit.process, self.tick_ns);
+        let state = self.containers[id].state;
+        let step = state.exit(exit.process, exit.read_error, self.tick_ns);
+        if step.next == Some(state) && step.effect == Effect::None {
+            self.count_unchanged(step.transition);
+            return Handled::Done;
+        }
+        let id = id.clone();
         let mut status = exit.status;
         if step.transition == Transition::MainExit {
-            status.oom_killed |= self.oom_victims.take(exit.process.pid, exit.at_ns);
+            status.oom_killed |= self.oom_victims.take(
+                exit.process.pid,
+                exit.process.start_boottime_ns,
+                exit.at_ns,
+                self.boot_offset_ns,
+            );
         }
         self.apply(&id, step, exit.at_ns, Some(status), out);
         Handled::Done
@@ -500,18 +607,27 @@ impl Tracker {
                 match self.containers.get(&id) {
                     // Learned by a scan before this record was read: every record
                     // of the cgroup follows this one in the ring buffer.
+                    // (Unless records were lost after it.)
                     Some(c) if c.cgroup_id == change.cgroup_id => {
-                        let step = c.state.history_in_ring();
-                        self.apply(&id, step, change.at_ns, None, out);
+                        if change.at_ns > self.lost_before_ns {
+                            let step = c.state.history_in_ring();
+                            self.apply(&id, step, change.at_ns, None, out);
+                        }
                     }
-                    // New, or a cgroup re-created under the same name.
+                    // New, or a cgroup re-created under the same name; made
+                    // before records were found lost, one of its own may be.
                     _ => {
+                        let state = if change.at_ns > self.lost_before_ns {
+                            MainState::Fresh
+                        } else {
+                            MainState::Uncertain(None)
+                        };
                         self.insert_container(
                             id,
                             Container {
                                 cgroup_id: change.cgroup_id,
                                 pod_uid: pod,
-                                state: MainState::Fresh,
+                                state,
                                 learned_at_ns: change.at_ns,
                             },
                         );

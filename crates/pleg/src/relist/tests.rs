@@ -392,16 +392,62 @@ async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
     assert_eq!((c.exit_code, c.source), (Some(7), EventSource::Relist));
 }
 
+/// The tracker hears of a contradiction with the same relist's view, once, so
+/// that it forgets the death it took for the main process's (issue #25).
+#[tokio::test]
+async fn a_contradiction_is_handed_to_the_tracker_once() {
+    let mut f = fixture(100);
+    let views = Arc::new(StdMutex::new(Vec::new()));
+    let sink = views.clone();
+    let pleg = std::mem::replace(
+        &mut f.pleg,
+        RelistPleg::new(
+            f.runtime.clone(),
+            f.cache.clone(),
+            mpsc::channel(100).0,
+            Arc::new(f.clock.clone()),
+            f.kernel.clone(),
+        ),
+    );
+    f.pleg = pleg.with_reconciler(Box::new(move |v| sink.lock().unwrap().push(v)));
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let exit = ExitStatus::from_wait_status(0, false);
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: exit,
+            at_ns: f.clock.now_ns(),
+        },
+    );
+    f.clock.advance(CONFIRM_BOUND.as_nanos() as u64 + 1);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    f.clock.advance(1_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let views = views.lock().unwrap();
+    let flags: Vec<bool> = views
+        .iter()
+        .map(|v| {
+            v.containers
+                .iter()
+                .any(|c| c.id == cid(1) && c.contradicted)
+        })
+        .collect();
+    assert_eq!(flags, vec![false, true, false]);
+}
+
 #[tokio::test]
 async fn a_snapshot_older_than_the_cache_is_found_again() {
     let mut f = fixture(100);
     f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
     f.relist().await;
-    // A kernel death observed in the future of the next inspection: the cache's
-    // entry is newer than what the relist is about to read.
+    // A snapshot taken in the future of the next inspection (another pod
+    // relist stored it): the cache's entry is newer than what the relist is
+    // about to read.
     let far = f.clock.now_ns() + 10_000_000;
-    let exit = ExitStatus::from_wait_status(0x100, false);
-    assert!(f.cache.overlay_exit(&uid(1), &cid(1), &exit, far));
+    let newer = f.cache.get(&uid(1)).unwrap().status;
+    assert!(f.cache.set(&uid(1), (*newer).clone(), far));
     f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
     assert_eq!(f.relist().await, vec![], "not stored, nothing sent");
     assert!(f.pleg.has_rechecks(), "looked at again soon");
@@ -411,6 +457,43 @@ async fn a_snapshot_older_than_the_cache_is_found_again() {
         vec![(EventKind::ContainerDied, Some(cid(1)))],
         "the change is found again"
     );
+}
+
+/// A kernel death laid on the cache does not make its snapshot newer than the
+/// relist that follows (issue #25): the relist's snapshot, taken before the
+/// death, is stored with the death on it, and the worker is not handed the
+/// old snapshot as newer than its own calls.
+#[tokio::test]
+async fn a_kernel_death_does_not_make_the_cached_snapshot_newer_than_a_relist() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let snapshot_ns = f.cache.get(&uid(1)).unwrap().observed_ns;
+    let worker_sync_end = f.clock.now_ns() + 1_000;
+    let death = f.clock.now_ns() + 10_000_000;
+    let exit = ExitStatus::from_wait_status(0x100, false);
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: exit,
+            at_ns: death,
+        },
+    );
+    assert!(f.cache.overlay_exit(&uid(1), &cid(1), &exit, death));
+    assert!(
+        f.cache.newer_than_now(&uid(1), worker_sync_end).is_none(),
+        "the snapshot of {snapshot_ns} is older than the worker's calls"
+    );
+    f.clock.advance(2_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let e = f
+        .cache
+        .newer_than_now(&uid(1), worker_sync_end)
+        .expect("the post-sync relist is stored");
+    let c = e.status.container(&cid(1)).unwrap();
+    assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(1)));
+    assert!(e.observed_ns < death);
 }
 
 #[tokio::test]
@@ -646,6 +729,62 @@ async fn a_doubt_is_rechecked_until_a_late_runtime_reports_the_death() {
             assert!(!f.pleg.has_rechecks());
         }
     }
+}
+
+/// A kernel event the workers' channel dropped asks for a redelivery: a full
+/// relist that ran meanwhile does not serve it (it may find no change, the
+/// kernel's transition being recorded nowhere), and the pod's relist wakes
+/// the workers with a PodSync (issue #25: a `Once` request was skipped).
+#[tokio::test(start_paused = true)]
+async fn a_redelivery_is_not_skipped_by_a_full_relist() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+    queue.redeliver(uid(1));
+    f.clock.advance(1_000);
+    f.relist().await;
+    let before = f.pleg.stats().pod_relists.load(Ordering::Relaxed);
+    f.pleg.run_requests(&queue).await;
+    assert_eq!(
+        f.pleg.stats().pod_relists.load(Ordering::Relaxed),
+        before + 1,
+        "relisted despite the full relist"
+    );
+    run_rechecks_until(&mut f, Instant::now() + RETRY_MAX).await;
+    assert_eq!(
+        f.drain(),
+        [(EventKind::PodSync, None)],
+        "the workers are woken"
+    );
+}
+
+/// A busy uncertain container hints at every exit of its processes (every
+/// 20 ms here, for 10 s): the pod's re-checks back off to [`RETRY_MAX`]
+/// instead of restarting at 20 ms with every hint (issue #25: 500 relists),
+/// and a death the runtime then reports is still relisted within
+/// [`RETRY_MAX`].
+#[tokio::test(start_paused = true)]
+async fn a_stream_of_hints_does_not_reset_the_back_off() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+    let before = f.pleg.stats().pod_relists.load(Ordering::Relaxed);
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        queue.doubt(uid(1));
+        f.pleg.run_requests(&queue).await;
+        run_rechecks_until(&mut f, Instant::now() + CONFIRM_RETRY).await;
+    }
+    let relists = f.pleg.stats().pod_relists.load(Ordering::Relaxed) - before;
+    // The first request, then 20 ms doubling to 1 s (6 re-checks in 1.26 s),
+    // then one a second for the rest.
+    assert!(relists <= 1 + 6 + 10, "{relists} pod relists in 10 s");
+    assert_eq!(f.drain(), []);
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    run_rechecks_until(&mut f, Instant::now() + RETRY_MAX).await;
+    assert_eq!(f.drain(), [(EventKind::ContainerDied, Some(cid(1)))]);
 }
 
 /// Waits (paused time advances itself) until `cond` holds, for at most 10 s.

@@ -25,6 +25,10 @@ pub struct ReconcileOutcome {
     pub unconfirmed: usize,
     /// Containers forgotten.
     pub pruned: usize,
+    /// Running containers whose cgroup the rescan did not find, newly
+    /// remembered as not found (their deaths wait for a relist: logged, and
+    /// counted in `evpleg_pleg_kernel_unfound_containers`).
+    pub unfound: Vec<ContainerId>,
 }
 
 /// Whether a cgroup2 path is container `id`'s cgroup or one nested in it.
@@ -57,7 +61,9 @@ impl Tracker {
             let Some(container) = self.containers.get_mut(&c.id) else {
                 if c.running {
                     if after_rescan {
-                        self.unfound.insert(c.id.clone(), c.pod.clone());
+                        if self.unfound.insert(c.id.clone(), c.pod.clone()).is_none() {
+                            outcome.unfound.push(c.id.clone());
+                        }
                         link(&mut self.by_pod, &c.pod, &c.id);
                     } else if !self.unfound.contains_key(&c.id) {
                         outcome.rescan_due = true;
@@ -69,6 +75,17 @@ impl Tracker {
             if container.pod_uid.is_none() {
                 container.pod_uid = Some(c.pod.clone());
                 link(&mut self.by_pod, &c.pod, &c.id);
+            }
+            if c.contradicted {
+                // The kernel's death was not the main process's: the real one
+                // is to come, and must be a death again (issue #25).
+                let step = container.state.contradicted();
+                if step.transition == Transition::Contradicted {
+                    self.stats.contradicted += 1;
+                }
+                if let Some(next) = step.next {
+                    container.state = next;
+                }
             }
             let Some(proc) = r.mains.get(&c.id) else {
                 continue;

@@ -9,6 +9,7 @@ use crate::kernel::{RuntimeContainer, RuntimeView};
 use evpleg_events::{EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EXIT_FLAG_OOM_KILLED};
 
 mod prune;
+mod trust;
 
 const UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
 const UID2: &str = "2b4e28ba-2fa1-11d2-883f-0016d3cca427";
@@ -47,6 +48,8 @@ impl Harness {
     fn new() -> Self {
         let mut tracker = Tracker::new(100);
         tracker.prune_grace_ns = 0;
+        // No suspend: a start time in CLOCK_BOOTTIME is a monotonic one.
+        tracker.boot_offset_ns = 0;
         Self {
             tracker,
             out: Output::default(),
@@ -114,6 +117,7 @@ fn running(c: char, uid: &str, pid: Option<u32>) -> RuntimeContainer {
         sandbox: false,
         running: true,
         pid,
+        contradicted: false,
     }
 }
 
@@ -498,14 +502,30 @@ fn mkdir_read_after_the_scan_learned_the_cgroup_makes_it_fresh() {
 fn oom_victim_is_matched_by_thread_group_and_consumed() {
     let mut h = Harness::new();
     h.mkdir(70, &container_path('a'));
-    h.feed(encode::exec(2, 1000, 555, 70, "/bin/sh"));
+    h.feed(encode::exec(2, 1000, 1, 70, "/bin/sh"));
     h.handle(&KernelEvent::OomVictim {
         at_ns: 3,
         tgid: 1000,
     });
-    h.feed(encode::exit(4, 1000, 555, 70, 9, 0));
+    h.feed(encode::exit(4, 1000, 1, 70, 9, 0));
     assert_eq!(h.take().last(), Some(&(DIED, Some(137), true, Some(1000))));
     assert_eq!(h.tracker.oom_victims_len(), 0, "consumed by the exit");
+}
+
+/// Issue #25: a victim report whose exit record was lost is not laid on the
+/// next process that reuses its pid (matched by pid and start time).
+#[test]
+fn an_oom_report_is_not_laid_on_a_reused_pid() {
+    let mut h = Harness::new();
+    h.mkdir(70, &container_path('a'));
+    h.handle(&KernelEvent::OomVictim {
+        at_ns: 1_000,
+        tgid: 1000,
+    });
+    // The victim's exit is lost; pid 1000 is reused by a process started later.
+    h.feed(encode::exec(2_000, 1000, 1_500, 70, "/bin/sh"));
+    h.feed(encode::exit(3_000, 1000, 1_500, 70, 0x100, 0));
+    assert_eq!(h.take().last(), Some(&(DIED, Some(1), false, Some(1000))));
 }
 
 #[test]
@@ -722,7 +742,15 @@ fn runtime_init_names() {
     for comm in ["runc:[2:INIT]", "runc", "crun", "youki:[2:INIT]"] {
         assert!(is_runtime_init(comm), "{comm}");
     }
-    for comm in ["sh", "pause", "nginx", "containerd-shim"] {
+    for comm in [
+        "sh",
+        "pause",
+        "nginx",
+        "containerd-shim",
+        "runc-exporter",
+        "crunchy",
+        "youki-app",
+    ] {
         assert!(!is_runtime_init(comm), "{comm}");
     }
 }

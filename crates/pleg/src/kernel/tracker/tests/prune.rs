@@ -147,6 +147,7 @@ fn apply(t: &mut Tracker, op: &Op, now: u64, prune: fn(&mut Tracker, &Reconcilia
                     sandbox,
                     running,
                     pid: None,
+                    contradicted: false,
                 })
                 .collect();
             let r = Reconciliation {

@@ -1,0 +1,239 @@
+//! The tracker under the lies of issue #25: OCI hooks before the entrypoint,
+//! a death the runtime contradicts, lost records and failed kernel reads.
+
+use super::*;
+use evpleg_events::{EXEC_FLAG_READ_ERROR, EXIT_FLAG_READ_ERROR};
+
+/// A fresh container 'a' (cgroup 70) of pod `UID`.
+fn fresh() -> Harness {
+    let mut h = Harness::new();
+    h.mkdir(50, "/kubepods");
+    h.mkdir(60, &format!("/kubepods/besteffort/pod{UID}"));
+    h.mkdir(70, &container_path('a'));
+    h
+}
+
+/// runc's init (pid 900) runs a `createContainer` hook (pid 901, its child, in
+/// the container's cgroup) that execs a second program, then execs the
+/// entrypoint itself: the hook is neither the start nor the death; the
+/// entrypoint's exit is the death with its code.
+#[test]
+fn an_oci_hook_before_the_entrypoint_is_not_the_main_process() {
+    let mut h = fresh();
+    h.feed(encode::exec_by(
+        2,
+        901,
+        9_010,
+        70,
+        "/usr/bin/nvidia-cdi-hook",
+        (900, 70),
+        0,
+    ));
+    h.feed(encode::exec_by(
+        3,
+        901,
+        9_010,
+        70,
+        "/bin/true",
+        (900, 70),
+        0,
+    ));
+    h.feed(encode::exit(4, 901, 9_010, 70, 0, 0));
+    assert_eq!(
+        h.take(),
+        vec![],
+        "a hook's exec and exit are not the container's"
+    );
+    assert_eq!(h.tracker.main_state(&id('a')), Some(MainState::Fresh));
+    // The init execs the entrypoint: its parent is the shim, outside.
+    h.feed(encode::exec_by(
+        5,
+        900,
+        9_000,
+        70,
+        "/app",
+        (1, encode::OUTSIDE),
+        0,
+    ));
+    assert_eq!(h.take(), vec![(STARTED, None, false, Some(900))]);
+    // A hook of a nested cgroup's process, after the start: another exec.
+    h.mkdir(71, &format!("{}/nested", container_path('a')));
+    h.feed(encode::exec_by(6, 950, 9_500, 71, "/bin/sh", (900, 70), 0));
+    h.feed(encode::exit(7, 950, 9_500, 71, 0, 0));
+    assert_eq!(h.take(), vec![]);
+    h.feed(encode::exit(8, 900, 9_000, 70, 0x300, 0));
+    assert_eq!(h.take(), vec![(DIED, Some(3), false, Some(900))]);
+}
+
+/// The hook's parent in a cgroup nested in the container is inside too.
+#[test]
+fn a_hook_whose_parent_is_in_a_nested_cgroup_is_inside() {
+    let mut h = fresh();
+    h.mkdir(71, &format!("{}/init", container_path('a')));
+    h.feed(encode::exec_by(2, 901, 9_010, 70, "/hook", (900, 71), 0));
+    assert_eq!(h.take(), vec![]);
+    assert_eq!(h.tracker.main_state(&id('a')), Some(MainState::Fresh));
+}
+
+/// Clause 3 after a contradiction (issue #25): the tracker is told, the
+/// runtime's pid makes the main certain again, and the real main's exit is a
+/// death (it was `OtherExit`, no event, before).
+#[test]
+fn after_a_contradiction_the_real_death_is_a_death() {
+    let mut h = fresh();
+    h.feed(encode::exec(2, 1000, 3_005_000_000, 70, "/wrapper"));
+    h.feed(encode::exit(3, 1000, 3_005_000_000, 70, 0, 0));
+    assert_eq!(
+        h.take(),
+        vec![
+            (STARTED, None, false, Some(1000)),
+            (DIED, Some(0), false, Some(1000))
+        ]
+    );
+    // The runtime still says running with pid 1001 past the bound.
+    let mut c = running('a', UID, Some(1001));
+    c.contradicted = true;
+    h.reconcile(
+        view(10, Some(UID), vec![c]),
+        &[('a', alive(1001, 301, &container_path('a')))],
+    );
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Certain(MainId::Ticks {
+            pid: 1001,
+            start_ticks: 301
+        }))
+    );
+    assert_eq!(h.tracker.stats.contradicted, 1);
+    h.feed(encode::exit(11, 1001, 3_015_000_000, 70, 0x500, 0));
+    assert_eq!(h.take(), vec![(DIED, Some(5), false, Some(1001))]);
+}
+
+/// Without the runtime's pid the main is unknown after a contradiction: the
+/// real death is a hint (a relist), and the cgroup's removal too.
+#[test]
+fn after_a_contradiction_without_a_pid_the_real_death_is_a_hint() {
+    let mut h = fresh();
+    h.feed(encode::exec(2, 1000, 3_005_000_000, 70, "/wrapper"));
+    h.feed(encode::exit(3, 1000, 3_005_000_000, 70, 0, 0));
+    h.take();
+    let mut c = running('a', UID, None);
+    c.contradicted = true;
+    h.reconcile(view(10, Some(UID), vec![c]), &[]);
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    h.feed(encode::exit(11, 1001, 3_015_000_000, 70, 0x500, 0));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+}
+
+/// Records lost (issue #25): the entrypoint's exec is the lost one; an exec
+/// probe's exec and exit afterwards are not a start and a death.
+#[test]
+fn after_lost_records_no_exec_becomes_the_main_process() {
+    let mut h = fresh();
+    h.mkdir(80, &container_path('b'));
+    h.feed(encode::exec(2, 2000, 5_000, 80, "/b"));
+    assert_eq!(h.take(), vec![(STARTED, None, false, Some(2000))]);
+    // The entrypoint of 'a' (pid 1000) is lost with others.
+    assert_eq!(h.tracker.records_lost(3), 2, "both containers demoted");
+    let probe = encode::exec(5, 3000, 9_000, 70, "/bin/check");
+    let KernelEvent::Exec(exec) = decode(&probe).unwrap() else {
+        unreachable!()
+    };
+    assert!(!h.tracker.exec_would_start(&exec));
+    h.feed(probe);
+    h.feed(encode::exit(6, 3000, 9_000, 70, 0x100, 0));
+    assert_eq!(
+        h.take(),
+        vec![(SYNC, None, false, None)],
+        "a hint, not a death"
+    );
+    // 'b''s main's exit is a hint until the runtime confirms it...
+    h.feed(encode::exit(7, 2000, 5_000, 80, 0x200, 0));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+    assert_eq!(h.tracker.stats.demoted, 2);
+}
+
+/// The drop is noticed before the mkdir of a container is read (it was
+/// written before the counter was read): the lost record may be its
+/// entrypoint's exec, so it is not fresh, and a probe's exec and exit that
+/// follow are no start and no death (found by the lying-kernel model).
+#[test]
+fn a_container_made_before_a_noticed_loss_is_not_fresh() {
+    let mut h = Harness::new();
+    h.mkdir(50, "/kubepods");
+    assert_eq!(h.tracker.records_lost(10), 0);
+    h.feed(encode::cgroup(
+        evpleg_events::EVENT_CGROUP_MKDIR,
+        9,
+        0,
+        70,
+        &container_path('a'),
+    ));
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    h.feed(encode::exec(11, 3000, 9_000, 70, "/bin/probe"));
+    h.feed(encode::exit(12, 3000, 9_000, 70, 0x100, 0));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+    // A cgroup made after the loss was noticed is fresh.
+    h.feed(encode::cgroup(
+        evpleg_events::EVENT_CGROUP_MKDIR,
+        11,
+        0,
+        80,
+        &container_path('b'),
+    ));
+    assert_eq!(h.tracker.main_state(&id('b')), Some(MainState::Fresh));
+}
+
+/// The runtime's pid after the loss makes the main certain again.
+#[test]
+fn after_lost_records_the_runtime_pid_restores_certainty() {
+    let mut h = fresh();
+    h.feed(encode::exec(2, 1000, 3_005_000_000, 70, "/app"));
+    h.take();
+    h.tracker.records_lost(3);
+    h.reconcile(
+        view(10, Some(UID), vec![running('a', UID, Some(1000))]),
+        &[('a', alive(1000, 300, &container_path('a')))],
+    );
+    h.feed(encode::exit(11, 1000, 3_005_000_000, 70, 0x400, 0));
+    assert_eq!(h.take(), vec![(DIED, Some(4), false, Some(1000))]);
+}
+
+/// Failed kernel reads (issue #25): a flagged exec never becomes the main
+/// process, a flagged exit of the main is a hint (a zeroed status was a
+/// death with code 0; a zeroed start time lost the death).
+#[test]
+fn records_with_read_errors_are_hints() {
+    let mut h = fresh();
+    h.feed(encode::exec_by(
+        2,
+        1000,
+        0,
+        70,
+        "",
+        (0, 0),
+        EXEC_FLAG_READ_ERROR,
+    ));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+
+    let mut h = fresh();
+    h.feed(encode::exec(2, 1000, 3_005_000_000, 70, "/app"));
+    h.take();
+    // The status and the start time read as zeros.
+    h.feed(encode::exit(3, 1000, 0, 70, 0, EXIT_FLAG_READ_ERROR));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+}
