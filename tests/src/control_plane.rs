@@ -157,7 +157,8 @@ fn free_port() -> Result<u16, ControlPlaneError> {
 }
 
 /// A child process logging to a file; stopped (SIGTERM, then SIGKILL after
-/// 10 s) when dropped.
+/// 3 s: kube-apiserver drains for longer, and its data is thrown away) when
+/// dropped.
 #[derive(Debug)]
 struct Process {
     name: &'static str,
@@ -226,7 +227,7 @@ impl Drop for Process {
             // SAFETY: kill(2) on the pid of our own child, not yet reaped.
             unsafe { libc::kill(pid, libc::SIGTERM) };
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) | Err(_) => break,

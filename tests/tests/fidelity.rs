@@ -300,8 +300,10 @@ async fn a_pod_held_by_a_finalizer_is_stopped_and_deleted_once_released() {
         .await;
     e.wait_until("status forgotten", || !e.agent().status.knows(&puid))
         .await;
-    e.wait_until("worker gone", || e.agent().worker_state(&puid).is_none())
-        .await;
+    e.wait_until("cache entry dropped", || {
+        e.agent().pleg().and_then(|p| p.cache.get(&puid)).is_none()
+    })
+    .await;
     e.finish().await;
 }
 
