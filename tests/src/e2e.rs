@@ -1,13 +1,14 @@
 //! The whole agent end to end (in process, the code the binary runs) with the
 //! kernel PLEG, against the real containerd harness: pods from a static
-//! manifest directory and, optionally, the fake API server behind
-//! `--kubeconfig`; statuses read from the local `/pods` store or the API
-//! server. Shared by the end-to-end test files; one test at a time per binary
+//! manifest directory and, optionally, an API server behind `--kubeconfig`:
+//! the real one ([`E2e::start_with_control_plane`], the agent as
+//! `system:node:e2e`) or the fake (for a fault the real one cannot give);
+//! statuses read from the local `/pods` store or the API server. Shared by the end-to-end test files; one test at a time per binary
 //! ([`SERIAL`]). Privileged: callers check [`crate::privileged`] first.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -21,6 +22,7 @@ use tokio::sync::broadcast;
 
 use crate::cni::CniSetup;
 use crate::containerd::{Containerd, LOCAL_TAG, registry_busybox_archive};
+use crate::control_plane::ControlPlane;
 use crate::fake_apiserver::FakeApiServer;
 use crate::registry::Registry;
 
@@ -34,6 +36,8 @@ pub struct E2e {
     pub agent: Option<Agent>,
     pub containerd: Option<Containerd>,
     pub api: Option<FakeApiServer>,
+    /// The real API server, when started with [`E2e::start_with_control_plane`].
+    pub control_plane: Option<Arc<ControlPlane>>,
     /// The private image registry, when started with [`E2e::start_with_registry`].
     pub registry: Option<Registry>,
     /// The `evpleg cri-proxy` in front of containerd, when started with
@@ -60,7 +64,22 @@ impl E2e {
     /// object) behind `--kubeconfig` too, and more agent flags.
     pub async fn start_with(name: &str, with_api: bool, extra: &[&str]) -> Self {
         let containerd = Self::containerd();
-        Self::start_on(containerd, None, name, with_api, extra).await
+        let api = if with_api {
+            ApiKind::Fake
+        } else {
+            ApiKind::None
+        };
+        Self::start_on(containerd, None, name, api, extra).await
+    }
+
+    /// [`E2e::start`] with the real API server ([`ControlPlane::shared`])
+    /// behind `--kubeconfig`, the agent as `system:node:`[`NODE`], and more
+    /// agent flags. The namespace `default` has its ServiceAccount
+    /// ([`ControlPlane::ensure_namespace`]). Callers check
+    /// [`crate::control_plane::available`] first.
+    pub async fn start_with_control_plane(name: &str, extra: &[&str]) -> Self {
+        let containerd = Self::containerd();
+        Self::start_on(containerd, None, name, ApiKind::Real, extra).await
     }
 
     /// [`E2e::start`] with a private image registry ([`Registry`]) that
@@ -82,7 +101,7 @@ impl E2e {
                 .push(&archive, LOCAL_TAG, REGISTRY_REPO, tag)
                 .unwrap_or_else(|e| panic!("registry: {e}"));
         }
-        Self::start_on(containerd, Some(registry), name, false, extra).await
+        Self::start_on(containerd, Some(registry), name, ApiKind::None, extra).await
     }
 
     /// [`E2e::start_with`] on a containerd whose CNI configuration is `cni`.
@@ -90,7 +109,7 @@ impl E2e {
         crate::containerd::init_test_logging();
         let containerd =
             Containerd::start_with_cni(cni).unwrap_or_else(|e| panic!("containerd: {e}"));
-        Self::start_on(containerd, None, name, false, extra).await
+        Self::start_on(containerd, None, name, ApiKind::None, extra).await
     }
 
     /// [`E2e::start_with`] on `containerd`, started by the caller, with the
@@ -103,7 +122,7 @@ impl E2e {
     ) -> Self {
         let mut flags = extra.to_vec();
         flags.extend(["--cri-endpoint", endpoint]);
-        Self::start_on(containerd, None, name, false, &flags).await
+        Self::start_on(containerd, None, name, ApiKind::None, &flags).await
     }
 
     /// Dogfood (issue #15): the agent in `evented-cri` mode, as a stock
@@ -161,7 +180,7 @@ impl E2e {
         containerd: Containerd,
         registry: Option<Registry>,
         name: &str,
-        with_api: bool,
+        api: ApiKind,
         extra: &[&str],
     ) -> Self {
         let manifests = containerd.base().join(format!("manifests-{name}"));
@@ -201,16 +220,24 @@ impl E2e {
             .chain(extra)
             .map(|s| s.to_string())
             .collect();
-        let api = if with_api {
-            let api = FakeApiServer::start().await;
-            api.add_node(NODE);
-            let path = containerd.base().join("kubeconfig");
-            std::fs::write(&path, kubeconfig(&api)).expect("write kubeconfig");
-            flags.push("--kubeconfig".into());
-            flags.push(path.display().to_string());
-            Some(api)
-        } else {
-            None
+        let (api, control_plane) = match api {
+            ApiKind::None => (None, None),
+            ApiKind::Fake => {
+                let api = FakeApiServer::start().await;
+                api.add_node(NODE);
+                let path = containerd.base().join("kubeconfig");
+                std::fs::write(&path, kubeconfig(&api)).expect("write kubeconfig");
+                flags.push("--kubeconfig".into());
+                flags.push(path.display().to_string());
+                (Some(api), None)
+            }
+            ApiKind::Real => {
+                let cp = ControlPlane::shared().await;
+                cp.ensure_namespace("default").await;
+                flags.push("--kubeconfig".into());
+                flags.push(cp.node_kubeconfig(NODE).display().to_string());
+                (None, Some(cp))
+            }
         };
         let args = RunArgs::try_parse_from(flags).expect("args");
         let agent = Agent::start(&args)
@@ -221,6 +248,7 @@ impl E2e {
             agent: Some(agent),
             containerd: Some(containerd),
             api,
+            control_plane,
             registry,
             proxy: None,
             manifests,
@@ -281,13 +309,50 @@ impl E2e {
         self.api.as_ref().expect("started with the fake API server")
     }
 
+    /// The real control plane of [`E2e::start_with_control_plane`].
+    pub fn cp(&self) -> &ControlPlane {
+        self.control_plane
+            .as_deref()
+            .expect("started with the real API server")
+    }
+
+    /// A client of the real API server as its admin.
+    pub async fn kube(&self) -> kube::Client {
+        self.cp().admin().await
+    }
+
+    /// Creates `pod` in the real API server (as the admin); returns it as
+    /// stored, and remembers its UID for the cleanup.
+    pub async fn create_pod(&self, pod: &Pod) -> Pod {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let pods: kube::Api<Pod> = kube::Api::namespaced(self.kube().await, namespace);
+        let created = pods
+            .create(&kube::api::PostParams::default(), pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {:?}: {e}", pod.metadata.name));
+        if let Some(uid) = &created.metadata.uid {
+            self.track(uid);
+        }
+        created
+    }
+
     pub fn remove(&self, file: &str) {
         std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
     }
 
-    /// Waits until the fake API server's pod `default/name` satisfies `check`;
+    /// Waits until the API server's pod `default/name` satisfies `check`;
     /// returns it.
     pub async fn wait_api(&self, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
+        if self.control_plane.is_some() {
+            let pod = self
+                .wait_real("default", name, what, |p| p.is_some_and(&check))
+                .await
+                .expect("the pod");
+            if let Some(uid) = &pod.metadata.uid {
+                self.track(uid);
+            }
+            return pod;
+        }
         self.api()
             .wait_for_pods(&format!("{name}: {what}"), DEADLINE, |pods| {
                 pods.iter()
@@ -299,6 +364,19 @@ impl E2e {
             self.track(uid);
         }
         pod
+    }
+
+    /// Waits until the real API server's pod `namespace/name` (`None`: there
+    /// is none) satisfies `check`; returns it.
+    pub async fn wait_real(
+        &self,
+        namespace: &str,
+        name: &str,
+        what: &str,
+        check: impl Fn(Option<&Pod>) -> bool,
+    ) -> Option<Pod> {
+        let pods: kube::Api<Pod> = kube::Api::namespaced(self.kube().await, namespace);
+        wait_object(&pods, name, what, check).await
     }
 
     /// Waits (bounded) until `done` holds, polling every 20 ms.
@@ -388,6 +466,7 @@ impl Drop for E2e {
         // Pods, containerd and its files go first, then the pod cgroups the agent
         // made (RemovePodSandbox leaves them; the agent's removal may not have run).
         drop(self.agent.take());
+        drop(self.control_plane.take());
         drop(self.proxy.take());
         drop(self.registry.take());
         drop(self.containerd.take());
@@ -410,6 +489,68 @@ impl Drop for E2e {
             }
         }
     }
+}
+
+/// Waits (bounded by [`DEADLINE`], polling every 50 ms) until the object
+/// `name` of `api` (`None`: there is none) satisfies `check`; returns it.
+pub async fn wait_object<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&K>) -> bool,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let object = api
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("get {name}: {e}"));
+        if check(object.as_ref()) {
+            return object;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {what} not seen within {DEADLINE:?}; last: {:#}",
+            serde_json::to_value(&object).unwrap_or(Value::Null)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded by [`DEADLINE`], polling every 50 ms) until the objects of
+/// `api` satisfy `check`; returns them.
+pub async fn wait_list<K>(api: &kube::Api<K>, what: &str, check: impl Fn(&[K]) -> bool) -> Vec<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let items = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("list for {what}: {e}"))
+            .items;
+        if check(&items) {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not seen within {DEADLINE:?}; last: {:#}",
+            serde_json::to_value(&items).unwrap_or(Value::Null)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Which API server an [`E2e`] starts behind `--kubeconfig`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ApiKind {
+    None,
+    Fake,
+    Real,
 }
 
 /// Statuses written for one pod, in order, as JSON.

@@ -3,9 +3,11 @@
 //! pod and container layouts and are removed even when a test fails, processes
 //! started inside them, and a running kernel PLEG with a tap on its records.
 
+pub mod api_fixtures;
 pub mod cgroups;
 pub mod cni;
 pub mod containerd;
+pub mod control_plane;
 pub mod cri_interceptor;
 pub mod cri_pod;
 pub mod cri_proxy;

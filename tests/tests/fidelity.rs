@@ -1,19 +1,22 @@
 //! End-to-end: kubelet behaviours of the pod sources and the status manager,
 //! with the whole agent on the containerd harness and, where the API is
-//! involved, the fake API server behind `--kubeconfig` (issue 10, API side).
-//! Privileged: skipped with a reason without root/BTF/the eBPF object, a failure
-//! under `CI=true`. One test at a time (each runs a containerd and an agent).
+//! involved, the real kube-apiserver behind `--kubeconfig`, the agent as
+//! `system:node:e2e` (issue 10, API side; issue #30). Privileged: skipped with
+//! a reason without root/BTF/the eBPF object (or the control plane's
+//! binaries), a failure under `CI=true`. One test at a time (each runs a
+//! containerd and an agent).
 
 use std::time::{Duration, Instant};
 
 use evpleg_core::ids::PodUid;
 use evpleg_kubelet::pod_workers::WorkerState;
 use evpleg_kubelet::source::annotations;
+use evpleg_tests::control_plane::AuditRecord;
 use evpleg_tests::e2e::{E2e, NODE, api_pod, manifest};
 use evpleg_tests::privileged;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::Value;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -26,6 +29,32 @@ fn running(p: &Pod) -> bool {
     phase(p) == Some("Running")
 }
 
+/// Whether an end-to-end test against the real API server can run here.
+fn real(test: &str) -> bool {
+    privileged(test) && evpleg_tests::control_plane::available(test)
+}
+
+/// What the agent (`system:node:e2e`) sent about pod `name`, in order.
+fn agent_requests(e: &E2e, name: &str) -> Vec<AuditRecord> {
+    let user = format!("system:node:{NODE}");
+    let pod = format!("/api/v1/namespaces/default/pods/{name}");
+    e.cp()
+        .audit()
+        .into_iter()
+        .filter(|r| r.user == user && r.path().starts_with(&pod))
+        .collect()
+}
+
+/// A final delete: grace period 0.
+fn is_final_delete(r: &AuditRecord) -> bool {
+    r.verb == "delete"
+        && (r
+            .body
+            .as_ref()
+            .is_some_and(|b| b["gracePeriodSeconds"] == 0)
+            || r.query("gracePeriodSeconds").as_deref() == Some("0"))
+}
+
 fn uid(p: &Pod) -> String {
     p.metadata.uid.clone().expect("a uid")
 }
@@ -35,11 +64,11 @@ fn uid(p: &Pod) -> String {
 /// own watch of the node's pods, is never run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
-    if !privileged("a_static_pod_runs_once_next_to_its_mirror_pod") {
+    if !real("a_static_pod_runs_once_next_to_its_mirror_pod") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with("mirror", true, &[]).await;
+    let e = E2e::start_with_control_plane("mirror", &[]).await;
     let started = Instant::now();
     e.write("web.yaml", &manifest("web", "Always", "sleep 600", ""));
     let name = format!("web-{NODE}");
@@ -63,7 +92,8 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
     assert_ne!(static_uid, mirror_uid);
     // An ordering barrier: an API pod added after the mirror pod runs only
     // after the sync loop handled the mirror pod's watch event.
-    e.api().add_pod(api_pod("barrier", "Always", "sleep 600"));
+    e.create_pod(&api_pod("barrier", "Always", "sleep 600"))
+        .await;
     e.wait_api("barrier", "Running", running).await;
     eprintln!(
         "static pod, mirror pod and barrier running after {:?}",
@@ -101,60 +131,46 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
 /// precondition, and forgets its status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
-    if !privileged("a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped") {
+    if !real("a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with("delete", true, &[]).await;
-    let pod = e.api().add_pod(api_pod(
-        "doomed",
-        "Always",
-        "trap 'exit 0' TERM; while true; do sleep 0.1; done",
-    ));
+    let e = E2e::start_with_control_plane("delete", &[]).await;
+    let pod = e
+        .create_pod(&api_pod(
+            "doomed",
+            "Always",
+            "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+        ))
+        .await;
     let pod_uid = uid(&pod);
     e.wait_api("doomed", "Running", running).await;
     let requested = Instant::now();
-    let pods: Api<Pod> = Api::namespaced(e.api().kube_client(), "default");
+    let pods: Api<Pod> = Api::namespaced(e.kube().await, "default");
     pods.delete("doomed", &DeleteParams::default())
         .await
         .expect("graceful delete");
-    e.api()
-        .wait_for_pods("doomed deleted for good", Duration::from_secs(60), |pods| {
-            !pods
-                .iter()
-                .any(|p| p.metadata.name.as_deref() == Some("doomed"))
-        })
+    e.wait_real("default", "doomed", "deleted for good", |p| p.is_none())
         .await;
     let took = requested.elapsed();
     eprintln!("deleted for good {took:?} after the graceful delete");
-    let requests = e.api().requests();
+    let requests = agent_requests(&e, "doomed");
     let final_deletes: Vec<usize> = requests
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.method == "DELETE" && r.path().ends_with("/pods/doomed"))
-        .filter(|(_, r)| {
-            r.body
-                .as_ref()
-                .is_some_and(|b| b["gracePeriodSeconds"] == 0)
-                || r.query("gracePeriodSeconds").as_deref() == Some("0")
-        })
+        .filter(|(_, r)| is_final_delete(r))
         .map(|(i, _)| i)
         .collect();
     assert_eq!(final_deletes.len(), 1, "one final delete: {requests:#?}");
     let delete = &requests[final_deletes[0]];
+    assert_eq!(delete.code, 200, "{delete:?}");
     let body = delete.body.clone().unwrap_or(Value::Null);
     assert_eq!(body["preconditions"]["uid"], pod_uid, "{body:#}");
     // Before it: a status patch saying the pod is terminal with every container
     // terminated.
-    let last_patch = requests[..final_deletes[0]]
-        .iter()
-        .rev()
-        .find(|r| r.method == "PATCH" && r.path().ends_with("/pods/doomed/status"))
-        .and_then(|r| r.body.clone())
-        .expect("a status patch before the final delete");
     let last_status: Vec<Value> = requests[..final_deletes[0]]
         .iter()
-        .filter(|r| r.method == "PATCH" && r.path().ends_with("/pods/doomed/status"))
+        .filter(|r| r.verb == "patch" && r.path().ends_with("/pods/doomed/status"))
         .filter_map(|r| r.body.clone())
         .collect();
     let phase = last_status
@@ -163,7 +179,7 @@ async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
         .find_map(|b| b["status"]["phase"].as_str().map(str::to_owned));
     assert!(
         matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
-        "last phase before the delete: {phase:?}; {last_patch:#}"
+        "last phase before the delete: {phase:?}; {last_status:#?}"
     );
     let terminated = last_status.iter().rev().find_map(|b| {
         b["status"]["containerStatuses"]
@@ -171,6 +187,8 @@ async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
             .map(|a| a.iter().all(|c| c["state"]["terminated"].is_object()))
     });
     assert_eq!(terminated, Some(true), "{last_status:#?}");
+    let refused = e.cp().refused(&format!("system:node:{NODE}"));
+    assert!(refused.is_empty(), "refused: {refused:#?}");
     // Forgotten: no status in the manager, no pod status cache entry.
     let puid = PodUid::parse(&pod_uid).unwrap();
     e.wait_until("status forgotten", || !e.agent().status.knows(&puid))
@@ -183,17 +201,123 @@ async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
     e.finish().await;
 }
 
+/// The pitfall of issue #30: a gracefully deleted pod stays Terminating while
+/// a finalizer that is not the agent's holds the API object. The agent stops
+/// the containers and says so (a terminal status with every container
+/// terminated, then its final delete, which the API server accepts and keeps
+/// the object for the finalizer); the pod's containers are stopped while the
+/// object stays; removing the finalizer completes the deletion and the agent
+/// forgets the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_held_by_a_finalizer_is_stopped_and_deleted_once_released() {
+    if !real("a_pod_held_by_a_finalizer_is_stopped_and_deleted_once_released") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with_control_plane("finalizer", &[]).await;
+    let mut held = api_pod(
+        "held",
+        "Always",
+        "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+    );
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let pod = e.create_pod(&held).await;
+    let pod_uid = uid(&pod);
+    let puid = PodUid::parse(&pod_uid).unwrap();
+    e.wait_api("held", "Running", running).await;
+    let pods: Api<Pod> = Api::namespaced(e.kube().await, "default");
+    pods.delete("held", &DeleteParams::default())
+        .await
+        .expect("graceful delete");
+
+    // The agent's final delete was accepted: the object stays, Terminating,
+    // its grace period now 0, with the agent's terminal status.
+    let stuck = e
+        .wait_real("default", "held", "terminal and finally deleted", |p| {
+            p.is_some_and(|p| {
+                p.metadata.deletion_grace_period_seconds == Some(0)
+                    && matches!(phase(p), Some("Succeeded" | "Failed"))
+            })
+        })
+        .await
+        .expect("held by its finalizer");
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        stuck.metadata.finalizers.as_deref(),
+        Some(&["example.com/hold".to_owned()][..])
+    );
+    let statuses = stuck
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default();
+    assert!(
+        !statuses.is_empty()
+            && statuses
+                .iter()
+                .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some())),
+        "every container terminated: {statuses:#?}"
+    );
+    // Its containers are stopped in the runtime, and its sandbox too.
+    let containers = e
+        .cri()
+        .client()
+        .await
+        .list_containers(None)
+        .await
+        .expect("ListContainers")
+        .into_iter()
+        .filter(|c| c.labels.get(evpleg_core::labels::POD_UID) == Some(&pod_uid))
+        .collect::<Vec<_>>();
+    assert!(
+        containers
+            .iter()
+            .all(|c| c.state == evpleg_cri_api::v1::ContainerState::ContainerExited as i32),
+        "{containers:#?}"
+    );
+    for sandbox in e.sandboxes(&pod_uid).await {
+        assert_eq!(
+            sandbox.state,
+            evpleg_cri_api::v1::PodSandboxState::SandboxNotready as i32,
+            "{sandbox:?}"
+        );
+    }
+    let requests = agent_requests(&e, "held");
+    let deletes: Vec<&AuditRecord> = requests.iter().filter(|r| is_final_delete(r)).collect();
+    assert!(
+        deletes.first().is_some_and(|d| d.code == 200),
+        "the final delete accepted: {requests:#?}"
+    );
+    let refused = e.cp().refused(&format!("system:node:{NODE}"));
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+
+    // The finalizer's owner lets go: the deletion completes, the agent forgets.
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("remove the finalizer");
+    e.wait_real("default", "held", "gone", |p| p.is_none())
+        .await;
+    e.wait_until("status forgotten", || !e.agent().status.knows(&puid))
+        .await;
+    e.wait_until("cache entry dropped", || {
+        e.agent().pleg().and_then(|p| p.cache.get(&puid)).is_none()
+    })
+    .await;
+    e.finish().await;
+}
+
 /// Item 3: a pod whose phase in the API server is already terminal when the
 /// agent starts is never started again (two restarts), and its status never
 /// leaves the terminal phase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminal_api_pod_is_never_started_again_after_agent_restarts() {
-    if !privileged("a_terminal_api_pod_is_never_started_again_after_agent_restarts") {
+    if !real("a_terminal_api_pod_is_never_started_again_after_agent_restarts") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let mut e = E2e::start_with("terminal", true, &[]).await;
-    let pod = e.api().add_pod(api_pod("job", "Never", "exit 3"));
+    let mut e = E2e::start_with_control_plane("terminal", &[]).await;
+    let pod = e.create_pod(&api_pod("job", "Never", "exit 3")).await;
     let pod_uid = uid(&pod);
     let puid = PodUid::parse(&pod_uid).unwrap();
     e.wait_api("job", "Failed", |p| phase(p) == Some("Failed"))
@@ -215,7 +339,10 @@ async fn a_terminal_api_pod_is_never_started_again_after_agent_restarts() {
             1,
             "RunPodSandbox again after restart {restart}"
         );
-        let now = e.api().pod("default", "job").expect("the pod");
+        let now = e
+            .wait_real("default", "job", "present", |p| p.is_some())
+            .await
+            .expect("the pod");
         assert_eq!(phase(&now), Some("Failed"), "after restart {restart}");
         let exit = now
             .status

@@ -1,14 +1,29 @@
 //! The node's admission end to end (issue #14, the kubelet's
 //! `lifecycle/predicate.go`): the whole agent against the real containerd and
-//! the fake API server, the node's labels, taints and pod capacity from
-//! flags; pods from the API are rejected with the kubelet's reason and
-//! message (Failed, written to the API), a static pod is exempt from taints.
-//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
-//! failure under `CI=true`.
+//! the real kube-apiserver (the agent as `system:node:e2e`, under the Node
+//! authorizer and NodeRestriction), the node's labels, taints and pod
+//! capacity from flags; pods from the API are rejected with the kubelet's
+//! reason and message (Failed, written to the API), a static pod is exempt
+//! from taints; the Node registered, its Lease renewed, its conditions
+//! following the runtime. Privileged: skipped with a reason without
+//! root/BTF/the eBPF object or the control plane's binaries, a failure under
+//! `CI=true`.
 
 use evpleg_tests::e2e::*;
 use evpleg_tests::privileged;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+
+/// Whether an end-to-end test against the real API server can run here.
+fn real(test: &str) -> bool {
+    privileged(test) && evpleg_tests::control_plane::available(test)
+}
+
+/// Waits until this node's Node object satisfies `check`; returns it.
+async fn wait_node(e: &E2e, what: &str, check: impl Fn(Option<&Node>) -> bool) -> Option<Node> {
+    wait_object(&Api::<Node>::all(e.kube().await), NODE, what, check).await
+}
 
 fn phase(p: &Pod) -> &str {
     p.status
@@ -44,13 +59,12 @@ async fn rejected(e: &E2e, name: &str) -> (String, String) {
 // static pod runs whatever the taints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_checks_taints_selectors_and_pod_capacity() {
-    if !privileged("admission_checks_taints_selectors_and_pod_capacity") {
+    if !real("admission_checks_taints_selectors_and_pod_capacity") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(
+    let e = E2e::start_with_control_plane(
         "node_admission",
-        true,
         &[
             "--node-labels",
             "zone=a",
@@ -61,8 +75,8 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
         ],
     )
     .await;
-    e.api()
-        .add_pod(api_pod("intolerant", "Always", "exec sleep 600"));
+    e.create_pod(&api_pod("intolerant", "Always", "exec sleep 600"))
+        .await;
     assert_eq!(
         rejected(&e, "intolerant").await,
         (
@@ -70,7 +84,7 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
             "Pod was rejected: Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate".to_owned()
         )
     );
-    e.api().add_pod(tolerant("elsewhere", Some("b")));
+    e.create_pod(&tolerant("elsewhere", Some("b"))).await;
     assert_eq!(
         rejected(&e, "elsewhere").await,
         (
@@ -84,7 +98,7 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
         serde_json::from_value(serde_json::json!({"requests": {"ephemeral-storage": "1Pi"}}))
             .expect("resources"),
     );
-    e.api().add_pod(hungry);
+    e.create_pod(&hungry).await;
     let (reason, message) = rejected(&e, "hungry").await;
     assert_eq!(reason, "OutOfephemeral-storage");
     assert!(
@@ -100,10 +114,10 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
     })
     .await;
     for name in ["here", "third"] {
-        e.api().add_pod(tolerant(name, Some("a")));
+        e.create_pod(&tolerant(name, Some("a"))).await;
         e.wait_api(name, "Running", |p| phase(p) == "Running").await;
     }
-    e.api().add_pod(tolerant("fourth", None));
+    e.create_pod(&tolerant("fourth", None)).await;
     assert_eq!(
         rejected(&e, "fourth").await,
         (
@@ -114,19 +128,19 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
     e.finish().await;
 }
 
-// With --kubeconfig the node is registered (the harness created the Node
-// already, so as the kubelet only its default labels are reconciled), its
-// capacity and allocatable and conditions written (Ready), and its Lease in
-// kube-node-lease renewed every quarter of its duration.
+// With --kubeconfig the node registers itself (as `system:node:e2e`, which
+// NodeRestriction lets create only its own Node): its labels (the defaults
+// and --node-labels) and taints at creation, its capacity and allocatable and
+// conditions written (Ready), and its Lease in kube-node-lease renewed every
+// quarter of its duration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
-    if !privileged("the_node_is_registered_with_a_renewed_lease_and_ready") {
+    if !real("the_node_is_registered_with_a_renewed_lease_and_ready") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(
+    let e = E2e::start_with_control_plane(
         "node_status",
-        true,
         &[
             "--node-labels",
             "zone=a",
@@ -141,26 +155,38 @@ async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
         ],
     )
     .await;
-    let wait = std::time::Duration::from_secs(30);
-    let condition = |n: &k8s_openapi::api::core::v1::Node, kind: &str| {
+    let condition = |n: &Node, kind: &str| {
         n.status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == kind).cloned())
     };
-    e.api()
-        .wait_for_node(NODE, "registered and Ready", wait, |n| {
-            n.and_then(|n| condition(n, "Ready"))
-                .is_some_and(|c| c.status == "True")
-        })
-        .await;
-    let node = e.api().node(NODE).expect("the node");
+    let node = wait_node(&e, "registered and Ready", |n| {
+        n.and_then(|n| condition(n, "Ready"))
+            .is_some_and(|c| c.status == "True")
+    })
+    .await
+    .expect("the node");
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels["kubernetes.io/hostname"], NODE);
     assert_eq!(labels["kubernetes.io/os"], "linux");
     assert!(labels.contains_key("kubernetes.io/arch"), "{labels:?}");
-    // --node-labels and taints apply at creation only, as the kubelet's.
-    assert!(!labels.contains_key("zone"), "{labels:?}");
+    assert_eq!(
+        labels.get("zone").map(String::as_str),
+        Some("a"),
+        "{labels:?}"
+    );
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    assert!(
+        taints.iter().any(|t| t.key == "dedicated"
+            && t.value.as_deref() == Some("db")
+            && t.effect == "NoSchedule"),
+        "{taints:?}"
+    );
     let status = node.status.clone().expect("status");
     assert_eq!(status.capacity.expect("capacity")["pods"].0, "7");
     assert!(
@@ -175,24 +201,23 @@ async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
         assert!(condition(&node, kind).is_some(), "{kind}: {node:?}");
     }
     // The lease: held by the node, renewed (its renewTime moves).
-    let renew = |l: &k8s_openapi::api::coordination::v1::Lease| {
-        l.spec.as_ref().and_then(|s| s.renew_time.clone())
-    };
-    e.api()
-        .wait_for_lease("kube-node-lease", NODE, "the lease", wait, |l| {
-            l.is_some_and(|l| renew(l).is_some())
-        })
-        .await;
-    let first = e.api().lease("kube-node-lease", NODE).expect("the lease");
+    let leases: Api<Lease> = Api::namespaced(e.kube().await, "kube-node-lease");
+    let renew = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let first = wait_object(&leases, NODE, "the lease", |l| {
+        l.is_some_and(|l| renew(l).is_some())
+    })
+    .await
+    .expect("the lease");
     let spec = first.spec.clone().expect("spec");
     assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
     assert_eq!(spec.lease_duration_seconds, Some(1));
     let first_renew = renew(&first);
-    e.api()
-        .wait_for_lease("kube-node-lease", NODE, "renewed", wait, |l| {
-            l.is_some_and(|l| renew(l) != first_renew)
-        })
-        .await;
+    wait_object(&leases, NODE, "renewed", |l| {
+        l.is_some_and(|l| renew(l) != first_renew)
+    })
+    .await;
+    let refused = e.cp().refused(&format!("system:node:{NODE}"));
+    assert!(refused.is_empty(), "refused: {refused:#?}");
     e.finish().await;
 }
 
@@ -204,13 +229,12 @@ async fn the_node_is_registered_with_a_renewed_lease_and_ready() {
 // The periods are shortened by flags (the kubelet's are 5 s and 3 min).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_turns_false_while_the_runtime_is_down_and_true_again() {
-    if !privileged("ready_turns_false_while_the_runtime_is_down_and_true_again") {
+    if !real("ready_turns_false_while_the_runtime_is_down_and_true_again") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let mut e = E2e::start_with(
+    let mut e = E2e::start_with_control_plane(
         "node_ready",
-        true,
         &[
             "--node-status-update-frequency",
             "200ms",
@@ -223,44 +247,34 @@ async fn ready_turns_false_while_the_runtime_is_down_and_true_again() {
         ],
     )
     .await;
-    let wait = std::time::Duration::from_secs(30);
-    let ready = |n: Option<&k8s_openapi::api::core::v1::Node>| {
+    let ready = |n: Option<&Node>| {
         n.and_then(|n| n.status.as_ref())
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned())
     };
-    e.api()
-        .wait_for_node(NODE, "Ready", wait, |n| {
-            ready(n).is_some_and(|c| c.status == "True")
-        })
-        .await;
+    wait_node(&e, "Ready", |n| {
+        ready(n).is_some_and(|c| c.status == "True")
+    })
+    .await;
     e.containerd.as_mut().expect("containerd").stop();
-    e.api()
-        .wait_for_node(
-            NODE,
-            "not Ready: runtime down and PLEG unhealthy",
-            wait,
-            |n| {
-                ready(n).is_some_and(|c| {
-                    let m = c.message.clone().unwrap_or_default();
-                    c.status == "False"
-                        && c.reason.as_deref() == Some("KubeletNotReady")
-                        && m.contains("container runtime is down")
-                        && m.contains("PLEG is not healthy: pleg was last seen active")
-                })
-            },
-        )
-        .await;
+    wait_node(&e, "not Ready: runtime down and PLEG unhealthy", |n| {
+        ready(n).is_some_and(|c| {
+            let m = c.message.clone().unwrap_or_default();
+            c.status == "False"
+                && c.reason.as_deref() == Some("KubeletNotReady")
+                && m.contains("container runtime is down")
+                && m.contains("PLEG is not healthy: pleg was last seen active")
+        })
+    })
+    .await;
     e.containerd
         .as_mut()
         .expect("containerd")
         .restart()
         .unwrap_or_else(|err| panic!("restart containerd: {err}"));
-    e.api()
-        .wait_for_node(NODE, "Ready again", wait, |n| {
-            ready(n)
-                .is_some_and(|c| c.status == "True" && c.reason.as_deref() == Some("KubeletReady"))
-        })
-        .await;
+    wait_node(&e, "Ready again", |n| {
+        ready(n).is_some_and(|c| c.status == "True" && c.reason.as_deref() == Some("KubeletReady"))
+    })
+    .await;
     e.finish().await;
 }

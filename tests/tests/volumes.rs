@@ -6,11 +6,13 @@
 //! a hostPath whose type does not match is FailedMount and the pod waits in
 //! ContainerCreating until it does; a configMap without an API server fails
 //! naming the object; HostToContainer propagation shows a node mount made
-//! after the container started. From the fake API server: configMap, secret and a
-//! projected volume with a service-account token (TokenRequest), a changed
-//! configMap swapped into the running container atomically (`..data`).
-//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
-//! failure under `CI=true`.
+//! after the container started. From the real kube-apiserver (read as
+//! `system:node:e2e`, which the Node authorizer lets read only what its pods
+//! use): configMap, secret and a projected volume with a service-account
+//! token (TokenRequest, bound to the pod as NodeRestriction requires), a
+//! changed configMap swapped into the running container atomically
+//! (`..data`). Privileged: skipped with a reason without root/BTF/the eBPF
+//! object (or the control plane's binaries), a failure under `CI=true`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -414,7 +416,7 @@ fn data_target(dir: &Path) -> PathBuf {
 }
 
 // configMap, secret and projected (service-account token, a configMap key,
-// downwardAPI) volumes of a pod from the API server; a changed configMap
+// downwardAPI) volumes of a pod from the real API server; a changed configMap
 // reaches the running container through the `..data` swap (a new
 // timestamped directory, the old one removed, the user-visible names links
 // through ..data); a subPath mount of a key keeps the content it had (as
@@ -422,24 +424,43 @@ fn data_target(dir: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_map_secret_and_token_from_the_api_server() {
     let name = "config_map_secret_and_token_from_the_api_server";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &["--sync-frequency", "1s"]).await;
-    let api = e.api();
-    let cm = |a: &str| {
+    let e = E2e::start_with_control_plane(name, &["--sync-frequency", "1s"]).await;
+    let kube = e.kube().await;
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(kube.clone(), "default");
+    let cm = |a: &str| -> k8s_openapi::api::core::v1::ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": "cfg", "namespace": "default"},
             "data": {"a": a, "b": "two"}}))
         .unwrap()
     };
-    api.put_config_map(cm("one"));
-    api.put_secret(
+    let post = kube::api::PostParams::default();
+    config_maps
+        .create(&post, &cm("one"))
+        .await
+        .expect("create cfg");
+    let secret: k8s_openapi::api::core::v1::Secret =
         serde_json::from_value(json!({"metadata": {"name": "sec", "namespace": "default"},
             "data": {"password": "czNjcmV0"}}))
-        .unwrap(),
-    );
-    api.add_service_account("default", "runner");
+        .unwrap();
+    kube::Api::namespaced(kube.clone(), "default")
+        .create(&post, &secret)
+        .await
+        .expect("create sec");
+    // No token automount: that volume's configMap kube-root-ca.crt is
+    // published by kube-controller-manager, which the harness does not run.
+    let account: k8s_openapi::api::core::v1::ServiceAccount = serde_json::from_value(
+        json!({"metadata": {"name": "runner", "namespace": "default"},
+            "automountServiceAccountToken": false}),
+    )
+    .unwrap();
+    kube::Api::namespaced(kube.clone(), "default")
+        .create(&post, &account)
+        .await
+        .expect("create the service account");
     let mut pod = api_pod("cfg-pod", "Always", "exec sleep 1000");
     let spec = pod.spec.as_mut().unwrap();
     spec.service_account_name = Some("runner".into());
@@ -464,7 +485,7 @@ async fn config_map_secret_and_token_from_the_api_server() {
         ]))
         .unwrap(),
     );
-    let stored = api.add_pod(pod);
+    let stored = e.create_pod(&pod).await;
     let pod_uid = stored.metadata.uid.clone().unwrap();
     e.wait_api("cfg-pod", "running", |p| {
         p.status
@@ -476,7 +497,12 @@ async fn config_map_secret_and_token_from_the_api_server() {
             })
     })
     .await;
-    let p = serde_json::to_value(api.pod("default", "cfg-pod").unwrap()).unwrap();
+    let p = serde_json::to_value(
+        e.wait_real("default", "cfg-pod", "present", |p| p.is_some())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     exec_until(&e, &p, "app", "cat /cfg/a /cfg/b", "onetwo").await;
     exec_until(&e, &p, "app", "cat /sub-a", "one").await;
     exec_until(
@@ -491,21 +517,36 @@ async fn config_map_secret_and_token_from_the_api_server() {
     assert_ne!(code, 0, "configMap volumes are read-only: {out}");
     exec_until(&e, &p, "app", "cat /proj/cfg/b", "two").await;
     exec_until(&e, &p, "app", "cat /proj/uid", &pod_uid).await;
-    // The token: requested once, bound to the pod, with the audience.
+    // The token: requested once, as the node, bound to the pod, with the
+    // audience.
     let (_, token) = exec(&e, &p, "app", "cat /proj/token").await;
-    let requests = api.token_requests();
-    assert_eq!(requests.len(), 1, "one TokenRequest (then cached)");
-    let (ns, account, request) = &requests[0];
-    assert_eq!((ns.as_str(), account.as_str()), ("default", "runner"));
-    assert_eq!(request.status.as_ref().unwrap().token, token);
-    let bound = request.spec.bound_object_ref.as_ref().unwrap();
+    let requests: Vec<_> = e
+        .cp()
+        .audit()
+        .into_iter()
+        .filter(|r| r.verb == "create" && r.path().ends_with("/token"))
+        .collect();
     assert_eq!(
+        requests.len(),
+        1,
+        "one TokenRequest (then cached): {requests:#?}"
+    );
+    let request = &requests[0];
+    assert_eq!(
+        (request.user.as_str(), request.path(), request.code),
         (
-            bound.kind.as_deref(),
-            bound.name.as_deref(),
-            bound.uid.as_deref()
-        ),
-        (Some("Pod"), Some("cfg-pod"), Some(pod_uid.as_str()))
+            format!("system:node:{NODE}").as_str(),
+            "/api/v1/namespaces/default/serviceaccounts/runner/token",
+            201
+        )
+    );
+    let spec = &request.body.as_ref().expect("the TokenRequest")["spec"];
+    assert_eq!(spec["audiences"], json!(["vault"]));
+    assert_eq!(spec["expirationSeconds"], 3600);
+    let bound = &spec["boundObjectRef"];
+    assert_eq!(
+        (&bound["kind"], &bound["name"], &bound["uid"]),
+        (&json!("Pod"), &json!("cfg-pod"), &json!(pod_uid))
     );
     let claims = token.split('.').nth(1).expect("a JWT");
     let claims: Value = serde_json::from_slice(
@@ -525,7 +566,19 @@ async fn config_map_secret_and_token_from_the_api_server() {
         std::fs::read_link(dir.join("a")).unwrap(),
         Path::new("..data/a")
     );
-    api.put_config_map(cm("uno"));
+    config_maps
+        .replace("cfg", &post, &{
+            let mut next = cm("uno");
+            next.metadata.resource_version = config_maps
+                .get("cfg")
+                .await
+                .expect("cfg")
+                .metadata
+                .resource_version;
+            next
+        })
+        .await
+        .expect("update cfg");
     exec_until(&e, &p, "app", "cat /cfg/a /cfg/b", "unotwo").await;
     let after = data_target(&dir);
     assert_ne!(before, after, "a new payload directory behind ..data");

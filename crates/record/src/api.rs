@@ -4,10 +4,15 @@
 //!
 //! * The first occurrence of an event is created (POST); a repetition (the
 //!   store bumped its count) is a merge patch of its `series` (`count`,
-//!   `lastObservedTime`) and of the deprecated core/v1 `count` and
-//!   `lastTimestamp`, which `kubectl describe` shows. A patch that finds no
-//!   event (it expired, or its creation was filtered or failed) creates it
-//!   with its series, as client-go creates after a failed patch.
+//!   `lastObservedTime`) alone, as client-go's `createPatchBytesForSeries`.
+//!   The deprecated core/v1 fields (`deprecatedSource`,
+//!   `deprecatedFirstTimestamp`, `deprecatedLastTimestamp`,
+//!   `deprecatedCount`) are never set: the API server refuses an
+//!   `events.k8s.io/v1` Event that sets them ("needs to be unset") and a
+//!   patch that changes them or the `note` ("field is immutable");
+//!   `kubectl describe` reads the series. A patch that finds no event (it
+//!   expired, or its creation was filtered or failed) creates it with its
+//!   series, as client-go creates after a failed patch.
 //! * The spam filter (`EventSourceObjectSpamFilter`): per source and pod, a
 //!   token bucket of 25 events refilled at one every 5 minutes; an event
 //!   without a token is not written (counted in [`super::Stats`]).
@@ -26,9 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::EventSource;
 use k8s_openapi::api::events::v1::{Event, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -187,13 +191,10 @@ pub fn v1_event(r: &Recorded, node: &str) -> Event {
         regarding: Some(object_reference(r)),
         note: Some(r.message.clone()),
         type_: Some(r.kind.as_str().into()),
-        deprecated_source: Some(EventSource {
-            component: Some(r.source.component().into()),
-            host: Some(node.to_owned()),
-        }),
-        deprecated_first_timestamp: Some(Time(timestamp(r.first_ns))),
-        deprecated_last_timestamp: Some(Time(timestamp(r.last_ns))),
-        deprecated_count: Some(count(r)),
+        deprecated_source: None,
+        deprecated_first_timestamp: None,
+        deprecated_last_timestamp: None,
+        deprecated_count: None,
         related: None,
     }
 }
@@ -209,14 +210,10 @@ fn series(r: &Recorded) -> Option<EventSeries> {
     })
 }
 
-/// The merge patch of a repetition.
+/// The merge patch of a repetition: its series alone (every other field of
+/// an `events.k8s.io/v1` Event is immutable).
 pub fn series_patch(r: &Recorded) -> serde_json::Value {
-    serde_json::json!({
-        "series": series(r),
-        "note": r.message,
-        "deprecatedCount": count(r),
-        "deprecatedLastTimestamp": Time(timestamp(r.last_ns)),
-    })
+    serde_json::json!({ "series": series(r) })
 }
 
 /// Writes the recorder's events to a sink.
@@ -421,11 +418,9 @@ mod tests {
             stored["series"]["lastObservedTime"],
             "1970-01-01T00:00:05.000000Z"
         );
-        assert_eq!(stored["deprecatedCount"], 2);
         assert_eq!(stored["reportingController"], "kubelet");
         assert_eq!(stored["reportingInstance"], "node-1");
         assert_eq!(stored["regarding"]["fieldPath"], "spec.containers{app}");
-        assert_eq!(stored["deprecatedSource"]["component"], "kubelet");
         assert_eq!(stored["action"], "BackOff");
         // Its first write lost: the repetition creates it, with its series.
         let lost = back_off(&mut store, "q", 6 * S);
@@ -453,6 +448,31 @@ mod tests {
         );
         assert_eq!(stats.written.load(Ordering::Relaxed), 4);
         assert_eq!(stats.write_errors.load(Ordering::Relaxed), 0);
+    }
+
+    /// What the API server's strict `events.k8s.io/v1` validation allows
+    /// (`ValidateEventCreate`, `ValidateEventUpdate`): no deprecated core/v1
+    /// field on a create, and a repetition's patch touching the series alone.
+    #[test]
+    fn an_event_sets_no_deprecated_field_and_a_repetition_patches_only_its_series() {
+        let mut store = Store::default();
+        let first = back_off(&mut store, "p", S);
+        let created = serde_json::to_value(v1_event(&first, "node-1")).unwrap();
+        let fields: Vec<&str> = created
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .filter(|k| k.starts_with("deprecated"))
+            .collect();
+        assert!(fields.is_empty(), "{created:#}");
+        assert!(created["eventTime"].is_string(), "{created:#}");
+        let second = back_off(&mut store, "p", 5 * S);
+        let patch = series_patch(&second);
+        assert_eq!(
+            patch,
+            serde_json::json!({"series": {"count": 2, "lastObservedTime": "1970-01-01T00:00:05.000000Z"}})
+        );
     }
 
     #[tokio::test]

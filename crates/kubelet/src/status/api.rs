@@ -23,8 +23,11 @@
 //! server does not know it, so its status goes to its **mirror pod**, a read-only
 //! copy with the same namespace and name, the static pod's labels, annotations and
 //! spec (bound to this node), the annotation `kubernetes.io/config.mirror` = the
-//! static pod's `kubernetes.io/config.hash`, an owner reference to this Node
-//! (when the Node exists), and no status. A missing mirror pod is created (409
+//! static pod's `kubernetes.io/config.hash`, an owner reference to this Node,
+//! and no status. Until this node's Node object exists no mirror pod is made
+//! (a retryable error, as the kubelet's mirror client fails without the node's
+//! UID): the NodeRestriction admission plugin refuses a node's mirror pod
+//! without that owner reference. A missing mirror pod is created (409
 //! AlreadyExists is fine when the existing one is ours); a mirror pod of another
 //! hash (an older manifest) or one being deleted is deleted with grace period 0
 //! and the old UID as precondition, then recreated. A pod of that name that is not
@@ -125,6 +128,15 @@ impl ApiStatusWriter {
         let api = self.pods(namespace);
         let current = api.get(name).await.map_err(|e| match classify(&e) {
             ErrorClass::NotFound => permanent(&who, "the pod is gone from the API server"),
+            // The Node authorizer's answer for a pod not bound to this node,
+            // also one that no longer exists.
+            ErrorClass::Forbidden => permanent(
+                &who,
+                &format!(
+                    "the pod is gone from the API server, or not bound to this node: {}",
+                    describe(&e)
+                ),
+            ),
             _ => api_error(&who, "reading the pod", &e),
         })?;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -211,8 +223,7 @@ impl ApiStatusWriter {
     ) -> Result<Pod, WriteError> {
         let who = full_name(pod);
         let (_, name) = names(pod);
-        let existing = api
-            .get_opt(name)
+        let existing = get_bound(api, name)
             .await
             .map_err(|e| api_error(&who, "reading the mirror pod", &e))?;
         match existing {
@@ -246,16 +257,20 @@ impl ApiStatusWriter {
                 Ok(created)
             }
             Err(e) if classify(&e) == ErrorClass::AlreadyExists => {
-                // Created in between (by an earlier write): fine if it is this one's.
-                match api
-                    .get_opt(name)
+                // Created in between (by an earlier write): fine if it is this
+                // one's. One this node may not read is bound to another node.
+                match get_bound(api, name)
                     .await
                     .map_err(|e| api_error(&who, "reading the mirror pod", &e))?
                 {
                     Some(m) if is_mirror_of(&m, hash) => Ok(m),
-                    _ => Err(retryable(
+                    Some(_) => Err(retryable(
                         &who,
                         "another pod took the mirror pod's name while it was being created",
+                    )),
+                    None => Err(permanent(
+                        &who,
+                        "a pod of this name that is not this node's mirror pod exists in the API server (bound to another node)",
                     )),
                 }
             }
@@ -297,7 +312,7 @@ impl ApiStatusWriter {
                 namespace: pod.metadata.namespace.clone(),
                 labels: pod.metadata.labels.clone(),
                 annotations: Some(annotations),
-                owner_references: owner.map(|o| vec![o]),
+                owner_references: Some(vec![owner]),
                 ..ObjectMeta::default()
             },
             spec: Some(spec),
@@ -306,9 +321,9 @@ impl ApiStatusWriter {
     }
 
     /// The owner reference to this Node (the kubelet's mirror client sets one; the
-    /// NodeRestriction admission plugin requires it). Without a Node object there
-    /// is none: the mirror pod is created without it.
-    async fn node_owner(&self, who: &str) -> Result<Option<OwnerReference>, WriteError> {
+    /// NodeRestriction admission plugin requires it). Without a Node object
+    /// there is none yet: retryable, as the kubelet's `getNodeUID` failing.
+    async fn node_owner(&self, who: &str) -> Result<OwnerReference, WriteError> {
         let known = self
             .node_uid
             .lock()
@@ -326,8 +341,13 @@ impl ApiStatusWriter {
                         uid
                     }
                     Ok(None) => {
-                        warn!(node = %self.node_name, pod = %who, "no Node object for this node: the mirror pod gets no owner reference");
-                        return Ok(None);
+                        return Err(retryable(
+                            who,
+                            &format!(
+                                "no Node object {} yet: a mirror pod needs its owner reference to it",
+                                self.node_name
+                            ),
+                        ));
                     }
                     Err(e) => {
                         return Err(api_error(
@@ -339,14 +359,14 @@ impl ApiStatusWriter {
                 }
             }
         };
-        Ok(Some(OwnerReference {
+        Ok(OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),
             name: self.node_name.clone(),
             uid,
             controller: Some(true),
             block_owner_deletion: None,
-        }))
+        })
     }
 
     /// Deletes the mirror pod of a static pod that left the node, if it is still
@@ -357,7 +377,7 @@ impl ApiStatusWriter {
         let (namespace, name) = names(pod);
         let api = self.pods(namespace);
         let result = async {
-            match api.get_opt(name).await? {
+            match get_bound(&api, name).await? {
                 Some(mirror) if is_mirror_of(&mirror, hash) => {
                     self.delete_mirror(&api, &mirror).await?;
                     info!(pod = %who, "deleted the mirror pod of a removed static pod");
@@ -430,6 +450,21 @@ impl StatusWriter for ApiStatusWriter {
     }
 }
 
+/// The pod `name` if it exists and this node may read it: under the Node
+/// authorizer a node reads only pods bound to it, and a pod that does not
+/// exist is not bound to it either (403 "no relationship found"), so for the
+/// node's own client a 403 is no pod of its own, as a 404. (The kubelet never
+/// asks: its mirror pods come from its watch of the node's pods.)
+async fn get_bound(api: &Api<Pod>, name: &str) -> Result<Option<Pod>, kube::Error> {
+    match api.get_opt(name).await {
+        Err(e) if classify(&e) == ErrorClass::Forbidden => {
+            debug!(pod = name, error = %describe(&e), "pod not readable by this node: none of its own");
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
 // ----- status merge and patch --------------------------------------------------
 
 /// The status to store: `new`, with what the kubelet does not own kept from `old`
@@ -465,12 +500,40 @@ pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodSta
 
 /// The patch from `old` to `new` with `uid` as precondition:
 /// `{"metadata":{"uid":...},"status":<merge patch>}`, or `None` when the statuses
-/// are the same.
+/// are the same. Compared as the kubelet compares Go structs, where an absent
+/// field is its zero value: the API server stores a container's `lastState`
+/// as `{}` when it has none, and that is no change ([`prune_empty`]).
 pub fn status_patch(uid: &str, old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> Option<Value> {
-    let old = serde_json::to_value(old.cloned().unwrap_or_default()).unwrap_or(Value::Null);
-    let new = serde_json::to_value(new).unwrap_or(Value::Null);
+    let old =
+        prune_empty(serde_json::to_value(old.cloned().unwrap_or_default()).unwrap_or(Value::Null));
+    let new = prune_empty(serde_json::to_value(new).unwrap_or(Value::Null));
     let diff = merge_patch(&old, &new)?;
     Some(json!({ "metadata": { "uid": uid }, "status": diff }))
+}
+
+/// `value` without the object fields that are `null`, `{}` or `[]` once
+/// pruned themselves (inside arrays too): what Go's `omitempty` leaves out
+/// and a struct field serialises as `{}`.
+pub fn prune_empty(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, prune_empty(v)))
+                .filter(|(_, v)| !is_empty(v))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(prune_empty).collect()),
+        other => other,
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
 }
 
 /// The RFC 7386 merge patch that turns `old` into `new` (`None`: nothing to do).
@@ -555,6 +618,10 @@ pub(crate) enum ErrorClass {
     Retryable,
     /// 404.
     NotFound,
+    /// 403: for a node's client, under the Node authorizer, also a pod that
+    /// does not exist or is not bound to this node ("no relationship found
+    /// between node ... and this object").
+    Forbidden,
     /// 409 AlreadyExists.
     AlreadyExists,
     /// 409 otherwise (a failed UID or resourceVersion precondition).
@@ -567,6 +634,7 @@ pub(crate) fn classify(e: &kube::Error) -> ErrorClass {
     match e {
         kube::Error::Api(status) => match (status.code, status.reason.as_str()) {
             (404, _) | (0, "NotFound") => ErrorClass::NotFound,
+            (403, _) | (0, "Forbidden") => ErrorClass::Forbidden,
             (409, "AlreadyExists") | (0, "AlreadyExists") => ErrorClass::AlreadyExists,
             (409, _) | (0, "Conflict") => ErrorClass::Conflict,
             (408 | 429, _) => ErrorClass::Retryable,
@@ -674,12 +742,8 @@ mod tests {
             ErrorClass::AlreadyExists
         );
         assert_eq!(classify(&api(409, "Conflict")), ErrorClass::Conflict);
-        for (code, reason) in [
-            (400, "BadRequest"),
-            (403, "Forbidden"),
-            (422, "Invalid"),
-            (410, "Expired"),
-        ] {
+        assert_eq!(classify(&api(403, "Forbidden")), ErrorClass::Forbidden);
+        for (code, reason) in [(400, "BadRequest"), (422, "Invalid"), (410, "Expired")] {
             assert_eq!(
                 classify(&api(code, reason)),
                 ErrorClass::Permanent,
@@ -703,7 +767,8 @@ mod tests {
             ErrorClass::Retryable
         );
         assert_eq!(classify(&api(0, "NotFound")), ErrorClass::NotFound);
-        assert_eq!(classify(&api(0, "Forbidden")), ErrorClass::Permanent);
+        assert_eq!(classify(&api(0, "Forbidden")), ErrorClass::Forbidden);
+        assert_eq!(classify(&api(0, "Invalid")), ErrorClass::Permanent);
     }
 
     #[test]
@@ -806,6 +871,40 @@ mod tests {
         let mut doc = serde_json::to_value(&old).unwrap();
         merge_into(&mut doc, &patch["status"]);
         assert_eq!(doc, serde_json::to_value(&new).unwrap());
+    }
+
+    /// The API server stores a container without a last state as
+    /// `"lastState": {}`: the same status again is no patch (every write sent
+    /// the container statuses again before).
+    #[test]
+    fn api_patch_takes_what_the_api_server_stores_as_empty_for_absent() {
+        let new = ApiPodStatus {
+            phase: Some("Running".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "main".into(),
+                ..ContainerStatus::default()
+            }]),
+            ..ApiPodStatus::default()
+        };
+        let mut stored = serde_json::to_value(&new).unwrap();
+        stored["containerStatuses"][0]["lastState"] = json!({});
+        stored["conditions"] = json!([]);
+        let stored: ApiPodStatus = serde_json::from_value(stored).unwrap();
+        assert_ne!(stored, new, "the stored form differs");
+        assert!(status_patch("u", Some(&stored), &new).is_none());
+        // A last state that went away is still removed.
+        let mut with_last = stored.clone();
+        with_last.container_statuses.as_mut().unwrap()[0].last_state = Some(ContainerState {
+            terminated: Some(ContainerStateTerminated::default()),
+            ..ContainerState::default()
+        });
+        let patch = status_patch("u", Some(&with_last), &new).expect("a patch");
+        assert!(
+            patch["status"]["containerStatuses"][0]
+                .get("lastState")
+                .is_none(),
+            "{patch}"
+        );
     }
 
     #[test]
