@@ -47,14 +47,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// Errors of the control plane harness.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlPlaneError {
-    #[error(
-        "{name} not found at {} (set {env} to its path, or run `cargo xtask setup`, which builds it under .tools/go)", path.display()
-    )]
-    MissingBinary {
-        name: String,
-        path: PathBuf,
-        env: String,
-    },
+    #[error("control plane: {0}")]
+    MissingBinary(crate::go_tools::GoToolsError),
     #[error("openssl, {what}: {message}")]
     Openssl { what: String, message: String },
     #[error("{action} {}: {source}", path.display())]
@@ -92,42 +86,10 @@ impl ControlPlaneError {
     }
 }
 
-/// The environment variable naming `name`'s binary: `EVPLEG_KUBE_APISERVER`,
-/// `EVPLEG_ETCD`.
-pub fn binary_env(name: &str) -> String {
-    format!("EVPLEG_{}", name.to_uppercase().replace('-', "_"))
-}
-
-/// Where `cargo xtask setup` puts `name` when built from its Go module:
-/// `<workspace>/.tools/go/bin/<name>` (a link to `../<name>-<version>/<name>`),
-/// or under `$EVPLEG_GO_BIN_DIR` when that is set (the same directory
-/// go-tools' `tests/src/go_tools.rs` reads).
-pub fn built_path(name: &str) -> PathBuf {
-    match std::env::var_os("EVPLEG_GO_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir).join(name),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../.tools/go/bin")
-            .join(name),
-    }
-}
-
-/// The binary `name` (`kube-apiserver`, `etcd`): the path in its own
-/// variable ([`binary_env`]: `EVPLEG_KUBE_APISERVER`, `EVPLEG_ETCD`) when set,
-/// else [`built_path`]; an error naming where it looked when it is not there.
+/// The binary `name` (`kube-apiserver`, `etcd`) as `cargo xtask setup`
+/// built it ([`crate::go_tools::binary`]).
 pub fn binary(name: &str) -> Result<PathBuf, ControlPlaneError> {
-    let env = binary_env(name);
-    let path = std::env::var_os(&env)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| built_path(name));
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(ControlPlaneError::MissingBinary {
-            name: name.to_owned(),
-            path,
-            env,
-        })
-    }
+    crate::go_tools::binary(name).map_err(ControlPlaneError::MissingBinary)
 }
 
 /// Whether the control plane can run here (its binaries found). Prints why
