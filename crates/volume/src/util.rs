@@ -106,7 +106,7 @@ pub fn is_mounted(path: &Path) -> std::io::Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
-    Ok(mount_points()?.iter().any(|m| *m == real))
+    Ok(mount_points()?.contains(&real))
 }
 
 /// Removes `dir` and what is under it, refusing to cross into another file
