@@ -228,13 +228,18 @@ e2e_test!(
             out.starts_with("tmpfs /mem tmpfs ") && out.contains("size=8192k"),
             "{out}"
         );
-        // ... and on the node, under the pod's volumes.
+        // ... and on the node, under the pod's volumes; the reader's two
+        // subPaths are bind mounts under volume-subpaths/ (issue #24).
         let pod_dir = e.args.root_dir.join("pods").join(uid(&p));
         let mem = pod_dir.join("volumes/kubernetes.io~empty-dir/mem");
+        let mut mounts: Vec<String> = mounts_under(&pod_dir).into_iter().map(|(m, _)| m).collect();
+        mounts.sort();
+        let binds = pod_dir.join("volume-subpaths/host/reader");
         assert_eq!(
-            mounts_under(&pod_dir),
-            vec![(mem.display().to_string(), "tmpfs".to_owned())]
+            mounts,
+            [binds.join("1"), binds.join("4"), mem.clone()].map(|p| p.display().to_string())
         );
+        assert!(mounts_under(&pod_dir).contains(&(mem.display().to_string(), "tmpfs".to_owned())));
         assert!(
             pod_dir
                 .join("volumes/kubernetes.io~empty-dir/shared/msg")

@@ -16,6 +16,7 @@ pub mod labels;
 pub mod lifecycle;
 pub mod machine;
 pub mod metrics;
+pub mod names;
 pub mod qos;
 pub mod quantity;
 pub mod runtime;

@@ -65,6 +65,8 @@ pub enum AgentError {
     NodeFlags(#[from] evpleg_kubelet::admission::node::NodeFlagError),
     #[error("CSI plugin registration: {0}")]
     PluginRegistry(#[from] evpleg_volume::csi::CsiError),
+    #[error("--root-dir: {0}")]
+    RootDir(#[from] evpleg_volume::pod_dirs::PodDirError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -279,6 +281,7 @@ impl Agent {
             gc::run(
                 cri.clone(),
                 gc_policy,
+                args.pod_log_dir.clone(),
                 args.container_gc_period,
                 shutdown.clone(),
             ),
@@ -291,6 +294,9 @@ impl Agent {
             host_ip.clone(),
             events.clone(),
         ));
+        // <root-dir>/pods is root's, mode 0750: no other host user reaches
+        // the pods' volumes.
+        evpleg_volume::pod_dirs::ensure_pods_dir(&args.root_dir)?;
         // Volumes: the built-in plugins (others register on `plugins`), the
         // reconciler as an essential task.
         let volume_host = evpleg_volume::VolumeHost {
@@ -389,6 +395,7 @@ impl Agent {
             sources,
             host_ip,
             cgroup_mounts,
+            root_dir: Some(args.root_dir.clone()),
             event_latency: pleg.event_latency.clone(),
             prober: Some((prober, probe_changes)),
             events: events.clone(),
@@ -455,32 +462,35 @@ impl Agent {
                 evpleg_kubelet::node_status::run(parts, shutdown.clone()),
             ));
         }
-        let pods_store = local.clone();
-        let pod_events = events.clone();
-        let router = server::router(state)
-            .route(
-                "/pods",
-                get(move || {
-                    let store = pods_store.clone();
-                    async move { axum::Json(store.pod_list()) }
-                }),
-            )
-            .route(
-                "/pods/{namespace}/{name}/events",
-                get(move |Path((namespace, name)): Path<(String, String)>| {
-                    let events = pod_events.clone();
-                    async move { axum::Json(events.event_list(&namespace, &name)) }
-                }),
-            );
-        let stop = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-            {
-                warn!(error = %e, "http server failed");
-            }
-        }));
+        let mut router = server::router(state);
+        // /pods exposes every pod's spec, env values included: an operator
+        // turns it off with --pods-endpoint=false (the kubelet's read-only
+        // port off).
+        if args.pods_endpoint {
+            let pods_store = local.clone();
+            let pod_events = events.clone();
+            router = router
+                .route(
+                    "/pods",
+                    get(move || {
+                        let store = pods_store.clone();
+                        async move { axum::Json(store.pod_list()) }
+                    }),
+                )
+                .route(
+                    "/pods/{namespace}/{name}/events",
+                    get(move |Path((namespace, name)): Path<(String, String)>| {
+                        let events = pod_events.clone();
+                        async move { axum::Json(events.event_list(&namespace, &name)) }
+                    }),
+                );
+        }
+        tasks.push(tokio::spawn(crate::http::serve(
+            listener,
+            router,
+            common.http.limits(),
+            shutdown.clone(),
+        )));
         info!(%addr, node = %node_name, mode = ?pleg.mode, endpoint, "agent running: /pods, /pods/<namespace>/<name>/events, /metrics, /healthz");
         Ok(Self {
             local,

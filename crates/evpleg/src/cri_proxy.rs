@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use evpleg_core::clock::{MonotonicClock, SharedClock};
 use evpleg_cri_proxy::hub::Hub;
@@ -85,16 +85,13 @@ impl CriProxy {
         .with_path_health(pleg.path_health.clone())
         .with_tasks(vec![pleg.task_health.clone()]);
         let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
         let router = crate::server::router(state);
-        let http = tokio::spawn(async move {
-            if let Err(e) = axum::serve(http, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-            {
-                warn!(error = %e, "http server failed");
-            }
-        });
+        let http = tokio::spawn(crate::http::serve(
+            http,
+            router,
+            args.http.limits(),
+            shutdown.clone(),
+        ));
         info!(http = %http_addr, "cri proxy http endpoints serving");
         Ok(Self {
             http_addr,

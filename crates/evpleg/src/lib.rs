@@ -9,6 +9,7 @@ pub mod agent;
 pub mod config;
 pub mod cri_proxy;
 pub mod describe;
+pub mod http;
 pub mod metrics;
 pub mod observe;
 pub mod server;

@@ -2,7 +2,6 @@
 //! (Prometheus), `/healthz` (PLEG health, the kubelet's "pleg was last seen active
 //! ... ago" check), `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -127,19 +126,6 @@ pub fn router(state: ServerState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(healthz))
         .with_state(state)
-}
-
-/// Serves `router` on `addr` until `shutdown`.
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
 }
 
 #[cfg(test)]

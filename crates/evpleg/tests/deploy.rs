@@ -71,14 +71,25 @@ fn the_daemonset_runs_observe_with_flags_it_has_and_least_privilege() {
         mounts.iter().any(|m| m.mount_path == socket),
         "{socket} mounted"
     );
-    // The probes ask the port evpleg listens on.
-    let port = observe.common.listen.expect("--listen").port();
+    // The probes ask the port evpleg listens on, on loopback only (issue
+    // #24: nothing served to the network by default).
+    let listen = observe.common.listen.expect("--listen");
+    assert!(
+        listen.ip().is_loopback(),
+        "--listen={listen} is not loopback"
+    );
+    let port = listen.port();
     for (probe, path) in [
         (c.liveness_probe.clone(), "/healthz"),
         (c.readiness_probe.clone(), "/readyz"),
     ] {
         let get = probe.and_then(|p| p.http_get).expect("an HTTP probe");
         assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            get.host.as_deref(),
+            Some("127.0.0.1"),
+            "{path} probes loopback"
+        );
         assert_eq!(
             get.port,
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port))
@@ -186,12 +197,22 @@ fn the_cri_proxy_deploy_files_run_it_with_flags_it_has_and_least_privilege() {
         mounted(args.listen.parent().expect("a directory")),
         "the socket's directory mounted"
     );
+    assert!(
+        args.http_listen.ip().is_loopback(),
+        "--http-listen={} is not loopback",
+        args.http_listen
+    );
     let port = args.http_listen.port();
     let probe = c
         .liveness_probe
         .clone()
         .and_then(|p| p.http_get)
         .expect("a probe");
+    assert_eq!(
+        probe.host.as_deref(),
+        Some("127.0.0.1"),
+        "the probe asks loopback"
+    );
     assert_eq!(
         probe.port,
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port))

@@ -60,6 +60,8 @@ pub struct SyncLoopParts<S> {
     pub host_ip: String,
     /// Cgroup mounts whose orphaned pod cgroups housekeeping removes.
     pub cgroup_mounts: Vec<std::path::PathBuf>,
+    /// `--root-dir`, whose orphaned pod directories housekeeping removes.
+    pub root_dir: Option<std::path::PathBuf>,
     /// `pleg_event_latency_seconds`, observed as events are taken.
     pub event_latency: Arc<evpleg_pleg::latency::EventLatency>,
     /// The prober manager and the pods whose probe results changed.
@@ -82,6 +84,7 @@ pub struct SyncLoop<S> {
     sources: Vec<SourceName>,
     host_ip: String,
     cgroup_mounts: Vec<std::path::PathBuf>,
+    root_dir: Option<std::path::PathBuf>,
     event_latency: Arc<evpleg_pleg::latency::EventLatency>,
     prober: Option<Arc<crate::prober::ProberManager>>,
     probe_results: Option<mpsc::UnboundedReceiver<PodUid>>,
@@ -125,6 +128,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             sources,
             host_ip,
             cgroup_mounts,
+            root_dir,
             event_latency,
             prober,
             events,
@@ -140,6 +144,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             sources,
             host_ip,
             cgroup_mounts,
+            root_dir,
             event_latency,
             prober,
             probe_results,
@@ -387,7 +392,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     /// Forgets the cache entries of unknown pods, stops and removes their
-    /// sandboxes, and removes their empty pod cgroups.
+    /// sandboxes, and removes their empty pod cgroups and their directories.
     async fn housekeeping(&mut self) {
         if !self.seen.seen_all(&self.sources) {
             return;
@@ -410,6 +415,9 @@ impl<S: PodSyncer> SyncLoop<S> {
                 self.cache.delete(&uid);
             }
         }
+        // Pods whose sandbox could not be removed keep their directory.
+        let mut busy = HashSet::new();
+        let mut listed = true;
         match self.cri.list_pod_sandboxes(None).await {
             Ok(sandboxes) => {
                 for s in sandboxes {
@@ -425,17 +433,30 @@ impl<S: PodSyncer> SyncLoop<S> {
                         && let Err(e) = self.cri.stop_pod_sandbox(&s.id).await
                     {
                         warn!(sandbox = %s.id, error = %e, "housekeeping: stop failed");
+                        busy.insert(uid);
                         continue;
                     }
                     if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
                         warn!(sandbox = %s.id, error = %e, "housekeeping: remove failed");
+                        busy.insert(uid);
                     }
                 }
             }
-            Err(e) => warn!(error = %e, "housekeeping: listing sandboxes failed"),
+            Err(e) => {
+                warn!(error = %e, "housekeeping: listing sandboxes failed");
+                listed = false;
+            }
         }
         for mount in &self.cgroup_mounts {
             remove_orphaned_pod_cgroups(mount, &known);
+        }
+        // The kubelet's cleanupOrphanedPodDirs: directories of pods no
+        // source lists and the runtime no longer runs (a pod deleted while
+        // the agent was down), their mounts unmounted first.
+        if let Some(root) = self.root_dir.as_deref().filter(|_| listed) {
+            evpleg_volume::pod_dirs::remove_orphaned_pod_dirs(root, &|uid| {
+                known(uid) || busy.contains(uid)
+            });
         }
     }
 

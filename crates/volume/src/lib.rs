@@ -15,8 +15,11 @@
 //! checks), [`projection`] (configMap, secret, downwardAPI — its files from
 //! [`downward_api`] — and projected with service-account tokens from the
 //! TokenRequest API, [`token`]), all written with the kubelet's AtomicWriter
-//! ([`atomic_writer`]); `subPath` resolution in [`subpath`], metrics under
-//! the kubelet's names in [`metrics`].
+//! ([`atomic_writer`]), secret and projected ones on a tmpfs of their own;
+//! `subPath` opened beneath its volume and bind-mounted under the pod's
+//! `volume-subpaths/` in [`subpath`]; `<root-dir>/pods` (mode 0750) and its
+//! orphans in [`pod_dirs`]; metrics under the kubelet's names in
+//! [`metrics`].
 //!
 //! Differences from the kubelet: the populator is not a loop over a pod
 //! manager but runs on each pod sync (the kubelet's `ReprocessPod`, which
@@ -26,7 +29,7 @@
 //! no cancellation, so the sync returns and the worker retries with its
 //! back-off); no reconstruction of volumes mounted by a previous agent run
 //! (a tmpfs left by one is found mounted and kept; orphaned pod directories
-//! are not cleaned); configMaps and secrets are read from the API server at
+//! are unmounted and removed by housekeeping, [`pod_dirs`]); configMaps and secrets are read from the API server at
 //! each set-up (the kubelet's `Get` change detection strategy, not its
 //! default watch); no attach/detach, no block volumes (`volumeDevices` is
 //! refused at admission), no SELinux relabelling; emptyDir's `sizeLimit` on
@@ -42,6 +45,7 @@ pub mod empty_dir;
 pub mod host_path;
 pub mod metrics;
 pub mod plugin;
+pub mod pod_dirs;
 pub mod populator;
 pub mod projection;
 pub mod reconciler;

@@ -20,6 +20,10 @@ use super::plugin::{PodContext, Spec, VolumePluginMgr, VolumeSource};
 /// Why a claim cannot be resolved (the kubelet's words).
 #[derive(Debug, thiserror::Error)]
 pub enum PopulatorError {
+    /// A volume name that is no path component would name a directory
+    /// outside the pod's (admission refuses such pods first).
+    #[error("volume name {name:?} is not a DNS-1123 label: it cannot name the volume's directory")]
+    BadName { name: String },
     #[error(
         "error processing PVC {claim}: no API server to read it from (the agent runs without --kubeconfig)"
     )]
@@ -75,6 +79,10 @@ pub async fn desired_pod(
         .unwrap_or_default();
     for vol in specs {
         let name = vol.name.clone();
+        if !evpleg_core::names::is_dns_label(&name) {
+            errors.insert(name.clone(), PopulatorError::BadName { name }.to_string());
+            continue;
+        }
         let spec = match spec_of(kube, &ctx, vol).await {
             Ok(s) => s,
             Err(e) => {

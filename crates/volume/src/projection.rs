@@ -13,7 +13,12 @@
 //! `requests.*` of cpu and memory with a divisor (a limit unset is the
 //! node's allocatable). Projected: configMap, secret, downwardAPI and
 //! serviceAccountToken sources ([`super::token`]); `clusterTrustBundle` and
-//! `podCertificate` are refused.
+//! `podCertificate` are refused. Secret and projected volumes are written on
+//! a tmpfs of their own (sized as a Memory emptyDir), unmounted at
+//! tear-down, so no secret or token reaches the node's disk; with
+//! `<root-dir>/pods` mode 0750 ([`super::pod_dirs`]) no unprivileged host
+//! user reads them. Difference: the kubelet puts downwardAPI volumes on a
+//! tmpfs too; here they are on disk (they hold no secret).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -82,6 +87,13 @@ impl ProjectionPlugin {
             kube,
             tokens: Some(tokens),
         }
+    }
+
+    /// Secret and projected volumes (service-account tokens among them)
+    /// live on a tmpfs of their own, never on the node's disk (the kubelet
+    /// wraps them in a Memory emptyDir).
+    fn in_memory(&self) -> bool {
+        matches!(self.kind, Kind::Secret | Kind::Projected)
     }
 
     async fn config_map_files(
@@ -328,6 +340,9 @@ impl VolumePlugin for ProjectionPlugin {
 
     async fn set_up(&self, args: SetUpArgs<'_>) -> Result<(), PluginError> {
         let payload = self.payload(args.spec, args.pod).await?;
+        if self.in_memory() {
+            in_memory_dir(args.dir, &args.pod.pod)?;
+        }
         atomic_writer::write(args.dir, &payload)
             .map(drop)
             .map_err(|e| PluginError::Failed(e.to_string()))
@@ -339,6 +354,20 @@ impl VolumePlugin for ProjectionPlugin {
         }
         super::empty_dir::tear_down_dir(args.dir)
     }
+}
+
+/// Mounts the volume's tmpfs on `dir` unless it is mounted, sized as a
+/// Memory emptyDir without `sizeLimit` (the pod's memory limits when each
+/// container has one, else tmpfs's default), mode 0777 as the kubelet's.
+fn in_memory_dir(
+    dir: &std::path::Path,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Result<(), PluginError> {
+    std::fs::create_dir_all(dir).map_err(PluginError::io("create", dir))?;
+    if !super::util::is_mount_point(dir)? {
+        super::util::mount_tmpfs(dir, super::empty_dir::memory_size(None, pod)?)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -459,5 +488,92 @@ mod tests {
             &mut Payload::new(),
         )
         .unwrap();
+    }
+
+    // Issue #24: a projected volume (the service-account token's) is on a
+    // tmpfs of its own under a 0750 pods directory: its files have the modes
+    // asked, exactly, and an unprivileged host user (uid 65534) reads none.
+    #[tokio::test]
+    async fn projected_files_are_on_a_tmpfs_no_other_user_reads() {
+        if !crate::tests::can_mount("projected_files_are_on_a_tmpfs_no_other_user_reads") {
+            return;
+        }
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "0a"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"memory": "16Mi"}}}]}
+        }))
+        .unwrap();
+        let ctx = PodContext {
+            uid: evpleg_core::ids::PodUid::parse("0a").unwrap(),
+            pod: Arc::new(pod),
+        };
+        let root = tempfile::tempdir().unwrap();
+        // Others may traverse the test's own directory: only pods/ guards.
+        std::fs::set_permissions(
+            root.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        super::super::pod_dirs::ensure_pods_dir(root.path()).unwrap();
+        let dir = root
+            .path()
+            .join("pods/0a/volumes/kubernetes.io~projected/v");
+        let spec = Spec {
+            name: "v".into(),
+            source: super::super::plugin::VolumeSource::Inline(Box::new(
+                serde_json::from_value(serde_json::json!({"name": "v", "projected": {
+                "defaultMode": 0o440,
+                "sources": [{"downwardAPI": {"items": [
+                    {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                    {"path": "ns", "fieldRef": {"fieldPath": "metadata.namespace"}, "mode": 0o400}
+                ]}}]}}))
+                .unwrap(),
+            )),
+            read_only: false,
+        };
+        let plugin = ProjectionPlugin::projected(None, Arc::new(TokenManager::new(None)));
+        let args = SetUpArgs {
+            spec: &spec,
+            pod: &ctx,
+            dir: &dir,
+            device_mount_path: None,
+        };
+        plugin.set_up(args).await.unwrap();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{} is not a mount point: {mounts}", dir.display()));
+        assert!(
+            line.contains(" - tmpfs ") && line.contains("size=16384k"),
+            "{line}"
+        );
+        let mode = |p: &str| {
+            std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::metadata(dir.join(p)).unwrap().permissions(),
+            ) & 0o7777
+        };
+        assert_eq!((mode("name"), mode("ns")), (0o440, 0o400));
+        assert_eq!(std::fs::read_to_string(dir.join("name")).unwrap(), "web");
+        for file in ["name", "ns"] {
+            use std::os::unix::process::CommandExt;
+            let out = std::process::Command::new("cat")
+                .arg(dir.join(file))
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "uid 65534 read {file}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("Permission denied"), "{err}");
+        }
+        let args = TearDownArgs {
+            spec: &spec,
+            pod_uid: &ctx.uid,
+            dir: &dir,
+        };
+        plugin.tear_down(args).await.unwrap();
+        assert!(!dir.exists());
+        assert!(!crate::util::is_mounted(&dir).unwrap());
     }
 }

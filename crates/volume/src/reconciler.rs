@@ -339,13 +339,21 @@ async fn run(shared: Arc<Shared>, job: Job) {
                 .then_some(device_path.as_path());
             set_up(&*plugin, &spec, ctx, dir, device).await
         }
-        (Operation::TearDown(..), Some((ctx, _, dir))) => {
-            let args = TearDownArgs {
-                spec: &spec,
-                pod_uid: &ctx.uid,
-                dir,
-            };
-            plugin.tear_down(args).await
+        (Operation::TearDown(..), Some((ctx, outer, dir))) => {
+            // The volume's subPath bind mounts first (the kubelet's
+            // CleanSubPaths in UnmountVolume).
+            let pod_dir = shared.root_dir.join("pods").join(ctx.uid.as_str());
+            match super::subpath::clean_sub_paths(&pod_dir, outer) {
+                Err(e) => Err(PluginError::Failed(e.to_string())),
+                Ok(()) => {
+                    let args = TearDownArgs {
+                        spec: &spec,
+                        pod_uid: &ctx.uid,
+                        dir,
+                    };
+                    plugin.tear_down(args).await
+                }
+            }
         }
         _ => Ok(()),
     };

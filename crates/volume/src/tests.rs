@@ -225,3 +225,19 @@ async fn a_claim_without_an_api_server_fails_at_once_naming_it() {
     );
     stop.cancel();
 }
+
+/// Whether a test may mount (root): without it the test says so and returns
+/// (a failure under `CI=true`).
+pub(crate) fn can_mount(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let why = format!("{test}: needs root (mounts)");
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "{why}; CI=true, so this is a failure"
+    );
+    eprintln!("SKIPPED {why}");
+    false
+}

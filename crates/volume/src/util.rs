@@ -3,9 +3,9 @@
 //! `RemoveAllOneFilesystem`, `volume.SetVolumeOwnership`).
 
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::plugin::PluginError;
 
@@ -63,15 +63,73 @@ pub fn unmount(path: &Path) -> Result<(), PluginError> {
     Ok(())
 }
 
+/// The mount points of this process's mount namespace
+/// (`/proc/self/mountinfo`'s fifth field, its octal escapes decoded).
+pub fn mount_points() -> std::io::Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(std::ffi::OsString::from_vec(unescape_octal(p))))
+        .collect())
+}
+
+/// `\040` and the like (mountinfo's escapes of space, tab, newline and `\`).
+fn unescape_octal(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Whether something is mounted on `path` itself, a bind mount of the same
+/// file system included (mountinfo, not the device numbers). A missing path
+/// is not.
+pub fn is_mounted(path: &Path) -> std::io::Result<bool> {
+    let real = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    Ok(mount_points()?.contains(&real))
+}
+
 /// Removes `dir` and what is under it, refusing to cross into another file
-/// system (a mount left there would lose its data): `RemoveAllOneFilesystem`.
-/// A missing `dir` is removed.
+/// system or a mount, a bind mount of the same file system included (a
+/// mount left there would lose its data): `RemoveAllOneFilesystem`. A
+/// missing `dir` is removed.
 pub fn remove_all_one_filesystem(dir: &Path) -> Result<(), PluginError> {
     let top = match std::fs::symlink_metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(PluginError::io("stat", dir)(e)),
     };
+    if top.is_dir() {
+        let real = std::fs::canonicalize(dir).map_err(PluginError::io("resolve", dir))?;
+        let mounts = mount_points().map_err(PluginError::io("read the mounts under", dir))?;
+        if let Some(m) = mounts.iter().find(|m| m.starts_with(&real)) {
+            return Err(PluginError::Failed(format!(
+                "refusing to remove {}: {} is mounted (a mount left behind)",
+                dir.display(),
+                m.display()
+            )));
+        }
+    }
     remove_under(dir, top.dev())
 }
 

@@ -61,6 +61,9 @@ pub struct CriProxyArgs {
     #[arg(long, env = "EVPLEG_HTTP_LISTEN", default_value = CRI_PROXY_HTTP)]
     pub http_listen: SocketAddr,
 
+    #[command(flatten)]
+    pub http: super::HttpArgs,
+
     /// Full relist period of the proxy's PLEG (its reconciling relist).
     #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
     pub relist_period: Option<Duration>,

@@ -171,9 +171,45 @@ pub struct Common {
     #[arg(long, env = "EVPLEG_LISTEN")]
     pub listen: Option<SocketAddr>,
 
+    #[command(flatten)]
+    pub http: HttpArgs,
+
     /// Stop after this long (`0`: run until SIGTERM or SIGINT).
     #[arg(long, env = "EVPLEG_RUN_FOR", default_value = "0", value_parser = duration::parse)]
     pub run_for: Duration,
+}
+
+/// The HTTP endpoints' bounds ([`crate::http`]), shared by every subcommand
+/// that serves them.
+#[derive(Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpArgs {
+    /// Time a client has to send a request's headers, also the longest an
+    /// idle keep-alive connection stays open.
+    #[arg(long, env = "EVPLEG_HTTP_HEADER_TIMEOUT", default_value = "10s",
+          value_parser = duration::positive)]
+    pub http_header_timeout: Duration,
+
+    /// A connection that moves no byte either way for this long is closed.
+    #[arg(long, env = "EVPLEG_HTTP_IDLE_TIMEOUT", default_value = "1m",
+          value_parser = duration::positive)]
+    pub http_idle_timeout: Duration,
+
+    /// HTTP connections served at once; those beyond are closed as they
+    /// arrive.
+    #[arg(long, env = "EVPLEG_HTTP_MAX_CONNECTIONS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+}
+
+impl HttpArgs {
+    pub fn limits(&self) -> crate::http::HttpLimits {
+        crate::http::HttpLimits {
+            header_read_timeout: self.http_header_timeout,
+            idle_timeout: self.http_idle_timeout,
+            max_connections: self.http_max_connections as usize,
+            ..Default::default()
+        }
+    }
 }
 
 /// The kernel PLEG's flags, shared by every subcommand that runs it.

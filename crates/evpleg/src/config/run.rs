@@ -71,6 +71,14 @@ pub struct RunArgs {
     )]
     pub pod_log_dir: PathBuf,
 
+    /// Serve /pods and /pods/<namespace>/<name>/events (every pod's spec,
+    /// env values included) on --listen; `false` leaves /metrics, /healthz
+    /// and /readyz only (the kubelet's read-only port turned off).
+    #[arg(long, env = "EVPLEG_PODS_ENDPOINT", default_value_t = true,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub pods_endpoint: bool,
+
     /// CrashLoopBackOff: the first delay (the kubelet's 10s).
     #[arg(long, env = "EVPLEG_CRASHLOOP_BACKOFF_INITIAL", default_value = "10s",
           value_parser = duration::positive)]

@@ -26,7 +26,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::{NoEndpoint, OBSERVE_LISTEN, ObserveArgs};
 use crate::metrics::Metrics;
@@ -182,16 +182,13 @@ impl Observer {
             }
         };
         tasks.push(run);
-        let stop = shutdown.clone();
         let router = server::router(state);
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-            {
-                warn!(error = %e, "http server failed");
-            }
-        }));
+        tasks.push(tokio::spawn(crate::http::serve(
+            listener,
+            router,
+            common.http.limits(),
+            shutdown.clone(),
+        )));
         Ok(Self {
             events,
             addr,

@@ -1,5 +1,8 @@
 //! Pod admission: the kubelet's admit handlers (`lifecycle/predicate.go`).
 //! In order:
+//! 0. the names the agent turns into paths must be valid, as the API server
+//!    validates them ([`validation`], reason `InvalidPodSpec`), whatever the
+//!    pod's source;
 //! 1. fields the agent does not implement yet refuse the pod ([`fields`],
 //!    reason `UnsupportedPodSpec`: a difference, the kubelet implements them);
 //! 2. the scheduler's NodeResourcesFit: one more pod must fit in the node's
@@ -24,6 +27,7 @@
 pub mod fields;
 pub mod host_ports;
 pub mod node;
+pub mod validation;
 
 use std::collections::HashMap;
 
@@ -236,6 +240,13 @@ impl Admission {
         if self.admitted.contains_key(uid) {
             return Ok(());
         }
+        let errors = validation::validate(pod);
+        if !errors.is_empty() {
+            return Err(Rejection {
+                reason: validation::INVALID_REASON.into(),
+                message: format!("Pod was rejected: invalid pod: {}", errors.join("; ")),
+            });
+        }
         let missing = fields::unsupported(pod);
         if !missing.is_empty() {
             return Err(Rejection {
@@ -334,6 +345,7 @@ mod tests {
 
     fn pod(cpu: &str, mem: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
                      "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1500m"}}}]}
         }))
@@ -566,6 +578,31 @@ mod tests {
             r.message,
             "Pod was rejected: evpleg does not implement spec.volumes[n].nfs, spec.containers[a].envFrom yet"
         );
+    }
+
+    // Issue #24: whatever its source, a pod whose names would become host
+    // paths is refused, naming the fields, before anything is admitted.
+    #[test]
+    fn a_pod_whose_names_would_become_paths_is_refused_naming_them() {
+        let p = any_pod(serde_json::json!({
+            "volumes": [{"name": "/data", "emptyDir": {}}],
+            "containers": [{"name": "../x"}]
+        }));
+        let mut a = big();
+        let r = a.admit(&uid(1), &p).unwrap_err();
+        assert_eq!(r.reason, "InvalidPodSpec");
+        assert!(
+            r.message.starts_with("Pod was rejected: invalid pod: spec.volumes[0].name: Invalid value: \"/data\": a lowercase RFC 1123 label"),
+            "{}",
+            r.message
+        );
+        assert!(
+            r.message
+                .contains("; spec.containers[0].name: Invalid value: \"../x\""),
+            "{}",
+            r.message
+        );
+        assert!(a.admitted.is_empty());
     }
 
     #[test]

@@ -266,12 +266,15 @@ pub fn container_config(
 }
 
 /// The CRI mounts of `c`'s `volumeMounts` (the kubelet's `makeMounts`),
-/// from the pod's mounted volumes by name. An error (a volume not mounted,
-/// a bad subPath, Bidirectional propagation in an unprivileged container) is
-/// the kubelet's CreateContainerConfigError.
+/// from the pod's mounted volumes by name; a subPath is opened beneath its
+/// volume and bind-mounted under `pod_dir`'s `volume-subpaths/`, and that
+/// bind mount is the container's source ([`evpleg_volume::subpath`]). An
+/// error (a volume not mounted, a bad subPath, Bidirectional propagation in
+/// an unprivileged container) is the kubelet's CreateContainerConfigError.
 pub fn container_mounts(
     c: &Container,
     volumes: &BTreeMap<String, PodVolume>,
+    pod_dir: &std::path::Path,
 ) -> Result<Vec<v1::Mount>, SyncError> {
     let privileged = c
         .security_context
@@ -279,7 +282,7 @@ pub fn container_mounts(
         .and_then(|s| s.privileged)
         .unwrap_or(false);
     let mut out = Vec::new();
-    for m in c.volume_mounts.iter().flatten() {
+    for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
         let fail = |e: &dyn std::fmt::Display| {
             SyncError(format!(
                 "container {:?}: volume mount {:?} at {}: {e}",
@@ -294,7 +297,15 @@ pub fn container_mounts(
         })?;
         let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
             Some(sub) => {
-                evpleg_volume::subpath::resolve(&vol.host_path, sub).map_err(|e| fail(&e))?
+                let sp = evpleg_volume::subpath::SubPath {
+                    volume_path: &vol.host_path,
+                    sub_path: sub,
+                    pod_dir,
+                    volume_name: &m.name,
+                    container_name: &c.name,
+                    index,
+                };
+                evpleg_volume::subpath::prepare(&sp).map_err(|e| fail(&e))?
             }
             None => vol.host_path.clone(),
         };
@@ -464,11 +475,14 @@ mod tests {
         ]);
         let c: Container = serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [
             {"name": "cache", "mountPath": "/a"},
-            {"name": "cache", "mountPath": "/b", "subPath": "sub", "readOnly": true, "mountPropagation": "HostToContainer"},
+            {"name": "cache", "mountPath": "/b", "readOnly": true, "mountPropagation": "HostToContainer"},
             {"name": "cfg", "mountPath": "/c"},
         ]}))
         .unwrap();
-        let mounts = container_mounts(&c, &volumes).unwrap();
+        // A subPath's bind mount needs root: evpleg_volume::subpath's tests
+        // and the e2e volume tests cover it.
+        let pod_dir = root.path().join("pod");
+        let mounts = container_mounts(&c, &volumes, &pod_dir).unwrap();
         let got: Vec<(&str, String, bool, i32, bool)> = mounts
             .iter()
             .map(|m| {
@@ -481,16 +495,14 @@ mod tests {
                 )
             })
             .collect();
-        let sub = vol.canonicalize().unwrap().join("sub");
         assert_eq!(
             got,
             vec![
                 ("/a", vol.display().to_string(), false, 0, false),
-                ("/b", sub.display().to_string(), true, 1, false),
+                ("/b", vol.display().to_string(), true, 1, false),
                 ("/c", "/cfg".to_owned(), true, 0, false),
             ]
         );
-        assert!(sub.is_dir(), "the subPath is created");
         let cases = [
             (
                 serde_json::json!({"name": "gone", "mountPath": "/g"}),
@@ -509,14 +521,14 @@ mod tests {
             let c: Container =
                 serde_json::from_value(serde_json::json!({"name": "app", "volumeMounts": [m]}))
                     .unwrap();
-            let err = container_mounts(&c, &volumes).unwrap_err().0;
+            let err = container_mounts(&c, &volumes, &pod_dir).unwrap_err().0;
             assert!(err.contains(want), "{err}");
         }
         let privileged: Container = serde_json::from_value(serde_json::json!({"name": "app",
             "securityContext": {"privileged": true},
             "volumeMounts": [{"name": "cache", "mountPath": "/g", "mountPropagation": "Bidirectional"}]})).unwrap();
         assert_eq!(
-            container_mounts(&privileged, &volumes).unwrap()[0].propagation,
+            container_mounts(&privileged, &volumes, &pod_dir).unwrap()[0].propagation,
             2
         );
     }

@@ -9,7 +9,9 @@
 //!   many, oldest first out (each group keeping one while it can).
 //! * A pod's sandboxes that are not ready and hold no container are removed,
 //!   but for the newest of the pod.
-//! * A removed container's log file goes with it.
+//! * A removed container's log file goes with it, when the path the runtime
+//!   reports is under `--pod-log-dir` (without `..`): a runtime's answer is
+//!   never a licence to remove a host file elsewhere.
 //!
 //! Differences: the kubelet's GC also removes everything of pods that were
 //! deleted; here the sync loop's housekeeping does that (it stops and removes
@@ -18,6 +20,7 @@
 //! pod's last dead container or sandbox.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
@@ -155,7 +158,7 @@ pub fn plan(
 
 /// One collection against the runtime: lists, plans, removes (logs first).
 /// Errors are logged per object; the next period tries again.
-pub async fn collect(cri: &CriClient, policy: &GcPolicy, now_ns: i64) -> GcPlan {
+pub async fn collect(cri: &CriClient, policy: &GcPolicy, log_dir: &Path, now_ns: i64) -> GcPlan {
     let containers = match cri.list_containers(None).await {
         Ok(c) => c,
         Err(e) => {
@@ -176,11 +179,7 @@ pub async fn collect(cri: &CriClient, policy: &GcPolicy, now_ns: i64) -> GcPlan 
         if let Ok(resp) = cri.container_status(id, false).await
             && let Some(path) = resp.status.map(|s| s.log_path).filter(|p| !p.is_empty())
         {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => warn!(path, error = %e, "container gc: cannot remove a container log"),
-            }
+            remove_container_log(log_dir, Path::new(&path));
         }
         match cri.remove_container(id).await {
             Ok(()) => info!(container = %id, "container gc: removed a dead container"),
@@ -201,11 +200,40 @@ pub async fn collect(cri: &CriClient, policy: &GcPolicy, now_ns: i64) -> GcPlan 
     plan
 }
 
+/// Whether `path` is a file under `log_dir` (`--pod-log-dir`), named without
+/// `.` or `..`: a log path the runtime reports is removed only then.
+pub fn is_pod_log(log_dir: &Path, path: &Path) -> bool {
+    path.is_absolute()
+        && path.starts_with(log_dir)
+        && path != log_dir
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+/// Removes a dead container's log file (the kubelet's `removeContainerLog`),
+/// refusing a path outside the pod log directory (a runtime's answer is not
+/// trusted with the host's files); never follows a symlink (it removes it).
+fn remove_container_log(log_dir: &Path, path: &Path) {
+    if !is_pod_log(log_dir, path) {
+        warn!(path = %path.display(), log_dir = %log_dir.display(), "container gc: not removing a log path outside the pod log directory");
+        return;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "container gc: cannot remove a container log")
+        }
+    }
+}
+
 /// Collects every `period` until `shutdown`; the first collection is one period
 /// after the start, as the kubelet's.
 pub async fn run(
     cri: CriClient,
     policy: GcPolicy,
+    log_dir: PathBuf,
     period: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
@@ -219,7 +247,7 @@ pub async fn run(
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as i64);
-                collect(&cri, &policy, now).await;
+                collect(&cri, &policy, &log_dir, now).await;
             }
         }
     }
@@ -293,6 +321,34 @@ mod tests {
                 sandbox("t1", "q", false, 1),
             ],
         )
+    }
+
+    // A log path the runtime reports outside --pod-log-dir (a container
+    // named `../x`, a runtime's answer) is never removed.
+    #[test]
+    fn only_logs_under_the_pod_log_dir_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let logs = root.path().join("pods");
+        std::fs::create_dir_all(logs.join("ns_p_u/app")).unwrap();
+        let ours = logs.join("ns_p_u/app/0.log");
+        let host = root.path().join("host-file");
+        std::fs::write(&ours, "log").unwrap();
+        std::fs::write(&host, "keep").unwrap();
+        let escapes = [
+            logs.join("ns_p_u/../../host-file"),
+            logs.join("ns_p_u/app/../../../host-file"),
+            host.clone(),
+            PathBuf::from("host-file"),
+            logs.clone(),
+        ];
+        for p in &escapes {
+            assert!(!is_pod_log(&logs, p), "{p:?}");
+            remove_container_log(&logs, p);
+        }
+        assert_eq!(std::fs::read_to_string(&host).unwrap(), "keep");
+        assert!(is_pod_log(&logs, &ours));
+        remove_container_log(&logs, &ours);
+        assert!(!ours.exists());
     }
 
     #[test]

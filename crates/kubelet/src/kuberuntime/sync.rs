@@ -376,7 +376,8 @@ impl KubeRuntime {
         let volumes = (self.volumes.as_ref())
             .map(|v| v.pod_volumes(uid))
             .unwrap_or_default();
-        config.mounts = container_mounts(c, &volumes)
+        let pod_dir = crate::network::hosts::pod_dir(&self.node.root_dir, uid.as_str());
+        config.mounts = container_mounts(c, &volumes, &pod_dir)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
         // The managed /etc/hosts, unless the container mounts a volume there
         // (the kubelet's `shouldMountHostsFile`).

@@ -128,10 +128,14 @@ pub fn ensure_hosts_mount(
 }
 
 /// Removes the pod's directory (its hosts file, its torn-down volumes' empty
-/// directories) once the pod is gone, refusing to cross into a mount left
-/// there.
+/// directories, its subPath bind mounts unmounted) once the pod is gone,
+/// refusing to cross into a mount left there.
 pub fn remove_pod_dir(root_dir: &Path, uid: &str) -> Result<(), HostsError> {
     let dir = pod_dir(root_dir, uid);
+    // SubPath bind mounts a previous run left (its volumes were not known
+    // to this run's volume manager) go first.
+    evpleg_volume::subpath::clean_pod_sub_paths(&dir)
+        .map_err(|e| HostsError::Remove(e.to_string()))?;
     evpleg_volume::util::remove_all_one_filesystem(&dir)
         .map_err(|e| HostsError::Remove(e.to_string()))
 }

@@ -33,17 +33,7 @@ pub enum NetworkError {
     FqdnTooLong { fqdn: String },
 }
 
-/// An RFC 1123 label: lowercase letters, digits and `-`, starting and ending
-/// with a letter or digit, at most 63 characters.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| ok(c) || *c == b'-')
-        && ok(&b[0])
-        && ok(&b[b.len() - 1])
-}
+pub use evpleg_core::names::is_dns_label;
 
 /// The pod's hostname and domain (the kubelet's
 /// `GeneratePodHostNameAndDomain`): `spec.hostname` or the pod's name, cut to

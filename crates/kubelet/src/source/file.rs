@@ -37,10 +37,12 @@
 //!   container's `imagePullPolicy` (Always for `:latest` or no tag, IfNotPresent
 //!   otherwise) when unset (the only API defaults applied), `status.phase:
 //!   Pending`, and for files the toleration of every `NoExecute` taint;
-//! - validated: a DNS-subdomain name, a `metadata.uid` (when given) the agent can use
+//! - validated: a `metadata.uid` (when given) the agent can use
 //!   as a pod UID (hex digits and `-`, as cgroup and label names need it), at least one
-//!   container, every container with a unique name, an image and a known
-//!   `imagePullPolicy` when it has one; no two pods of one
+//!   container, the names that become paths as the API server validates them
+//!   ([`crate::admission::validation`]: name, namespace, unique container and
+//!   volume names, mounts of the pod's volumes, subPaths), every container with
+//!   an image and a known `imagePullPolicy` when it has one; no two pods of one
 //!   file with the same name (a subset of the kubelet's `ValidatePod`). A pod whose
 //!   name an earlier file (in name order) already has is left out, with an error on
 //!   the later file naming both files (the kubelet drops such a duplicate too).
@@ -215,7 +217,7 @@ fn validate(pod: &Pod) -> Result<(), DecodeError> {
     if name.is_empty() {
         return invalid("metadata.name is required".into());
     }
-    if !is_dns_subdomain(name) {
+    if !evpleg_core::names::is_dns_subdomain(name) {
         return invalid(format!(
             "metadata.name {name:?} is not a lowercase DNS subdomain"
         ));
@@ -233,19 +235,17 @@ fn validate(pod: &Pod) -> Result<(), DecodeError> {
     if spec.containers.is_empty() {
         return invalid("spec.containers is required".into());
     }
-    let mut names = HashSet::new();
+    // The names that become paths (the API server's ValidatePod for them).
+    let errors = crate::admission::validation::validate(pod);
+    if !errors.is_empty() {
+        return invalid(errors.join("; "));
+    }
     let all = spec
         .init_containers
         .iter()
         .flatten()
         .chain(&spec.containers);
     for c in all {
-        if c.name.is_empty() {
-            return invalid("every container needs a name".into());
-        }
-        if !names.insert(c.name.as_str()) {
-            return invalid(format!("container name {:?} is used twice", c.name));
-        }
         if c.image.as_deref().unwrap_or_default().is_empty() {
             return invalid(format!("container {:?} has no image", c.name));
         }
@@ -256,19 +256,6 @@ fn validate(pod: &Pod) -> Result<(), DecodeError> {
         }
     }
     Ok(())
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 /// The static pod UID: SHA-256 over the origin and the decoded pod, 32 hex digits.
@@ -1005,7 +992,7 @@ mod tests {
             ),
             (
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\nspec:\n  containers: [{name: c, image: i}, {name: c, image: i}]\n",
-                "twice",
+                "spec.containers[1].name: Duplicate value: \"c\"",
             ),
         ] {
             let e = load_static_pods(text.as_bytes(), origin, &[])
@@ -1161,6 +1148,31 @@ mod tests {
         src.until(&["fixed-node-1", "good-node-1"]).await;
         assert!(!src.errors.borrow().contains_key(&bad));
         assert!(src.errors.borrow().contains_key(&worse));
+    }
+
+    // Issue #24: a volume named `/data` (its emptyDir would be the host's
+    // /data) and a container named `../x` (its log path would leave the log
+    // directory): the manifest is refused, the error naming both fields.
+    #[tokio::test]
+    async fn names_that_would_become_host_paths_are_refused() {
+        let dir = temp_dir();
+        let bad = dir.path().join("bad.yaml");
+        write(
+            &bad,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: evil}\nspec:\n  volumes: [{name: /data, emptyDir: {}}]\n  containers: [{name: ../x, image: i, volumeMounts: [{name: /data, mountPath: /d}]}]\n",
+        );
+        write(&dir.path().join("good.yaml"), &manifest("good", "i"));
+        let mut src = start(dir.path());
+        let set = src.until(&["good-node-1"]).await;
+        assert_eq!(names(&set), ["good-node-1"]);
+        let msg = src.error_for(&bad).await.to_string();
+        for field in [
+            "spec.volumes[0].name: Invalid value: \"/data\"",
+            "spec.containers[0].name: Invalid value: \"../x\"",
+            "a lowercase RFC 1123 label",
+        ] {
+            assert!(msg.contains(field), "{field} in {msg}");
+        }
     }
 
     #[tokio::test]

@@ -1,0 +1,209 @@
+//! The HTTP listener of every endpoint the binary serves (the agent's, the
+//! observer's, the CRI proxy's): HTTP/1.1 with bounds a peer cannot lift,
+//! where `axum::serve` has none. A request's headers must arrive within
+//! [`HttpLimits::header_read_timeout`] of the connection's start or of the
+//! previous response (the wait for the next request included), which closes
+//! slowloris clients and idle keep-alive connections; a connection that
+//! moves no byte either way for [`HttpLimits::idle_timeout`] is closed (a
+//! client that stops reading its response); at most
+//! [`HttpLimits::max_connections`] connections are served at once, those
+//! beyond are closed as they are accepted; a request's head is at most
+//! [`HttpLimits::max_header_bytes`] (no endpoint reads a body).
+//!
+//! The kubelet's servers are Go's `net/http` with `MaxHeaderBytes` and its
+//! `ReadHeaderTimeout`/`IdleTimeout` knobs; these are the same ideas, with
+//! the bounds as flags ([`crate::config::HttpArgs`]).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The bounds of one HTTP listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// The time a request's headers have to arrive.
+    pub header_read_timeout: Duration,
+    /// A connection moving no byte for this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// A request's head, at most (hyper's floor is 8 KiB).
+    pub max_header_bytes: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
+            max_header_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown`; then the
+/// connections finish the request they serve (for one header timeout at
+/// most) and are closed.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, ?limits, "serving http");
+    }
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors and the like: wait a little, go on.
+                warn!(error = %e, "http: accept failed");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            debug!(%peer, max = limits.max_connections, "http: connection refused, at the limit");
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let stop = shutdown.clone();
+        connections.spawn(async move {
+            let io = TokioIo::new(IdleIo::new(stream, limits.idle_timeout));
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_header_bytes.max(8 << 10));
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                debug!(%peer, error = %e, "http: connection closed");
+            }
+            drop(permit);
+        });
+    }
+    let drained = tokio::time::timeout(limits.header_read_timeout, async {
+        while connections.join_next().await.is_some() {}
+    });
+    if drained.await.is_err() {
+        connections.abort_all();
+    }
+}
+
+/// A stream that fails with `TimedOut` once neither a read nor a write has
+/// made progress for `timeout` while one was waiting.
+struct IdleIo<T> {
+    inner: T,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleIo<T> {
+    fn new(inner: T, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    fn progress(&mut self) {
+        let next = Instant::now() + self.timeout;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// Whether the idle time is up (registering the waker when not).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.deadline.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "http connection idle too long")
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.progress();
+                Poll::Ready(r)
+            }
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                this.progress();
+                Poll::Ready(r)
+            }
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

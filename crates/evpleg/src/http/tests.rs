@@ -1,0 +1,256 @@
+//! Attacks on loopback: many idle connections, a slowloris client, a client
+//! idle after its response, an oversized head. Timeouts are injected short.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+
+fn router() -> Router {
+    Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }))
+}
+
+async fn start(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(listener, router(), limits, shutdown.clone()));
+    (addr, shutdown)
+}
+
+/// A GET /healthz on a fresh connection: the response, within 2 s.
+async fn get(addr: SocketAddr) -> io::Result<String> {
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer within 2 s"))?
+}
+
+/// When the server closed `s` (a read gives end of file or an error), at
+/// most `bound` from now; `None` when it stayed open.
+async fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Instant> {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(bound, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return Instant::now(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// Raises the soft RLIMIT_NOFILE to `want` (or the hard limit); returns it.
+fn raise_nofile(want: u64) -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill and then to set.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        r.rlim_cur = want.min(r.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+    }
+    r.rlim_cur
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+// 5 000 idle connections (the number scales down only if RLIMIT_NOFILE's
+// hard limit is too low, and says so) against a cap of 4 000: the 1 000
+// beyond the cap are closed at once, a new client is refused while the cap
+// is full, the 4 000 are closed at the header timeout, and then a client is
+// served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_capped_and_closed_at_the_header_timeout() {
+    let nofile = raise_nofile(12_000);
+    let n = 5_000.min((nofile.saturating_sub(500) * 5 / 9) as usize);
+    let cap = n * 4 / 5;
+    eprintln!("RLIMIT_NOFILE {nofile}: {n} idle connections, cap {cap}");
+    let header = Duration::from_secs(3);
+    let limits = HttpLimits {
+        header_read_timeout: header,
+        idle_timeout: Duration::from_secs(60),
+        max_connections: cap,
+        max_header_bytes: 16 << 10,
+    };
+    let (addr, _shutdown) = start(limits).await;
+    assert_eq!(
+        get(addr).await.unwrap().lines().next(),
+        Some("HTTP/1.1 200 OK")
+    );
+    let rss_before = rss_kib();
+    let opened = Instant::now();
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let open_took = opened.elapsed();
+    assert!(open_took < header / 2, "opening took {open_took:?}");
+    // Each client waits for its close (bounded: header timeout + 2 s).
+    let waits: Vec<_> = clients
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(
+                async move { closed_within(&mut s, header + Duration::from_secs(2)).await },
+            )
+        })
+        .collect();
+    // While the cap is full, a new client gets no answer (the listener
+    // accepts in order: the cap is full when it comes).
+    let refused = get(addr).await.unwrap_or_else(|e| e.to_string());
+    let rss_full = rss_kib();
+    assert!(
+        !refused.contains("200 OK"),
+        "served beyond the cap: {refused:?}"
+    );
+    let mut early = 0;
+    let mut at_timeout = 0;
+    for w in waits {
+        let closed = w.await.unwrap().expect("every connection is closed");
+        let after = closed.duration_since(opened);
+        if after < header - Duration::from_millis(500) {
+            early += 1;
+        } else {
+            at_timeout += 1;
+        }
+    }
+    assert_eq!((early, at_timeout), (n - cap, cap));
+    // The idle ones gone, a client is served again at once.
+    let t = Instant::now();
+    assert_eq!(
+        get(addr).await.unwrap().lines().next(),
+        Some("HTTP/1.1 200 OK")
+    );
+    eprintln!(
+        "opened {n} in {open_took:?}; server+clients RSS {rss_before} KiB -> {rss_full} KiB with {cap} held; served after in {:?}",
+        t.elapsed()
+    );
+}
+
+// A slowloris client (one header line every 100 ms, never the end) is closed
+// at the header timeout although bytes keep coming; another client is served
+// all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_client_is_closed_and_others_are_served() {
+    let header = Duration::from_millis(500);
+    let limits = HttpLimits {
+        header_read_timeout: header,
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 16,
+        max_header_bytes: 16 << 10,
+    };
+    let (addr, _shutdown) = start(limits).await;
+    let slow = tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            tokio::select! {
+                r = s.read(&mut buf) => {
+                    assert!(matches!(r, Ok(0) | Err(_)), "no answer to an unfinished head: {r:?}");
+                    return started.elapsed();
+                }
+                () = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if s.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                        return started.elapsed();
+                    }
+                    assert!(started.elapsed() < Duration::from_secs(5), "slowloris never closed");
+                }
+            }
+        }
+    });
+    let mut served = 0;
+    while !slow.is_finished() {
+        let t = Instant::now();
+        let answer = get(addr).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        served += 1;
+    }
+    let closed_after = slow.await.unwrap();
+    assert!(
+        closed_after >= header && closed_after < header + Duration::from_secs(1),
+        "slowloris closed after {closed_after:?}"
+    );
+    assert!(served > 0);
+}
+
+// A keep-alive client idle after its response is closed at the header
+// timeout; a client that stops reading mid-request is closed at the idle
+// timeout; an oversized head is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_and_oversized_heads_are_closed() {
+    let header = Duration::from_millis(400);
+    let limits = HttpLimits {
+        header_read_timeout: header,
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 16,
+        max_header_bytes: 16 << 10,
+    };
+    let (addr, _shutdown) = start(limits).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
+    let answered = Instant::now();
+    let closed = closed_within(&mut s, Duration::from_secs(3))
+        .await
+        .expect("closed");
+    let after = closed.duration_since(answered);
+    assert!(
+        after >= header - Duration::from_millis(50) && after < header + Duration::from_secs(1),
+        "{after:?}"
+    );
+    // 100 KiB of headers against 16 KiB.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..2_000 {
+        head.extend_from_slice(format!("X-Pad-{i}: {}\r\n", "a".repeat(40)).as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+    let _ = s.write_all(&head).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        !out.contains("200 OK"),
+        "an oversized head was served: {out:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_io_with_no_progress_times_out() {
+    let (a, _b) = tokio::io::duplex(64);
+    let mut io = IdleIo::new(a, Duration::from_secs(5));
+    let mut buf = [0u8; 8];
+    let t = tokio::time::Instant::now();
+    let err = io.read(&mut buf).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(t.elapsed(), Duration::from_secs(5));
+}
