@@ -117,7 +117,9 @@ fn a_swapped_symlink_is_never_followed_out() {
             Err(e) => {
                 let e = e.to_string();
                 assert!(
-                    e.contains("not within volume path") || e.contains("No such file"),
+                    e.contains("not within volume path")
+                        || e.contains("No such file")
+                        || e.contains("Not a directory"),
                     "attempt {i}: {e}"
                 );
                 refused += 1;
@@ -261,8 +263,25 @@ fn a_swap_race_never_mounts_the_host_directory() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     swapper.join().unwrap();
+    eprintln!("{bound} of 500 bound during the race");
+    // With the swapper stopped the subPath binds, and to the volume's own
+    // directory (a busy machine may have let no attempt bind during it).
+    if vol.join("d").is_symlink() {
+        std::fs::remove_file(vol.join("d")).unwrap();
+    }
+    if !vol.join("d").exists() {
+        std::fs::rename(vol.join("d2"), vol.join("d")).unwrap();
+    }
+    let sp = SubPath {
+        volume_path: &vol,
+        sub_path: "d",
+        pod_dir: &pod_dir,
+        volume_name: "shared",
+        container_name: "app",
+        index: 500,
+    };
+    let target = prepare(&sp).expect("the subPath binds once the race is over");
+    assert!(same_file(&target, &vol.join("d")), "bound {target:?}");
     clean_pod_sub_paths(&pod_dir).unwrap();
     assert!(!pod_dir.join("volume-subpaths").exists());
-    eprintln!("{bound} of 500 bound");
-    assert!(bound > 0, "no attempt bound the subPath");
 }
