@@ -470,23 +470,37 @@ impl Drop for E2e {
         drop(self.proxy.take());
         drop(self.registry.take());
         drop(self.containerd.take());
-        let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-        roots.extend(mounts);
-        for uid in self.uids.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            for root in &roots {
-                for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
-                    let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
-                }
+        let uids: Vec<String> = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        remove_pod_cgroups(&uids);
+    }
+}
+
+/// Removes the pod cgroups (`/kubepods/<qos>/pod<uid>`, every hierarchy) of
+/// these pods, once the runtime has removed their containers (RemovePodSandbox
+/// leaves them), then the QoS levels runc created for them when nothing else
+/// uses them now.
+pub fn remove_pod_cgroups(uids: &[String]) {
+    let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+    roots.extend(mounts);
+    for uid in uids {
+        for root in &roots {
+            for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
             }
         }
-        // The QoS levels runc created for them, when nothing else uses them now.
-        for root in &roots {
-            for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
-                let _ = std::fs::remove_dir(root.join(qos));
-            }
+    }
+    for root in &roots {
+        for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+            let _ = std::fs::remove_dir(root.join(qos));
         }
     }
 }

@@ -325,25 +325,6 @@ impl Drop for StockKubelet {
     }
 }
 
-/// Removes the pod cgroups (`/kubepods/<qos>/pod<uid>`, every hierarchy) of
-/// these pods, once the runtime has removed their containers, and the QoS
-/// levels when nothing else uses them.
-pub fn remove_pod_cgroups(uids: &[String]) {
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-    roots.extend(
-        std::fs::read_dir("/sys/fs/cgroup")
-            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
-            .unwrap_or_default(),
-    );
-    for uid in uids {
-        for root in &roots {
-            for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
-                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
-            }
-        }
-    }
-}
-
 fn config_yaml(
     opts: &KubeletOptions,
     manifests: &Path,

@@ -96,7 +96,7 @@ impl Drop for Node {
         drop(self.kubelet.take());
         drop(self.proxy.take());
         drop(self.containerd.take());
-        stock_kubelet::remove_pod_cgroups(&uids);
+        e2e::remove_pod_cgroups(&uids);
     }
 }
 
