@@ -201,7 +201,7 @@ impl StockKubelet {
                     tail: self.log_tail(),
                 });
             }
-            if self.try_pods().await.is_some() {
+            if self.pods().await.is_some() {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -236,17 +236,13 @@ impl StockKubelet {
 
     /// Its `/pods` now, `None` when it does not answer.
     pub async fn pods(&self) -> Option<Value> {
-        self.try_pods().await
-    }
-
-    async fn try_pods(&self) -> Option<Value> {
         let body = get(self.read_only, "/pods").await?;
         serde_json::from_str(&body).ok()
     }
 
     /// The pod `<name>-<node>` as the kubelet serves it now.
     pub async fn pod(&self, name: &str, node: &str) -> Option<Value> {
-        let list = self.try_pods().await?;
+        let list = self.pods().await?;
         let full = format!("{name}-{node}");
         let pod = list["items"]
             .as_array()?
