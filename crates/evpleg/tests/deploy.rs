@@ -56,6 +56,17 @@ fn the_daemonset_runs_observe_with_flags_it_has_and_least_privilege() {
         ["BPF", "PERFMON", "SYS_NICE"].map(String::from).into(),
         "CAP_BPF, CAP_PERFMON, CAP_SYS_NICE and nothing else"
     );
+    // The shipped seccomp profile, which denies what it does not list
+    // (least_privilege.rs runs the binary under it).
+    let seccomp = sc.seccomp_profile.expect("a seccomp profile");
+    assert_eq!(seccomp.type_, "Localhost");
+    let file = seccomp.localhost_profile.expect("a localhost profile");
+    let profile: serde_json::Value = serde_json::from_str(&read(&format!("deploy/seccomp/{file}")))
+        .unwrap_or_else(|e| panic!("deploy/seccomp/{file}: {e}"));
+    assert_eq!(
+        profile["defaultAction"], "SCMP_ACT_ERRNO",
+        "deny by default"
+    );
     // Read-only cgroup tree and BTF; the CRI socket the flag names.
     let mounts = c.volume_mounts.clone().expect("mounts");
     for path in ["/sys/fs/cgroup", "/sys/kernel/btf"] {
