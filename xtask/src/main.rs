@@ -9,6 +9,7 @@
 //!   Debian's kernels, docs/kernels.md);
 //! * `bench`: the PLEG latency and cost benchmark (`bench/`, docs/benchmarks.md).
 
+mod fuzz;
 mod gotools;
 mod matrix;
 mod setup;
@@ -68,6 +69,16 @@ enum Command {
         #[arg(long, default_value_t = matrix::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
     },
+    /// Fuzz the decoders a hostile pod, peer or runtime reaches (cargo-fuzz on
+    /// the nightly, installed under .tools/ if missing); the test tier replays
+    /// the corpus this grows.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run (default: all of fuzz/fuzz_targets/).
+        targets: Vec<String>,
+    },
     /// The PLEG benchmark: every mode against the same containerd; writes
     /// docs/benchmarks.md and bench/results/ (needs root).
     Bench {
@@ -93,6 +104,7 @@ fn main() -> Result<()> {
     let root = util::workspace_root();
     match cli.command {
         Command::Setup => setup::run(&root),
+        Command::Fuzz { seconds, targets } => fuzz::run_targets(&root, seconds, &targets),
         Command::Build { release } => {
             setup::run(&root)?;
             build(&root, release)

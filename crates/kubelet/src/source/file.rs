@@ -149,7 +149,7 @@ pub(crate) struct Origin<'a> {
 
 /// Decodes every document of a manifest into pods (a `PodList` gives several), with
 /// the index of its document (from 1), or the first document that fails.
-pub(crate) fn decode(data: &[u8]) -> Result<Vec<(usize, Pod)>, (usize, DecodeError)> {
+pub fn decode(data: &[u8]) -> Result<Vec<(usize, Pod)>, (usize, DecodeError)> {
     let text = std::str::from_utf8(data).map_err(|_| (1, DecodeError::NotUtf8))?;
     let mut values = Vec::new();
     let trimmed = text.trim_start();
