@@ -74,6 +74,24 @@ fn the_corpus_and_the_known_table_agree() {
     }
 }
 
+/// The known table's patterns match what they say and nothing else, and the
+/// durations' tolerances are the stated bounds.
+#[test]
+fn known_patterns_and_tolerances() {
+    assert!(known::lookup("sidecar-job", "sidecar: state").is_some());
+    assert!(known::lookup("sidecar-job", "job: state").is_none());
+    assert!(known::lookup("never-exit-code", "phases").is_some());
+    assert!(known::lookup("never-exit-code", "app: lastState").is_none());
+    assert!(known::lookup("init-order", "init2: ready").is_some());
+    assert!(known::lookup("init-order", "app1: ready").is_none());
+    let bound = differential::record::RESTART_WAIT_TOLERANCE_MS;
+    let (a, b) = (serde_json::json!(1_000), serde_json::json!(1_000 + bound));
+    assert!(differential::record::same("app: restart wait ms", &a, &b));
+    let c = serde_json::json!(1_001 + bound);
+    assert!(!differential::record::same("app: restart wait ms", &a, &c));
+    assert!(!differential::record::same("app: restartCount", &a, &b));
+}
+
 /// A manifest without its header is refused, naming the file.
 #[test]
 fn a_manifest_without_its_header_is_refused() {

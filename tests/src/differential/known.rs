@@ -114,7 +114,7 @@ pub const KNOWN: &[Known] = &[
         field: "sidecar: *",
         verdict: Verdict::Bug {
             kubelet: "stops the sidecar once the pod's regular containers have ended under restartPolicy Never: SIGTERM, here handled, so `terminated` Completed, exit 0, not ready",
-            evpleg: "leaves the sidecar running (ready, started) in a pod whose phase is already Succeeded",
+            evpleg: "still served the sidecar running (ready, started) 2 s after the pod's phase became Succeeded in most runs (stopped in time in some)",
         },
     },
     Known {
@@ -122,7 +122,7 @@ pub const KNOWN: &[Known] = &[
         field: "sidecar: *",
         verdict: Verdict::Bug {
             kubelet: "stops the sidecar once the job has failed: SIGTERM, ignored here, then SIGKILL after the grace period: `terminated` Error, exit 137, not ready",
-            evpleg: "leaves the sidecar running (ready, started) in a pod whose phase is already Failed",
+            evpleg: "still served the sidecar running (ready, started) 2 s after the pod's phase became Failed, in each run",
         },
     },
     Known {

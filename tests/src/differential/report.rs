@@ -183,7 +183,10 @@ pub fn markdown(comparisons: &[Comparison], header: &str) -> String {
         let count = comparisons
             .iter()
             .flat_map(|c| &c.differences)
-            .filter(|d| d.known.is_some_and(|r| std::ptr::eq(r, k)))
+            .filter(|d| {
+                d.known
+                    .is_some_and(|r| r.case == k.case && r.field == k.field)
+            })
             .count();
         let (verdict, kubelet, evpleg) = match k.verdict {
             Verdict::Deliberate(why) => (format!("deliberate: {why}"), "", ""),
