@@ -12,6 +12,7 @@ pub mod cri_interceptor;
 pub mod cri_pod;
 pub mod cri_proxy;
 pub mod csi_driver;
+pub mod differential;
 pub mod e2e;
 pub mod fake_apiserver;
 pub mod go_tools;

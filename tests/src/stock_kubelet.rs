@@ -19,12 +19,23 @@
 //! this costs: a volume the kubelet mounts (a secret's tmpfs) is not seen by
 //! the runtime, so pods here use no such volumes.
 //!
-//! Its cgroups: the default cgroup root, so that its pods' cgroups are
-//! `/kubepods/<qos>/pod<uid>` as the kernel PLEG classifies them; the pod
-//! cgroups of the pods it served are removed when it is dropped. It removes
-//! pod cgroups under `/kubepods` it does not know (`cleanupOrphanedPodCgroups`),
-//! so no other pod test may run beside it: cargo runs test binaries one at a
-//! time, and the tests of `tests/stock_kubelet.rs` one at a time.
+//! Its cgroups ([`KubeletCgroups`]): by default a cgroup root of its own
+//! (`--cgroup-root`, `/evpleg-stock-<pid>-<n>`, made in every hierarchy
+//! before it starts), so that its pods' cgroups are
+//! `<root>/kubepods/<qos>/pod<uid>`. It removes the pod cgroups under its
+//! `kubepods` that it does not know (`cleanupOrphanedPodCgroups`, killing
+//! their processes): with the default root (`/kubepods`) those would be the
+//! pods of every other test on the machine (the agent's pods are there), so
+//! the root is never the default one. The kernel PLEG classifies
+//! `/kubepods/...` paths only (`evpleg_core::cgroup_path`), so an `evpleg
+//! cri-proxy` or `evpleg observe` beside such a kubelet would learn of its
+//! pods' deaths by relisting only; the tests of those run it with
+//! [`KubeletCgroups::ContainerdNamespace`]: no pod cgroups at all
+//! (`cgroupsPerQOS: false`, hence no orphan clean-up either) and its
+//! containers in containerd's `/k8s.io/<id>`, which the kernel PLEG
+//! classifies. When it is dropped, the cgroups of a private root that are
+//! empty are removed; the rest with [`remove_cgroups`] once the runtime has
+//! removed the containers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -90,11 +101,30 @@ pub struct KubeletOptions {
     pub node: String,
     /// `--feature-gates=EventedPLEG=true`.
     pub evented_pleg: bool,
+    /// Where its pods' cgroups are.
+    pub cgroups: KubeletCgroups,
 }
+
+/// Where a stock kubelet's pods' cgroups are: never under the default
+/// `/kubepods`, where it would kill the other tests' pods.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KubeletCgroups {
+    /// Pod cgroups as on a node (`cgroupsPerQOS`), under a cgroup root of its
+    /// own: `<root>/kubepods/<qos>/pod<uid>`.
+    #[default]
+    PrivateRoot,
+    /// No pod cgroups (`cgroupsPerQOS: false`, no node allocatable
+    /// enforcement), its containers in `/k8s.io/<id>` (`cgroupRoot: /k8s.io`):
+    /// where the kernel PLEG of a proxy or observer beside it sees them.
+    ContainerdNamespace,
+}
+
+/// The cgroup root of [`KubeletCgroups::ContainerdNamespace`].
+const CONTAINERD_NAMESPACE_ROOT: &str = "/k8s.io";
 
 /// A running stock kubelet; stopped (SIGTERM, then SIGKILL) when dropped.
 /// Its containers are the runtime's to remove (the containerd harness's
-/// teardown does), its pod cgroups are removed here.
+/// teardown does), then its cgroups the caller's ([`remove_cgroups`]).
 #[derive(Debug)]
 pub struct StockKubelet {
     child: Option<Child>,
@@ -104,6 +134,32 @@ pub struct StockKubelet {
     /// Its read-only port (`/pods`, `/metrics`).
     pub read_only: std::net::SocketAddr,
     uids: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    cgroup_root: String,
+}
+
+/// A cgroup root no other kubelet of this machine uses: the test process's pid
+/// and a counter.
+fn private_cgroup_root() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("/evpleg-stock-{}-{n}", std::process::id())
+}
+
+/// The cgroup hierarchies' mount points: cgroup2's root, or on a hybrid host
+/// each v1 controller's directory and the unified one under it.
+fn hierarchies() -> Vec<PathBuf> {
+    let base = PathBuf::from("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        return vec![base];
+    }
+    std::fs::read_dir(&base)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("cgroup.procs").exists())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KubeletError + 'a {
@@ -137,10 +193,24 @@ impl StockKubelet {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
         let (port, read_only, healthz) = (free_port()?, free_port()?, free_port()?);
+        // Its cgroup root must exist in every hierarchy before it starts.
+        let cgroup_root = match opts.cgroups {
+            KubeletCgroups::PrivateRoot => private_cgroup_root(),
+            KubeletCgroups::ContainerdNamespace => CONTAINERD_NAMESPACE_ROOT.to_owned(),
+        };
+        for hierarchy in hierarchies() {
+            let dir = hierarchy.join(cgroup_root.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+        }
         let config = base.join("config.yaml");
+        let ports = Ports {
+            port,
+            read_only,
+            healthz,
+        };
         std::fs::write(
             &config,
-            config_yaml(opts, &manifests, &pod_logs, port, read_only, healthz),
+            config_yaml(opts, &manifests, &pod_logs, &cgroup_root, ports),
         )
         .map_err(io("write", &config))?;
         // The private mount namespace's set-up, then the kubelet itself.
@@ -183,6 +253,7 @@ impl StockKubelet {
             log,
             read_only: ([127, 0, 0, 1], read_only).into(),
             uids: Default::default(),
+            cgroup_root,
         };
         this.wait_ready().await?;
         Ok(this)
@@ -304,7 +375,20 @@ impl StockKubelet {
         let _ = child.wait();
     }
 
-    /// The pod UIDs it served, for the caller's cgroup clean-up.
+    /// Its cgroup root (`--cgroup-root`): its pods' cgroups are
+    /// `<root>/kubepods/<qos>/pod<uid>` with [`KubeletCgroups::PrivateRoot`],
+    /// its containers' `<root>/<id>` with the other.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
+    /// Its own cgroup root, the caller's to remove with [`remove_cgroups`];
+    /// `None` when it shares containerd's.
+    pub fn private_cgroup_root(&self) -> Option<&str> {
+        (self.cgroup_root != CONTAINERD_NAMESPACE_ROOT).then_some(self.cgroup_root.as_str())
+    }
+
+    /// The pod UIDs it served (of the pods asked for by name).
     pub fn uids(&self) -> Vec<String> {
         self.uids
             .lock()
@@ -316,19 +400,67 @@ impl StockKubelet {
 }
 
 impl Drop for StockKubelet {
+    /// Stops it and removes what of its cgroups is empty already; the rest
+    /// is the caller's to remove with [`remove_cgroups`] once the runtime has
+    /// removed the containers.
     fn drop(&mut self) {
         self.stop();
+        if let Some(root) = self.private_cgroup_root() {
+            remove_cgroups(root);
+        }
     }
+}
+
+/// Removes a stock kubelet's own cgroup `root`
+/// ([`StockKubelet::private_cgroup_root`]) with everything below it (its pod
+/// cgroups and QoS levels), deepest first, in every hierarchy: call it once
+/// the runtime has removed the pods' containers (a cgroup still holding a
+/// process stays). The root is this kubelet's alone, so nothing else's goes.
+pub fn remove_cgroups(root: &str) {
+    let relative = root.trim_start_matches('/');
+    if relative.is_empty() || root == CONTAINERD_NAMESPACE_ROOT {
+        return;
+    }
+    for hierarchy in hierarchies() {
+        remove_tree(&hierarchy.join(relative));
+    }
+}
+
+/// rmdir of `dir` after its subdirectories (a cgroup's files go with it).
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The kubelet's three ports.
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    port: u16,
+    read_only: u16,
+    healthz: u16,
 }
 
 fn config_yaml(
     opts: &KubeletOptions,
     manifests: &Path,
     pod_logs: &Path,
-    port: u16,
-    read_only: u16,
-    healthz: u16,
+    cgroup_root: &str,
+    Ports {
+        port,
+        read_only,
+        healthz,
+    }: Ports,
 ) -> String {
+    let cgroups = match opts.cgroups {
+        KubeletCgroups::PrivateRoot => "cgroupsPerQOS: true",
+        KubeletCgroups::ContainerdNamespace => "cgroupsPerQOS: false\nenforceNodeAllocatable: []",
+    };
     let gates = if opts.evented_pleg {
         "featureGates:\n  EventedPLEG: true\n"
     } else {
@@ -348,7 +480,8 @@ podLogsDir: {pod_logs}
 containerRuntimeEndpoint: {endpoint}
 imageServiceEndpoint: {endpoint}
 cgroupDriver: cgroupfs
-cgroupsPerQOS: true
+cgroupRoot: {cgroup_root}
+{cgroups}
 failSwapOn: false
 failCgroupV1: false
 registerNode: false

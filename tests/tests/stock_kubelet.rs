@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use evpleg_tests::containerd::{BUSYBOX_IMAGE, Containerd};
-use evpleg_tests::stock_kubelet::{self, KubeletOptions, StockKubelet};
+use evpleg_tests::stock_kubelet::{self, KubeletCgroups, KubeletOptions, StockKubelet};
 use evpleg_tests::{e2e, privileged};
 use serde_json::{Value, json};
 
@@ -49,8 +49,9 @@ struct Node {
 }
 
 impl Node {
-    /// A node of this mode on `containerd` (a binary: containerd 1.7).
-    async fn start(mode: Mode, containerd: &std::path::Path) -> Self {
+    /// A node of this mode on `containerd` (a binary: containerd 1.7), its
+    /// kubelet's pods' cgroups as `cgroups` says.
+    async fn start(mode: Mode, containerd: &std::path::Path, cgroups: KubeletCgroups) -> Self {
         evpleg_tests::containerd::init_test_logging();
         let containerd =
             Containerd::start_with(containerd).unwrap_or_else(|e| panic!("containerd: {e}"));
@@ -66,6 +67,7 @@ impl Node {
             endpoint,
             node: NODE.into(),
             evented_pleg: matches!(mode, Mode::DirectEvented | Mode::ProxyEvented),
+            cgroups,
         };
         let kubelet = StockKubelet::start(containerd.base(), &opts)
             .await
@@ -92,11 +94,16 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let uids = self.kubelet.as_ref().map(|k| k.uids()).unwrap_or_default();
+        let private = self
+            .kubelet
+            .as_ref()
+            .and_then(|k| k.private_cgroup_root().map(str::to_owned));
         drop(self.kubelet.take());
         drop(self.proxy.take());
         drop(self.containerd.take());
-        e2e::remove_pod_cgroups(&uids);
+        if let Some(root) = private {
+            stock_kubelet::remove_cgroups(&root);
+        }
     }
 }
 
@@ -240,7 +247,12 @@ fn cases() -> Vec<Case> {
 
 /// Runs every case on one node; returns each case's view.
 async fn run_cases(mode: Mode, containerd: &std::path::Path) -> Vec<(String, Value)> {
-    let node = Node::start(mode, containerd).await;
+    // Behind the proxy its kernel PLEG must see the pods' containers.
+    let cgroups = match mode {
+        Mode::Direct | Mode::DirectEvented => KubeletCgroups::PrivateRoot,
+        Mode::Proxy | Mode::ProxyEvented => KubeletCgroups::ContainerdNamespace,
+    };
+    let node = Node::start(mode, containerd, cgroups).await;
     for case in cases() {
         let yaml = serde_json::to_string(&case.pod).expect("json");
         node.kubelet().write(&format!("{}.yaml", case.name), &yaml);
@@ -375,7 +387,12 @@ async fn behind_the_proxy_the_evented_kubelet_sees_a_death_before_its_relist() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let node = Node::start(Mode::ProxyEvented, &containerd).await;
+    let node = Node::start(
+        Mode::ProxyEvented,
+        &containerd,
+        KubeletCgroups::ContainerdNamespace,
+    )
+    .await;
     let p = pod("victim", "Always", &[], &[("app", "sleep 600")]);
     node.kubelet()
         .write("victim.yaml", &serde_json::to_string(&p).expect("json"));
@@ -446,7 +463,12 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let node = Node::start(Mode::Direct, &containerd).await;
+    let node = Node::start(
+        Mode::Direct,
+        &containerd,
+        KubeletCgroups::ContainerdNamespace,
+    )
+    .await;
     let cri = node.containerd.as_ref().expect("containerd");
     let interceptor = CriInterceptor::start(cri.socket(), cri.base().join("observer-cri.sock"))
         .expect("interceptor");

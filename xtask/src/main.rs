@@ -7,8 +7,11 @@
 //!   format and lint checks, then the kernel matrix;
 //! * `matrix`: only the kernel matrix (privileged checks in QEMU guests booting
 //!   Debian's kernels, docs/kernels.md);
-//! * `bench`: the PLEG latency and cost benchmark (`bench/`, docs/benchmarks.md).
+//! * `bench`: the PLEG latency and cost benchmark (`bench/`, docs/benchmarks.md);
+//! * `fidelity`: the same pods under the stock kubelet and evpleg, compared
+//!   (docs/fidelity.md).
 
+mod fidelity;
 mod fuzz;
 mod gotools;
 mod matrix;
@@ -96,6 +99,14 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The corpus of tests/fidelity/ under the stock kubelet and under evpleg,
+    /// compared field by field; writes docs/fidelity.md (needs root).
+    Fidelity {
+        /// Only the quick subset (the one `cargo xtask test` runs), reported
+        /// in target/fidelity-quick.md.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -125,6 +136,10 @@ fn main() -> Result<()> {
         } => {
             setup::run(&root)?;
             bench(&root, quick, release, out)
+        }
+        Command::Fidelity { quick } => {
+            setup::run(&root)?;
+            fidelity::run(&root, quick)
         }
         Command::Matrix {
             kernels,

@@ -1,0 +1,231 @@
+//! What is recorded of one pod on one side, and the fields compared.
+//!
+//! From the pod's status (polled every [`super::STATUS_POLL`]): the sequence of its
+//! phases and of each container's states (each distinct one in the order first
+//! seen, so that a crash loop's repetitions and the polling's rhythm do not
+//! count), and its last status before the case was done (or its manifest
+//! removed): the pod's reason and message, QoS class, each
+//! condition (status, reason, message), each container's state (not for a
+//! case that stops in a crash loop, where it is timing) and last
+//! state (kind, reason, message, exit code), restart count, `ready` and
+//! `started`. From the runtime (each side's own containerd, every [`super::CRI_POLL`]):
+//! every container attempt's creation, start and end in nanoseconds, which give
+//! the order containers started in (init containers and sidecars), the waits
+//! between a container's end and its next attempt (CrashLoopBackOff) and, for a
+//! pod whose manifest is removed, how long after the removal each container
+//! ended and with which exit code. Timestamps, ids and IPs are not compared.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::Case;
+
+/// Tolerance on a restart's wait (a container's end to its next creation):
+/// the kubelet restarts at its first pod sync after the back-off expires, and
+/// on a busy 2-core machine either side's sync may come a second late.
+pub const RESTART_WAIT_TOLERANCE_MS: i64 = 1_500;
+/// Tolerance on a container's end after its pod's manifest was removed.
+pub const TERMINATION_TOLERANCE_MS: i64 = 700;
+
+/// One container attempt as the runtime showed it.
+#[derive(Debug, Clone, Default)]
+pub struct Attempt {
+    pub name: String,
+    pub attempt: u32,
+    pub created_ns: i64,
+    pub started_ns: i64,
+    pub finished_ns: i64,
+    pub exit_code: i32,
+    /// CRI state: 0 created, 1 running, 2 exited, 3 unknown.
+    pub state: i32,
+}
+
+/// Everything seen of one pod on one side.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// Distinct phases in the order seen.
+    pub phases: Vec<String>,
+    /// Per container: distinct `kind:reason` states in the order first seen.
+    pub states: BTreeMap<String, Vec<String>>,
+    /// The last status seen.
+    pub last: Value,
+    /// `done`, `timeout` or `never seen`.
+    pub outcome: String,
+    /// The runtime's containers of this pod, by id.
+    pub attempts: BTreeMap<String, Attempt>,
+    /// When its manifest was removed (wall clock, ns), for deletion cases.
+    pub removed_ns: Option<i64>,
+    /// When its status was first seen.
+    pub first_seen: Option<std::time::Instant>,
+    /// Its status is no longer recorded (the case is done, or its manifest
+    /// was removed: the kubelet stops serving it, the agent does not).
+    pub frozen: bool,
+}
+
+fn push_distinct(list: &mut Vec<String>, item: String) {
+    if !list.contains(&item) {
+        list.push(item);
+    }
+}
+
+/// `(kind, detail)` of a container state object (`{"running": {...}}`).
+fn state_of(s: &Value) -> (String, Value) {
+    s.as_object()
+        .and_then(|o| o.iter().next())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap_or_else(|| (String::new(), Value::Null))
+}
+
+/// The container statuses of a pod, init containers first.
+fn statuses(pod: &Value) -> Vec<&Value> {
+    ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|k| pod["status"][k].as_array().into_iter().flatten())
+        .collect()
+}
+
+impl Record {
+    /// Takes one polled status of the pod.
+    pub fn observe(&mut self, pod: &Value) {
+        if self.frozen {
+            return;
+        }
+        if let Some(phase) = pod["status"]["phase"].as_str() {
+            push_distinct(&mut self.phases, phase.to_owned());
+        }
+        for c in statuses(pod) {
+            let name = c["name"].as_str().unwrap_or("").to_owned();
+            let (kind, detail) = state_of(&c["state"]);
+            let reason = detail["reason"].as_str().unwrap_or("");
+            let entry = if reason.is_empty() {
+                kind
+            } else {
+                format!("{kind}:{reason}")
+            };
+            push_distinct(self.states.entry(name).or_default(), entry);
+        }
+        self.last = pod.clone();
+    }
+
+    /// The fields compared, by name.
+    pub fn fields(&self, case: &Case) -> BTreeMap<String, Value> {
+        let mut f = BTreeMap::new();
+        let status = &self.last["status"];
+        f.insert("outcome".into(), json!(self.outcome));
+        f.insert("phases".into(), json!(self.phases));
+        f.insert(
+            "pod reason, message".into(),
+            json!([status["reason"], status["message"]]),
+        );
+        f.insert("qosClass".into(), status["qosClass"].clone());
+        let looping = matches!(case.until, super::Until::Restarts(_));
+        for c in status["conditions"].as_array().into_iter().flatten() {
+            let kind = c["type"].as_str().unwrap_or("");
+            if looping && matches!(kind, "Ready" | "ContainersReady") {
+                continue;
+            }
+            f.insert(
+                format!("condition {kind}"),
+                json!([c["status"], c["reason"], c["message"]]),
+            );
+        }
+        let view = |s: &Value| {
+            let (kind, d) = state_of(s);
+            json!({"kind": kind, "reason": d["reason"], "message": d["message"], "exitCode": d["exitCode"], "signal": d["signal"]})
+        };
+        for c in statuses(&self.last) {
+            let name = c["name"].as_str().unwrap_or("");
+            // A container that keeps restarting is caught at any point of
+            // its loop when the case stops: its last state is compared, not
+            // its state, readiness or start.
+            if !looping {
+                f.insert(format!("{name}: state"), view(&c["state"]));
+                f.insert(format!("{name}: ready"), c["ready"].clone());
+                f.insert(format!("{name}: started"), c["started"].clone());
+            }
+            f.insert(format!("{name}: lastState"), view(&c["lastState"]));
+            let count = c["restartCount"].as_u64().unwrap_or(0);
+            f.insert(
+                format!("{name}: restartCount"),
+                json!(case.until.restart_count(count)),
+            );
+        }
+        for (name, seq) in &self.states {
+            f.insert(format!("{name}: states seen"), json!(seq));
+        }
+        f.insert("start order".into(), json!(self.start_order()));
+        for (name, wait) in self.restart_waits() {
+            f.insert(format!("{name}: restart wait ms"), json!(wait));
+        }
+        if let Some(removed) = self.removed_ns {
+            for (name, (after, code)) in self.terminations(removed) {
+                f.insert(format!("{name}: end after removal ms"), json!(after));
+                f.insert(format!("{name}: exit code at removal"), json!(code));
+            }
+        }
+        f
+    }
+
+    /// Container names in the order their first attempts were created.
+    fn start_order(&self) -> Vec<String> {
+        let mut first: Vec<&Attempt> = self.attempts.values().filter(|a| a.attempt == 0).collect();
+        first.sort_by_key(|a| a.created_ns);
+        first.iter().map(|a| a.name.clone()).collect()
+    }
+
+    /// Per container with restarts: the median of (creation of attempt k+1 -
+    /// end of attempt k), in ms.
+    fn restart_waits(&self) -> BTreeMap<String, i64> {
+        let mut by_name: BTreeMap<&str, Vec<&Attempt>> = BTreeMap::new();
+        for a in self.attempts.values() {
+            by_name.entry(&a.name).or_default().push(a);
+        }
+        let mut out = BTreeMap::new();
+        for (name, mut list) in by_name {
+            list.sort_by_key(|a| a.attempt);
+            let mut waits: Vec<i64> = list
+                .windows(2)
+                .filter(|w| w[1].attempt == w[0].attempt + 1 && w[0].finished_ns > 0)
+                .map(|w| (w[1].created_ns - w[0].finished_ns) / 1_000_000)
+                .collect();
+            if waits.is_empty() {
+                continue;
+            }
+            waits.sort();
+            out.insert(name.to_owned(), waits[waits.len() / 2]);
+        }
+        out
+    }
+
+    /// Per container running at the removal: ms from the removal to its end,
+    /// and its exit code.
+    fn terminations(&self, removed: i64) -> BTreeMap<String, (i64, i32)> {
+        let mut out = BTreeMap::new();
+        for a in self.attempts.values() {
+            if a.finished_ns >= removed && a.started_ns > 0 && a.started_ns < removed {
+                out.insert(
+                    a.name.clone(),
+                    ((a.finished_ns - removed) / 1_000_000, a.exit_code),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Whether two values of field `field` are the same, with the stated
+/// tolerances for durations.
+pub fn same(field: &str, a: &Value, b: &Value) -> bool {
+    let tolerance = if field.ends_with("restart wait ms") {
+        RESTART_WAIT_TOLERANCE_MS
+    } else if field.ends_with("end after removal ms") {
+        TERMINATION_TOLERANCE_MS
+    } else {
+        return a == b;
+    };
+    match (a.as_i64(), b.as_i64()) {
+        (Some(x), Some(y)) => (x - y).abs() <= tolerance,
+        _ => a == b,
+    }
+}
