@@ -11,7 +11,7 @@ use evpleg_tests::critest::{self, Outcome};
 use evpleg_tests::registry::Registry;
 
 /// A lower bound of the tests passing directly: 87 of the 142 passed
-/// directly and through the proxy when measured (containerd 1.6, the
+/// directly and through the proxy in both runs measured (containerd 1.6, the
 /// images of tests/src/critest.rs, a loaded 2-vCPU machine), 6 failed
 /// both ways and 49 were skipped by critest itself (NRI, AppArmor,
 /// benchmarks, features containerd 1.6 lacks) or here (a pull by digest).
