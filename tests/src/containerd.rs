@@ -45,7 +45,8 @@ pub const CRI_NAMESPACE: &str = "k8s.io";
 const CONTAINERD: &str = "/usr/bin/containerd";
 const CTR: &str = "/usr/bin/ctr";
 const RUNC: &str = "/usr/sbin/runc";
-const UMOCI: &str = "/usr/bin/umoci";
+/// umoci, which builds the images.
+pub const UMOCI: &str = "/usr/bin/umoci";
 const BUSYBOX: &str = "/bin/busybox";
 const GCC: &str = "gcc";
 
@@ -1169,11 +1170,10 @@ fn command_line(cmd: &Command) -> String {
         .join(" ")
 }
 
-/// Runs `cmd` to completion; an error names it, with its status and stderr.
 /// Garbage-collects an OCI layout and archives it as `archive`, written
 /// beside and renamed into place, so that a cut-off build leaves no half
 /// archive.
-fn archive_layout(layout: &Path, archive: &Path) -> Result<()> {
+pub fn archive_layout(layout: &Path, archive: &Path) -> Result<()> {
     run(Command::new(UMOCI).arg("gc").arg("--layout").arg(layout))?;
     let partial = archive.with_extension("tar.partial");
     run(Command::new("tar")
@@ -1186,7 +1186,8 @@ fn archive_layout(layout: &Path, archive: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run(cmd: &mut Command) -> Result<std::process::Output> {
+/// Runs `cmd` to completion; an error names it, with its status and stderr.
+pub fn run(cmd: &mut Command) -> Result<std::process::Output> {
     let line = command_line(cmd);
     let out = cmd
         .stdin(Stdio::null())
@@ -1236,7 +1237,7 @@ pub fn containerd_17_dir() -> PathBuf {
 
 /// Opens `lock_path` and holds an exclusive `flock` on it until the returned
 /// file drops: one process at a time builds or fetches into a shared cache.
-fn lock_exclusive(lock_path: &Path) -> Result<fs::File> {
+pub fn lock_exclusive(lock_path: &Path) -> Result<fs::File> {
     let lock = fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -11,6 +11,7 @@ pub mod control_plane;
 pub mod cri_interceptor;
 pub mod cri_pod;
 pub mod cri_proxy;
+pub mod critest;
 pub mod csi_driver;
 pub mod differential;
 pub mod e2e;

@@ -219,6 +219,18 @@ impl Registry {
         fs::write(&path, hosts_toml(self.addr)).map_err(io_err("write", &path))
     }
 
+    /// Writes `<certs_dir>/<name>/hosts.toml`, telling containerd to pull
+    /// images named `<name>/<repo>:<tag>` (e.g. `registry.k8s.io/pause:3.9`)
+    /// from this registry's `<repo>:<tag>` over plain http, and never from
+    /// `name` itself: the images a suite pulls under their upstream names,
+    /// served locally.
+    pub fn mirror_in_containerd(&self, certs_dir: &Path, name: &str) -> Result<()> {
+        let dir = certs_dir.join(name);
+        fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        let path = dir.join("hosts.toml");
+        fs::write(&path, hosts_toml(self.addr)).map_err(io_err("write", &path))
+    }
+
     /// The requests the registry served since the last [`push`](Self::push)
     /// ended (the pulls): `(method, path, status)`.
     pub fn requests(&self) -> Vec<(String, String, u16)> {

@@ -1388,3 +1388,199 @@ fn crictl_reads_the_same_codes_and_messages_through_the_proxy() {
     );
     rt.block_on(proxy.stop());
 }
+
+/// The eBPF object `cargo xtask build` made (the one embedded in the
+/// binaries): `$EVPLEG_BPF_OBJECT`, else `target/ebpf/evpleg.bpf.o`.
+fn built_bpf_object() -> std::path::PathBuf {
+    std::env::var_os("EVPLEG_BPF_OBJECT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ebpf/evpleg.bpf.o")
+        })
+}
+
+/// `/healthz`'s status line and body.
+async fn healthz(addr: std::net::SocketAddr) -> String {
+    http_get(addr, "/healthz").await
+}
+
+/// Issue #24 item 5: a proxy whose kernel path cannot load (`--bpf-object`
+/// naming a file that is no eBPF object) still serves the CRI, every call
+/// forwarded (the same answers as directly, a pod's whole life),
+/// GetContainerEvents answered with an explicit error (containerd 1.6 has no
+/// stream of its own), `/healthz` 200 and `degraded`, the pass-through
+/// metric set and the start retried; once the object is there, the next
+/// retry starts the kernel path and events come from the kernel. Before the
+/// fix the proxy did not start at all (its socket was never created).
+#[test]
+fn a_proxy_whose_kernel_path_cannot_load_passes_every_call_through_and_retries() {
+    if !evpleg_tests::privileged("a_proxy_whose_kernel_path_cannot_load") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "passthrough");
+    let object = containerd.base().join("late.bpf.o");
+    std::fs::write(&object, b"not an eBPF object").expect("the bad object");
+    let object_flag = object.display().to_string();
+    runtime().block_on(async {
+        let direct = containerd.client().await;
+        let (proxy, through) = proxy(&containerd, &["--bpf-object", &object_flag]).await;
+        assert!(
+            !proxy.kernel().serving(),
+            "the kernel path cannot have loaded"
+        );
+        assert_eq!(
+            through.version().await.unwrap(),
+            direct.version().await.unwrap()
+        );
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("app", 3),
+        )
+        .await;
+        assert_eq!(status(&through, &id).await, status(&direct, &id).await);
+        let exec = through
+            .exec_sync(&id, &["echo", "forwarded"], Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync in pass-through: {e}"));
+        assert_eq!(exec.stdout, b"forwarded\n");
+        let list = |c: &CriClient| {
+            let c = c.clone();
+            async move {
+                let mut l = c.list_containers(None).await.unwrap();
+                l.sort_by(|a, b| a.id.cmp(&b.id));
+                l
+            }
+        };
+        assert_eq!(list(&through).await, list(&direct).await);
+        let unknown = evpleg_tests::container_id();
+        let (d, t) = (
+            direct.container_status(&unknown, false).await.unwrap_err(),
+            through.container_status(&unknown, false).await.unwrap_err(),
+        );
+        assert!(d.is_not_found() && t.is_not_found(), "{d} / {t}");
+
+        let events = tokio::time::timeout(WAIT, through.get_container_events())
+            .await
+            .expect("GetContainerEvents answers at once");
+        let (code, message) = match events {
+            Ok(mut s) => match tokio::time::timeout(WAIT, s.message()).await {
+                Ok(Err(status)) => (Some(status.code()), status.message().to_owned()),
+                other => panic!("containerd 1.6 has no stream: {other:?}"),
+            },
+            Err(e) => (e.code(), e.to_string()),
+        };
+        assert_eq!(code, Some(tonic::Code::Unimplemented), "{message}");
+        assert!(
+            message.contains("the kernel path does not run"),
+            "{message}"
+        );
+
+        let health = healthz(proxy.http_addr).await;
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        assert!(
+            health.contains("degraded: cri proxy in pass-through"),
+            "{health}"
+        );
+        let scrape = wait_metrics(proxy.http_addr, "a second failed start", |m| {
+            metric(m, "evpleg_cri_proxy_kernel_start_failures_total") >= 2.0
+        })
+        .await;
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_pass_through"), 1.0);
+
+        // The object arrives: the next retry (1 s doubling) starts the path.
+        std::fs::copy(built_bpf_object(), &object).expect("the built eBPF object");
+        wait_metrics(proxy.http_addr, "the kernel path running", |m| {
+            m.contains("evpleg_cri_proxy_pass_through 0")
+        })
+        .await;
+        // The new PLEG's rule: ok once its first relist ran.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let health = healthz(proxy.http_addr).await;
+            if health.starts_with("HTTP/1.1 200") && !health.contains("degraded") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{health}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut events = Subscription::new(&through).await;
+        let second = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("second", 4),
+        )
+        .await;
+        events.wait(&second, T::ContainerStartedEvent).await;
+        pod.release("second");
+        let stopped = events.wait(&second, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &second).exit_code, 4);
+        proxy.stop().await;
+    });
+}
+
+/// Issue #24 item 5: a kernel path that dies while serving puts the proxy in
+/// pass-through (its subscribers' streams end, calls go on, `/healthz`
+/// degraded, the metrics say so) and is started again with the back-off:
+/// events come from the kernel again.
+#[test]
+fn a_kernel_path_that_dies_falls_back_to_pass_through_and_comes_back() {
+    if !evpleg_tests::privileged("a_kernel_path_that_dies_falls_back") {
+        return;
+    }
+    let _serial = serial();
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "comeback");
+    runtime().block_on(async {
+        let (proxy, through) = proxy(&containerd, &[]).await;
+        assert!(proxy.kernel().serving());
+        let mut events = Subscription::new(&through).await;
+        proxy.kernel().with_pleg(|p| {
+            p.and_then(|p| p.kernel.as_ref())
+                .expect("the kernel pleg runs")
+                .fail_reader_for_test()
+        });
+        let ended = events.ended().await;
+        assert_eq!(
+            ended.map(|s| s.code()),
+            Some(tonic::Code::Unavailable),
+            "the subscriber's stream ends so that it subscribes again"
+        );
+        let scrape = wait_metrics(proxy.http_addr, "the path's loss counted", |m| {
+            metric(m, "evpleg_cri_proxy_kernel_path_losses_total") == 1.0
+        })
+        .await;
+        // Counted with the switch, at least 0.8 s before the first retry.
+        assert_eq!(metric(&scrape, "evpleg_cri_proxy_pass_through"), 1.0);
+        // Calls go on meanwhile (pass-through, or the path back already).
+        through
+            .version()
+            .await
+            .expect("Version right after the loss");
+        let health = healthz(proxy.http_addr).await;
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        wait_metrics(proxy.http_addr, "the kernel path running again", |m| {
+            m.contains("evpleg_cri_proxy_pass_through 0")
+        })
+        .await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("after", 6),
+        )
+        .await;
+        events.wait(&id, T::ContainerStartedEvent).await;
+        pod.release("after");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 6);
+        proxy.stop().await;
+    });
+}

@@ -116,6 +116,9 @@ pub struct Events {
     known: Known,
     /// `--merge-runtime-events`: what was served, per id ([`super::merge`]).
     served: Option<Served>,
+    /// The kernel path, restarted after a death: a new PLEG's first relist
+    /// reports every container again, which is no event.
+    path: Option<Arc<super::kernel_path::KernelPath>>,
 }
 
 /// What one PLEG event becomes: the type, the id, whether it is a sandbox.
@@ -149,7 +152,14 @@ impl Events {
             start_wall_ns: wall_clock_ns(),
             known: Known::default(),
             served: None,
+            path: None,
         }
+    }
+
+    /// Reports from before the running PLEG started are no events either.
+    pub fn following(mut self, path: Arc<super::kernel_path::KernelPath>) -> Self {
+        self.path = Some(path);
+        self
     }
 
     /// Merges the runtime's own stream: every event is then checked against
@@ -377,7 +387,8 @@ impl Events {
     }
 
     /// A relist-sourced report whose runtime timestamp is older than the
-    /// proxy (the first relist reports every existing container).
+    /// proxy, or than the running PLEG (the first relist reports every
+    /// existing container).
     fn before_start(&self, resp: &v1::ContainerEventResponse, t: T) -> bool {
         let at = match resp
             .containers_statuses
@@ -394,7 +405,10 @@ impl Events {
                 _ => return false,
             },
         };
-        at > 0 && at < self.start_wall_ns
+        let since = self.path.as_ref().map_or(self.start_wall_ns, |p| {
+            p.started_wall_ns().max(self.start_wall_ns)
+        });
+        at > 0 && at < since
     }
 
     /// The event with the pod's state as the runtime reports it now, kernel

@@ -5,8 +5,16 @@
 //! connection; once it breaks (the runtime restarted) the next call dials
 //! again, and a call that cannot reach the runtime is answered UNAVAILABLE,
 //! which the kubelet's CRI client retries.
+//!
+//! A dial is bounded by [`DIAL_TIMEOUT`]: the socket's connect, the
+//! runtime's first bytes (a gRPC server sends its HTTP/2 SETTINGS as soon as
+//! it accepts: a runtime that accepts and says nothing is wedged) and the
+//! handshake. No lock is held across it: calls that find no connection each
+//! dial (the first live one is kept), so a wedged runtime costs each call
+//! at most [`DIAL_TIMEOUT`] and never queues one call behind another's dial.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -28,6 +36,12 @@ pub enum ForwardError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Retryable: the runtime accepted the connection but did not start
+    /// HTTP/2 in time (wedged, or not a gRPC server).
+    #[error(
+        "the runtime at {path} accepted the connection but did not answer within {timeout:?} (retryable)"
+    )]
+    Silent { path: PathBuf, timeout: Duration },
     /// Retryable: the connection broke during the call.
     #[error("runtime at {path}: {source} (retryable)")]
     Http { path: PathBuf, source: hyper::Error },
@@ -35,6 +49,10 @@ pub enum ForwardError {
     #[error("reading the request: {0}")]
     Request(BoxError),
 }
+
+/// How long a dial of the runtime may take: connect, its first bytes, the
+/// HTTP/2 handshake.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The runtime's socket and the connection to it.
 #[derive(Debug)]
@@ -73,19 +91,50 @@ impl Upstream {
         }
     }
 
-    /// The shared connection, dialled again when it broke.
+    /// The shared connection, dialled again when it broke. The lock is held
+    /// only to read or install the connection, never across a dial.
     async fn sender(&self) -> Result<SendRequest<Body>, ForwardError> {
+        if let Some(s) = self.live().await {
+            return Ok(s);
+        }
+        let sender = match tokio::time::timeout(DIAL_TIMEOUT, self.dial()).await {
+            Ok(dialled) => dialled?,
+            Err(_) => {
+                return Err(ForwardError::Silent {
+                    path: self.path.clone(),
+                    timeout: DIAL_TIMEOUT,
+                });
+            }
+        };
         let mut slot = self.sender.lock().await;
+        // Another call may have dialled meanwhile: keep the first live one.
         if let Some(s) = slot.as_ref().filter(|s| !s.is_closed()) {
             return Ok(s.clone());
         }
-        let stream =
-            UnixStream::connect(&self.path)
-                .await
-                .map_err(|source| ForwardError::Dial {
-                    path: self.path.clone(),
-                    source,
-                })?;
+        *slot = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// The shared connection, if it is still open.
+    async fn live(&self) -> Option<SendRequest<Body>> {
+        self.sender
+            .lock()
+            .await
+            .as_ref()
+            .filter(|s| !s.is_closed())
+            .cloned()
+    }
+
+    /// Connects, waits for the runtime's first bytes, and starts HTTP/2.
+    async fn dial(&self) -> Result<SendRequest<Body>, ForwardError> {
+        let dial_error = |source| ForwardError::Dial {
+            path: self.path.clone(),
+            source,
+        };
+        let stream = UnixStream::connect(&self.path).await.map_err(dial_error)?;
+        // Readable once the runtime's SETTINGS came (or it closed: then the
+        // handshake or the call fails with the reason).
+        stream.readable().await.map_err(dial_error)?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await
@@ -97,7 +146,6 @@ impl Upstream {
             }
         });
         tracing::debug!(path = %self.path.display(), "connected to the runtime");
-        *slot = Some(sender.clone());
         Ok(sender)
     }
 
@@ -162,4 +210,76 @@ pub async fn read_body(body: Incoming) -> Result<Bytes, ForwardError> {
         .await
         .map(|c| c.to_bytes())
         .map_err(|e| ForwardError::Request(e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    fn request() -> (hyper::http::request::Parts, Bytes) {
+        let (head, ()) = hyper::Request::post("http://runtime/runtime.v1.RuntimeService/Version")
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("a request")
+            .into_parts();
+        (head, Bytes::from_static(&[0, 0, 0, 0, 0]))
+    }
+
+    /// Issue #24 item 5: a runtime that accepts connections and never
+    /// answers costs each call at most the dial's bound, clearly, and calls
+    /// made together are not queued behind one another's dial. Before the
+    /// fix the dial held the shared lock with no bound and no wait for the
+    /// runtime: the handshake completed, every call waited for an answer
+    /// forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runtime_that_accepts_and_never_answers_fails_each_call_within_the_dial_bound() {
+        let dir = std::env::temp_dir().join(format!(
+            "evpleg-wedged-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("wedged.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        // Accepts and holds every connection, never reads or writes.
+        let holder = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let upstream = Arc::new(Upstream::new(socket.clone()));
+        let started = Instant::now();
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let (head, body) = request();
+                    let r = upstream.unary(head, body).await;
+                    (r.map(|_| ()), started.elapsed())
+                })
+            })
+            .collect();
+        for call in calls {
+            let (result, took) = tokio::time::timeout(DIAL_TIMEOUT * 4, call)
+                .await
+                .expect("the call ended within four dial bounds")
+                .unwrap();
+            let e = result.expect_err("a wedged runtime cannot answer");
+            assert!(
+                matches!(e, ForwardError::Silent { .. }),
+                "{e}: the error says the runtime did not answer"
+            );
+            assert!(e.to_string().contains(&socket.display().to_string()), "{e}");
+            // Together, not one dial after another (5 x 2 s).
+            assert!(took < DIAL_TIMEOUT * 2, "{took:?}");
+        }
+        holder.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -17,6 +17,7 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// gRPC status codes the proxy answers with itself.
 pub const OK: u32 = 0;
 pub const RESOURCE_EXHAUSTED: u32 = 8;
+pub const UNIMPLEMENTED: u32 = 12;
 pub const UNAVAILABLE: u32 = 14;
 
 /// The method of a CRI path: `RuntimeService/ContainerStatus` from

@@ -32,12 +32,16 @@
 //!
 //! The PLEG inside is the kernel PLEG of `evpleg run` in `ebpf` mode over the
 //! runtime behind the proxy, with its trust rules (docs/pleg.md): only certain
-//! deaths are STOPPED, an exec into a container never is.
+//! deaths are STOPPED, an exec into a container never is. The socket is
+//! served before it loads and whether or not it runs: without it the proxy
+//! forwards every call untouched and starts it again with a back-off
+//! ([`kernel_path`]).
 
 pub mod events;
 pub mod forward;
 pub mod grpc;
 pub mod hub;
+pub mod kernel_path;
 pub mod merge;
 pub mod overlay;
 pub mod server;
@@ -60,13 +64,12 @@ use evpleg_pleg::{Pleg, PlegError, PlegMode};
 
 pub use stats::ProxyStats;
 
-/// Errors of starting the proxy.
+/// Errors of starting the proxy (the kernel path's are not: without it the
+/// proxy passes every call through, [`kernel_path`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("container runtime: {0}")]
     Cri(#[from] CriError),
-    #[error(transparent)]
-    Pleg(#[from] PlegError),
     #[error(transparent)]
     Listen(#[from] server::ListenError),
 }
@@ -112,39 +115,58 @@ pub struct CriProxy {
     /// The client to the runtime behind the proxy (its metrics are the
     /// proxy's CRI metrics).
     pub cri: CriClient,
+    /// The kernel PLEG, when it runs, and the pass-through state.
+    pub kernel: Arc<kernel_path::KernelPath>,
     shutdown: CancellationToken,
-    pleg: Option<Pleg>,
     tasks: Vec<JoinHandle<()>>,
     socket: PathBuf,
 }
 
 impl CriProxy {
-    /// Starts the PLEG, the event task and the CRI socket.
+    /// Creates the CRI socket, then starts the kernel path (pass-through
+    /// while it cannot start: [`kernel_path`]), the event task and the
+    /// server.
     pub async fn start(config: &ProxyConfig, clock: SharedClock) -> Result<Self, ProxyError> {
-        let cri = CriClient::connect(&config.runtime_uri(), CriClientConfig::default()).await?;
-        let (tx, pleg_rx) = mpsc::channel(1000);
-        let pleg = Pleg::start(
-            PlegMode::Ebpf,
-            CriRuntime::new(cri.clone()).attributing_unlabelled(),
-            config.kernel.clone(),
-            tx,
-            clock.clone(),
-            config.relist_period,
-        )?;
         let listener = server::listen(&config.listen, config.socket_mode, config.socket_owner)?;
+        let cri = CriClient::connect(&config.runtime_uri(), CriClientConfig::default()).await?;
         let stats = Arc::new(ProxyStats::default());
+        let (tx, pleg_rx) = mpsc::channel(1000);
+        let start_pleg: Box<dyn Fn() -> Result<Pleg, PlegError> + Send + Sync> = {
+            let (cri, kernel, clock) = (cri.clone(), config.kernel.clone(), clock.clone());
+            let relist_period = config.relist_period;
+            Box::new(move || {
+                Pleg::start(
+                    PlegMode::Ebpf,
+                    CriRuntime::new(cri.clone()).attributing_unlabelled(),
+                    kernel.clone(),
+                    tx.clone(),
+                    clock.clone(),
+                    relist_period,
+                )
+            })
+        };
+        let kernel = Arc::new(kernel_path::KernelPath::new(clock.now_ns()));
+        kernel.attempt(&*start_pleg, &stats, clock.now_ns());
         let hub = hub::Hub::new(config.subscriber_buffer, stats.clone());
         let overlay = Arc::new(overlay::Overlay::default());
         let (calls_tx, calls_rx) = mpsc::channel(CALL_QUEUE);
         let shutdown = CancellationToken::new();
-        let mut tasks = Vec::new();
+        let mut tasks = vec![tokio::spawn(kernel_path::supervise(
+            kernel.clone(),
+            start_pleg,
+            hub.clone(),
+            stats.clone(),
+            clock.clone(),
+            shutdown.clone(),
+        ))];
         let mut events = events::Events::new(
             cri.clone(),
             hub.clone(),
             overlay.clone(),
             stats.clone(),
             clock,
-        );
+        )
+        .following(kernel.clone());
         let runtime_rx = if config.merge_runtime_events {
             events = events.merging();
             let (tx, rx) = mpsc::channel(CALL_QUEUE);
@@ -172,6 +194,7 @@ impl CriProxy {
             calls: calls_tx,
             stats: stats.clone(),
             cri: cri.clone(),
+            kernel: kernel.clone(),
         });
         tasks.push(tokio::spawn(server::serve(
             listener,
@@ -180,21 +203,16 @@ impl CriProxy {
         )));
         info!(listen = %config.listen.display(), runtime = %config.runtime_endpoint.display(),
             overlay = config.overlay, merge_runtime_events = config.merge_runtime_events,
-            "cri proxy serving");
+            kernel_path = kernel.serving(), "cri proxy serving");
         Ok(Self {
             stats,
             hub,
             cri,
+            kernel,
             shutdown,
-            pleg: Some(pleg),
             tasks,
             socket: config.listen.clone(),
         })
-    }
-
-    /// The PLEG inside (its health and counters).
-    pub fn pleg(&self) -> &Pleg {
-        self.pleg.as_ref().expect("the pleg runs until stop")
     }
 
     /// Stops serving (subscribers' streams end UNAVAILABLE), removes the
@@ -205,8 +223,6 @@ impl CriProxy {
             let _ = t.await;
         }
         let _ = std::fs::remove_file(&self.socket);
-        if let Some(p) = self.pleg.take() {
-            p.stop().await;
-        }
+        self.kernel.stop().await;
     }
 }

@@ -8,6 +8,11 @@
 //! | CreateContainer, RunPodSandbox | forwards untouched, and on success makes the CREATED event |
 //! | RemoveContainer, RemovePodSandbox | asks the runtime what it will remove (a sandbox's containers too), forwards untouched, and on success makes a DELETED event for each object that existed |
 //! | everything else (streams included) | forwards untouched |
+//!
+//! While the kernel path does not run ([`super::kernel_path`]) every call is
+//! forwarded untouched, GetContainerEvents included: the runtime's own
+//! stream, or its error, worded as the proxy's when it is `Unimplemented`
+//! (containerd 1.6 has no stream).
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,7 @@ use super::events::{Call, RemovedSandbox};
 use super::forward::{ForwardError, Unary, Upstream, read_body};
 use super::grpc::{self, Body};
 use super::hub::Hub;
+use super::kernel_path::{KernelPath, PathState};
 use super::overlay::{Overlay, Seen};
 use super::stats::{Method, ProxyStats};
 
@@ -104,6 +110,8 @@ pub struct Service {
     /// The runtime as a CRI client: what a removal will remove is asked
     /// before it is forwarded.
     pub cri: CriClient,
+    /// Whether the kernel path runs; else every call passes through.
+    pub kernel: Arc<KernelPath>,
 }
 
 /// How long connections may take to finish at shutdown (an event stream's
@@ -174,6 +182,7 @@ impl Service {
         let path = req.uri().path().to_owned();
         let method = grpc::cri_method(&path).unwrap_or("other").to_owned();
         let answer = match method.as_str() {
+            _ if !self.kernel.serving() => self.passed_through(&method, req).await,
             "RuntimeService/GetContainerEvents" => return Ok(self.subscribe()),
             "RuntimeService/ListContainers"
             | "RuntimeService/ContainerStatus"
@@ -199,6 +208,33 @@ impl Service {
             debug!(path, error = %e, "answering unavailable");
             grpc::error_response(grpc::UNAVAILABLE, &format!("evpleg cri-proxy: {e}"))
         }))
+    }
+
+    /// A call forwarded untouched in pass-through; a GetContainerEvents the
+    /// runtime does not implement is answered with the reason.
+    async fn passed_through(
+        &self,
+        method: &str,
+        req: hyper::Request<Incoming>,
+    ) -> Result<hyper::Response<Body>, ForwardError> {
+        let answer = self.upstream.forward(req).await?;
+        let unimplemented = answer
+            .headers()
+            .get("grpc-status")
+            .is_some_and(|s| s.as_bytes() == grpc::UNIMPLEMENTED.to_string().as_bytes());
+        if method != "RuntimeService/GetContainerEvents" || !unimplemented {
+            return Ok(answer);
+        }
+        let why = match self.kernel.state() {
+            PathState::PassThrough { reason, .. } => reason,
+            PathState::Kernel => "it is starting again".to_owned(),
+        };
+        Ok(grpc::error_response(
+            grpc::UNIMPLEMENTED,
+            &format!(
+                "evpleg cri-proxy: no container events: the kernel path does not run ({why}) and the runtime has no event stream"
+            ),
+        ))
     }
 
     fn subscribe(&self) -> hyper::Response<Body> {

@@ -53,6 +53,12 @@ pub struct ProxyStats {
     pub merged: Family<EventType, Counter>,
     pub suppressed: Family<Suppressed, Counter>,
     pub runtime_stream_failures: Counter,
+    /// 1 while the proxy serves the CRI in pass-through ([`super::kernel_path`]).
+    pub pass_through: Gauge,
+    /// Starts of the kernel path that failed.
+    pub kernel_start_failures: Counter,
+    /// Deaths of a running kernel path.
+    pub kernel_path_losses: Counter,
 }
 
 impl Default for ProxyStats {
@@ -99,6 +105,9 @@ impl Default for ProxyStats {
             merged,
             suppressed,
             runtime_stream_failures: Counter::default(),
+            pass_through: Gauge::default(),
+            kernel_start_failures: Counter::default(),
+            kernel_path_losses: Counter::default(),
         }
     }
 }
@@ -165,6 +174,21 @@ impl ProxyStats {
             "cri_proxy_runtime_stream_failures",
             "Breaks of the runtime's own event stream (subscribed again with a back-off)",
             self.runtime_stream_failures.clone(),
+        );
+        registry.register(
+            "cri_proxy_pass_through",
+            "1 while the kernel path does not run and every call, GetContainerEvents included, is forwarded untouched",
+            self.pass_through.clone(),
+        );
+        registry.register(
+            "cri_proxy_kernel_start_failures",
+            "Starts of the kernel path that failed (retried with a back-off)",
+            self.kernel_start_failures.clone(),
+        );
+        registry.register(
+            "cri_proxy_kernel_path_losses",
+            "Deaths of a running kernel path (pass-through until it is started again)",
+            self.kernel_path_losses.clone(),
         );
     }
 

@@ -1,8 +1,20 @@
 //! `evpleg cri-proxy`'s wiring: the flags made into the proxy's
 //! [`ProxyConfig`], the proxy started ([`evpleg_cri_proxy`]), and its HTTP
 //! endpoints (/metrics, /healthz, /readyz) served beside it.
+//!
+//! `/healthz` is the agent's rule ([`crate::server::health_report`]) over
+//! the running kernel PLEG; while the proxy serves the CRI in pass-through
+//! (no kernel path: [`evpleg_cri_proxy::kernel_path`]) it answers 200 with
+//! `degraded: ...` (the node keeps its runtime, only the events are slower).
+//! The metrics of the PLEG are those of the one running now: they are
+//! rebuilt when the kernel path starts again.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -10,6 +22,7 @@ use tracing::info;
 
 use evpleg_core::clock::{MonotonicClock, SharedClock};
 use evpleg_cri_proxy::hub::Hub;
+use evpleg_cri_proxy::kernel_path::PathState;
 use evpleg_cri_proxy::{ProxyConfig, ProxyError, ProxyStats};
 
 use crate::config::CriProxyArgs;
@@ -71,21 +84,19 @@ impl CriProxy {
             .map_err(http_error)?;
         let http_addr = http.local_addr().map_err(http_error)?;
         let proxy = evpleg_cri_proxy::CriProxy::start(&args.proxy_config(), clock.clone()).await?;
-        let pleg = proxy.pleg();
-        let mut metrics = Metrics::new(Some(pleg), None)
-            .with_cri(proxy.cri.metrics())
-            .with_task_health(vec![pleg.task_health.clone()]);
-        metrics.register_cri_proxy(&proxy.stats);
-        let state = ServerState::new(
-            Arc::new(metrics),
-            Some(pleg.relist_stats.clone()),
+        let endpoints = Endpoints {
+            kernel: proxy.kernel.clone(),
+            stats: proxy.stats.clone(),
+            cri: proxy.cri.metrics(),
             clock,
-            pleg.relist_period(),
-        )
-        .with_path_health(pleg.path_health.clone())
-        .with_tasks(vec![pleg.task_health.clone()]);
+            view: Arc::new(Mutex::new(None)),
+        };
+        let router = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(healthz))
+            .with_state(endpoints);
         let shutdown = CancellationToken::new();
-        let router = crate::server::router(state);
         let http = tokio::spawn(crate::http::serve(
             http,
             router,
@@ -103,10 +114,87 @@ impl CriProxy {
         })
     }
 
+    /// The kernel path: its state, and the PLEG when it runs.
+    pub fn kernel(&self) -> &Arc<evpleg_cri_proxy::kernel_path::KernelPath> {
+        &self.proxy.kernel
+    }
+
     /// Stops the HTTP endpoints, then the proxy.
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = self.http.await;
         self.proxy.stop().await;
+    }
+}
+
+/// What the proxy's endpoints read.
+#[derive(Clone, Debug)]
+struct Endpoints {
+    kernel: Arc<evpleg_cri_proxy::kernel_path::KernelPath>,
+    stats: Arc<ProxyStats>,
+    cri: Arc<evpleg_cri::metrics::CriMetrics>,
+    clock: SharedClock,
+    /// The metrics and health state of the kernel path's generation
+    /// (`None`: not built yet).
+    view: Arc<Mutex<Option<(u64, ServerState)>>>,
+}
+
+impl Endpoints {
+    /// The state over the PLEG running now (or none), rebuilt when another
+    /// one started.
+    fn state(&self) -> ServerState {
+        let generation = self.kernel.generation();
+        let mut view = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((g, state)) = view.as_ref()
+            && *g == generation
+        {
+            return state.clone();
+        }
+        let state = self.kernel.with_pleg(|pleg| {
+            let tasks: Vec<_> = pleg.iter().map(|p| p.task_health.clone()).collect();
+            let mut metrics = Metrics::new(pleg, None)
+                .with_cri(self.cri.clone())
+                .with_task_health(tasks.clone());
+            metrics.register_cri_proxy(&self.stats);
+            let state = ServerState::new(
+                Arc::new(metrics),
+                pleg.map(|p| p.relist_stats.clone()),
+                self.clock.clone(),
+                pleg.map_or(evpleg_pleg::relist::EBPF_PERIOD, |p| p.relist_period()),
+            )
+            .with_tasks(tasks);
+            match pleg {
+                Some(p) => state.with_path_health(p.path_health.clone()),
+                None => state,
+            }
+        });
+        *view = Some((generation, state.clone()));
+        state
+    }
+}
+
+async fn metrics(State(e): State<Endpoints>) -> String {
+    e.state().metrics.render()
+}
+
+/// The agent's health rule over the running PLEG; in pass-through, 200 and
+/// why (degraded, not down: the CRI is served).
+async fn healthz(State(e): State<Endpoints>) -> (StatusCode, String) {
+    match e.kernel.state() {
+        PathState::Kernel => crate::server::health_report(&e.state()),
+        PathState::PassThrough {
+            since_ns,
+            reason,
+            failures,
+        } => (
+            StatusCode::OK,
+            format!(
+                "degraded: cri proxy in pass-through for {:.1}s, every call forwarded untouched \
+                 (GetContainerEvents: the runtime's own stream); {reason}; \
+                 {failures} failed start(s) of the kernel path, retried with a back-off\n",
+                std::time::Duration::from_nanos(e.clock.now_ns().saturating_sub(since_ns))
+                    .as_secs_f64()
+            ),
+        ),
     }
 }

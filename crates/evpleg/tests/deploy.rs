@@ -252,3 +252,50 @@ fn the_cri_proxy_deploy_files_run_it_with_flags_it_has_and_least_privilege() {
     );
     assert!(unit.contains("NoNewPrivileges=yes"));
 }
+
+/// The `[Unit]` and `[Install]` keys of a systemd unit: each key's values
+/// (space-separated, every line of the key).
+fn unit_keys(unit: &str) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut keys = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+    let mut section = "";
+    for line in unit.lines().map(str::trim) {
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = if s == "Unit" || s == "Install" { s } else { "" };
+        } else if let Some((k, v)) = line.split_once('=')
+            && !section.is_empty()
+            && !line.starts_with('#')
+        {
+            keys.entry(k.to_owned())
+                .or_default()
+                .extend(v.split_whitespace().map(String::from));
+        }
+    }
+    keys
+}
+
+/// Issue #24 item 5: the proxy's unit keeps the node up. No hard dependency
+/// on containerd (Requires=/BindsTo=/PartOf=: a containerd restart would
+/// restart the proxy) nor from the kubelet (RequiredBy=: a proxy restart or
+/// upgrade would restart the kubelet); pulled in with containerd and by the
+/// kubelet (Wants=, WantedBy=), ordered between them (After=, Before=).
+#[test]
+fn the_cri_proxy_unit_keeps_the_node_up_across_restarts() {
+    let keys = unit_keys(&read("deploy/cri-proxy/evpleg-cri-proxy.service"));
+    let has = |k: &str, v: &str| keys.get(k).is_some_and(|s| s.contains(v));
+    for hard in ["Requires", "BindsTo", "PartOf", "Requisite", "RequiredBy"] {
+        assert!(
+            !keys.contains_key(hard),
+            "{hard}= {:?}: a restart of one would restart or stop the other",
+            keys[hard]
+        );
+    }
+    assert!(has("Wants", "containerd.service"), "{keys:?}");
+    assert!(has("After", "containerd.service"), "{keys:?}");
+    assert!(has("Before", "kubelet.service"), "{keys:?}");
+    assert!(has("WantedBy", "kubelet.service"), "{keys:?}");
+    let docs = read("docs/cri-proxy.md");
+    assert!(
+        docs.contains("Wants=containerd.service") && docs.contains("WantedBy=kubelet.service"),
+        "docs/cri-proxy.md explains the ordering"
+    );
+}
