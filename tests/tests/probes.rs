@@ -580,3 +580,34 @@ e2e_test!(a_sidecar_failing_liveness_is_restarted, |e| Box::pin(
         );
     }
 ));
+
+// Issue #27 item 8: a new container's readiness probe runs as soon as the
+// container runs (the kubelet's manualTriggerCh), not a period later: with
+// periodSeconds 30 the container is ready within a few seconds of its start
+// (before the fix, ~30 s: the worker's first tick came before the container
+// ran, the next a period later).
+e2e_test!(readiness_is_probed_at_once_after_a_start, |e| Box::pin(
+    async move {
+        e.write(
+            "prompt.yaml",
+            &pod(
+                "prompt",
+                &format!(
+                    "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      readinessProbe:\n        exec:\n          command: ['true']\n        periodSeconds: 30\n"
+                ),
+            ),
+        );
+        e.wait_for("prompt", "running", |p| {
+            container(p, "app")["state"]["running"].is_object()
+        })
+        .await;
+        let running = std::time::Instant::now();
+        e.wait_for("prompt", "ready", |p| ready(p, "app")).await;
+        let took = running.elapsed();
+        eprintln!("ready {took:?} after the container was seen running");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "ready {took:?} after the start, the period is 30 s"
+        );
+    }
+));
