@@ -35,6 +35,13 @@ fn in_container(pod: &Value, name: &str, path: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
+/// Now, as the API's `Time` prints it (RFC 3339, whole seconds, UTC).
+fn time_now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 /// A port for this test run's servers (host network: unique per process).
 fn port(offset: u16) -> u16 {
     20_000 + (std::process::id() % 20_000) as u16 + offset
@@ -75,6 +82,15 @@ e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
         .await;
     let became_ready = condition(&p, "Ready")["lastTransitionTime"].clone();
     assert!(became_ready.is_string(), "{p:#}");
+    // lastTransitionTime has a second's precision, and a triggered probe
+    // (the kubelet's manualTriggerCh) may come off the period's ticks: the
+    // flag goes once the clock is past that second, so that a moved time
+    // can be told apart.
+    let since = std::time::Instant::now();
+    while time_now().as_str() <= became_ready.as_str().unwrap_or_default() {
+        assert!(since.elapsed() < std::time::Duration::from_secs(3));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     std::fs::remove_file(&flag).expect("remove the flag");
     let p = e
         .wait_for("ready", "not ready again", |p| {
