@@ -12,7 +12,8 @@
 //!   newline-delimited `{"type":"ADDED|MODIFIED|DELETED|BOOKMARK|ERROR","object":...}`
 //!   events, `Content-Type: application/json`, honouring `resourceVersion`,
 //!   `allowWatchBookmarks`, `sendInitialEvents` and `timeoutSeconds`.
-//! - `GET`, `PATCH` (`application/merge-patch+json`, `application/json-patch+json`)
+//! - `GET`, `PATCH` (`application/merge-patch+json`, `application/json-patch+json`,
+//!   `application/strategic-merge-patch+json` as [`strategic`] applies it)
 //!   and `DELETE` on `/api/v1/namespaces/{ns}/pods/{name}`; `GET` and `PATCH` on its
 //!   `/status` subresource; `POST /api/v1/namespaces/{ns}/pods`;
 //!   `GET /api/v1/nodes/{name}`; `events.k8s.io/v1` Events created, patched
@@ -61,6 +62,7 @@ mod events;
 mod nodes;
 pub mod objects;
 mod storage;
+mod strategic;
 
 /// How many changes the watch cache keeps before the oldest are compacted away.
 const HISTORY: usize = 10_000;
@@ -1229,6 +1231,7 @@ fn patch(
     let mut doc = serde_json::to_value(&current).expect("pods serialise");
     match content_type.as_str() {
         "application/merge-patch+json" => json_patch::merge(&mut doc, &patch_body),
+        "application/strategic-merge-patch+json" => strategic::apply(&mut doc, &patch_body),
         "application/json-patch+json" => {
             let ops: json_patch::Patch = serde_json::from_value(patch_body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
@@ -1241,7 +1244,7 @@ fn patch(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "UnsupportedMediaType",
                 format!(
-                    "the body of the request was in an unknown format ({other}) - the fake API server accepts application/json-patch+json, application/merge-patch+json"
+                    "the body of the request was in an unknown format ({other}) - the fake API server accepts application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
                 ),
             ));
         }

@@ -578,3 +578,61 @@ async fn status_writer_leaves_a_pod_that_is_not_a_mirror_pod_alone() {
     );
     f.assert_nothing_refused();
 }
+
+/// Issue #27 item 4: a condition another writer (a readiness gate's
+/// controller) adds between the status writer's GET and its PATCH is kept:
+/// the patch is a strategic merge patch whose conditions merge by type, as
+/// the kubelet's. A JSON merge patch sent the conditions read by the GET
+/// whole, and the real API server then dropped the other writer's condition.
+#[tokio::test]
+async fn status_writer_keeps_a_condition_added_between_its_read_and_its_patch() {
+    let Some(f) =
+        Fixture::new("status_writer_keeps_a_condition_added_between_its_read_and_its_patch").await
+    else {
+        return;
+    };
+    let pod = from_api(f.add_pod("gated", &f.node).await);
+    let writer = f.writer();
+    let mut not_ready = running_status();
+    not_ready.conditions = Some(vec![
+        condition("PodScheduled", "True"),
+        condition("Ready", "False"),
+    ]);
+    write(&writer, &pod, &not_ready).await.expect("written");
+    // The writer's read...
+    let read = f.pod("gated").await.expect("the pod");
+    // ...then another writer's condition...
+    let gate = json!({"status": {"conditions": [condition("example.com/lb", "True")]}});
+    f.pods()
+        .patch_status("gated", &PatchParams::default(), &Patch::Strategic(&gate))
+        .await
+        .expect("the controller's condition");
+    // ...then the writer's patch, from what it read.
+    tokio::time::timeout(WAIT, writer.patch_read_pod(&read, &running_status()))
+        .await
+        .expect("the patch returns in time")
+        .expect("patched");
+    let stored = f.status_of("gated").await.expect("a status");
+    let conditions: Vec<(String, String)> = stored
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.type_, c.status))
+        .collect();
+    for expected in [
+        ("example.com/lb", "True"),
+        ("Ready", "True"),
+        ("PodScheduled", "True"),
+    ] {
+        assert!(
+            conditions.contains(&(expected.0.into(), expected.1.into())),
+            "{expected:?} missing from {conditions:?}"
+        );
+    }
+    let last = f.status_patches("gated").pop().expect("a patch");
+    assert!(
+        last["status"].get("$setElementOrder/conditions").is_some(),
+        "{last:#}"
+    );
+    f.assert_nothing_refused();
+}

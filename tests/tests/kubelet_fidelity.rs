@@ -437,3 +437,70 @@ async fn finished_static_pods_are_not_run_again_after_agent_restarts() {
     }
     e.finish().await;
 }
+
+/// Whether an end-to-end test against the real API server can run here.
+fn real(test: &str) -> bool {
+    evpleg_tests::privileged(test) && evpleg_tests::control_plane::available(test)
+}
+
+/// The status of condition `kind` of an API pod.
+fn condition_of(p: &k8s_openapi::api::core::v1::Pod, kind: &str) -> Option<(String, String)> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == kind))
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+/// Issue #27 item 1, against the real kube-apiserver: a pod with a readiness
+/// gate is `Ready=False ReadinessGatesNotReady` until another writer (a load
+/// balancer controller) sets the gate's condition True; that status-only
+/// change reaches the pod's worker (the kubelet's `HandlePodReconcile`), and
+/// the pod turns Ready, the controller's condition kept. Before the fix the
+/// sync loop dropped the reconcile and Ready stayed False.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_gate_set_true_by_a_controller_makes_the_pod_ready() {
+    if !real("a_readiness_gate_set_true_by_a_controller_makes_the_pod_ready") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with_control_plane("gates", &[]).await;
+    let mut pod = api_pod("gated", "Always", "sleep 3600");
+    pod.spec.as_mut().expect("a spec").readiness_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+            condition_type: "example.com/lb".into(),
+        }]);
+    e.create_pod(&pod).await;
+    e.wait_api("gated", "containers ready, the gate not", |p| {
+        condition_of(p, "ContainersReady").is_some_and(|c| c.0 == "True")
+            && condition_of(p, "Ready") == Some(("False".into(), "ReadinessGatesNotReady".into()))
+    })
+    .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(e.kube().await, "default");
+    let gate = serde_json::json!({"status": {"conditions": [
+        {"type": "example.com/lb", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    ]}});
+    pods.patch_status(
+        "gated",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(&gate),
+    )
+    .await
+    .expect("the controller's condition");
+    let set = Instant::now();
+    let ready = e
+        .wait_api("gated", "Ready once the gate is True", |p| {
+            condition_of(p, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    eprintln!("Ready {:?} after the gate's condition", set.elapsed());
+    assert_eq!(
+        condition_of(&ready, "example.com/lb")
+            .map(|c| c.0)
+            .as_deref(),
+        Some("True"),
+        "the controller's condition is kept"
+    );
+    e.finish().await;
+}

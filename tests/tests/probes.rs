@@ -35,6 +35,13 @@ fn in_container(pod: &Value, name: &str, path: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
+/// Now, as the API's `Time` prints it (RFC 3339, whole seconds, UTC).
+fn time_now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 /// A port for this test run's servers (host network: unique per process).
 fn port(offset: u16) -> u16 {
     20_000 + (std::process::id() % 20_000) as u16 + offset
@@ -75,6 +82,15 @@ e2e_test!(readiness_flips_ready_both_ways, |e| Box::pin(async move {
         .await;
     let became_ready = condition(&p, "Ready")["lastTransitionTime"].clone();
     assert!(became_ready.is_string(), "{p:#}");
+    // lastTransitionTime has a second's precision, and a triggered probe
+    // (the kubelet's manualTriggerCh) may come off the period's ticks: the
+    // flag goes once the clock is past that second, so that a moved time
+    // can be told apart.
+    let since = std::time::Instant::now();
+    while time_now().as_str() <= became_ready.as_str().unwrap_or_default() {
+        assert!(since.elapsed() < std::time::Duration::from_secs(3));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     std::fs::remove_file(&flag).expect("remove the flag");
     let p = e
         .wait_for("ready", "not ready again", |p| {
@@ -577,6 +593,37 @@ e2e_test!(a_sidecar_failing_liveness_is_restarted, |e| Box::pin(
         assert!(
             events.contains("Init container side failed liveness probe"),
             "{events}"
+        );
+    }
+));
+
+// Issue #27 item 8: a new container's readiness probe runs as soon as the
+// container runs (the kubelet's manualTriggerCh), not a period later: with
+// periodSeconds 30 the container is ready within a few seconds of its start
+// (before the fix, ~30 s: the worker's first tick came before the container
+// ran, the next a period later).
+e2e_test!(readiness_is_probed_at_once_after_a_start, |e| Box::pin(
+    async move {
+        e.write(
+            "prompt.yaml",
+            &pod(
+                "prompt",
+                &format!(
+                    "    - name: app\n      image: {IMAGE}\n      command: [sh, -c, 'exec sleep 1000']\n      readinessProbe:\n        exec:\n          command: ['true']\n        periodSeconds: 30\n"
+                ),
+            ),
+        );
+        e.wait_for("prompt", "running", |p| {
+            container(p, "app")["state"]["running"].is_object()
+        })
+        .await;
+        let running = std::time::Instant::now();
+        e.wait_for("prompt", "ready", |p| ready(p, "app")).await;
+        let took = running.elapsed();
+        eprintln!("ready {took:?} after the container was seen running");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "ready {took:?} after the start, the period is 30 s"
         );
     }
 ));

@@ -126,7 +126,8 @@ e2e_test!(a_sidecar_runs_beside_the_app_and_stops_after_it, |e| {
 });
 
 // Under restartPolicy Never the pod ends when its app container ends: the
-// still-running sidecar is stopped and its exit does not decide the phase.
+// still-running sidecar is stopped and its exit does not decide the phase;
+// the phase is Succeeded only once it stopped.
 e2e_test!(a_job_with_a_sidecar_succeeds_when_its_app_does, |e| {
     Box::pin(async move {
         let mut history = History::new(e, "job");
@@ -135,6 +136,12 @@ e2e_test!(a_job_with_a_sidecar_succeeds_when_its_app_does, |e| {
             .until("Succeeded", |p| p["status"]["phase"] == "Succeeded")
             .await;
         assert_eq!(container(&pod, "app")["state"]["terminated"]["exitCode"], 0);
+        // Issue #27 item 3: the first Succeeded status comes once the sidecar
+        // stopped (it was published while the sidecar still ran).
+        assert!(
+            container(&pod, "side")["state"]["terminated"].is_object(),
+            "Succeeded while the sidecar still ran: {pod:#}"
+        );
         // The sidecar was stopped by the agent, not left running.
         let pod = history
             .until("the sidecar terminated", |p| {

@@ -226,8 +226,25 @@ impl<S: PodSyncer> SyncLoop<S> {
                         },
                     );
                 }
-                Op::Reconcile => {}
+                Op::Reconcile => self.reconcile(uid, pod),
             }
+        }
+    }
+
+    /// A status-only change from the source (the kubelet's
+    /// `HandlePodReconcile`): the pod is updated where the sync loop keeps
+    /// it, so that the next sync of any kind sees it, and its worker syncs
+    /// now when its Ready condition no longer says what its readiness gates
+    /// and ContainersReady say (`status.NeedToReconcilePodReadiness`): a
+    /// controller set a gate's condition.
+    fn reconcile(&mut self, uid: PodUid, pod: Arc<Pod>) {
+        if self.rejected.contains_key(&uid) || !self.pods.contains_key(&uid) {
+            return;
+        }
+        self.pods.insert(uid.clone(), pod.clone());
+        if crate::status::generate::needs_readiness_reconcile(&pod) {
+            debug!(pod = %uid, "a readiness gate's condition changed: syncing the pod");
+            self.workers.update_pod(&uid, pod, UpdateType::Sync);
         }
     }
 

@@ -19,12 +19,15 @@
 //!   the pod's policy, and does not count for the pod's end: once the app
 //!   containers are done the pod is terminal and its sidecars are stopped,
 //!   after the app containers, in reverse order ([`super::terminate`]). Once
-//!   app containers have run, plain init containers are not run again in the
-//!   same sandbox (the kubelet's `isPreviouslyInitialized`).
+//!   an app container is created or running, plain init containers are not
+//!   run again (the kubelet's `isPreviouslyInitialized`); exited app
+//!   containers do not count, and a new sandbox purges the init containers
+//!   (SyncPod removes them, the kubelet's `purgeInitContainers`), so the init
+//!   containers all run again, in order, before the app containers restart.
 //! * A running container whose spec hash changed is killed and started again.
 //! * A container in Created state (its start failed) is started again, as
-//!   `ShouldContainerBeRestarted`; an Unknown one is waited for (the kubelet
-//!   kills and restarts it).
+//!   `ShouldContainerBeRestarted`; an Unknown one is killed and started
+//!   again, a sidecar too (the app containers are still looked at).
 //! * An exited container restarts per `restartPolicy` (Always; OnFailure when the
 //!   exit code is not 0; Never), after its CrashLoopBackOff ([`super::backoff`]).
 //! * With Never (all containers exited) or OnFailure (all exited 0) the pod is
@@ -304,9 +307,21 @@ pub fn compute_pod_actions_probed(
             return actions;
         }
     } else {
-        // App containers ran: the pod was initialized, plain init containers
-        // are done; sidecars are kept running.
-        let initialized = apps.iter().any(|c| latest(status, &c.name).is_some());
+        // An app container created or running: the pod was initialized, plain
+        // init containers are done; sidecars are kept running. Exited app
+        // containers do not count (the kubelet's `computeInitContainerActions`:
+        // they may be the previous sandbox's, whose init containers were
+        // purged with it).
+        let initialized = apps.iter().any(|c| {
+            latest(status, &c.name).is_some_and(|s| {
+                matches!(s.state, ContainerState::Created | ContainerState::Running)
+            })
+        });
+        // The kubelet relies on the last init container with a record: one
+        // before it whose record is gone (collected) ran.
+        let last_seen = init
+            .iter()
+            .rposition(|c| !is_sidecar(c) && latest(status, &c.name).is_some());
         for (i, c) in init.iter().enumerate() {
             let newest = latest(status, &c.name);
             if is_sidecar(c) {
@@ -317,7 +332,15 @@ pub fn compute_pod_actions_probed(
                         }
                         return actions;
                     }
-                    Some(s) if s.state == ContainerState::Unknown => return actions,
+                    Some(s) if s.state == ContainerState::Unknown => {
+                        // Killed and started again; the others go on.
+                        restart_stuck(&mut actions, c, s, true);
+                        actions.start_init.push(i);
+                        if initialized {
+                            continue;
+                        }
+                        return actions;
+                    }
                     Some(s) if s.state == ContainerState::Exited => {
                         if !wait_backoff(&mut actions, c, s) {
                             actions.start_init.push(i);
@@ -341,6 +364,7 @@ pub fn compute_pod_actions_probed(
                 continue;
             }
             match newest {
+                None if last_seen.is_some_and(|l| i < l) => continue,
                 None => {
                     actions.start_init.push(i);
                     return actions;
@@ -353,7 +377,12 @@ pub fn compute_pod_actions_probed(
                     }
                     return actions;
                 }
-                Some(s) if restart_stuck(&mut actions, c, s) => {
+                Some(s) if s.state == ContainerState::Unknown && policy == RestartPolicy::Never => {
+                    // The kubelet kills the pod: it cannot restart it.
+                    actions.terminal = Some(Terminal::Failed);
+                    return actions;
+                }
+                Some(s) if restart_stuck(&mut actions, c, s, true) => {
                     actions.start_init.push(i);
                     return actions;
                 }
@@ -395,7 +424,7 @@ pub fn compute_pod_actions_probed(
                 }
             }
             ContainerState::Created | ContainerState::Unknown => {
-                if restart_stuck(&mut actions, c, s) {
+                if restart_stuck(&mut actions, c, s, false) {
                     actions.start.push(j);
                 }
             }
@@ -409,13 +438,27 @@ pub fn compute_pod_actions_probed(
     actions
 }
 
-/// A container left Created (its start failed) is started again, as the
-/// kubelet's `ShouldContainerBeRestarted` says whatever the policy. True when
-/// it must start. Difference: the kubelet also kills and restarts an Unknown
-/// container; here it is waited for (the runtime's next answer), because a
-/// transient Unknown must never cost a running container its life.
-fn restart_stuck(_actions: &mut PodActions, _c: &Container, s: &ContainerStatus) -> bool {
-    s.state == ContainerState::Created
+/// A container left Created (its start failed) or in Unknown state is
+/// started again whatever the policy, as the kubelet's
+/// `ShouldContainerBeRestarted` says; an Unknown one is killed first ("try
+/// killing it before restart", `computePodActions` and
+/// `computeInitContainerActions`), so that two instances never run. True
+/// when it must start.
+fn restart_stuck(actions: &mut PodActions, c: &Container, s: &ContainerStatus, init: bool) -> bool {
+    match s.state {
+        ContainerState::Created => true,
+        ContainerState::Unknown => {
+            let what = if init { "Init container" } else { "Container" };
+            actions.kill.push(Kill {
+                id: s.id.clone(),
+                name: c.name.clone(),
+                reason: format!("{what} is in \"unknown\" state, try killing it before restart"),
+                grace_seconds: None,
+            });
+            true
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -534,6 +577,37 @@ mod tests {
         assert_eq!((a.start_init, a.start), (vec![], vec![0]));
     }
 
+    /// Issue #27 item 2: after a new sandbox (the old one's init containers
+    /// purged), the first init container ran again; the app containers of
+    /// the old sandbox, exited, do not make the pod initialized: the second
+    /// init container runs next, the app waits (it restarted beside the
+    /// first init container before, the second skipped). A running app does
+    /// make it initialized, and an init container whose record was collected
+    /// before the last one seen is taken as run (`computeInitContainerActions`).
+    #[test]
+    fn exited_app_containers_of_an_old_sandbox_do_not_count_as_initialized() {
+        let p = pod("Always", &["i1", "i2"], &["app"]);
+        let b = CrashBackoff::default();
+        let mut old_app = cs(3, "app", ContainerState::Exited, Some(137), 0);
+        old_app.created_at = Some(10);
+        let mut i1 = cs(1, "i1", ContainerState::Exited, Some(0), 0);
+        i1.created_at = Some(20);
+        let a = compute_pod_actions(
+            &p,
+            &uid(),
+            &status(vec![old_app.clone(), i1.clone()]),
+            &b,
+            NOW,
+        );
+        assert_eq!((a.start_init, a.start), (vec![1], vec![]));
+        let running_app = cs(3, "app", ContainerState::Running, None, 0);
+        let a = compute_pod_actions(&p, &uid(), &status(vec![running_app]), &b, NOW);
+        assert!(!a.does_runtime_work(), "{a:?}");
+        let i2 = cs(2, "i2", ContainerState::Exited, Some(0), 0);
+        let a = compute_pod_actions(&p, &uid(), &status(vec![old_app, i2]), &b, NOW);
+        assert_eq!((a.start_init, a.start), (vec![], vec![0]));
+    }
+
     /// The actions table for every restart policy and exit.
     #[test]
     fn restart_policy_table() {
@@ -569,7 +643,11 @@ mod tests {
         let p = pod("Always", &[], &["app"]);
         let spec = &p.spec.as_ref().unwrap().containers[0];
         let mut b = CrashBackoff::default();
-        b.restarting(backoff_key(&uid(), spec), NOW - 20_000_000_000);
+        b.restarting(
+            backoff_key(&uid(), spec),
+            NOW - 20_000_000_000,
+            NOW - 20_000_000_000,
+        );
         let mut c = cs(1, "app", ContainerState::Exited, Some(1), 1);
         c.finished_at = Some(NOW - 1_000_000_000);
         let a = compute_pod_actions(&p, &uid(), &status(vec![c.clone()]), &b, NOW);
@@ -688,10 +766,25 @@ mod tests {
     }
 
     /// Created (a failed start) containers start again whatever the policy;
-    /// Unknown ones are waited for.
+    /// Unknown ones are killed first, then started again (issue #27 item 6:
+    /// they were waited for); a plain init container in Unknown state under
+    /// Never fails the pod, a sidecar's does not hold the app containers back.
     #[test]
-    fn created_containers_are_restarted_unknown_ones_waited_for() {
+    fn created_containers_are_restarted_unknown_ones_killed_first() {
         let b = CrashBackoff::default();
+        let unknown_kill = |a: &PodActions, what: &str| {
+            assert_eq!(
+                a.kill
+                    .iter()
+                    .map(|k| (k.id.clone(), k.reason.as_str()))
+                    .collect::<Vec<_>>(),
+                [(
+                    id(1),
+                    format!("{what} is in \"unknown\" state, try killing it before restart")
+                        .as_str()
+                )]
+            );
+        };
         for policy in ["Always", "Never"] {
             let p = pod(policy, &[], &["app"]);
             let created = status(vec![cs(1, "app", ContainerState::Created, None, 0)]);
@@ -699,7 +792,8 @@ mod tests {
             assert_eq!((a.start.clone(), a.kill.len()), (vec![0], 0), "{policy}");
             let unknown = status(vec![cs(1, "app", ContainerState::Unknown, None, 0)]);
             let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
-            assert!(!a.does_runtime_work(), "{policy}: {a:?}");
+            assert_eq!(a.start, vec![0], "{policy}");
+            unknown_kill(&a, "Container");
         }
         let p = pod("Always", &["init"], &["app"]);
         let created = status(vec![cs(1, "init", ContainerState::Created, None, 0)]);
@@ -707,7 +801,21 @@ mod tests {
         assert_eq!((a.start_init, a.kill.len()), (vec![0], 0));
         let unknown = status(vec![cs(1, "init", ContainerState::Unknown, None, 0)]);
         let a = compute_pod_actions(&p, &uid(), &unknown, &b, NOW);
-        assert!(!a.does_runtime_work(), "{a:?}");
+        assert_eq!(a.start_init, vec![0]);
+        unknown_kill(&a, "Init container");
+        let never = pod("Never", &["init"], &["app"]);
+        let a = compute_pod_actions(&never, &uid(), &unknown, &b, NOW);
+        assert_eq!(a.terminal, Some(Terminal::Failed));
+        // A sidecar in Unknown state once initialized: killed and started
+        // again, and the app container's restart is still decided.
+        let p = pod("Always", &["side"], &["app"]);
+        let s = status(vec![
+            cs(1, "side", ContainerState::Unknown, None, 0),
+            cs(2, "app", ContainerState::Created, None, 0),
+        ]);
+        let a = compute_pod_actions(&p, &uid(), &s, &b, NOW);
+        assert_eq!((a.start_init.clone(), a.start.clone()), (vec![0], vec![0]));
+        unknown_kill(&a, "Init container");
     }
 
     /// The newest instance is the last created, even when a new sandbox once
@@ -751,11 +859,11 @@ mod tests {
         let cases: Vec<Case> = vec![
             // Nothing yet: the sidecar first, nothing else.
             ("Always", vec![], vec![0], vec![], None),
-            // The sidecar was created but runs not yet: wait.
+            // The sidecar is in Unknown state: killed and started again.
             (
                 "Always",
                 vec![("side", Unknown, None)],
-                vec![],
+                vec![0],
                 vec![],
                 None,
             ),
@@ -865,7 +973,11 @@ mod tests {
         // A crashing sidecar waits out its back-off like any container.
         let mut b = CrashBackoff::default();
         let side = &p("Always").spec.unwrap().init_containers.unwrap()[0];
-        b.restarting(backoff_key(&uid(), side), NOW - 1_000_000_000);
+        b.restarting(
+            backoff_key(&uid(), side),
+            NOW - 1_000_000_000,
+            NOW - 1_000_000_000,
+        );
         let mut crashed = cs(1, "side", Exited, Some(1), 1);
         crashed.finished_at = Some(NOW - 1_000_000_000);
         let a = compute_pod_actions(&p("Always"), &uid(), &status(vec![crashed]), &b, NOW);

@@ -2,10 +2,14 @@
 //! (`flowcontrol.Backoff` as `kuberuntime`'s `doBackOff` uses it): 10 s doubling
 //! to 5 min by default, keyed by the pod, the container's name and its spec hash
 //! (a changed spec starts without back-off), measured from the exited container's
-//! finish time. An entry whose last restart decision is more than twice the cap
-//! (10 min) before the next finish starts over, so a container that ran 10
-//! minutes without crashing restarts at once and then waits 10 s again. Times
-//! are Unix nanoseconds (container finish times are wall-clock).
+//! finish time. As `flowcontrol.Backoff`, an entry remembers when the last
+//! restart decision was taken (`Next` stores `Now()`), not the finish it was
+//! about: an entry whose last decision is more than twice the cap (10 min)
+//! before the next finish starts over, so a container that ran 10 minutes
+//! after its restart without crashing restarts at once and then waits 10 s
+//! again (one that waited out a 5 min back-off and then ran 6 min does not
+//! start over). Times are Unix nanoseconds (container finish times are
+//! wall-clock).
 //!
 //! The image manager's pull back-off is the same [`Backoff`], keyed by pod and
 //! image and measured from the last failed pull ([`ImagePullBackoff`]).
@@ -32,7 +36,7 @@ pub struct BackoffKey {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     backoff: Duration,
-    /// The finish time of the exit the last decision was about.
+    /// When the last decision was taken (`lastUpdate`).
     last_update_ns: i64,
 }
 
@@ -79,10 +83,11 @@ impl<K: Hash + Eq> Backoff<K> {
     }
 
     /// Whether the container that finished at `finished_ns` must still wait at
-    /// `now_ns` (the kubelet's `IsInBackOffSince`).
+    /// `now_ns` (the kubelet's `IsInBackOffSince`: an entry whose last
+    /// decision is more than twice the cap before that finish is over).
     pub fn in_backoff(&self, key: &K, finished_ns: i64, now_ns: i64) -> Option<InBackoff> {
         let e = self.entries.get(key)?;
-        if self.expired(e, now_ns) {
+        if self.expired(e, finished_ns) {
             return None;
         }
         let until = finished_ns.saturating_add(e.backoff.as_nanos() as i64);
@@ -92,11 +97,12 @@ impl<K: Hash + Eq> Backoff<K> {
         })
     }
 
-    /// Records the decision to restart the container that finished at
-    /// `finished_ns` (the kubelet's `Next`): the next wait doubles, up to the
-    /// cap, or starts over when the last decision is more than twice the cap
-    /// before this finish.
-    pub fn restarting(&mut self, key: K, finished_ns: i64) {
+    /// Records, at `now_ns`, the decision to restart the container that
+    /// finished at `finished_ns` (the kubelet's `Next(id, eventTime)`): the
+    /// next wait doubles, up to the cap, or starts over when the last decision
+    /// is more than twice the cap before this finish; the decision's time is
+    /// kept.
+    pub fn restarting(&mut self, key: K, finished_ns: i64, now_ns: i64) {
         let backoff = match self.entries.get(&key) {
             Some(e) if !self.expired(e, finished_ns) => (e.backoff * 2).min(self.max),
             _ => self.initial,
@@ -105,7 +111,7 @@ impl<K: Hash + Eq> Backoff<K> {
             key,
             Entry {
                 backoff,
-                last_update_ns: finished_ns,
+                last_update_ns: now_ns,
             },
         );
     }
@@ -113,8 +119,15 @@ impl<K: Hash + Eq> Backoff<K> {
     /// Whether `key` is still in back-off at `now_ns`, counted from its last
     /// [`restarting`](Self::restarting) (the kubelet's `IsInBackOffSinceUpdate`).
     pub fn in_backoff_since_update(&self, key: &K, now_ns: i64) -> Option<InBackoff> {
-        let last = self.entries.get(key)?.last_update_ns;
-        self.in_backoff(key, last, now_ns)
+        let e = self.entries.get(key)?;
+        if self.expired(e, now_ns) {
+            return None;
+        }
+        let until = e.last_update_ns.saturating_add(e.backoff.as_nanos() as i64);
+        (now_ns < until).then(|| InBackoff {
+            period: e.backoff,
+            left: Duration::from_nanos((until - now_ns) as u64),
+        })
     }
 
     /// Forgets the entries `keep` refuses.
@@ -190,7 +203,7 @@ mod tests {
             None,
             "the first restart is immediate"
         );
-        b.restarting(key(1), 0);
+        b.restarting(key(1), 0, 0);
         // The second exit, 5 s after the first finish: 10 s from its own finish.
         assert_eq!(
             b.in_backoff(&key(1), 5 * S, 6 * S),
@@ -204,7 +217,7 @@ mod tests {
         let mut t = 0;
         for _ in 0..8 {
             t += 10 * S;
-            b.restarting(key(1), t);
+            b.restarting(key(1), t, t);
             periods.push(b.in_backoff(&key(1), t, t).unwrap().period.as_secs());
         }
         assert_eq!(periods, [20, 40, 80, 160, 300, 300, 300, 300]);
@@ -216,7 +229,7 @@ mod tests {
     fn resets_after_ten_minutes_a_new_spec_or_the_pod_s_removal() {
         let mut b = CrashBackoff::default();
         for t in [0, 10, 30, 70] {
-            b.restarting(key(1), t * S);
+            b.restarting(key(1), t * S, t * S);
         }
         assert_eq!(
             b.in_backoff(&key(1), 70 * S, 70 * S)
@@ -226,7 +239,7 @@ mod tests {
             80
         );
         // It ran 9 min: still doubling.
-        b.restarting(key(1), (70 + 540) * S);
+        b.restarting(key(1), (70 + 540) * S, (70 + 540) * S);
         assert_eq!(
             b.in_backoff(&key(1), 610 * S, 610 * S)
                 .unwrap()
@@ -238,7 +251,7 @@ mod tests {
         // starts over at 10 s.
         let finish = 610 * S + 601 * S;
         assert_eq!(b.in_backoff(&key(1), finish, finish + S), None);
-        b.restarting(key(1), finish);
+        b.restarting(key(1), finish, finish);
         assert_eq!(
             b.in_backoff(&key(1), finish, finish).unwrap().period,
             INITIAL_BACKOFF
@@ -247,6 +260,44 @@ mod tests {
         assert_eq!(b.in_backoff(&key(2), finish, finish), None);
         b.forget(&key(1).pod);
         assert_eq!(b.in_backoff(&key(1), finish, finish), None);
+    }
+
+    /// Issue #27 item 9: at the 5 min cap the restart decision comes 5 min
+    /// after the finish, and `flowcontrol.Backoff` keeps the decision's time:
+    /// a container that then ran 6 min (11 min after its previous finish)
+    /// is still in back-off and doubles at the cap; one that ran 10 min 1 s
+    /// after the decision starts over. Before, the finish was kept, and 5 min
+    /// of running reset it. The wait counts from the new finish, whole.
+    #[test]
+    fn the_reset_counts_from_the_restart_decision_not_the_finish() {
+        let mut b = CrashBackoff::default();
+        let mut t = 0;
+        for _ in 0..6 {
+            b.restarting(key(1), t, t);
+            t += S;
+        }
+        assert_eq!(b.in_backoff(&key(1), t, t).unwrap().period, MAX_BACKOFF);
+        // It finished at t and waited out the cap: the decision at t + 5 min.
+        let decided = t + 300 * S;
+        b.restarting(key(1), t, decided);
+        // It ran 6 min: 11 min after its finish, 6 min after the decision.
+        let finish = decided + 360 * S;
+        assert_eq!(
+            b.in_backoff(&key(1), finish, finish + S),
+            Some(InBackoff {
+                period: MAX_BACKOFF,
+                left: MAX_BACKOFF - Duration::from_secs(1)
+            })
+        );
+        b.restarting(key(1), finish, finish + 300 * S);
+        // It ran 10 min 1 s after that decision: over.
+        let finish = finish + 300 * S + 601 * S;
+        assert_eq!(b.in_backoff(&key(1), finish, finish + S), None);
+        b.restarting(key(1), finish, finish + S);
+        assert_eq!(
+            b.in_backoff(&key(1), finish, finish + S).unwrap().period,
+            INITIAL_BACKOFF
+        );
     }
 
     #[test]

@@ -160,7 +160,12 @@ impl KubeRuntime {
                 waiting.push(w);
             }
         }
+        let previous = self
+            .status
+            .get_pod_status(uid)
+            .or_else(|| pod.status.clone());
         let ctx = Context {
+            previous: previous.as_ref(),
             terminal,
             waiting: &waiting,
             host_ip: &self.node.host_ip,
@@ -171,6 +176,7 @@ impl KubeRuntime {
         };
         self.status
             .set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));
+        self.probes.trigger_readiness(uid, pod, status);
     }
 }
 

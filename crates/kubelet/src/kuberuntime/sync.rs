@@ -1,7 +1,8 @@
 //! SyncPod: the kubelet's `SyncPod` (`kuberuntime_manager.go`) for a pod that
 //! should run. Each sync publishes the pod's API status, computes the actions
 //! ([`super::actions`]), waits for the pod's volumes ([`evpleg_volume`]) and
-//! carries the actions out: sandbox, image present or pulled,
+//! carries the actions out: a kill of the old sandbox and the purge of its
+//! init containers (`purgeInitContainers`), sandbox, image present or pulled,
 //! init containers one by one, app containers, kills of changed containers,
 //! CrashLoopBackOff.
 
@@ -60,6 +61,10 @@ impl KubeRuntime {
         if actions.kill_pod {
             kubelet_events::sandbox_changed(&self.events, &pod);
             self.kill_pod(&uid, &pod, grace).await?;
+            if actions.create_sandbox {
+                self.purge_init_containers(&pod, &uid, &entry.status)
+                    .await?;
+            }
         }
         for k in &actions.kill {
             info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
@@ -171,6 +176,41 @@ impl KubeRuntime {
         })
     }
 
+    /// Removes every init container of the pod before its new sandbox (the
+    /// kubelet's `purgeInitContainers`, after the kill): the init containers
+    /// then run again from the first, and none of the old sandbox's counts.
+    async fn purge_init_containers(
+        &self,
+        pod: &Pod,
+        uid: &PodUid,
+        status: &PodStatus,
+    ) -> Result<(), SyncError> {
+        let inits = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or_default();
+        for c in status
+            .containers
+            .iter()
+            .filter(|c| inits.iter().any(|i| i.name == c.name))
+        {
+            info!(pod = %uid, container = %c.name, id = %c.id, "removing an init container before the new sandbox");
+            self.cri
+                .remove_container(c.id.as_str())
+                .await
+                .map_err(|e| {
+                    SyncError(format!(
+                        "pod {}: removing init container {} ({}): {e}",
+                        format_pod(pod, uid),
+                        c.name,
+                        c.id
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
     /// Adds the pod's volumes to the desired state (the populator's
     /// `ReprocessPod`, which also refreshes configMap-like volumes) and waits
     /// for them (`WaitForAttachAndMount`); a failure is a FailedMount event
@@ -276,7 +316,7 @@ impl KubeRuntime {
                 Ok(())
             }
             Err(e) => {
-                lock(&self.image_backoff).restarting(key, now);
+                lock(&self.image_backoff).restarting(key, now, now);
                 Err(StartError::new(
                     ERR_IMAGE_PULL,
                     format!("Failed to pull image {image:?}: {e}"),
@@ -367,7 +407,11 @@ impl KubeRuntime {
         // The restart decision counts for the back-off, as the kubelet's `Next`
         // in `doBackOff`, before the start (which may fail).
         if let Some(p) = previous.filter(|p| p.state == ContainerState::Exited) {
-            lock(&self.backoff).restarting(backoff_key(uid, c), p.finished_at.unwrap_or(0));
+            lock(&self.backoff).restarting(
+                backoff_key(uid, c),
+                p.finished_at.unwrap_or(0),
+                unix_now_ns(),
+            );
         }
         self.ensure_image(pod, uid, c).await?;
         self.verify_run_as_non_root(pod, uid, c).await?;

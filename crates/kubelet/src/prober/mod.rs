@@ -10,7 +10,10 @@
 //! startup gates liveness and readiness until it succeeded; a result only
 //! changes after `successThreshold` / `failureThreshold` equal results in a
 //! row; after a liveness or startup failure the worker holds until the
-//! container is replaced. Difference: the worker reads the container from
+//! container is replaced; a running container not ready yet has its readiness
+//! probe run at once when its status is generated
+//! ([`Results::trigger_readiness`], the kubelet's `manualTriggerCh`), not a
+//! period after its start. Difference: the worker reads the container from
 //! the PLEG's cache (the runtime's view), not from the status manager.
 
 pub mod handlers;
@@ -83,6 +86,8 @@ pub enum ProbeResult {
 pub struct Results {
     results: Mutex<HashMap<(ContainerId, ProbeKind), ProbeResult>>,
     changed: mpsc::UnboundedSender<PodUid>,
+    /// The readiness workers' manual triggers, by pod and container name.
+    triggers: Mutex<HashMap<(PodUid, String), Arc<tokio::sync::Notify>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -97,6 +102,7 @@ impl Results {
             Arc::new(Self {
                 results: Mutex::default(),
                 changed,
+                triggers: Mutex::default(),
             }),
             rx,
         )
@@ -118,6 +124,37 @@ impl Results {
     /// Forgets a container's results (its worker stopped).
     pub fn remove(&self, id: &ContainerId, kind: ProbeKind) {
         lock(&self.results).remove(&(id.clone(), kind));
+    }
+
+    /// The manual trigger of the readiness worker of container `name` of
+    /// pod `uid` (the kubelet's `manualTriggerCh`).
+    pub fn readiness_trigger(&self, uid: &PodUid, name: &str) -> Arc<tokio::sync::Notify> {
+        lock(&self.triggers)
+            .entry((uid.clone(), name.to_owned()))
+            .or_default()
+            .clone()
+    }
+
+    /// Asks for a readiness probe now of every running container of the pod
+    /// that has a readiness probe and is not ready yet (the kubelet's
+    /// `UpdatePodStatus`, at each status generation): a new container is
+    /// ready as soon as its probe says so, not a period later. A trigger
+    /// while the worker probes is kept for after it (a buffer of one).
+    pub fn trigger_readiness(&self, uid: &PodUid, pod: &Pod, status: &PodStatus) {
+        for c in probed(pod).filter(|c| c.readiness_probe.is_some()) {
+            let waiting = latest(status, &c.name).is_some_and(|s| {
+                s.state == ContainerState::Running
+                    && self.get(&s.id, ProbeKind::Readiness) != Some(ProbeResult::Success)
+            });
+            if waiting && let Some(t) = lock(&self.triggers).get(&(uid.clone(), c.name.clone())) {
+                t.notify_one();
+            }
+        }
+    }
+
+    /// Forgets a pod's triggers (its workers stopped).
+    fn forget_triggers(&self, uid: &PodUid) {
+        lock(&self.triggers).retain(|(u, _), _| u != uid);
     }
 
     /// Whether a running container is ready: its readiness probe succeeded,
@@ -283,6 +320,7 @@ impl ProberManager {
                 t.abort();
             }
         }
+        self.results.forget_triggers(uid);
     }
 }
 

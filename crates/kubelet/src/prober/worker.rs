@@ -1,4 +1,5 @@
-//! One probe worker (the kubelet's `worker.go`): every `periodSeconds` it finds
+//! One probe worker (the kubelet's `worker.go`): every `periodSeconds` (and,
+//! for readiness, when triggered: `manualTriggerCh`) it finds
 //! the container's newest instance in the PLEG's cache, decides whether to
 //! probe it ([`Decision`]), runs the probe, and feeds the outcome to its
 //! [`Counter`], which changes the published result only after
@@ -155,8 +156,22 @@ impl Worker {
         let mut current: Option<(ContainerId, Counter)> = None;
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Readiness is also probed when asked for (the kubelet's
+        // `manualTriggerCh`): at once after a start, not a period later.
+        let trigger = (self.kind == ProbeKind::Readiness).then(|| {
+            self.results
+                .readiness_trigger(&self.uid, &self.container.name)
+        });
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = async {
+                    match &trigger {
+                        Some(t) => t.notified().await,
+                        None => std::future::pending().await,
+                    }
+                } => debug!(container = %self.container.name, "readiness probe triggered"),
+            }
             let entry = self.cache.get(&self.uid);
             let instance = entry.as_ref().and_then(|e| {
                 latest(&e.status, &self.container.name)

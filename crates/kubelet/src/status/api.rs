@@ -12,10 +12,16 @@
 //! two-way patch from the stored status to the merged one, with `metadata.uid` in
 //! it as a precondition (`{"metadata":{"uid":...},"status":{...}}`, fields that
 //! went away as `null`); send nothing when only the UID would be in it; else
-//! PATCH `.../pods/{name}/status`. The kubelet sends that patch as a strategic
-//! merge patch; evpleg sends it as a JSON merge patch (RFC 7386), which gives the
-//! same result because every list in it (conditions, container statuses, pod IPs)
-//! is sent whole.
+//! PATCH `.../pods/{name}/status`. As the kubelet's (`PatchPodStatus`,
+//! `CreateTwoWayMergePatch`), the patch is a strategic merge patch
+//! ([`strategic_patch`]): the lists the pod status merges by a key
+//! (`conditions` by `type`, `podIPs` and `hostIPs` by `ip`) carry only the
+//! elements that changed (the rest of each element as a merge patch), a
+//! `$patch: delete` for each one gone and the `$setElementOrder` directive;
+//! other lists are replaced whole. So a condition another writer (a readiness
+//! gate's controller, the disruption controller) added between the GET and
+//! the PATCH stays: a JSON merge patch sent the conditions read before, whole,
+//! and deleted it.
 //!
 //! # Static pods
 //!
@@ -180,9 +186,24 @@ impl ApiStatusWriter {
             ..PatchParams::default()
         };
         let (_, name) = names(current);
-        api.patch_status(name, &params, &Patch::Merge(&patch))
+        api.patch_status(name, &params, &Patch::Strategic(&patch))
             .await
             .map(drop)
+    }
+
+    /// The PATCH half of a write to API pod `current`, as read by the GET
+    /// before it: `status` merged with `current`'s and sent as a strategic
+    /// merge patch with `current`'s UID as the precondition. Errors as
+    /// [`StatusWriter::write`]'s.
+    pub async fn patch_read_pod(
+        &self,
+        current: &Pod,
+        status: &ApiPodStatus,
+    ) -> Result<(), WriteError> {
+        let (namespace, _) = names(current);
+        self.patch_status(&self.pods(namespace), current, status)
+            .await
+            .map_err(|e| api_error(&full_name(current), "patching the pod status", &e))
     }
 
     /// Ensures the mirror pod, then patches its status; once more if the mirror pod
@@ -499,16 +520,92 @@ pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodSta
 }
 
 /// The patch from `old` to `new` with `uid` as precondition:
-/// `{"metadata":{"uid":...},"status":<merge patch>}`, or `None` when the statuses
-/// are the same. Compared as the kubelet compares Go structs, where an absent
-/// field is its zero value: the API server stores a container's `lastState`
-/// as `{}` when it has none, and that is no change ([`prune_empty`]).
+/// `{"metadata":{"uid":...},"status":<strategic merge patch>}`, or `None` when
+/// the statuses are the same. Compared as the kubelet compares Go structs,
+/// where an absent field is its zero value: the API server stores a
+/// container's `lastState` as `{}` when it has none, and that is no change
+/// ([`prune_empty`]).
 pub fn status_patch(uid: &str, old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> Option<Value> {
     let old =
         prune_empty(serde_json::to_value(old.cloned().unwrap_or_default()).unwrap_or(Value::Null));
     let new = prune_empty(serde_json::to_value(new).unwrap_or(Value::Null));
-    let diff = merge_patch(&old, &new)?;
+    let diff = strategic_patch(&old, &new)?;
     Some(json!({ "metadata": { "uid": uid }, "status": diff }))
+}
+
+/// The lists of the pod status merged by a key in a strategic merge patch
+/// (`patchStrategy:"merge"` and its `patchMergeKey` in the Go types); every
+/// other list is replaced whole.
+pub const MERGE_KEYS: [(&str, &str); 3] =
+    [("conditions", "type"), ("podIPs", "ip"), ("hostIPs", "ip")];
+
+/// The two-way strategic merge patch from pod status `old` to `new` (the
+/// apimachinery's `CreateTwoWayMergePatch` for a pod status): a merge patch
+/// ([`merge_patch`]), except that the lists of [`MERGE_KEYS`] carry the
+/// changed or new elements only (each as its merge patch with its key), a
+/// `{"<key>": ..., "$patch": "delete"}` per element gone, and
+/// `$setElementOrder/<list>` with the new order. `None`: nothing to do.
+pub fn strategic_patch(old: &Value, new: &Value) -> Option<Value> {
+    let (Value::Object(o), Value::Object(n)) = (old, new) else {
+        return merge_patch(old, new);
+    };
+    let mut rest_old = o.clone();
+    let mut rest_new = n.clone();
+    let mut patch = Map::new();
+    for (list, key) in MERGE_KEYS {
+        let (Some(ol), Some(nl)) = (
+            list_of(rest_old.remove(list)),
+            list_of(rest_new.remove(list)),
+        ) else {
+            // Not lists: left to the plain merge patch.
+            if let Some(v) = o.get(list) {
+                rest_old.insert(list.into(), v.clone());
+            }
+            if let Some(v) = n.get(list) {
+                rest_new.insert(list.into(), v.clone());
+            }
+            continue;
+        };
+        let key_of = |v: &Value| v.get(key).cloned().unwrap_or(Value::Null);
+        let mut items = Vec::new();
+        for item in &nl {
+            match ol.iter().find(|e| key_of(e) == key_of(item)) {
+                Some(before) => {
+                    if let Some(Value::Object(mut d)) = merge_patch(before, item) {
+                        d.insert(key.into(), key_of(item));
+                        items.push(Value::Object(d));
+                    }
+                }
+                None => items.push(item.clone()),
+            }
+        }
+        for gone in ol
+            .iter()
+            .filter(|e| !nl.iter().any(|i| key_of(i) == key_of(e)))
+        {
+            items.push(json!({ key: key_of(gone), "$patch": "delete" }));
+        }
+        if !items.is_empty() {
+            let order: Vec<Value> = nl.iter().map(|i| json!({ key: key_of(i) })).collect();
+            patch.insert(format!("$setElementOrder/{list}"), Value::Array(order));
+            patch.insert(list.into(), Value::Array(items));
+        }
+    }
+    if let Some(Value::Object(rest)) =
+        merge_patch(&Value::Object(rest_old), &Value::Object(rest_new))
+    {
+        patch.extend(rest);
+    }
+    (!patch.is_empty()).then_some(Value::Object(patch))
+}
+
+/// A list of a strategic merge: absent is empty; `None` when not a list.
+fn list_of(v: Option<Value>) -> Option<Vec<Value>> {
+    match v {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Array(a)) => Some(a),
+        Some(_) => None,
+    }
 }
 
 /// `value` without the object fields that are `null`, `{}` or `[]` once
@@ -905,6 +1002,47 @@ mod tests {
                 .is_none(),
             "{patch}"
         );
+    }
+
+    /// Conditions merge by type: only what changed is sent, an unchanged
+    /// condition not at all (so the server keeps any another writer added),
+    /// one gone as `$patch: delete`, the order as `$setElementOrder`; pod IPs
+    /// by ip; container statuses whole.
+    #[test]
+    fn the_strategic_patch_merges_conditions_by_type() {
+        let old = json!({
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "PodResizePending", "status": "True"},
+            ],
+            "podIPs": [{"ip": "10.0.0.1"}],
+            "containerStatuses": [{"name": "a", "ready": false}, {"name": "b", "ready": false}],
+        });
+        let new = json!({
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+            ],
+            "podIPs": [{"ip": "10.0.0.1"}],
+            "containerStatuses": [{"name": "a", "ready": true}, {"name": "b", "ready": false}],
+        });
+        assert_eq!(
+            strategic_patch(&old, &new),
+            Some(json!({
+                "$setElementOrder/conditions": [
+                    {"type": "PodScheduled"}, {"type": "Ready"}, {"type": "Initialized"}
+                ],
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": null},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "PodResizePending", "$patch": "delete"},
+                ],
+                "containerStatuses": [{"name": "a", "ready": true}, {"name": "b", "ready": false}],
+            }))
+        );
+        assert_eq!(strategic_patch(&new, &new), None);
     }
 
     #[test]

@@ -18,6 +18,14 @@
 //! termination, the exit code and reason (Completed, Error, OOMKilled), the
 //! restart count and the times. An exit the kernel saw first is already in the
 //! runtime status given here (the PLEG merged it).
+//!
+//! A container without a runtime record (collected, lost by the runtime) keeps
+//! what the pod's last status said (`convertToAPIContainerStatuses`): a
+//! terminated state as it was, else its restart count and last state, and one
+//! that was running has ended with 137 `ContainerStatusUnknown`; at a
+//! terminal phase an initialized pod's containers without an end get that end
+//! (`TerminatePod`). A terminal phase is held while a container of the pod
+//! still runs (`mergePodStatus`; `getPhase` counts running sidecars).
 
 use k8s_openapi::api::core::v1::{
     ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated,
@@ -55,6 +63,10 @@ pub struct Context<'a> {
     /// The probes' results (`ready`, `started`); without them a running
     /// container is ready.
     pub probes: Option<&'a crate::prober::Results>,
+    /// The pod's last status (the status manager's, else the API server's):
+    /// what a container without a runtime record keeps
+    /// (`convertToAPIContainerStatuses`' old statuses).
+    pub previous: Option<&'a ApiPodStatus>,
 }
 
 fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
@@ -90,6 +102,57 @@ fn waiting(reason: &str, message: Option<String>) -> ApiState {
     }
 }
 
+/// The kubelet's `ContainerReasonStatusUnknown`.
+pub const STATUS_UNKNOWN: &str = "ContainerStatusUnknown";
+
+/// A container without a runtime record (collected, or the runtime lost
+/// it), from its last status (the kubelet's `convertToAPIContainerStatuses`):
+/// a terminated one stays as it was; otherwise it waits with its restart
+/// count and last state, and one that was running has terminated with 137
+/// `ContainerStatusUnknown` (a restart more, unless the pod is being deleted).
+fn without_record(
+    mut out: ApiContainerStatus,
+    old: Option<&ApiContainerStatus>,
+    waiting: ApiState,
+    is_default: bool,
+    deleted: bool,
+) -> ApiContainerStatus {
+    let Some(old) = old else {
+        out.state = Some(waiting);
+        return out;
+    };
+    let old_state = old.state.clone().unwrap_or_default();
+    if old_state.terminated.is_some() {
+        if is_default {
+            return old.clone();
+        }
+        // A restart is due: it waits, the old end its last state.
+        out.restart_count = old.restart_count;
+        out.last_state = Some(old_state);
+        out.state = Some(waiting);
+        return out;
+    }
+    out.restart_count = old.restart_count;
+    out.last_state = old.last_state.clone();
+    out.state = Some(waiting);
+    let had_end = (out.last_state.as_ref()).is_some_and(|l| l.terminated.is_some());
+    if old_state.running.is_some() && is_default && !had_end {
+        out.last_state = Some(ApiState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some(STATUS_UNKNOWN.into()),
+                message: Some("The container could not be located when the pod was deleted.  The container used to be Running".into()),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ApiState::default()
+        });
+        if !deleted {
+            out.restart_count += 1;
+        }
+    }
+    out
+}
+
 /// The status of one container of the spec.
 fn container_status(
     spec: &k8s_openapi::api::core::v1::Container,
@@ -97,6 +160,7 @@ fn container_status(
     policy: RestartPolicy,
     ctx: &Context<'_>,
     pending_reason: &str,
+    (old, deleted): (Option<&ApiContainerStatus>, bool),
 ) -> ApiContainerStatus {
     let name = spec.name.as_str();
     let image = spec.image.as_deref().unwrap_or_default();
@@ -131,8 +195,13 @@ fn container_status(
         None => waiting(default, None),
     };
     let Some(s) = newest else {
-        out.state = Some(waiting_why(pending_reason));
-        return out;
+        return without_record(
+            out,
+            old,
+            waiting_why(pending_reason),
+            why.is_none(),
+            deleted,
+        );
     };
     out.container_id = Some(container_id(ctx.runtime, s));
     out.image_id = s.image_ref.clone();
@@ -159,14 +228,18 @@ fn container_status(
                     RestartPolicy::OnFailure => s.exit_code != Some(0),
                     RestartPolicy::Never => false,
                 };
-            if restarts {
-                // Waiting for the restart; the exit goes into the last state.
+            if restarts && let Some(w) = why {
+                // Waiting for the restart (CrashLoopBackOff, a start error);
+                // the exit goes into the last state.
                 out.last_state = Some(ApiState {
                     terminated: Some(terminated(ctx.runtime, s)),
                     ..ApiState::default()
                 });
-                waiting_why("ContainerCreating")
+                waiting(&w.reason, Some(w.message.clone()))
             } else {
+                // Terminated, also while its restart is due without a
+                // reason to wait (`convertToAPIContainerStatuses` prefers
+                // the original state: `kubectl get` shows Error/Completed).
                 ApiState {
                     terminated: Some(terminated(ctx.runtime, s)),
                     ..ApiState::default()
@@ -286,19 +359,38 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             ..ApiPodStatus::default()
         };
     }
+    let deleted = pod.metadata.deletion_timestamp.is_some();
+    let old = |list: Option<&Vec<ApiContainerStatus>>, name: &str| {
+        list.and_then(|l| l.iter().find(|c| c.name == name))
+            .cloned()
+    };
+    let previous = ctx.previous;
     let init_specs = spec.init_containers.clone().unwrap_or_default();
     let init: Vec<ApiContainerStatus> = init_specs
         .iter()
         .map(|c| {
+            let old = old(
+                previous.and_then(|p| p.init_container_statuses.as_ref()),
+                &c.name,
+            );
             container_status(
                 c,
                 runtime,
                 policy_for_init(policy, is_sidecar(c)),
                 ctx,
                 "PodInitializing",
+                (old.as_ref(), deleted),
             )
         })
         .collect();
+    // A plain init container that completed is ready (the prober manager's
+    // `UpdatePodStatus`).
+    let mut init = init;
+    for (c, spec) in init.iter_mut().zip(&init_specs) {
+        if !is_sidecar(spec) && init_succeeded(c) {
+            c.ready = true;
+        }
+    }
     let (sidecars, plain): (Vec<_>, Vec<_>) = init
         .iter()
         .zip(&init_specs)
@@ -307,7 +399,7 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
     let plain: Vec<&ApiContainerStatus> = plain.into_iter().map(|(s, _)| s).collect();
     let init_done =
         plain.iter().all(|c| init_succeeded(c)) && sidecars.iter().all(|c| sidecar_started(c));
-    let apps: Vec<ApiContainerStatus> = spec
+    let mut apps: Vec<ApiContainerStatus> = spec
         .containers
         .iter()
         .map(|c| {
@@ -316,10 +408,45 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             } else {
                 "PodInitializing"
             };
-            container_status(c, runtime, policy, ctx, reason)
+            let old = old(
+                previous.and_then(|p| p.container_statuses.as_ref()),
+                &c.name,
+            );
+            container_status(c, runtime, policy, ctx, reason, (old.as_ref(), deleted))
         })
         .collect();
-    let phase = phase(&plain, &sidecars, &apps, policy, ctx.terminal);
+    // A terminal phase is held while a container could still run (a sidecar
+    // not stopped yet, a container left by a dead sandbox): the kubelet's
+    // `mergePodStatus` keeps the old phase while the pod worker could have
+    // running containers, and its `getPhase` counts running sidecars as
+    // running. The termination's final status, read after the kill, says it.
+    let terminal = ctx.terminal.filter(|_| {
+        !runtime
+            .containers
+            .iter()
+            .any(|c| matches!(c.state, ContainerState::Running | ContainerState::Unknown))
+    });
+    let phase = phase(&plain, &sidecars, &apps, policy, terminal);
+    if matches!(phase, "Succeeded" | "Failed") && init_done {
+        // The kubelet's `TerminatePod`: once initialized, a container with no
+        // terminated state at the end failed, as far as anyone can tell.
+        for c in &mut apps {
+            if c.state.as_ref().is_none_or(|s| s.terminated.is_none()) {
+                c.state = Some(ApiState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 137,
+                        reason: Some(STATUS_UNKNOWN.into()),
+                        message: Some(
+                            "The container could not be located when the pod was terminated".into(),
+                        ),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ApiState::default()
+                });
+                c.ready = false;
+            }
+        }
+    }
     let all_ready =
         !apps.is_empty() && apps.iter().all(|c| c.ready) && sidecars.iter().all(|c| c.ready);
     let completed = matches!(phase, "Succeeded" | "Failed").then_some("PodCompleted");
@@ -397,6 +524,43 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         qos_class: Some(evpleg_core::qos::qos_class(pod).as_api().into()),
         ..ApiPodStatus::default()
     }
+}
+
+/// Whether a pod's stored Ready condition disagrees with what its readiness
+/// gates and its ContainersReady condition say now (the kubelet's
+/// `status.NeedToReconcilePodReadiness`, with `GeneratePodReadyCondition`
+/// over the pod's own status): a pod without gates, or without a Ready
+/// condition yet, never needs it.
+pub fn needs_readiness_reconcile(pod: &Pod) -> bool {
+    let gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default();
+    if gates.is_empty() {
+        return false;
+    }
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let is_true = |kind: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == kind && c.status == "True")
+    };
+    let Some(ready) = conditions.iter().find(|c| c.type_ == "Ready") else {
+        return false;
+    };
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let expected =
+        !terminal && is_true("ContainersReady") && gates.iter().all(|g| is_true(&g.condition_type));
+    (ready.status == "True") != expected
 }
 
 /// Init containers restart unless the pod's policy is Never; sidecars always.
@@ -696,7 +860,8 @@ mod tests {
                 "True",
                 "running",
             ),
-            // The sidecar crashed: it restarts even under Never; not ready meanwhile.
+            // The sidecar crashed: it restarts even under Never; not ready
+            // meanwhile, terminated until its restart (no reason to wait).
             (
                 vec![
                     cs(1, "side", Exited, Some(1), 0),
@@ -706,7 +871,7 @@ mod tests {
                 "Running",
                 "True",
                 "False",
-                "waiting",
+                "terminated",
             ),
         ];
         for (n, (observed, phase, initialized, ready, side)) in cases.into_iter().enumerate() {
@@ -739,6 +904,254 @@ mod tests {
         );
         assert_eq!(s.phase.as_deref(), Some("Succeeded"));
         assert_eq!(state(&s, "side"), "terminated");
+    }
+
+    /// Issue #27 item 3: SyncPod finds a pod terminal while a container
+    /// still runs (a sidecar not stopped yet, a container a dead sandbox
+    /// left): the phase stays Running (it said Succeeded/Failed while the
+    /// processes held their resources); once nothing runs it is terminal.
+    #[test]
+    fn a_terminal_phase_waits_for_running_containers() {
+        use ContainerState::*;
+        let with_sidecar = pod("Never", &["side"], &["app"]);
+        let plain = pod("Never", &[], &["app"]);
+        // (pod, observed, SyncPod's verdict, phase)
+        let cases = [
+            (
+                &with_sidecar,
+                vec![
+                    cs(1, "side", Running, None, 0),
+                    cs(2, "app", Exited, Some(0), 0),
+                ],
+                Terminal::Succeeded,
+                "Running",
+            ),
+            (
+                &with_sidecar,
+                vec![
+                    cs(1, "side", Exited, Some(137), 0),
+                    cs(2, "app", Exited, Some(0), 0),
+                ],
+                Terminal::Succeeded,
+                "Succeeded",
+            ),
+            (
+                &plain,
+                vec![cs(2, "app", Running, None, 0)],
+                Terminal::Failed,
+                "Running",
+            ),
+            (
+                &plain,
+                vec![cs(2, "app", Exited, Some(1), 0)],
+                Terminal::Failed,
+                "Failed",
+            ),
+        ];
+        for (n, (p, observed, verdict, want)) in cases.into_iter().enumerate() {
+            let s = generate(
+                p,
+                &runtime(observed),
+                &Context {
+                    terminal: Some(verdict),
+                    ..ctx()
+                },
+            );
+            assert_eq!(s.phase.as_deref(), Some(want), "case {n}");
+        }
+    }
+
+    /// Issue #27 item 5: a container whose runtime record is gone keeps what
+    /// the last status said: a running pod does not fall back to Pending and
+    /// `Initialized=False`; a container that was running ended with 137
+    /// ContainerStatusUnknown (a restart more); a terminated one stays as it
+    /// was; a terminal pod's container without an end gets that end.
+    #[test]
+    fn a_container_without_a_runtime_record_keeps_its_last_status() {
+        let p = pod("Always", &["init"], &["app"]);
+        let rt = runtime(vec![
+            cs(1, "init", ContainerState::Exited, Some(0), 0),
+            cs(2, "app", ContainerState::Running, None, 2),
+        ]);
+        let before = generate(&p, &rt, &ctx());
+        assert_eq!(before.phase.as_deref(), Some("Running"));
+        // Every record gone (collected, or the runtime lost them).
+        let s = generate(
+            &p,
+            &runtime(vec![]),
+            &Context {
+                previous: Some(&before),
+                ..ctx()
+            },
+        );
+        assert_eq!(
+            (s.phase.as_deref(), cond(&s, "Initialized").as_str()),
+            (Some("Running"), "True")
+        );
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        let last = app.last_state.clone().unwrap().terminated.unwrap();
+        assert_eq!(
+            (app.restart_count, last.exit_code, last.reason.as_deref()),
+            (3, 137, Some(STATUS_UNKNOWN))
+        );
+        assert!(app.state.as_ref().unwrap().waiting.is_some());
+        let init = &s.init_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(init, &before.init_container_statuses.as_ref().unwrap()[0]);
+        // A Never pod that failed with its records gone: its container ends.
+        let p = pod("Never", &[], &["app"]);
+        let s = generate(
+            &p,
+            &runtime(vec![]),
+            &Context {
+                terminal: Some(Terminal::Failed),
+                ..ctx()
+            },
+        );
+        let t = s.container_statuses.as_ref().unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap();
+        assert_eq!(
+            (s.phase.as_deref(), t.exit_code, t.reason.as_deref()),
+            (Some("Failed"), 137, Some(STATUS_UNKNOWN))
+        );
+    }
+
+    /// Issue #27 item 10: an exited container whose restart is due without
+    /// a reason to wait stays Terminated (it showed Waiting
+    /// ContainerCreating), one in CrashLoopBackOff waits with its exit as the
+    /// last state; a completed init container is ready (it showed false).
+    #[test]
+    fn an_exit_stays_terminated_until_a_reason_to_wait_and_completed_inits_are_ready() {
+        let p = pod("Always", &["init"], &["app"]);
+        let rt = runtime(vec![
+            cs(1, "init", ContainerState::Exited, Some(0), 0),
+            cs(2, "app", ContainerState::Exited, Some(1), 0),
+        ]);
+        let s = generate(&p, &rt, &ctx());
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        let t = app.state.clone().unwrap().terminated.unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref()), (1, Some("Error")));
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert!(s.init_container_statuses.as_ref().unwrap()[0].ready);
+        let backoff = [Waiting {
+            name: "app".into(),
+            reason: "CrashLoopBackOff".into(),
+            message: "back-off 10s".into(),
+            retry_in: Duration::from_secs(4),
+        }];
+        let s = generate(
+            &p,
+            &rt,
+            &Context {
+                waiting: &backoff,
+                ..ctx()
+            },
+        );
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(
+            app.state
+                .clone()
+                .unwrap()
+                .waiting
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(
+            app.last_state
+                .clone()
+                .unwrap()
+                .terminated
+                .unwrap()
+                .exit_code,
+            1
+        );
+    }
+
+    /// The kubelet's `NeedToReconcilePodReadiness`.
+    #[test]
+    fn readiness_reconcile_table() {
+        let p = |gates: bool, conditions: &[(&str, &str)]| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [], "readinessGates": if gates {
+                    serde_json::json!([{"conditionType": "lb"}]) } else { serde_json::json!([]) }},
+                "status": {"conditions": conditions.iter().map(|(t, s)| serde_json::json!({"type": t, "status": s})).collect::<Vec<_>>()}
+            }))
+            .unwrap()
+        };
+        let cases = [
+            (
+                false,
+                vec![
+                    ("ContainersReady", "True"),
+                    ("Ready", "False"),
+                    ("lb", "True"),
+                ],
+                false,
+            ),
+            (
+                true,
+                vec![("ContainersReady", "True"), ("lb", "True")],
+                false,
+            ),
+            (
+                true,
+                vec![
+                    ("ContainersReady", "True"),
+                    ("Ready", "False"),
+                    ("lb", "True"),
+                ],
+                true,
+            ),
+            (
+                true,
+                vec![
+                    ("ContainersReady", "True"),
+                    ("Ready", "False"),
+                    ("lb", "False"),
+                ],
+                false,
+            ),
+            (
+                true,
+                vec![
+                    ("ContainersReady", "False"),
+                    ("Ready", "False"),
+                    ("lb", "True"),
+                ],
+                false,
+            ),
+            (
+                true,
+                vec![
+                    ("ContainersReady", "True"),
+                    ("Ready", "True"),
+                    ("lb", "False"),
+                ],
+                true,
+            ),
+            (
+                true,
+                vec![
+                    ("ContainersReady", "True"),
+                    ("Ready", "True"),
+                    ("lb", "True"),
+                ],
+                false,
+            ),
+        ];
+        for (gates, conditions, want) in cases {
+            assert_eq!(
+                needs_readiness_reconcile(&p(gates, &conditions)),
+                want,
+                "{gates} {conditions:?}"
+            );
+        }
     }
 
     #[test]
