@@ -23,12 +23,12 @@
 //! `topologySpreadConstraints`, `schedulerName`, `schedulingGates`,
 //! `priority`, `priorityClassName`, `preemptionPolicy`, `nodeName` (the API
 //! source already selects by node). Also accepted: what the API server sets on
-//! every pod and only matters with a feature that is refused here
-//! (`enableServiceLinks`, `automountServiceAccountToken`,
-//! `serviceAccountName`, `fsGroupChangePolicy` (ownership is always
-//! changed, its `Always`), a container's `resizePolicy`,
-//! and the default `terminationMessagePath`/`terminationMessagePolicy`, whose
-//! file is not read back into the status yet).
+//! every pod (`automountServiceAccountToken`, `serviceAccountName`,
+//! `fsGroupChangePolicy` (ownership is always changed, its `Always`), a
+//! container's `resizePolicy`), and what the agent does: `env`/`envFrom`
+//! and `enableServiceLinks` ([`crate::env`]), `terminationMessagePath` and
+//! `terminationMessagePolicy` ([`crate::kuberuntime::termination_message`]),
+//! `activeDeadlineSeconds` ([`crate::active_deadline`]).
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext, Volume};
 
