@@ -174,7 +174,7 @@ e2e_test!(
             "probed.yaml",
             &manifest("probed", "Always", "sleep 600", "").replace(
                 "command: [\"sh\", \"-c\", \"sleep 600\"]",
-                "command: [\"sh\", \"-c\", \"sleep 600\"]\n      envFrom:\n        - configMapRef:\n            name: settings",
+                "command: [\"sh\", \"-c\", \"sleep 600\"]\n      lifecycle:\n        stopSignal: SIGUSR1",
             ),
         );
             let pod = e
@@ -183,7 +183,7 @@ e2e_test!(
             assert_eq!(pod["status"]["reason"], "UnsupportedPodSpec", "{pod:#}");
             assert_eq!(
                 pod["status"]["message"],
-                "Pod was rejected: evpleg does not implement spec.containers[app].envFrom yet"
+                "Pod was rejected: evpleg does not implement spec.containers[app].lifecycle.stopSignal yet"
             );
             let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
             assert_eq!(

@@ -329,7 +329,8 @@ impl Agent {
                 .with_image_pull_backoff(image_backoff)
                 .with_probes(probe_results)
                 .with_events(events.clone())
-                .with_volumes(volumes),
+                .with_volumes(volumes)
+                .with_kube(kube.clone()),
         );
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let workers = Arc::new(PodWorkers::new(

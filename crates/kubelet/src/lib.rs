@@ -7,7 +7,9 @@
 //! (`kubelet_node_status.go`) and the kubelet's event messages (`events`).
 //! docs/architecture.md maps each module to its kubelet package.
 
+pub mod active_deadline;
 pub mod admission;
+pub mod env;
 pub mod events;
 pub mod kuberuntime;
 pub mod network;

@@ -89,9 +89,10 @@ fn go_quote(s: &str) -> String {
     out
 }
 
-/// `ExtractContainerResourceValue`: cpu rounded up to the divisor, memory
+/// `ExtractContainerResourceValue` (downwardAPI volumes and, from the
+/// kubelet crate, `resourceFieldRef` env): cpu rounded up to the divisor, memory
 /// divided and rounded up; a limit unset is the node's allocatable.
-fn resource_value(
+pub fn resource_value(
     pod: &Pod,
     r: &k8s_openapi::api::core::v1::ResourceFieldSelector,
 ) -> Result<String, PluginError> {

@@ -23,20 +23,17 @@
 //! `topologySpreadConstraints`, `schedulerName`, `schedulingGates`,
 //! `priority`, `priorityClassName`, `preemptionPolicy`, `nodeName` (the API
 //! source already selects by node). Also accepted: what the API server sets on
-//! every pod and only matters with a feature that is refused here
-//! (`enableServiceLinks`, `automountServiceAccountToken`,
-//! `serviceAccountName`, `fsGroupChangePolicy` (ownership is always
-//! changed, its `Always`), a container's `resizePolicy`,
-//! and the default `terminationMessagePath`/`terminationMessagePolicy`, whose
-//! file is not read back into the status yet).
+//! every pod (`automountServiceAccountToken`, `serviceAccountName`,
+//! `fsGroupChangePolicy` (ownership is always changed, its `Always`), a
+//! container's `resizePolicy`), and what the agent does: `env`/`envFrom`
+//! and `enableServiceLinks` ([`crate::env`]), `terminationMessagePath` and
+//! `terminationMessagePolicy` ([`crate::kuberuntime::termination_message`]),
+//! `activeDeadlineSeconds` ([`crate::active_deadline`]).
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext, Volume};
 
 /// The rejection reason of a pod using fields the agent does not implement.
 pub const UNSUPPORTED_REASON: &str = "UnsupportedPodSpec";
-
-/// The kubelet's default termination message path.
-const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
 /// The spec fields of `pod` that the agent does not implement, as paths
 /// (`spec.containers[app].livenessProbe`); empty when it can run as asked.
@@ -75,7 +72,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
             out.push(format!("spec.{field}"));
         }
     };
-    set(s.active_deadline_seconds.is_some(), "activeDeadlineSeconds");
     set(non_empty(&s.ephemeral_containers), "ephemeralContainers");
     set(s.host_users == Some(false), "hostUsers=false");
     set(s.hostname_override.is_some(), "hostnameOverride");
@@ -194,7 +190,6 @@ fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
     for (probe, name) in probes {
         set(probe.is_some() && !probed, name);
     }
-    set(non_empty(&c.env_from), "envFrom");
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         set(
             m.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()),
@@ -209,22 +204,6 @@ fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
     }
     set(non_empty(&c.volume_devices), "volumeDevices");
     set(non_empty(&c.restart_policy_rules), "restartPolicyRules");
-    set(
-        c.termination_message_path
-            .as_deref()
-            .is_some_and(|p| p != DEFAULT_TERMINATION_MESSAGE_PATH),
-        "terminationMessagePath",
-    );
-    set(
-        c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError"),
-        "terminationMessagePolicy=FallbackToLogsOnError",
-    );
-    for e in c.env.iter().flatten() {
-        set(
-            e.value_from.is_some(),
-            &format!("env[{}].valueFrom", e.name),
-        );
-    }
     if let Some(r) = &c.resources {
         set(non_empty(&r.claims), "resources.claims");
         let names: std::collections::BTreeSet<&String> = r
@@ -287,6 +266,7 @@ mod tests {
         let p = pod(serde_json::json!({
             "hostNetwork": true, "restartPolicy": "Never", "dnsPolicy": "ClusterFirstWithHostNet",
             "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
+            "activeDeadlineSeconds": 30,
             "hostname": "h", "subdomain": "s", "setHostnameAsFQDN": true,
             "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}],
             "volumes": [{"name": "e", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
@@ -304,10 +284,12 @@ mod tests {
                                 "readinessProbe": {"httpGet": {"port": 8080}}}],
             "containers": [{
                 "name": "app", "image": "i", "imagePullPolicy": "Always", "ports": [{"containerPort": 80}],
-                "env": [{"name": "A", "value": "1"}], "stdin": true, "tty": true,
+                "env": [{"name": "A", "value": "$(B)"},
+                        {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "envFrom": [{"configMapRef": {"name": "c"}, "prefix": "C_"}], "stdin": true, "tty": true,
                 "volumeMounts": [{"name": "e", "mountPath": "/e", "subPath": "x", "readOnly": true,
                                   "mountPropagation": "HostToContainer", "recursiveReadOnly": "Disabled"}],
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "terminationMessagePath": "/tmp/done", "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": "1", "memory": "1Mi"}},
                 "securityContext": {"privileged": false, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
                                     "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
@@ -320,10 +302,6 @@ mod tests {
     #[test]
     fn every_unimplemented_field_is_named() {
         let cases = [
-            (
-                serde_json::json!({"activeDeadlineSeconds": 5}),
-                "spec.activeDeadlineSeconds",
-            ),
             (
                 serde_json::json!({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "data", "nfs": {"server": "s", "path": "/"}}]}),
                 "spec.volumes[data].nfs",
@@ -382,20 +360,8 @@ mod tests {
                 "volumeDevices",
             ),
             (
-                serde_json::json!({"envFrom": [{"configMapRef": {"name": "c"}}]}),
-                "envFrom",
-            ),
-            (
-                serde_json::json!({"env": [{"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
-                "env[N].valueFrom",
-            ),
-            (
                 serde_json::json!({"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}}),
                 "resources[nvidia.com/gpu]",
-            ),
-            (
-                serde_json::json!({"terminationMessagePolicy": "FallbackToLogsOnError"}),
-                "terminationMessagePolicy=FallbackToLogsOnError",
             ),
             (
                 serde_json::json!({"securityContext": {"procMount": "Unmasked"}}),

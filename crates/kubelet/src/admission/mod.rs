@@ -570,13 +570,13 @@ mod tests {
     fn an_unimplemented_field_is_refused_naming_it() {
         let p = any_pod(serde_json::json!({
             "volumes": [{"name": "v", "emptyDir": {}}, {"name": "n", "nfs": {"server": "s", "path": "/"}}],
-            "containers": [{"name": "a", "envFrom": [{"configMapRef": {"name": "c"}}]}]
+            "containers": [{"name": "a", "volumeDevices": [{"name": "d", "devicePath": "/dev/x"}]}]
         }));
         let r = big().admit(&uid(1), &p).unwrap_err();
         assert_eq!(r.reason, "UnsupportedPodSpec");
         assert_eq!(
             r.message,
-            "Pod was rejected: evpleg does not implement spec.volumes[n].nfs, spec.containers[a].envFrom yet"
+            "Pod was rejected: evpleg does not implement spec.volumes[n].nfs, spec.containers[a].volumeDevices yet"
         );
     }
 

@@ -2,7 +2,9 @@
 //! `generatePodSandboxConfig` and `generateContainerConfig`
 //! (`kuberuntime_sandbox.go`, `kuberuntime_container.go`): labels and annotations
 //! the agent finds its objects by, namespaces, log paths, command, env,
-//! CPU/memory resources, port mappings, sysctls, stdin/tty and security
+//! CPU/memory resources and `oom_score_adj` ([`super::oom_score`]),
+//! the environment and `$(VAR)`-expanded command and args ([`crate::env`]),
+//! port mappings, sysctls, stdin/tty and security
 //! contexts ([`super::security_context`]), hostname and DNS config
 //! ([`crate::network`]), and the containers' volume mounts
 //! ([`container_mounts`], the kubelet's `makeMounts`: host path of the
@@ -19,6 +21,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::actions::container_hash;
 use super::security_context::{container_security_context, sandbox_security_context};
 use crate::admission::host_ports::pod_ports;
+use crate::env::ContainerEnv;
 use crate::kuberuntime::manager::NodeInfo;
 use crate::network::dns::DnsWarning;
 use crate::network::{hostname_and_domain, kernel_hostname};
@@ -165,27 +168,24 @@ pub fn namespace_options(pod: &Pod) -> v1::NamespaceOption {
     }
 }
 
-/// The CRI container config of `c` (its `attempt`-th instance).
+/// The CRI container config of `c` (its `attempt`-th instance), with its
+/// environment and expanded command and args ([`crate::env`]).
 pub fn container_config(
     pod: &Pod,
     uid: &PodUid,
     c: &Container,
     attempt: u32,
+    env: &ContainerEnv,
 ) -> Result<v1::ContainerConfig, SyncError> {
     let (name, namespace) = name_ns(pod);
-    let mut envs = Vec::new();
-    for e in c.env.iter().flatten() {
-        if e.value_from.is_some() {
-            return Err(SyncError(format!(
-                "container {} of pod {namespace}/{name}: env {} uses valueFrom, which is not supported",
-                c.name, e.name
-            )));
-        }
-        envs.push(v1::KeyValue {
-            key: e.name.clone(),
-            value: e.value.clone().unwrap_or_default(),
-        });
-    }
+    let envs = env
+        .env
+        .iter()
+        .map(|(key, value)| v1::KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect();
     let mut resources = v1::LinuxContainerResources::default();
     let requests = c
         .resources
@@ -218,13 +218,15 @@ pub fn container_config(
     if let Some(q) = limits.get("memory") {
         resources.memory_limit_in_bytes = parse_units(&q.0).map_err(|e| bad("memory limit", e))?;
     }
+    resources.oom_score_adj =
+        super::oom_score::oom_score_adj(pod, c, evpleg_core::machine::memory_bytes());
     let container_labels = HashMap::from([
         (labels::POD_NAME.to_owned(), name.clone()),
         (labels::POD_NAMESPACE.to_owned(), namespace.clone()),
         (labels::POD_UID.to_owned(), uid.to_string()),
         (labels::CONTAINER_NAME.to_owned(), c.name.clone()),
     ]);
-    let annotations = HashMap::from([
+    let mut annotations = HashMap::from([
         (
             labels::CONTAINER_HASH.to_owned(),
             format!("{:x}", container_hash(c)),
@@ -238,6 +240,7 @@ pub fn container_config(
             spec_grace_seconds(pod).to_string(),
         ),
     ]);
+    annotations.extend(super::termination_message::annotations(c));
     Ok(v1::ContainerConfig {
         metadata: Some(v1::ContainerMetadata {
             name: c.name.clone(),
@@ -247,8 +250,8 @@ pub fn container_config(
             image: c.image.clone().unwrap_or_default(),
             ..Default::default()
         }),
-        command: c.command.clone().unwrap_or_default(),
-        args: c.args.clone().unwrap_or_default(),
+        command: env.command.clone(),
+        args: env.args.clone(),
         working_dir: c.working_dir.clone().unwrap_or_default(),
         envs,
         labels: container_labels,
@@ -538,7 +541,14 @@ mod tests {
         let p = pod();
         let uid = pod_uid(&p).unwrap();
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let cfg = container_config(&p, &uid, c, 2).unwrap();
+        let ctx = crate::env::EnvContext {
+            pod: &p,
+            container: c,
+            pod_ips: &[],
+            host_ip: "10.0.0.1",
+        };
+        let env = crate::env::make_environment(&ctx, &Default::default()).unwrap();
+        let cfg = container_config(&p, &uid, c, 2, &env).unwrap();
         assert_eq!(cfg.command, ["sh", "-c"]);
         assert_eq!(cfg.args, ["exit 3"]);
         assert_eq!(cfg.working_dir, "/tmp");
@@ -554,13 +564,15 @@ mod tests {
             ),
             (256, 50_000, 100_000, 64 << 20)
         );
+        // Burstable: between Guaranteed's -997 and BestEffort's 1000.
+        assert_eq!(
+            r.oom_score_adj,
+            super::super::oom_score::oom_score_adj(&p, c, evpleg_core::machine::memory_bytes())
+        );
+        assert_eq!(r.oom_score_adj, 999, "no memory request");
         assert_eq!(
             cfg.annotations.get(labels::CONTAINER_HASH).unwrap(),
             &format!("{:x}", container_hash(c))
         );
-        let mut bad = c.clone();
-        bad.env = Some(vec![serde_json::from_value(serde_json::json!({"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})).unwrap()]);
-        let err = container_config(&p, &uid, &bad, 0).unwrap_err();
-        assert!(err.0.contains("env X uses valueFrom"), "{err}");
     }
 }

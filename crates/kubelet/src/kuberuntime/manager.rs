@@ -78,6 +78,9 @@ pub struct KubeRuntime {
     /// The volume manager ([`evpleg_volume`]); without one a pod with
     /// volumes cannot start.
     pub(super) volumes: Option<Arc<evpleg_volume::VolumeManager>>,
+    /// The API server (`--kubeconfig`): the ConfigMaps, Secrets and Services
+    /// of containers' environments ([`crate::env`]).
+    pub(super) kube: Option<crate::env::ApiClient>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,6 +105,7 @@ impl KubeRuntime {
             probes: crate::prober::Results::new().0,
             events: Recorder::default(),
             volumes: None,
+            kube: None,
         }
     }
 
@@ -109,6 +113,13 @@ impl KubeRuntime {
     /// elsewhere: [`evpleg_volume::VolumeManager::run`]).
     pub fn with_volumes(mut self, volumes: Arc<evpleg_volume::VolumeManager>) -> Self {
         self.volumes = Some(volumes);
+        self
+    }
+
+    /// Reads containers' ConfigMaps, Secrets and Services from this API
+    /// server.
+    pub fn with_kube(mut self, kube: Option<kube::Client>) -> Self {
+        self.kube = kube.map(crate::env::ApiClient);
         self
     }
 
@@ -145,6 +156,12 @@ impl KubeRuntime {
             .or_insert_with(unix_now_ns)
     }
 
+    /// When the pod became active, for its deadline
+    /// ([`crate::active_deadline::start_ns`]).
+    pub(super) fn active_start(&self, pod: &Pod, uid: &PodUid) -> i64 {
+        crate::active_deadline::start_ns(pod, self.start_time(uid))
+    }
+
     pub(super) fn publish(
         &self,
         pod: &Arc<Pod>,
@@ -174,9 +191,24 @@ impl KubeRuntime {
             rejected: None,
             probes: Some(&self.probes),
         };
-        self.status
-            .set_pod_status(uid, pod.clone(), generate(pod, status, &ctx));
-        self.probes.trigger_readiness(uid, pod, status);
+        // Exited containers' termination messages (`toKubeContainerStatus`).
+        let mut status = status.clone();
+        super::termination_message::add_messages(
+            pod,
+            uid,
+            &mut status,
+            &self.node.root_dir,
+            &self.node.log_dir,
+        );
+        let mut api_status = generate(pod, &status, &ctx);
+        // The kubelet's `ShouldEvict` in `generateAPIPodStatus`.
+        if crate::active_deadline::past(pod, self.active_start(pod, uid), unix_now_ns()) {
+            api_status.phase = Some("Failed".into());
+            api_status.reason = Some(crate::active_deadline::REASON.into());
+            api_status.message = Some(crate::active_deadline::MESSAGE.into());
+        }
+        self.status.set_pod_status(uid, pod.clone(), api_status);
+        self.probes.trigger_readiness(uid, pod, &status);
     }
 }
 

@@ -40,6 +40,31 @@ impl KubeRuntime {
     ) -> Result<SyncResult, SyncError> {
         let uid = pod_uid(&pod)?;
         let now = unix_now_ns();
+        // Past its activeDeadlineSeconds: Failed (DeadlineExceeded, set by
+        // `publish`), terminal, its containers killed by the termination.
+        let deadline = crate::active_deadline::remaining(&pod, self.active_start(&pod, &uid), now);
+        if deadline.is_some_and(|d| d.is_zero()) {
+            info!(pod = %uid, "pod past its active deadline");
+            self.events.record(
+                &pod,
+                None,
+                EventType::Normal,
+                crate::active_deadline::REASON,
+                crate::active_deadline::MESSAGE.to_owned(),
+            );
+            let none = super::actions::PodActions::default();
+            self.publish(
+                &pod,
+                &uid,
+                &entry.status,
+                &none,
+                Some(super::actions::Terminal::Failed),
+            );
+            return Ok(SyncResult {
+                terminal: true,
+                ..SyncResult::default()
+            });
+        }
         let mut actions = {
             let backoff = lock(&self.backoff);
             compute_pod_actions_probed(&pod, &uid, &entry.status, &backoff, now, &|c, id| {
@@ -171,7 +196,13 @@ impl KubeRuntime {
         }
         Ok(SyncResult {
             terminal: false,
-            requeue_after: actions.backoff.iter().map(|w| w.retry_in).min(),
+            // The kubelet's `ShouldSync`: back when the deadline comes.
+            requeue_after: actions
+                .backoff
+                .iter()
+                .map(|w| w.retry_in)
+                .chain(deadline)
+                .min(),
             did_runtime_work: actions.does_runtime_work(),
         })
     }
@@ -415,7 +446,19 @@ impl KubeRuntime {
         }
         self.ensure_image(pod, uid, c).await?;
         self.verify_run_as_non_root(pod, uid, c).await?;
-        let mut config = container_config(pod, uid, c, attempt)
+        let env_ctx = crate::env::EnvContext {
+            pod,
+            container: c,
+            pod_ips,
+            host_ip: &self.node.host_ip,
+        };
+        let config_error =
+            |e: crate::env::EnvError| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.to_string());
+        let objects = crate::env::fetch(self.kube.as_ref().map(|k| &k.0), &env_ctx)
+            .await
+            .map_err(config_error)?;
+        let env = crate::env::make_environment(&env_ctx, &objects).map_err(config_error)?;
+        let mut config = container_config(pod, uid, c, attempt, &env)
             .map_err(|e| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.0))?;
         let volumes = (self.volumes.as_ref())
             .map(|v| v.pod_volumes(uid))
@@ -428,6 +471,13 @@ impl KubeRuntime {
         if !config.mounts.iter().any(|m| m.container_path == ETC_HOSTS) {
             config.mounts.extend(self.hosts_mount(pod, uid, pod_ips)?);
         }
+        // The termination-log file (the kubelet's `makeMounts`).
+        config.mounts.extend(super::termination_message::prepare(
+            &self.node.root_dir,
+            uid,
+            c,
+            attempt,
+        ));
         let id = self
             .cri
             .create_container(sandbox_id, &config, sandbox)
