@@ -116,11 +116,12 @@ mod tests {
     struct Stuck {
         held: mpsc::Sender<()>,
         release: mpsc::Receiver<()>,
+        stopped: bool,
     }
 
     impl std::fmt::Write for Stuck {
         fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            if s.contains("bucket") {
+            if s.contains("bucket") && !std::mem::replace(&mut self.stopped, true) {
                 let _ = self.held.send(());
                 let _ = self.release.recv();
             }
@@ -142,6 +143,7 @@ mod tests {
             let mut w = Stuck {
                 held,
                 release: release_rx,
+                stopped: false,
             };
             prometheus_client::encoding::text::encode(&mut w, &registry)
         });
@@ -179,11 +181,11 @@ mod tests {
         assert_eq!(
             lines,
             vec![
-                "lat_sum 1.8501e-5",
+                "lat_sum 0.000018501",
                 "lat_count 7",
-                "lat_bucket{le=\"1e-6\"} 3",
-                "lat_bucket{le=\"2e-6\"} 4",
-                "lat_bucket{le=\"4e-6\"} 6",
+                "lat_bucket{le=\"0.000001\"} 3",
+                "lat_bucket{le=\"0.000002\"} 4",
+                "lat_bucket{le=\"0.000004\"} 6",
                 "lat_bucket{le=\"+Inf\"} 7",
             ],
             "{text}"

@@ -404,7 +404,7 @@ mod tests {
             status: ExitStatus::from_wait_status(0, false),
             at_ns: 50,
         };
-        cache.record_exit(&uid(), &cid('x'), exit);
+        cache.record_exit(&uid(), &cid('e'), exit);
         let stats = Arc::new(KernelStats::default());
         let wake = Arc::new(Wake::new().unwrap());
         let stop = Arc::new(AtomicBool::new(false));
