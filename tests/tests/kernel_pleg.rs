@@ -762,3 +762,65 @@ fn ns_pid(pid: u32) -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// Issue #24 item 7: the SCHED_FIFO reader drops to normal priority once its
+/// budget is spent, counted once per window (here a budget of nothing in a
+/// window of an hour: the first check past any CPU spends it).
+#[test]
+fn the_real_time_reader_drops_to_normal_priority_past_its_budget() {
+    if !privileged("the_real_time_reader_drops_to_normal_priority_past_its_budget") {
+        return;
+    }
+    let pleg = PlegUnderTest::start(|c| {
+        c.realtime_budget = evpleg_pleg::kernel::rt_budget::RtBudgetConfig {
+            window: Duration::from_secs(3600),
+            budget: Duration::ZERO,
+        };
+    });
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let throttled = || {
+        pleg.pleg
+            .stats()
+            .rt_throttled
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while throttled() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the reader never spent its budget within {RECORD_TIMEOUT:?}"
+        );
+        assert!(
+            cg.command("/bin/true")
+                .status()
+                .expect("run true")
+                .success()
+        );
+    }
+    for _ in 0..20 {
+        assert!(
+            cg.command("/bin/true")
+                .status()
+                .expect("run true")
+                .success()
+        );
+    }
+    let barrier = ContainerCgroup::new(Layout::Cgroupfs);
+    assert!(
+        barrier
+            .command("/bin/true")
+            .status()
+            .expect("run true")
+            .success()
+    );
+    let mut pleg = pleg;
+    pleg.expect(&barrier.container_id, EventKind::ContainerStarted);
+    assert_eq!(
+        pleg.pleg
+            .stats()
+            .rt_throttled
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "once per window, and the reader still reads at normal priority"
+    );
+}

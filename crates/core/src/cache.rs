@@ -118,6 +118,16 @@ impl PodStatusCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock if it is free now (the kernel PLEG's real-time reader never
+    /// waits for it: a busy lock hands its work to a normal-priority thread).
+    fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
+        match self.inner.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     fn bump(&self) {
         self.version.send_modify(|v| *v += 1);
     }
@@ -209,6 +219,46 @@ impl PodStatusCache {
         drop(inner);
         self.bump();
         true
+    }
+
+    /// [`PodStatusCache::record_exit`] then [`PodStatusCache::overlay_exit`]
+    /// under one lock, only if the lock is free now: `None` when it is not
+    /// (nothing changed; the caller does both later, they are idempotent).
+    pub fn try_record_and_overlay_exit(
+        &self,
+        uid: &PodUid,
+        id: &ContainerId,
+        exit: KernelExit,
+    ) -> Option<bool> {
+        let mut inner = self.try_lock()?;
+        inner.exits.insert(
+            id.clone(),
+            ExitRecord {
+                pod: uid.clone(),
+                exit,
+                confirmed: false,
+            },
+        );
+        let laid = match inner.pods.get_mut(uid) {
+            Some(entry) if entry.error.is_none() => lay_exit(entry, id, &exit),
+            _ => false,
+        };
+        drop(inner);
+        if laid {
+            self.bump();
+        }
+        Some(laid)
+    }
+
+    /// Whether the pod's snapshot (without an error) holds container or
+    /// sandbox `id`, only if the lock is free now (`None` when it is not).
+    pub fn try_holds(&self, uid: &PodUid, id: &ContainerId) -> Option<bool> {
+        let inner = self.try_lock()?;
+        Some(inner.pods.get(uid).is_some_and(|e| {
+            e.error.is_none()
+                && (e.status.container(id).is_some()
+                    || e.status.sandboxes.iter().any(|s| s.id == *id))
+        }))
     }
 
     /// Remembers a certain exit the kernel saw (kept after the runtime forgets the

@@ -65,7 +65,7 @@ fn clock_ns(clock: libc::clockid_t) -> i64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid timespec pointer; both clocks always exist.
+    // SAFETY: a valid timespec pointer; every clock used here always exists.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
@@ -74,6 +74,12 @@ fn clock_ns(clock: libc::clockid_t) -> i64 {
 /// reader calls it directly (no injected clock on its hot path).
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
+/// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ns: the
+/// kernel PLEG reader's real-time budget is measured with it.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) as u64
 }
 
 /// How far CLOCK_BOOTTIME (a process's `start_boottime`) is ahead of

@@ -24,8 +24,15 @@ impl RelistSignal {
 
     /// Asks for a relist; cheap and non-blocking, callable from any thread.
     pub fn request(&self, reason: &str) {
-        self.requested.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(reason, "relist requested");
+        self.request_silently();
+    }
+
+    /// [`RelistSignal::request`] without the debug log: for the kernel
+    /// PLEG's real-time reader, which never logs (its requests are counted by
+    /// reason and logged from the counts by a normal-priority thread).
+    pub fn request_silently(&self) {
+        self.requested.fetch_add(1, Ordering::Relaxed);
         self.notify.notify_one();
     }
 

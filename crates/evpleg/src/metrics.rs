@@ -388,6 +388,26 @@ impl Collector for PlegCollector {
                     "Kernel deaths the runtime contradicted (the tracker forgot that main process)",
                     load(&k.contradicted),
                 ),
+                (
+                    "pleg_kernel_rt_throttled",
+                    "Times the ring-buffer reader spent its real-time CPU budget and ran at normal priority until its window ended",
+                    load(&k.rt_throttled),
+                ),
+                (
+                    "pleg_kernel_merge_handoffs",
+                    "Kernel events merged by the normal-priority helper because a lock was busy on the reader",
+                    load(&k.handoffs),
+                ),
+                (
+                    "pleg_kernel_merge_handoff_failures",
+                    "Kernel events the helper's full queue could not take (a full relist was requested)",
+                    load(&k.handoff_failures),
+                ),
+                (
+                    "pleg_kernel_log_lines_dropped",
+                    "Ring-buffer reader log lines dropped because their queue was full",
+                    load(&k.log_lines_dropped),
+                ),
             ] {
                 counter(&mut encoder, name, help, value)?;
             }

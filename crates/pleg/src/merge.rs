@@ -25,12 +25,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
-use super::on_demand::PodRelistQueue;
+use super::on_demand::{PodRelistQueue, Watch};
 use super::relist::{Delivery, KernelReports};
 use super::stages::{self, Stage};
 use evpleg_core::cache::{KernelExit, PodStatusCache};
+use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent, RelistSignal};
 
 /// Counters of the merge.
@@ -60,101 +60,161 @@ pub struct KernelMerge {
     pub stats: Arc<MergeStats>,
 }
 
+/// A lock the merge needed was held by another thread: nothing that needs
+/// it was done (what was done before is idempotent: the whole event can be
+/// handled again with [`KernelMerge::handle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Busy;
+
 impl KernelMerge {
-    /// Applies one kernel event.
+    /// Applies one kernel event, waiting for the locks it needs.
     pub fn handle(&self, event: PodLifecycleEvent) {
-        let Some(uid) = event.pod_uid.clone() else {
+        // Blocking: never busy.
+        let _ = self.apply(&event, true);
+    }
+
+    /// Applies one kernel event if every lock it needs is free now (the
+    /// real-time reader's path: it never waits for a lock that a
+    /// normal-priority thread may hold). On `Busy` the caller hands the event
+    /// to [`KernelMerge::handle`] on another thread; the steps already done
+    /// (an exit recorded and laid, a delivery, a relist request) are
+    /// idempotent, so nothing is done twice that matters and nothing is lost.
+    pub fn try_handle(&self, event: &PodLifecycleEvent) -> Result<(), Busy> {
+        self.apply(event, false)
+    }
+
+    fn apply(&self, event: &PodLifecycleEvent, blocking: bool) -> Result<(), Busy> {
+        let Some(uid) = &event.pod_uid else {
             self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-            self.relist
-                .request("kernel event for a container whose pod is unknown");
-            return;
+            self.relist.request_silently();
+            return Ok(());
         };
-        let Some(id) = event.container_id.clone() else {
-            self.hint(uid);
-            return;
+        let Some(id) = &event.container_id else {
+            return self.hint(uid, blocking);
         };
         let known = match event.kind {
             EventKind::ContainerDied | EventKind::SandboxDied => {
                 let Some(exit) = event.exit else {
                     // A death without its exit status is not certain.
-                    self.hint(uid);
-                    return;
+                    return self.hint(uid, blocking);
                 };
-                self.cache.record_exit(
-                    &uid,
-                    &id,
-                    KernelExit {
-                        status: exit,
-                        at_ns: event.at_ns,
-                    },
-                );
-                let known = self.cache.overlay_exit(&uid, &id, &exit, event.at_ns);
+                let exit = KernelExit {
+                    status: exit,
+                    at_ns: event.at_ns,
+                };
+                let known = if blocking {
+                    self.cache.record_exit(uid, id, exit);
+                    self.cache.overlay_exit(uid, id, &exit.status, exit.at_ns)
+                } else {
+                    self.cache
+                        .try_record_and_overlay_exit(uid, id, exit)
+                        .ok_or(Busy)?
+                };
                 if known {
-                    stages::record_now(Stage::Cached, &id);
+                    stages::record_now(Stage::Cached, id);
                 }
                 known
             }
             EventKind::ContainerStarted | EventKind::SandboxStarted => {
-                self.cache.get(&uid).is_some_and(|e| {
-                    e.error.is_none()
-                        && (e.status.container(&id).is_some()
-                            || e.status.sandboxes.iter().any(|s| s.id == id))
-                })
+                if blocking {
+                    self.cache.get(uid).is_some_and(|e| {
+                        e.error.is_none()
+                            && (e.status.container(id).is_some()
+                                || e.status.sandboxes.iter().any(|s| s.id == *id))
+                    })
+                } else {
+                    self.cache.try_holds(uid, id).ok_or(Busy)?
+                }
             }
-            EventKind::PodSync => {
-                self.hint(uid);
-                return;
-            }
-            EventKind::ContainerRemoved | EventKind::SandboxRemoved => {
-                // Not the kernel's to say (a cgroup's removal is not the runtime
-                // forgetting the container): a hint.
-                self.hint(uid);
-                return;
+            // Not the kernel's to say (a cgroup's removal is not the runtime
+            // forgetting the container): a hint, as is a PodSync.
+            EventKind::PodSync | EventKind::ContainerRemoved | EventKind::SandboxRemoved => {
+                return self.hint(uid, blocking);
             }
         };
         if known {
-            self.forward(event, &id);
-            self.pod_relist.request(uid);
+            self.forward(event, uid, id, blocking)?;
+            self.relist_pod(uid, Watch::Once, false, blocking)
         } else {
             // The runtime may still say Created: re-checked until the bound, so
             // the relist sends the transition as soon as the runtime shows it.
+            self.relist_pod(uid, Watch::Deferred, false, blocking)?;
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
-            self.pod_relist.deferred(uid);
+            Ok(())
         }
+    }
+
+    fn relist_pod(
+        &self,
+        uid: &PodUid,
+        watch: Watch,
+        redeliver: bool,
+        blocking: bool,
+    ) -> Result<(), Busy> {
+        if !blocking {
+            return match self.pod_relist.try_push(uid, watch, redeliver) {
+                true => Ok(()),
+                false => Err(Busy),
+            };
+        }
+        let uid = uid.clone();
+        match (watch, redeliver) {
+            (_, true) => self.pod_relist.redeliver(uid),
+            (Watch::Once, false) => self.pod_relist.request(uid),
+            (Watch::Deferred, false) => self.pod_relist.deferred(uid),
+            (Watch::Doubt, false) => self.pod_relist.doubt(uid),
+        }
+        Ok(())
     }
 
     /// Something the kernel cannot vouch for: the pod is relisted and
     /// re-checked for [`super::relist::DOUBT_WATCH`] (an uncertain death the
     /// runtime reports late is still reported).
-    fn hint(&self, uid: evpleg_core::ids::PodUid) {
+    fn hint(&self, uid: &PodUid, blocking: bool) -> Result<(), Busy> {
+        self.relist_pod(uid, Watch::Doubt, false, blocking)?;
         self.stats.hints.fetch_add(1, Ordering::Relaxed);
-        self.pod_relist.doubt(uid);
+        Ok(())
     }
 
-    fn forward(&self, event: PodLifecycleEvent, id: &evpleg_core::ids::ContainerId) {
-        let (kind, at_ns, pod) = (event.kind, event.at_ns, event.pod_uid.clone());
-        let delivery = self.reports.deliver(id, kind, at_ns, || {
-            match self.out.try_send(event) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => false,
-                // Shutting down: nobody listens any more.
-                Err(TrySendError::Closed(_)) => true,
-            }
-        });
+    /// Offers the event to the workers' channel through [`KernelReports`].
+    /// Never logs (it may run on the real-time reader): a full channel is
+    /// counted in [`MergeStats::discarded`], which the kernel PLEG's
+    /// normal-priority thread logs.
+    fn forward(
+        &self,
+        event: &PodLifecycleEvent,
+        uid: &PodUid,
+        id: &ContainerId,
+        blocking: bool,
+    ) -> Result<(), Busy> {
+        let kind = event.kind;
+        let send = || match self.out.try_send(event.clone()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => false,
+            // Shutting down: nobody listens any more.
+            Err(TrySendError::Closed(_)) => true,
+        };
+        let delivery = if blocking {
+            self.reports.deliver(id, kind, event.at_ns, send)
+        } else {
+            self.reports
+                .try_deliver(id, kind, event.at_ns, send)
+                .ok_or(Busy)?
+        };
         match delivery {
             Delivery::Sent => {
                 if matches!(kind, EventKind::ContainerDied | EventKind::SandboxDied) {
                     stages::record_now(Stage::Delivered, id);
                 }
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                Ok(())
             }
-            Delivery::AlreadyDelivered => {}
+            Delivery::AlreadyDelivered => Ok(()),
             Delivery::Dropped => {
+                // The relist sends it: a redelivery no full relist skips.
+                self.relist_pod(uid, Watch::Once, true, blocking)?;
                 self.stats.discarded.fetch_add(1, Ordering::Relaxed);
-                warn!(?kind, container = %id, "pod worker channel full: kernel event discarded; the relist sends it");
-                if let Some(uid) = pod {
-                    self.pod_relist.redeliver(uid);
-                }
+                Ok(())
             }
         }
     }

@@ -111,9 +111,35 @@ impl PodRelistQueue {
         self.push_as(uid, watch, false);
     }
 
+    /// [`PodRelistQueue::request`] (`Once`), [`deferred`](Self::deferred),
+    /// [`doubt`](Self::doubt) or [`redeliver`](Self::redeliver), only if the
+    /// queue's lock is free now (the kernel PLEG's real-time reader never
+    /// waits for it). Returns whether the request was queued.
+    pub fn try_push(&self, uid: &PodUid, watch: Watch, redeliver: bool) -> bool {
+        let now = self.clock.now_ns();
+        let pending = match self.pending.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        Self::merge_into(pending, uid.clone(), watch, redeliver, now);
+        self.notify.notify_one();
+        true
+    }
+
     fn push_as(&self, uid: PodUid, watch: Watch, redeliver: bool) {
         let now = self.clock.now_ns();
-        let mut pending = self.lock();
+        Self::merge_into(self.lock(), uid, watch, redeliver, now);
+        self.notify.notify_one();
+    }
+
+    fn merge_into(
+        mut pending: std::sync::MutexGuard<'_, HashMap<PodUid, Request>>,
+        uid: PodUid,
+        watch: Watch,
+        redeliver: bool,
+        now: u64,
+    ) {
         let r = pending.entry(uid).or_insert(Request {
             at_ns: now,
             watch,
@@ -122,8 +148,6 @@ impl PodRelistQueue {
         r.at_ns = r.at_ns.max(now);
         r.watch = r.watch.max(watch);
         r.redeliver |= redeliver;
-        drop(pending);
-        self.notify.notify_one();
     }
 
     /// How many pods wait for a relist.

@@ -158,7 +158,34 @@ impl KernelReports {
         at_ns: u64,
         send: impl FnOnce() -> bool,
     ) -> Delivery {
-        let mut map = self.lock();
+        Self::deliver_locked(&mut self.lock(), id, kind, at_ns, send)
+    }
+
+    /// [`KernelReports::deliver`] only if the lock is free now (the kernel
+    /// PLEG's real-time reader never waits for it): `None` when it is not
+    /// (nothing sent, nothing recorded).
+    pub fn try_deliver(
+        &self,
+        id: &ContainerId,
+        kind: EventKind,
+        at_ns: u64,
+        send: impl FnOnce() -> bool,
+    ) -> Option<Delivery> {
+        let mut map = match self.0.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Self::deliver_locked(&mut map, id, kind, at_ns, send))
+    }
+
+    fn deliver_locked(
+        map: &mut HashMap<ContainerId, (PlegState, u64)>,
+        id: &ContainerId,
+        kind: EventKind,
+        at_ns: u64,
+        send: impl FnOnce() -> bool,
+    ) -> Delivery {
         let state = map.get(id).map(|(s, _)| *s);
         use EventKind::*;
         let (already, new) = match kind {

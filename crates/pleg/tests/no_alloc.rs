@@ -12,6 +12,7 @@ use evpleg_events::{
     EventHeader, ExecEvent, ExitEvent, FILENAME_LEN,
 };
 use evpleg_pleg::kernel::event::{KernelEvent, decode};
+use evpleg_pleg::kernel::histogram::AtomicHistogram;
 use evpleg_pleg::kernel::tracker::{Output, Tracker};
 
 struct Counting;
@@ -135,10 +136,14 @@ fn records_of_other_processes_allocate_nothing() {
     let child = exec(2001, 901, 70, 70);
     let done = exit(2000, 900, 70);
 
+    // The reader's per-record latency metric (issue #25 item 8: atomic,
+    // never a scrape's lock).
+    let latency = AtomicHistogram::doubling(1_000, 24);
     COUNTING.with(|c| c.set(true));
     for _ in 0..1000 {
         for record in [&probe, &child, &done] {
             let ev = decode(record).expect("a record");
+            latency.observe_ns(ev.at_ns());
             if let KernelEvent::Exec(e) = &ev {
                 assert!(!tracker.exec_would_start(e));
             }
@@ -153,4 +158,5 @@ fn records_of_other_processes_allocate_nothing() {
         "allocations for 3000 records of other processes"
     );
     assert_eq!(tracker.stats.execs_other, 2000);
+    assert_eq!(latency.count(), 3000);
 }

@@ -243,6 +243,7 @@ impl KernelArgs {
             ring_buffer_bytes: self.ring_buffer_bytes,
             roots: self.cgroup_roots.clone(),
             realtime_priority: (self.realtime_priority > 0).then_some(self.realtime_priority),
+            realtime_budget: Default::default(),
             tap: None,
         }
     }

@@ -8,14 +8,17 @@ pub mod btf;
 
 pub mod event;
 pub mod health;
+pub mod histogram;
 pub mod index;
 pub mod loader;
 pub mod main_state;
+pub mod offload;
 pub mod proc;
 pub mod reader;
 pub mod relist_requests;
 pub mod rescan;
 pub mod roots;
+pub mod rt_budget;
 pub mod scan;
 pub mod tracker;
 
@@ -128,6 +131,9 @@ pub struct KernelPlegConfig {
     pub roots: Vec<String>,
     /// `None`: do not try real-time priority.
     pub realtime_priority: Option<i32>,
+    /// CPU the reader may spend at real-time priority per window
+    /// ([`rt_budget`]).
+    pub realtime_budget: rt_budget::RtBudgetConfig,
     /// Sees every decoded record on the reader thread (tests, the benchmark).
     pub tap: Option<RecordTap>,
 }
@@ -139,6 +145,7 @@ impl std::fmt::Debug for KernelPlegConfig {
             .field("ring_buffer_bytes", &self.ring_buffer_bytes)
             .field("roots", &self.roots)
             .field("realtime_priority", &self.realtime_priority)
+            .field("realtime_budget", &self.realtime_budget)
             .field("tap", &self.tap.as_ref().map(|_| "set"))
             .finish()
     }
@@ -151,6 +158,7 @@ impl Default for KernelPlegConfig {
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             roots: DEFAULT_ROOTS.iter().map(|s| s.to_string()).collect(),
             realtime_priority: Some(DEFAULT_REALTIME_PRIORITY),
+            realtime_budget: rt_budget::RtBudgetConfig::default(),
             tap: None,
         }
     }
@@ -162,6 +170,10 @@ impl Default for KernelPlegConfig {
 pub struct KernelPleg {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The normal-priority helper ([`offload`]): stopped after the reader.
+    helper: Option<JoinHandle<()>>,
+    helper_stop: Arc<AtomicBool>,
+    helper_wake: Arc<reader::Wake>,
     stats: Arc<KernelStats>,
     commands: std_mpsc::Sender<Command>,
     wake: Arc<reader::Wake>,
@@ -192,7 +204,7 @@ impl KernelPleg {
         merge: super::merge::KernelMerge,
         relist: Arc<RelistSignal>,
     ) -> Result<Self, KernelPlegError> {
-        Self::start_with(config, reader::Sink::Merge(Box::new(merge)), relist)
+        Self::start_with(config, reader::Sink::Merge(Arc::new(merge)), relist)
     }
 
     fn start_with(
@@ -224,7 +236,9 @@ impl KernelPleg {
         };
         let report = scanner.scan_into(&mut tracker, None, monotonic_ns())?;
         let mut roots = roots::RootFilterUpdates::new(&config.roots);
-        reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots));
+        reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots), &mut |l| {
+            l.emit()
+        });
         for e in &report.malformed {
             tracing::warn!(error = %e, "cgroup found by the start-up scan not attributed");
         }
@@ -234,6 +248,22 @@ impl KernelPleg {
         let health = Arc::new(HealthCell::default());
         let (commands, command_rx) = std_mpsc::channel();
         let wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
+        let helper_wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
+        let helper_stop = Arc::new(AtomicBool::new(false));
+        let merge = match &events {
+            reader::Sink::Merge(m) => Some(m.clone()),
+            reader::Sink::Channel(_) => None,
+        };
+        let (offload, helper) = offload::pair(
+            stats.clone(),
+            merge,
+            helper_wake.clone(),
+            helper_stop.clone(),
+        );
+        let helper = std::thread::Builder::new()
+            .name("evpleg-pleg-aux".into())
+            .spawn(move || helper.run())
+            .map_err(KernelPlegError::Spawn)?;
         let reader = reader::Reader {
             loaded,
             tracker,
@@ -248,16 +278,28 @@ impl KernelPleg {
             health: health.clone(),
             commands: command_rx,
             realtime_priority: config.realtime_priority,
+            realtime_budget: config.realtime_budget,
             tap: config.tap,
             wake: wake.clone(),
+            offload,
         };
-        let thread = std::thread::Builder::new()
+        let thread = match std::thread::Builder::new()
             .name("evpleg-ringbuf".into())
             .spawn(move || reader.run())
-            .map_err(KernelPlegError::Spawn)?;
+        {
+            Ok(t) => t,
+            Err(e) => {
+                helper_stop.store(true, Ordering::Release);
+                helper_wake.wake();
+                return Err(KernelPlegError::Spawn(e));
+            }
+        };
         Ok(Self {
             stop,
             thread: Some(thread),
+            helper: Some(helper),
+            helper_stop,
+            helper_wake,
             stats,
             commands,
             wake,
@@ -342,6 +384,13 @@ impl KernelPleg {
         self.wake.wake();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        // After the reader: what it handed off is merged before the helper
+        // stops.
+        self.helper_stop.store(true, Ordering::Release);
+        self.helper_wake.wake();
+        if let Some(helper) = self.helper.take() {
+            let _ = helper.join();
         }
     }
 }

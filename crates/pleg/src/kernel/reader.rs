@@ -19,23 +19,24 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuArray};
 use evpleg_events::counter;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::mpsc::{self, error::TrySendError};
-use tracing::{debug, info, warn};
 
 use super::event::{DecodeError, KernelEvent, decode};
 use super::health::{HealthCell, StopGuard};
+use super::histogram::AtomicHistogram;
 use super::loader::{Loaded, RootsMap};
+use super::offload::{LogLine, Offload};
 use super::proc::Reconciliation;
 use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
 use super::rescan::RescanPolicy;
 use super::roots::{FilterChange, RootFilterUpdates};
+use super::rt_budget::{CHECK_EVERY, RtBudget, RtBudgetConfig, Switch};
 use super::scan::Scanner;
 use super::tracker::{Handled, Output, ReconcileOutcome, Tracker};
 use crate::merge::KernelMerge;
 use crate::stages;
 use crate::stages::Stage;
-use evpleg_core::clock::monotonic_ns;
+use evpleg_core::clock::{monotonic_ns, thread_cpu_ns};
 use evpleg_core::ids::ContainerId;
 use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
 
@@ -57,8 +58,9 @@ pub const BATCH: usize = 256;
 #[derive(Debug)]
 pub struct KernelStats {
     /// Delay from the kernel's timestamp to the reader's receipt
-    /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us.
-    pub latency_seconds: Histogram,
+    /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us, atomic (a
+    /// scrape never holds the reader).
+    pub latency_seconds: AtomicHistogram,
     /// Records read from the ring buffer.
     pub records: AtomicU64,
     /// Records rejected by the decoder.
@@ -98,13 +100,23 @@ pub struct KernelStats {
     /// CLOCK_MONOTONIC ns of the reader loop's last pass (at least every 5 s):
     /// the supervisor's heartbeat.
     pub heartbeat_ns: AtomicU64,
+    /// Events the merge handed to the normal-priority helper (a lock it
+    /// needed was held, or an earlier event was still there).
+    pub handoffs: AtomicU64,
+    /// Events the helper's queue could not take: a full relist was requested.
+    pub handoff_failures: AtomicU64,
+    /// Reader log lines dropped because their queue was full.
+    pub log_lines_dropped: AtomicU64,
+    /// Times the reader spent its real-time budget and ran at normal
+    /// priority for the rest of its window.
+    pub rt_throttled: AtomicU64,
 }
 
 impl Default for KernelStats {
     fn default() -> Self {
         Self {
             // 1 us doubling 24 times: up to about 8 s.
-            latency_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            latency_seconds: AtomicHistogram::doubling(1_000, 24),
             records: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             events: AtomicU64::new(0),
@@ -128,6 +140,10 @@ impl Default for KernelStats {
             unfound: AtomicU64::new(0),
             heartbeat_ns: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
+            handoffs: AtomicU64::new(0),
+            handoff_failures: AtomicU64::new(0),
+            log_lines_dropped: AtomicU64::new(0),
+            rt_throttled: AtomicU64::new(0),
         }
     }
 }
@@ -144,7 +160,7 @@ pub enum Sink {
     /// The merge, run on the reader thread itself: the event reaches the cache
     /// and the pod workers' channel without a wake-up of another thread
     /// (`ebpf` mode). Its own delivery rules apply (contract clause 4).
-    Merge(Box<KernelMerge>),
+    Merge(Arc<KernelMerge>),
 }
 
 /// Commands to the reader thread, applied before the next record is handled.
@@ -174,9 +190,14 @@ pub(super) struct Reader {
     pub health: Arc<HealthCell>,
     pub commands: std_mpsc::Receiver<Command>,
     pub realtime_priority: Option<i32>,
+    /// The real-time budget ([`super::rt_budget`]).
+    pub realtime_budget: RtBudgetConfig,
     pub tap: Option<RecordTap>,
     /// Written by whoever sends a command or asks the reader to stop.
     pub wake: Arc<Wake>,
+    /// Log lines, counters to log and busy merges, for the normal-priority
+    /// helper thread: the reader never logs nor waits for a lock.
+    pub offload: Offload,
 }
 
 /// An eventfd that wakes the reader from `epoll_wait`.
@@ -201,8 +222,20 @@ impl Wake {
         unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
+    /// Blocks until the counter is non-zero (the helper thread; the reader
+    /// waits in `epoll_wait`).
+    pub(super) fn wait(&self) {
+        let mut fd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; EINTR just returns (the caller loops).
+        unsafe { libc::poll(&mut fd, 1, -1) };
+    }
+
     /// Resets the counter (non-blocking).
-    fn drain(&self) {
+    pub(super) fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a valid u64 from our non-blocking fd.
         unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
@@ -211,11 +244,20 @@ impl Wake {
 
 /// Tries to make the calling thread SCHED_FIFO at `priority`.
 fn set_realtime(priority: i32) -> std::io::Result<()> {
+    set_policy(libc::SCHED_FIFO, priority)
+}
+
+/// Makes the calling thread SCHED_OTHER (normal priority).
+fn set_normal() -> std::io::Result<()> {
+    set_policy(libc::SCHED_OTHER, 0)
+}
+
+fn set_policy(policy: libc::c_int, priority: i32) -> std::io::Result<()> {
     let param = libc::sched_param {
         sched_priority: priority,
     };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
     if rc == 0 {
         Ok(())
     } else {
@@ -269,19 +311,27 @@ fn sum(counters: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Applies changes to the kernel filter, logging each.
-pub(super) fn apply_filter_changes(roots: &mut RootsMap, changes: Vec<FilterChange>) {
+/// Applies changes to the kernel filter, a line for `log` each.
+pub(super) fn apply_filter_changes(
+    roots: &mut RootsMap,
+    changes: Vec<FilterChange>,
+    log: &mut dyn FnMut(LogLine),
+) {
     for change in changes {
         match change {
             FilterChange::Add { cgroup_id, level } => match roots.add(cgroup_id, level) {
-                Ok(()) => info!(cgroup_id, level, "root cgroup now in the kernel filter"),
-                Err(e) => {
-                    warn!(error = %e, cgroup_id, "cannot add root cgroup to the kernel filter")
-                }
+                Ok(()) => log(LogLine::RootAdded { cgroup_id, level }),
+                Err(e) => log(LogLine::RootAddFailed {
+                    cgroup_id,
+                    error: e.to_string(),
+                }),
             },
             FilterChange::Remove { cgroup_id } => {
                 if let Err(e) = roots.remove(cgroup_id) {
-                    warn!(error = %e, cgroup_id, "cannot remove root cgroup from the kernel filter");
+                    log(LogLine::RootRemoveFailed {
+                        cgroup_id,
+                        error: e.to_string(),
+                    });
                 }
             }
         }
@@ -299,22 +349,26 @@ impl Reader {
             now_ns: monotonic_ns,
         };
         guard.reason = self.run_loop().err();
-        debug!(reason = ?guard.reason, "ring-buffer reader stopped");
+        // The guard logs a failure: not at real-time priority.
+        let _ = set_normal();
     }
 
     /// Runs until `stop`; an `Err` says why it stopped otherwise.
     fn run_loop(&mut self) -> Result<(), String> {
-        match self.realtime_priority {
+        // Only a reader that runs SCHED_FIFO has a budget to keep.
+        let mut budget = None;
+        let line = match self.realtime_priority {
             Some(priority) => match set_realtime(priority) {
-                Ok(()) => info!(priority, "ring-buffer reader runs SCHED_FIFO"),
-                Err(e) => warn!(
-                    error = %e,
-                    "cannot run the ring-buffer reader SCHED_FIFO (needs CAP_SYS_NICE); \
-                     reading at normal priority, event latency will be higher"
-                ),
+                Ok(()) => {
+                    let b = RtBudget::new(self.realtime_budget, monotonic_ns(), thread_cpu_ns());
+                    budget = Some((b, priority));
+                    LogLine::RealtimeOn { priority }
+                }
+                Err(error) => LogLine::RealtimeRefused { priority, error },
             },
-            None => info!("ring-buffer reader runs at normal priority (real-time disabled)"),
-        }
+            None => LogLine::RealtimeDisabled,
+        };
+        self.offload.log(line);
         let epoll = Epoll::new(&[self.loaded.ring.as_raw_fd(), self.wake.0.as_raw_fd()])
             .map_err(|e| format!("epoll on the ring buffer failed: {e}"))?;
         let mut last_poll = Instant::now();
@@ -328,6 +382,12 @@ impl Reader {
                 IDLE_POLL_INTERVAL
             };
             let mut timeout = every.saturating_sub(last_poll.elapsed());
+            self.keep_budget(&mut budget);
+            if let Some(until) = budget.as_ref().and_then(|(b, _)| b.throttled_until_ns()) {
+                // Back at SCHED_FIFO before the next record after the window.
+                let until = Duration::from_nanos(until.saturating_sub(monotonic_ns()));
+                timeout = timeout.min(until);
+            }
             if !self.awaiting_rescan.is_empty()
                 && let Some(next) = self.rescans.next_ns()
             {
@@ -340,7 +400,10 @@ impl Reader {
             epoll.wait(timeout);
             self.wake.drain();
             self.rescan_for_reconciles();
-            for _ in 0..BATCH {
+            for i in 0..BATCH {
+                if i % CHECK_EVERY == CHECK_EVERY - 1 {
+                    self.keep_budget(&mut budget);
+                }
                 let Some(item) = self.loaded.ring.next() else {
                     break;
                 };
@@ -370,6 +433,26 @@ impl Reader {
         Ok(())
     }
 
+    /// Checks the real-time budget and switches the thread's policy when it
+    /// says so (a failed switch leaves the policy as it was: the budget
+    /// decides again at the next check).
+    fn keep_budget(&self, budget: &mut Option<(RtBudget, i32)>) {
+        let Some((b, priority)) = budget else {
+            return;
+        };
+        match b.check(monotonic_ns(), thread_cpu_ns()) {
+            Switch::Stay => {}
+            Switch::ToNormal => {
+                let _ = set_normal();
+                self.stats.rt_throttled.fetch_add(1, Ordering::Relaxed);
+                self.offload.note_counters();
+            }
+            Switch::ToRealtime => {
+                let _ = set_realtime(*priority);
+            }
+        }
+    }
+
     fn apply_commands(&mut self) -> Result<(), String> {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
@@ -384,14 +467,14 @@ impl Reader {
     fn on_record(&mut self, decoded: Result<KernelEvent, DecodeError>, now: u64, out: &mut Output) {
         let ev = match decoded {
             Ok(ev) => ev,
-            Err(e) => {
+            Err(_) => {
                 self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                warn!(error = %e, "malformed ring-buffer record rejected");
+                self.offload.note_counters();
                 return;
             }
         };
         let delay = now.saturating_sub(ev.at_ns());
-        self.stats.latency_seconds.observe(delay as f64 / 1e9);
+        self.stats.latency_seconds.observe_ns(delay);
         if let Some(tap) = &self.tap {
             tap(&ev, delay);
         }
@@ -400,7 +483,10 @@ impl Reader {
             KernelEvent::CgroupRmdir(c) => self.roots.on_rmdir(c),
             _ => Vec::new(),
         };
-        apply_filter_changes(&mut self.loaded.roots, changes);
+        if !changes.is_empty() {
+            let offload = &self.offload;
+            apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
+        }
         if let KernelEvent::CgroupMkdir(c) = &ev
             && self.roots.below_unknown_root(&c.path)
             && self.rescans.allows(monotonic_ns())
@@ -415,7 +501,7 @@ impl Reader {
             // counter is read first (once per container start).
             self.check_drops();
         }
-        if let Handled::UnknownCgroup { cgroup_id } = self.tracker.handle(&ev, out) {
+        if let Handled::UnknownCgroup { .. } = self.tracker.handle(&ev, out) {
             let pending = match &ev {
                 KernelEvent::Exec(exec) => Some(exec.process),
                 _ => None,
@@ -426,15 +512,14 @@ impl Reader {
             };
             if !attributed {
                 self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-                debug!(cgroup_id, "task in an unknown cgroup below a root: relist");
+                self.offload.note_counters();
                 self.relist.request(RelistReason::Unattributed);
             }
         }
         for e in out.malformed.drain(..) {
-            warn!(error = %e, "cgroup not attributed");
+            self.offload.log(LogLine::NotAttributed(e.to_string()));
         }
-        for reason in out.relists.drain(..) {
-            debug!(reason, "exit missed");
+        for _ in out.relists.drain(..) {
             self.relist.request(RelistReason::ExitMissed);
         }
     }
@@ -447,12 +532,13 @@ impl Reader {
         match self.scanner.scan_into(&mut self.tracker, pending, at) {
             Ok(report) => {
                 let changes = self.roots.on_scan(&report.roots);
-                apply_filter_changes(&mut self.loaded.roots, changes);
+                let offload = &self.offload;
+                apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
                 for e in report.malformed {
-                    warn!(error = %e, "cgroup found by a rescan not attributed");
+                    offload.log(LogLine::NotAttributed(e.to_string()));
                 }
             }
-            Err(e) => warn!(error = %e, "rescan of the cgroup tree failed"),
+            Err(e) => self.offload.log(LogLine::RescanFailed(e.to_string())),
         }
         self.rescans.ran(at, monotonic_ns());
         for r in std::mem::take(&mut self.awaiting_rescan) {
@@ -482,21 +568,13 @@ impl Reader {
         }
     }
 
-    fn reconciled(&mut self, r: &Reconciliation, outcome: &ReconcileOutcome) {
+    fn reconciled(&mut self, _r: &Reconciliation, outcome: &ReconcileOutcome) {
         for id in &outcome.unfound {
-            warn!(container = %id, "the runtime lists a running container whose cgroup is under no kernel pleg root; its death waits for a relist (check --cgroup-root)");
+            self.offload.log(LogLine::Unfound(id.clone()));
         }
         for id in &outcome.corrected {
-            warn!(container = %id, "the runtime's main pid differs from the one the kernel saw; the runtime's wins");
+            self.offload.log(LogLine::Corrected(id.clone()));
         }
-        debug!(
-            scope = ?r.view.scope,
-            confirmed = outcome.confirmed,
-            unconfirmed = outcome.unconfirmed,
-            pruned = outcome.pruned,
-            rescan_due = outcome.rescan_due,
-            "tracker reconciled with the runtime"
-        );
         self.store_tracker_stats();
     }
 
@@ -518,7 +596,7 @@ impl Reader {
             }
             let sender = match &self.events {
                 Sink::Merge(merge) => {
-                    merge.handle(event);
+                    self.offload.merge(merge, event, &self.relist);
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -528,9 +606,9 @@ impl Reader {
                 Ok(()) => {
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(TrySendError::Full(event)) => {
+                Err(TrySendError::Full(_)) => {
                     self.stats.discarded.fetch_add(1, Ordering::Relaxed);
-                    warn!(kind = ?event.kind, pod = ?event.pod_uid, "event channel full: event discarded, relist requested");
+                    self.offload.note_counters();
                     self.relist.request(RelistReason::ChannelFull);
                 }
                 Err(TrySendError::Closed(_)) => {
@@ -567,20 +645,17 @@ impl Reader {
         let dropped = sum(&self.loaded.counters, counter::DROPPED);
         let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
         if dropped > before {
-            let demoted = self.tracker.records_lost(monotonic_ns());
-            warn!(
-                lost = dropped - before,
-                demoted,
-                "kernel ring buffer full: records lost, containers demoted to uncertain, relist requested"
-            );
+            self.tracker.records_lost(monotonic_ns());
             self.relist.request(RelistReason::KernelDrop);
             self.store_tracker_stats();
+            self.offload.note_counters();
         }
     }
 
     fn poll_counters(&mut self) {
         self.store_tracker_stats();
         self.check_drops();
+        self.offload.flush_counters();
         let c = &self.loaded.counters;
         self.stats
             .kernel_reported

@@ -23,15 +23,19 @@ pub enum RelistReason {
     ExitMissed,
     /// The ring-buffer reader stopped.
     ReaderStopped,
+    /// A kernel event whose merge's locks were busy could not be handed to
+    /// the normal-priority helper (its queue was full).
+    HandOffFull,
 }
 
 impl RelistReason {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::KernelDrop,
         Self::ChannelFull,
         Self::Unattributed,
         Self::ExitMissed,
         Self::ReaderStopped,
+        Self::HandOffFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,13 +45,14 @@ impl RelistReason {
             Self::Unattributed => "task in an unknown cgroup",
             Self::ExitMissed => "container cgroup removed before its main process exit was seen",
             Self::ReaderStopped => "kernel pleg reader stopped",
+            Self::HandOffFull => "kernel event merge hand-off queue full",
         }
     }
 }
 
 /// Counts of requests by reason (metrics).
 #[derive(Debug, Default)]
-pub struct RelistCounts([AtomicU64; 5]);
+pub struct RelistCounts([AtomicU64; 6]);
 
 impl RelistCounts {
     pub fn get(&self, reason: RelistReason) -> u64 {
@@ -67,10 +72,11 @@ impl RelistRequests {
         Self { signal, counts }
     }
 
-    /// Non-blocking; callable on the reader thread.
+    /// Non-blocking and silent (the reason is counted, not logged);
+    /// callable on the reader thread.
     pub fn request(&self, reason: RelistReason) {
         self.counts.0[reason as usize].fetch_add(1, Ordering::Relaxed);
-        self.signal.request(reason.as_str());
+        self.signal.request_silently();
     }
 }
 
@@ -88,6 +94,6 @@ mod tests {
         r.request(RelistReason::ExitMissed);
         assert_eq!(signal.count(), 3);
         let got: Vec<u64> = RelistReason::ALL.iter().map(|r| counts.get(*r)).collect();
-        assert_eq!(got, vec![1, 0, 0, 2, 0]);
+        assert_eq!(got, vec![1, 0, 0, 2, 0, 0]);
     }
 }
