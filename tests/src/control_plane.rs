@@ -319,6 +319,13 @@ impl ControlPlane {
             ],
         )?;
         let admin = pki.issue("admin", "/O=system:masters/CN=evpleg-test-admin", &[])?;
+        // The API server's identity towards kubelets (kubeadm's
+        // apiserver-kubelet-client, here in system:masters).
+        let kubelet_client = pki.issue(
+            "apiserver-kubelet-client",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            &[],
+        )?;
         let signing = pki.signing_key("service-account")?;
         let policy = dir.join("audit-policy.yaml");
         std::fs::write(&policy, AUDIT_POLICY)
@@ -363,6 +370,10 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".to_owned(),
             "--profiling=false".to_owned(),
             format!("--audit-policy-file={}", d(&policy)),
+            format!("--kubelet-client-certificate={}", d(&kubelet_client.cert)),
+            format!("--kubelet-client-key={}", d(&kubelet_client.key)),
+            // A node's InternalIP first: its Hostname need not resolve here.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
             format!("--audit-log-path={}", dir.join("audit.log").display()),
         ]
         .into();

@@ -199,6 +199,11 @@ impl E2e {
             NODE,
             "--listen",
             "127.0.0.1:0",
+            // The kubelet server (with a kubeconfig) on a free loopback port.
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
             "--pod-log-dir",
             logs.to_str().expect("utf-8"),
             "--root-dir",

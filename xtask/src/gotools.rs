@@ -160,6 +160,16 @@ const BINARIES: &[Binary] = &[
         why: "the stock kubelet: the CRI proxy's client and the benchmark's rival",
     },
     Binary {
+        name: "kubectl",
+        module: &KUBERNETES,
+        package: "k8s.io/kubernetes/cmd/kubectl",
+        test_binary: false,
+        x_flags: K8S_VERSION_X,
+        version_args: &["version", "--client"],
+        version_shown: "Client Version: {v}",
+        why: "`kubectl logs` through the real API server to the agent's kubelet server",
+    },
+    Binary {
         name: "crictl",
         module: &CRI_TOOLS,
         package: "sigs.k8s.io/cri-tools/cmd/crictl",

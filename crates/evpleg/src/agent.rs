@@ -5,7 +5,9 @@
 //! with a kubeconfig, the API server; pod events kept per pod
 //! (`/pods/<namespace>/<name>/events`) and, with a kubeconfig, written to the
 //! API server; the volume manager's reconciler mounting the pods' volumes.
-//! Also `/metrics` and `/healthz`.
+//! Also `/metrics` and `/healthz`, and the kubelet's authenticated server
+//! ([`crate::server::secure`]) with a kubeconfig or `--authorization-mode
+//! AlwaysAllow`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{NoEndpoint, RUN_LISTEN, RunArgs};
+use crate::config::{AuthorizationModeFlag, NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::metrics::Metrics;
 use crate::server;
 use crate::server::ServerState;
@@ -67,6 +69,8 @@ pub enum AgentError {
     PluginRegistry(#[from] evpleg_volume::csi::CsiError),
     #[error("--root-dir: {0}")]
     RootDir(#[from] evpleg_volume::pod_dirs::PodDirError),
+    #[error("kubelet server: {0}")]
+    KubeletServer(#[from] crate::server::tls::TlsError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -119,6 +123,10 @@ pub struct Agent {
     pub csi_drivers: evpleg_volume::csi::CsiDrivers,
     pub status: Arc<StatusManager>,
     pub addr: SocketAddr,
+    /// The kubelet server's address, when it serves.
+    pub kubelet_addr: Option<SocketAddr>,
+    /// The kubelet server's state (its auth caches' counts, its log streams).
+    pub kubelet_api: Option<Arc<server::secure::KubeletApi>>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     pleg: Option<Pleg>,
@@ -181,6 +189,19 @@ impl Agent {
             addr: listen,
             source,
         })?;
+        let serve_kubelet = args.kubeconfig.is_some()
+            || args.server.authorization_mode == AuthorizationModeFlag::AlwaysAllow;
+        let kubelet_listener = if serve_kubelet {
+            let addr = SocketAddr::new(args.server.address, args.server.port);
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Listen { addr, source })?;
+            Some(listener)
+        } else {
+            info!("kubelet server off: no --kubeconfig to review its requests with");
+            None
+        };
+        let kubelet_addr = kubelet_listener.as_ref().and_then(|l| l.local_addr().ok());
         let clock: SharedClock = Arc::new(MonotonicClock);
         let host_ip = args.node_ip();
         let cri = CriClient::connect(&endpoint, CriClientConfig::default()).await?;
@@ -253,7 +274,8 @@ impl Agent {
                 .into_iter()
                 .map(|(_, _, m)| m),
         );
-        let runtime_name = cri.version().await?.runtime_name;
+        let version = cri.version().await?;
+        let runtime_name = version.runtime_name.clone();
         let cgroup_driver =
             evpleg_kubelet::kuberuntime::cgroups::resolve_driver(args.cgroup_driver.driver(), &cri)
                 .await;
@@ -374,6 +396,7 @@ impl Agent {
             tasks.push(health.spawn("url source", shutdown.clone(), src.run(source_tx.clone())));
         }
         let node_client = kube.clone();
+        let node_client_for_auth = kube.clone();
         if let Some(client) = kube {
             sources.push(SourceName::Api);
             let api = evpleg_kubelet::source::api::ApiSource::new(client, node_name.clone());
@@ -386,6 +409,8 @@ impl Agent {
         }
         drop(source_tx);
         let status_cri = cri.clone();
+        let kubelet_cri = cri.clone();
+        let host_ip_for_status = host_ip.clone();
         let sync_loop = SyncLoop::new(SyncLoopParts {
             workers: workers.clone(),
             status: status.clone(),
@@ -448,6 +473,13 @@ impl Agent {
                 let healthz = if code.is_success() { Ok(()) } else { Err(body) };
                 runtime_state::ready(runtime.errors(), healthz)
             });
+            use evpleg_kubelet::node_status::info;
+            let identity = info::NodeIdentity {
+                internal_ip: host_ip_for_status.clone(),
+                hostname: crate::config::host_name(),
+                kubelet_port: kubelet_addr.map(|a| a.port()),
+                system: info::system_info(&version.runtime_name, &version.runtime_version),
+            };
             let parts = evpleg_kubelet::node_status::NodeStatusParts {
                 client,
                 node: node_info,
@@ -456,6 +488,7 @@ impl Agent {
                 lease_duration_seconds: args.node_lease_duration_seconds,
                 update_frequency: args.node_status_update_frequency,
                 health: node_health,
+                identity,
             };
             tasks.push(health.spawn(
                 "node status",
@@ -463,28 +496,38 @@ impl Agent {
                 evpleg_kubelet::node_status::run(parts, shutdown.clone()),
             ));
         }
-        let mut router = server::router(state);
+        let mut router = server::router(state.clone());
         // /pods exposes every pod's spec, env values included: an operator
         // turns it off with --pods-endpoint=false (the kubelet's read-only
         // port off).
         if args.pods_endpoint {
-            let pods_store = local.clone();
-            let pod_events = events.clone();
-            router = router
-                .route(
-                    "/pods",
-                    get(move || {
-                        let store = pods_store.clone();
-                        async move { axum::Json(store.pod_list()) }
-                    }),
-                )
-                .route(
-                    "/pods/{namespace}/{name}/events",
-                    get(move |Path((namespace, name)): Path<(String, String)>| {
-                        let events = pod_events.clone();
-                        async move { axum::Json(events.event_list(&namespace, &name)) }
-                    }),
-                );
+            router = router.merge(pods_routes(&local, &events));
+        }
+        let mut kubelet_api = None;
+        if let Some(listener) = kubelet_listener {
+            let tls = crate::server::tls::server_config(
+                &serving_cert(args, &node_name),
+                args.server.client_ca_file.as_deref(),
+            )?;
+            let api = Arc::new(server::secure::KubeletApi {
+                auth: server::auth::Auth::new(
+                    args.server.auth(&node_name),
+                    node_client_for_auth.map(server::auth::KubeReviewer),
+                ),
+                pods: local.clone(),
+                cri: kubelet_cri,
+                log_streams: Default::default(),
+            });
+            let base = server::router(state).merge(pods_routes(&local, &events));
+            tasks.push(tokio::spawn(server::secure::serve(
+                listener,
+                tls,
+                server::secure::router(api.clone(), base),
+                common.http.limits(),
+                shutdown.clone(),
+            )));
+            info!(addr = ?kubelet_addr, "kubelet server running: /containerLogs, /pods, /metrics, /healthz");
+            kubelet_api = Some(api);
         }
         tasks.push(tokio::spawn(crate::http::serve(
             listener,
@@ -499,6 +542,8 @@ impl Agent {
             csi_drivers,
             status,
             addr,
+            kubelet_addr,
+            kubelet_api,
             shutdown,
             tasks,
             pleg: Some(pleg),
@@ -540,5 +585,57 @@ impl Agent {
         if let Some(p) = self.pleg.take() {
             p.stop().await;
         }
+    }
+}
+
+/// `/pods` and `/pods/{namespace}/{name}/events`.
+fn pods_routes(local: &Arc<LocalStore>, events: &Recorder) -> axum::Router {
+    let pods_store = local.clone();
+    let pod_events = events.clone();
+    axum::Router::new()
+        .route(
+            "/pods",
+            get(move || {
+                let store = pods_store.clone();
+                async move { axum::Json(store.pod_list()) }
+            }),
+        )
+        .route(
+            "/pods/{namespace}/{name}/events",
+            get(move |Path((namespace, name)): Path<(String, String)>| {
+                let events = pod_events.clone();
+                async move { axum::Json(events.event_list(&namespace, &name)) }
+            }),
+        )
+}
+
+/// The kubelet server's certificate: the flags' files, else a self-signed
+/// one in --cert-dir (<root-dir>/pki) for the host name, the node name and
+/// the node IP.
+fn serving_cert(args: &RunArgs, node_name: &str) -> crate::server::tls::ServingCert {
+    use crate::server::tls::ServingCert;
+    if let (Some(cert), Some(key)) = (
+        &args.server.tls_cert_file,
+        &args.server.tls_private_key_file,
+    ) {
+        return ServingCert::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+    }
+    let mut names = vec![
+        crate::config::host_name(),
+        node_name.to_owned(),
+        args.node_ip(),
+    ];
+    names.dedup();
+    names.retain(|n| !n.is_empty());
+    ServingCert::SelfSigned {
+        dir: args
+            .server
+            .cert_dir
+            .clone()
+            .unwrap_or_else(|| args.root_dir.join("pki")),
+        names,
     }
 }

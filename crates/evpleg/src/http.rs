@@ -66,6 +66,25 @@ pub async fn serve(
     limits: HttpLimits,
     shutdown: CancellationToken,
 ) {
+    serve_with(listener, limits, shutdown, move |stream, peer, stop| {
+        let io = IdleIo::new(stream, limits.idle_timeout);
+        serve_connection(io, router.clone(), limits, peer, stop)
+    })
+    .await
+}
+
+/// The accept loop of [`serve`] with each connection handed to `handle`
+/// (the kubelet server's TLS handshake, then [`serve_connection`]): at most
+/// `limits.max_connections` at once, until `shutdown`.
+pub async fn serve_with<F, Fut>(
+    listener: TcpListener,
+    limits: HttpLimits,
+    shutdown: CancellationToken,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let mut connections = JoinSet::new();
     if let Ok(addr) = listener.local_addr() {
@@ -93,27 +112,9 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
-        let stop = shutdown.clone();
+        let served = handle(stream, peer, shutdown.clone());
         connections.spawn(async move {
-            let io = TokioIo::new(IdleIo::new(stream, limits.idle_timeout));
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(limits.max_header_bytes.max(8 << 10));
-            let conn = builder.serve_connection(io, service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "http: connection closed");
-            }
+            served.await;
             drop(permit);
         });
     }
@@ -125,16 +126,57 @@ pub async fn serve(
     }
 }
 
+/// Serves HTTP/1.1 on one connection (`io`, already bounded by
+/// [`IdleIo`]) within `limits`, until it closes or `stop`.
+pub async fn serve_connection<I>(
+    io: I,
+    router: Router,
+    limits: HttpLimits,
+    peer: std::net::SocketAddr,
+    stop: CancellationToken,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8 << 10));
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "http: connection closed");
+    }
+}
+
 /// A stream that fails with `TimedOut` once neither a read nor a write has
 /// made progress for `timeout` while one was waiting.
-struct IdleIo<T> {
+pub struct IdleIo<T> {
     inner: T,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
+impl<T> std::fmt::Debug for IdleIo<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleIo")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T> IdleIo<T> {
-    fn new(inner: T, timeout: Duration) -> Self {
+    pub fn new(inner: T, timeout: Duration) -> Self {
         Self {
             inner,
             timeout,

@@ -1,6 +1,14 @@
 //! The agent's HTTP endpoints, like the kubelet's read-only port: `/metrics`
 //! (Prometheus), `/healthz` (PLEG health, the kubelet's "pleg was last seen active
-//! ... ago" check), `/readyz`.
+//! ... ago" check), `/readyz`; and, as the kubelet's `pkg/kubelet/server`, its
+//! authenticated HTTPS server ([`secure`]: [`tls`], [`auth`], [`x509`],
+//! container logs read by [`logs`]).
+
+pub mod auth;
+pub mod logs;
+pub mod secure;
+pub mod tls;
+pub mod x509;
 
 use std::sync::Arc;
 

@@ -10,6 +10,7 @@
 
 mod cri_proxy;
 pub mod duration;
+mod kubelet_server;
 mod run;
 
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use cri_proxy::{CRI_PROXY_HTTP, CRI_PROXY_SOCKET, CriProxyArgs};
+pub use kubelet_server::{AuthorizationModeFlag, KubeletServerArgs};
 pub use run::{CgroupDriverFlag, RunArgs};
 
 use evpleg_pleg::PlegMode;
@@ -253,6 +255,14 @@ impl KernelArgs {
 pub const RUN_LISTEN: &str = "127.0.0.1:10255";
 /// `observe`'s default listen address, clear of the kubelet's ports.
 pub const OBSERVE_LISTEN: &str = "127.0.0.1:10265";
+
+/// The host's name, lower-cased (`localhost` when unreadable): the default
+/// node name and the Node's `Hostname` address.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".into())
+}
 
 /// The CRI endpoint could not be found.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -14,6 +14,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub common: Common,
 
+    #[command(flatten)]
+    pub server: super::KubeletServerArgs,
+
     /// How often a pod worker syncs its pod without another reason (the
     /// kubelet's `--sync-frequency`).
     #[arg(long, env = "EVPLEG_SYNC_FREQUENCY", default_value = "1m",
@@ -189,11 +192,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The node name: the flag, else the host name.
     pub fn node_name(&self) -> String {
-        self.node_name.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_lowercase())
-                .unwrap_or_else(|_| "localhost".into())
-        })
+        self.node_name.clone().unwrap_or_else(super::host_name)
     }
 
     /// The pods' DNS settings from `--cluster-dns`, `--cluster-domain` and

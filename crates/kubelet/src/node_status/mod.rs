@@ -22,8 +22,10 @@
 //!   filesystem), PIDPressure (never: the kubelet has no default PID
 //!   threshold).
 //!
-//! Differences: the status carries no node info (kernel, runtime versions),
-//! addresses or images; no eviction is done under pressure; labels or taints
+//! The addresses, the kubelet server's port and the node's system info are
+//! [`info`]'s, written at registration and with every status patch.
+//!
+//! Differences: the status carries no images; no eviction is done under pressure; labels or taints
 //! changed by others are not reconciled.
 
 use std::collections::BTreeMap;
@@ -43,6 +45,7 @@ use tracing::{info, warn};
 use crate::admission::Allocatable;
 use crate::admission::node::NodeInfo;
 
+pub mod info;
 pub mod runtime_state;
 
 /// The namespace of node leases.
@@ -66,6 +69,8 @@ pub struct NodeStatusParts {
     pub lease_duration_seconds: i32,
     pub update_frequency: Duration,
     pub health: Health,
+    /// Addresses, the kubelet server's port, the system info.
+    pub identity: info::NodeIdentity,
 }
 
 impl std::fmt::Debug for NodeStatusParts {
@@ -89,7 +94,12 @@ fn resources(a: &Allocatable) -> BTreeMap<String, Quantity> {
 }
 
 /// The Node registered for `node`.
-pub fn node_object(node: &NodeInfo, capacity: &Allocatable, allocatable: &Allocatable) -> Node {
+pub fn node_object(
+    node: &NodeInfo,
+    capacity: &Allocatable,
+    allocatable: &Allocatable,
+    identity: &info::NodeIdentity,
+) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(node.name.clone()),
@@ -103,6 +113,9 @@ pub fn node_object(node: &NodeInfo, capacity: &Allocatable, allocatable: &Alloca
         status: Some(NodeStatus {
             capacity: Some(resources(capacity)),
             allocatable: Some(resources(allocatable)),
+            addresses: Some(identity.addresses()),
+            daemon_endpoints: Some(identity.daemon_endpoints()),
+            node_info: Some(identity.system.clone()),
             ..NodeStatus::default()
         }),
     }
@@ -251,7 +264,12 @@ pub async fn run(parts: NodeStatusParts, shutdown: CancellationToken) {
     let name = parts.node.name.clone();
     let nodes: Api<Node> = Api::all(parts.client.clone());
     let leases: Api<Lease> = Api::namespaced(parts.client.clone(), LEASE_NAMESPACE);
-    let node = node_object(&parts.node, &parts.capacity, &parts.allocatable);
+    let node = node_object(
+        &parts.node,
+        &parts.capacity,
+        &parts.allocatable,
+        &parts.identity,
+    );
     loop {
         match nodes.create(&PostParams::default(), &node).await {
             Ok(_) => {
@@ -299,6 +317,9 @@ pub async fn run(parts: NodeStatusParts, shutdown: CancellationToken) {
                     "capacity": resources(&parts.capacity),
                     "allocatable": resources(&parts.allocatable),
                     "conditions": patched,
+                    "addresses": parts.identity.addresses(),
+                    "daemonEndpoints": parts.identity.daemon_endpoints(),
+                    "nodeInfo": parts.identity.system,
                 }});
                 match nodes
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
@@ -457,7 +478,7 @@ mod tests {
             ephemeral_storage_bytes: 9 << 30,
             pods: 110,
         };
-        let n = node_object(&info, &cap, &alloc);
+        let n = node_object(&info, &cap, &alloc, &Default::default());
         let v = serde_json::to_value(&n).unwrap();
         assert_eq!(v["metadata"]["labels"]["zone"], "a");
         assert_eq!(v["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
