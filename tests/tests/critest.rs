@@ -41,6 +41,17 @@ fn run(
     outcome
 }
 
+/// The tests the proxy may pass where the runtime alone fails, because the
+/// proxy's overlay answers with what the kernel saw: containerd 1.6 on this
+/// host's cgroup layout sometimes reports an OOM kill as `Error` (its OOM
+/// event comes after the exit; once in three runs here), while the proxy shows the
+/// kernel's `OOMKilled` from the death until the runtime reports the exit
+/// (docs/cri-proxy.md). The other way (a test passing only directly) always
+/// fails.
+const THE_KERNEL_CORRECTS: &[&str] = &[
+    "[k8s.io] Container OOM runtime should output OOMKilled reason should terminate with exitCode 137 and reason OOMKilled",
+];
+
 #[test]
 fn critest_passes_the_same_tests_through_the_proxy_as_directly() {
     let test = "critest_passes_the_same_tests_through_the_proxy_as_directly";
@@ -80,7 +91,12 @@ fn critest_passes_the_same_tests_through_the_proxy_as_directly() {
         }
     }
     let only_direct: Vec<_> = want.difference(&got).collect();
-    let only_through: Vec<_> = got.difference(&want).collect();
+    let (corrected, only_through): (Vec<_>, Vec<_>) = got
+        .difference(&want)
+        .partition(|name| THE_KERNEL_CORRECTS.contains(*name));
+    for name in &corrected {
+        eprintln!("passed only through the proxy, as the kernel's verdict allows: {name}");
+    }
     assert!(
         only_direct.is_empty() && only_through.is_empty(),
         "passed only directly: {only_direct:#?}\npassed only through the proxy: {only_through:#?}\n(critest's logs: {})",

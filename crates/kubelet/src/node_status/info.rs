@@ -46,21 +46,10 @@ pub fn os_image(os_release: &str) -> String {
         .unwrap_or_else(|| "Linux".into())
 }
 
-/// Go's name of this architecture.
-pub fn go_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        "powerpc64" => "ppc64le",
-        other => other,
-    }
-}
-
 /// This host's identity, with the runtime `runtime_name` `runtime_version`.
 pub fn system_info(runtime_name: &str, runtime_version: &str) -> NodeSystemInfo {
     NodeSystemInfo {
-        architecture: go_arch().into(),
+        architecture: crate::admission::node::go_arch().into(),
         boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
         container_runtime_version: format!("{runtime_name}://{runtime_version}"),
         kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
