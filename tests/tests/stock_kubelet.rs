@@ -616,7 +616,11 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
         );
         assert!(ev.disagreement.is_none(), "{}", ev.json());
         if ev.source != "kernel" {
+            // A hint's relist is timed by observe's relist, which races the
+            // kubelet's own 1 s relist: its time says nothing of the kernel
+            // path, and it is counted below instead.
             uncertain.push(ev.json());
+            continue;
         }
         let at: k8s_openapi::jiff::Timestamp = ev.time.parse().expect("an RFC 3339 time");
         assert!(
@@ -641,6 +645,14 @@ async fn observe_sees_every_death_before_the_stock_kubelet_and_agrees() {
     );
     eprintln!(
         "{} of {} deaths seen by a hint's relist, not the kernel: {uncertain:#?}",
+        uncertain.len(),
+        seen.len()
+    );
+    // 1 to 2 of 8 in every run so far (docs/stock-kubelet.md, "Found"): more
+    // than a quarter would be a regression of the kernel path.
+    assert!(
+        uncertain.len() * 4 <= seen.len(),
+        "{} of {} deaths came from a hint's relist: {uncertain:#?}",
         uncertain.len(),
         seen.len()
     );

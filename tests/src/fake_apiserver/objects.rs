@@ -5,6 +5,9 @@
 //! - `GET /api/v1/namespaces/{ns}/configmaps/{name}` and `.../secrets/{name}`:
 //!   the stored object (a Secret's `data` base64 on the wire, as the real
 //!   one), or 404 `NotFound` with the `metav1.Status` the API server sends.
+//! - `GET /api/v1/namespaces/{ns}/services`: an empty `ServiceList` (the
+//!   fake holds no Services; the agent lists them for each container's
+//!   service environment, as the kubelet's `getServiceEnvVarMap`).
 //! - `POST /api/v1/namespaces/{ns}/serviceaccounts/{name}/token`: a
 //!   `TokenRequest` in, the same with `status.token` and
 //!   `status.expirationTimestamp` out (201). As the API server: the account
@@ -49,6 +52,7 @@ pub(super) fn routes() -> Router<AppState> {
             get(get_config_map),
         )
         .route("/api/v1/namespaces/{ns}/secrets/{name}", get(get_secret))
+        .route("/api/v1/namespaces/{ns}/services", get(list_services))
         .route(
             "/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
             post(create_token),
@@ -118,6 +122,13 @@ impl FakeApiServer {
     pub fn token_requests(&self) -> Vec<(String, String, TokenRequest)> {
         self.lock().objects.tokens.clone()
     }
+}
+
+async fn list_services() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": "ServiceList", "apiVersion": "v1", "metadata": {}, "items": []}),
+    )
 }
 
 async fn get_config_map(
