@@ -14,6 +14,7 @@
 //! ([`crate::admission::fields`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -41,6 +42,20 @@ pub(super) fn host_network(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false)
+}
+
+/// A pod's log directory, the sandbox's `log_directory`:
+/// `<log-dir>/<namespace>_<name>_<uid>` (the kubelet's `BuildPodLogsDirectory`).
+pub fn pod_log_dir(log_dir: &Path, pod: &Pod, uid: &PodUid) -> PathBuf {
+    let (name, namespace) = name_ns(pod);
+    log_dir.join(format!("{namespace}_{name}_{uid}"))
+}
+
+/// A container's log file relative to its pod's log directory, the
+/// container's `log_path`: `<container>/<attempt>.log` (the kubelet's
+/// `BuildContainerLogsDirectory` and `<restartCount>.log`).
+pub fn container_log_file(name: &str, attempt: u32) -> String {
+    format!("{name}/{attempt}.log")
 }
 
 pub(super) fn name_ns(pod: &Pod) -> (String, String) {
@@ -100,9 +115,7 @@ pub fn sandbox_config(
         }),
         hostname,
         dns_config: Some(dns_config),
-        log_directory: node
-            .log_dir
-            .join(format!("{namespace}_{name}_{uid}"))
+        log_directory: pod_log_dir(&node.log_dir, pod, uid)
             .to_string_lossy()
             .into_owned(),
         labels: sandbox_labels,
@@ -256,7 +269,7 @@ pub fn container_config(
         envs,
         labels: container_labels,
         annotations,
-        log_path: format!("{}/{attempt}.log", c.name),
+        log_path: container_log_file(&c.name, attempt),
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),

@@ -127,13 +127,11 @@ fn create(file: &Path) -> Result<(), TerminationMessageError> {
         .map_err(io("chmod", file))
 }
 
-/// Where a pod's container logs are: `<log-dir>/<ns>_<name>_<uid>/<container>/<attempt>.log`.
+/// Where a container's log is: its pod's log directory, then its file, as the
+/// sandbox and container configs name them.
 pub fn log_path(log_dir: &Path, pod: &Pod, uid: &PodUid, name: &str, attempt: u32) -> PathBuf {
-    let (pod_name, namespace) = super::cri_config::name_ns(pod);
-    log_dir
-        .join(format!("{namespace}_{pod_name}_{uid}"))
-        .join(name)
-        .join(format!("{attempt}.log"))
+    use super::cri_config::{container_log_file, pod_log_dir};
+    pod_log_dir(log_dir, pod, uid).join(container_log_file(name, attempt))
 }
 
 /// The termination message of an exited container (the kubelet's
