@@ -3,14 +3,18 @@
 //! same containerd: static pods written to its manifest directory one at a time
 //! (start latency), then their main processes killed from the host at random
 //! times (death latency through every stage, from the agent's stage log). In
-//! the `generic` and `evented-cri` modes a kernel PLEG beside the agent is the
+//! the `generic` and Evented PLEG modes a kernel PLEG beside the agent is the
 //! stopwatch (its exit timestamps only: its own reader's stages are not the
-//! agent's and are left out). In `cri-proxy` mode (issue #15) the agent runs
-//! in `evented-cri` mode, as a stock kubelet with the EventedPLEG gate, its
-//! CRI endpoint an `evpleg cri-proxy` in front of the same containerd; the
-//! proxy's kernel PLEG is the stopwatch, and only the agent's own
-//! `worker-sync` and `status-held` are kept (the proxy's PLEG records a
-//! `delivered` of its own for the same containers).
+//! agent's and are left out). In the `cri-proxy` modes (issue #15) the agent
+//! runs in one of the kubelet's Evented PLEG designs, its CRI endpoint an
+//! `evpleg cri-proxy` in front of the same containerd; the proxy's kernel
+//! PLEG is the stopwatch, and only the agent's own `worker-sync` and
+//! `status-held` are kept (the proxy's PLEG records a `delivered` of its own
+//! for the same containers).
+//!
+//! Each repetition of each mode runs a fresh agent with a manifest directory
+//! of its own ([`repetition`]), so that the modes can be interleaved
+//! repetition by repetition.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,7 +30,7 @@ use evpleg_pleg::stages::Stage;
 use evpleg_tests::containerd::Containerd;
 use serde_json::Value;
 
-use crate::results::{Latency, Start};
+use crate::results::{Latency, Start, StartSamples};
 use crate::stats::{Percentiles, Summary};
 
 const NODE: &str = "bench";
@@ -46,35 +50,45 @@ const START_OPS: [&str; 5] = [
 /// stopwatch's.
 const AGENT_STAGES: [Stage; 3] = [Stage::Delivered, Stage::WorkerSync, Stage::StatusHeld];
 
+/// The `cri-proxy` mode with the agent in the 1.26-1.36 Evented PLEG design.
+pub const CRI_PROXY_126: &str = "cri-proxy-1.26";
+/// The `cri-proxy` mode with the agent in the 1.37 Evented PLEG design.
+pub const CRI_PROXY_137: &str = "cri-proxy-1.37";
+
 /// How the agent meets the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentMode {
     /// Directly, with its PLEG in this mode.
     Pleg(PlegMode),
-    /// In `evented-cri` mode through `evpleg cri-proxy`.
-    CriProxy,
+    /// Through `evpleg cri-proxy`, its PLEG in this Evented PLEG design, as a
+    /// stock kubelet with the EventedPLEG gate runs it: 1.26-1.36 (the gate's
+    /// released design: the events' payloads, a 300 s relist) or 1.37 (hints,
+    /// the 1 s relist).
+    CriProxy(PlegMode),
 }
 
 impl AgentMode {
-    pub const ALL: [AgentMode; 4] = [
+    pub const ALL: [AgentMode; 6] = [
         AgentMode::Pleg(PlegMode::Ebpf),
         AgentMode::Pleg(PlegMode::EventedCri),
+        AgentMode::Pleg(PlegMode::EventedCriPayload),
         AgentMode::Pleg(PlegMode::Generic),
-        AgentMode::CriProxy,
+        AgentMode::CriProxy(PlegMode::EventedCriPayload),
+        AgentMode::CriProxy(PlegMode::EventedCri),
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Pleg(m) => crate::death::Observer::Pleg(m).name(),
-            Self::CriProxy => "cri-proxy",
+            Self::CriProxy(PlegMode::EventedCriPayload) => CRI_PROXY_126,
+            Self::CriProxy(_) => CRI_PROXY_137,
         }
     }
 
     /// The agent's `--pleg`.
     fn pleg(self) -> PlegMode {
         match self {
-            Self::Pleg(m) => m,
-            Self::CriProxy => PlegMode::EventedCri,
+            Self::Pleg(m) | Self::CriProxy(m) => m,
         }
     }
 
@@ -83,7 +97,17 @@ impl AgentMode {
         match self {
             Self::Pleg(PlegMode::Ebpf) => None,
             Self::Pleg(_) => Some(&AGENT_STAGES),
-            Self::CriProxy => Some(&AGENT_STAGES[1..]),
+            Self::CriProxy(_) => Some(&AGENT_STAGES[1..]),
+        }
+    }
+
+    /// The agent's `--pleg` value.
+    fn flag(self) -> &'static str {
+        match self.pleg() {
+            PlegMode::Ebpf => "ebpf",
+            PlegMode::Generic => "generic",
+            PlegMode::EventedCri => "evented-cri",
+            PlegMode::EventedCriPayload => "evented-cri-1.26",
         }
     }
 }
@@ -103,33 +127,123 @@ struct Pod {
     id: String,
 }
 
-/// Runs the workload; the agent is stopped and every pod removed also when it
-/// fails.
-pub async fn run(
+/// What one mode's counted repetitions gathered.
+#[derive(Debug)]
+pub struct AgentSeries {
+    pub mode: AgentMode,
+    /// By stage: each repetition's percentiles, every sample.
+    deaths: BTreeMap<&'static str, (Vec<Percentiles>, Vec<f64>)>,
+    order: Vec<&'static str>,
+    lost: usize,
+    /// Each repetition's percentiles of total, runtime, inspection, agent.
+    starts: [Vec<Percentiles>; 4],
+    samples: StartSamples,
+    pods: usize,
+}
+
+impl AgentSeries {
+    pub fn new(mode: AgentMode) -> Self {
+        Self {
+            mode,
+            deaths: BTreeMap::new(),
+            order: Vec::new(),
+            lost: 0,
+            starts: Default::default(),
+            samples: StartSamples::default(),
+            pods: 0,
+        }
+    }
+
+    /// The latencies, start figures and notes of the counted repetitions.
+    pub fn finish(mut self) -> AgentRun {
+        let mode = self.mode.name();
+        let mut out = AgentRun::default();
+        for name in self.order {
+            let (reps, samples) = self.deaths.remove(name).unwrap_or_default();
+            out.latencies.push(Latency {
+                mode: mode.into(),
+                workload: "agent-killed".into(),
+                stage: name.into(),
+                summary: Summary::of(&reps),
+                lost: if name == "status-held" { self.lost } else { 0 },
+                samples_us: samples,
+            });
+        }
+        let [total, runtime, inspection, own] = self.starts;
+        out.starts.push(Start {
+            mode: mode.into(),
+            pods: self.pods,
+            total_ms: Summary::of(&total),
+            runtime_ms: Summary::of(&runtime),
+            inspection_ms: Summary::of(&inspection),
+            agent_ms: Summary::of(&own),
+            samples: self.samples,
+        });
+        out.notes.push(format!(
+            "Full agent: the `evpleg` agent in-process (file source, sync loop, pod workers, \
+             status manager, its own HTTP port), a fresh one for each mode's repetition, \
+             static pods (busybox `sleep`, restartPolicy Never, host network) written to its \
+             manifest directory one at a time; start latency from the manifest's rename into \
+             the directory to the status manager holding the container Running (its stage \
+             log), the CRI time from the agent's `evpleg_runtime_operations_duration_seconds` \
+             sums scraped before the write and after Running (start calls: {}; the others are \
+             inspection). Then each pod's main process killed with SIGKILL at a random time \
+             over the window.",
+            START_OPS.join(", ")
+        ));
+        if let AgentMode::CriProxy(design) = self.mode {
+            out.notes.push(format!(
+                "{mode}: the full agent with `--pleg {}` (the kubelet's Evented PLEG of {}, as a \
+                 stock kubelet with the EventedPLEG gate runs it), its CRI endpoint `evpleg \
+                 cri-proxy` in front of the same containerd: every call forwarded, \
+                 GetContainerEvents served from the proxy's kernel PLEG, the overlay on. The \
+                 proxy's kernel PLEG is the stopwatch; its own `delivered` (to the proxy's event \
+                 task) is left out, so the agent's stages shown are `worker-sync` and \
+                 `status-held`.",
+                self.mode.flag(),
+                if design == PlegMode::EventedCriPayload {
+                    "1.26-1.36"
+                } else {
+                    "1.37"
+                }
+            ));
+        }
+        out
+    }
+}
+
+/// One repetition of `series`' mode (`rep` 0 is the warm-up: run, not
+/// counted): a fresh agent (behind a fresh proxy in the cri-proxy modes)
+/// with a manifest directory of its own, `n` static pods started one at a
+/// time and killed over `window`, then the pods removed and the agent
+/// stopped, also when the repetition fails. Returns its progress line.
+pub async fn repetition(
     containerd: &Containerd,
-    mode: AgentMode,
-    reps: usize,
+    series: &mut AgentSeries,
+    rep: usize,
     n: usize,
     window: Duration,
-) -> Result<AgentRun> {
-    let base = containerd.base().join("bench-agent");
-    let manifests = base.join("manifests");
+) -> Result<String> {
+    let mode = series.mode;
+    let manifests = manifest_dir(containerd.base(), mode, rep);
+    let base = manifests.parent().context("manifest dir")?.to_owned();
     let logs = base.join("pod-logs");
     std::fs::create_dir_all(&manifests)?;
     std::fs::create_dir_all(&logs)?;
     let proxy = match mode {
-        AgentMode::CriProxy => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
+        AgentMode::CriProxy(_) => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
         AgentMode::Pleg(_) => None,
     };
     let endpoint = match mode {
-        AgentMode::CriProxy => format!("unix://{}", containerd.base().join("proxy.sock").display()),
+        AgentMode::CriProxy(_) => {
+            format!("unix://{}", containerd.base().join("proxy.sock").display())
+        }
         AgentMode::Pleg(_) => containerd.endpoint(),
     };
-    let pleg = crate::death::Observer::Pleg(mode.pleg()).name();
     let args = RunArgs::try_parse_from([
         "evpleg",
         "--pleg",
-        pleg,
+        mode.flag(),
         "--cri-endpoint",
         &endpoint,
         "--manifest-dir",
@@ -142,12 +256,12 @@ pub async fn run(
         logs.to_str().context("utf-8 path")?,
     ])?;
     crate::stages::start();
-    // The proxy's own kernel PLEG records the exits in cri-proxy mode.
+    // The proxy's own kernel PLEG records the exits in the cri-proxy modes.
     let _stopwatch = matches!(mode, AgentMode::Pleg(m) if m != PlegMode::Ebpf)
         .then(evpleg_tests::cri_pod::ExitClock::start);
     let agent = Agent::start(&args).await.context("starting the agent")?;
     let mut uids = Vec::new();
-    let mut outcome = measure(&agent, mode, &manifests, reps, n, window, &mut uids).await;
+    let outcome = measure(&agent, series, &manifests, rep, n, window, &mut uids).await;
     // Clean-up, whatever happened: the pods removed through the agent, then
     // the agent stopped and the pod cgroups runc leaves removed.
     for f in std::fs::read_dir(&manifests)
@@ -161,20 +275,25 @@ pub async fn run(
     while pod_items(&agent).next().is_some() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(POLL).await;
     }
+    // The pods' sandboxes removed before the agent stops (its housekeeping
+    // removes those of pods it no longer knows), so that no agent after it
+    // meets them.
+    let client = containerd.client().await;
+    let leftovers = runtime_clean(&client, &uids, Duration::from_secs(30)).await;
     agent.stop().await;
+    for s in &leftovers {
+        let _ = client.stop_pod_sandbox(s).await;
+        let _ = client.remove_pod_sandbox(s).await;
+    }
+    if !leftovers.is_empty() {
+        crate::progress(&format!(
+            "  {}: {} sandboxes the agent left after 30 s removed by the benchmark",
+            mode.name(),
+            leftovers.len()
+        ));
+    }
     if let Some(p) = proxy {
         p.stop().await;
-        if let Ok(out) = &mut outcome {
-            out.notes.push(
-                "cri-proxy: the full agent in `evented-cri` mode (as a stock kubelet with the \
-                 EventedPLEG gate), its CRI endpoint `evpleg cri-proxy` in front of the same \
-                 containerd: every call forwarded, GetContainerEvents served from the proxy's \
-                 kernel PLEG, the overlay on. The proxy's kernel PLEG is the stopwatch; its own \
-                 `delivered` (to the proxy's event task) is left out, so the agent's stages shown \
-                 are `worker-sync` and `status-held`."
-                    .into(),
-            );
-        }
     }
     // Under every hierarchy (hybrid hosts mount cgroup2 at /sys/fs/cgroup/unified).
     let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
@@ -193,6 +312,52 @@ pub async fn run(
         }
     }
     outcome
+}
+
+/// The manifest directory of one repetition of one mode. A static pod's UID
+/// is a hash over its manifest's path and content (`file.rs`'s `static_uid`),
+/// so a directory of its own gives every repetition of every mode pods of
+/// their own: with one directory for all, `r1c0` of a mode had the UID of
+/// `r1c0` of the mode before, whose exited sandbox and container that agent
+/// had left in containerd, and the new agent (as the kubelet) took the
+/// restartPolicy Never pod for one that had run and never started it (the
+/// quick run's `pod r1c0: not running within 60 s`, issue #29).
+fn manifest_dir(base: &std::path::Path, mode: AgentMode, rep: usize) -> std::path::PathBuf {
+    base.join(format!("bench-agent-{}-{rep}", mode.name()))
+        .join("manifests")
+}
+
+/// The name of pod `i` of repetition `rep`.
+fn pod_name(rep: usize, i: usize) -> String {
+    format!("r{rep}c{i}")
+}
+
+/// Waits until the runtime holds no sandbox of the pods `uids`, for at most
+/// `bound`; returns those still there then.
+async fn runtime_clean(
+    client: &evpleg_cri::CriClient,
+    uids: &[String],
+    bound: Duration,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let left: Vec<String> = client
+            .list_pod_sandboxes(None)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| {
+                s.labels
+                    .get(evpleg_core::labels::POD_UID)
+                    .is_some_and(|u| uids.contains(u))
+            })
+            .map(|s| s.id)
+            .collect();
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn pod_items(agent: &Agent) -> impl Iterator<Item = Value> {
@@ -260,155 +425,149 @@ fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
 
 async fn measure(
     agent: &Agent,
-    agent_mode: AgentMode,
+    series: &mut AgentSeries,
     manifests: &std::path::Path,
-    reps: usize,
+    rep: usize,
     n: usize,
     window: Duration,
     uids: &mut Vec<String>,
-) -> Result<AgentRun> {
-    let mut out = AgentRun::default();
-    let mode = agent_mode.name();
-    let mut deaths: BTreeMap<&'static str, (Vec<Percentiles>, Vec<f64>)> = BTreeMap::new();
-    let mut order: Vec<&'static str> = Vec::new();
-    let mut lost = 0;
-    let (mut total, mut runtime, mut inspection, mut own) = (vec![], vec![], vec![], vec![]);
-    for rep in 0..reps {
-        // Starts, one pod at a time: the CRI time of each is its own.
-        let mut pods = Vec::new();
-        let (mut t_rep, mut r_rep, mut i_rep, mut a_rep) = (vec![], vec![], vec![], vec![]);
-        for i in 0..n {
-            let name = format!("r{rep}c{i}");
-            let before = cri_sums(agent).await;
-            let written = monotonic_ns();
-            write_manifest(manifests, &name)?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            let pod = loop {
-                if let Some(p) = find_pod(agent, &name)
-                    && let Some(c) = app(&p)
-                    && !c["state"]["running"].is_null()
-                    && let Some(id) = c["containerID"].as_str()
-                {
-                    break Pod {
-                        name: name.clone(),
-                        uid: p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
-                        id: id.rsplit("://").next().unwrap_or(id).to_owned(),
-                    };
-                }
-                if tokio::time::Instant::now() > deadline {
-                    bail!("pod {name}: not running within 60 s");
-                }
-                tokio::time::sleep(POLL).await;
-            };
-            uids.push(pod.uid.clone());
-            let after = cri_sums(agent).await;
-            let running = stage_at(Stage::StatusRunning, &pod.id)
-                .with_context(|| format!("no status-running record for {name}"))?;
-            let ms = running.saturating_sub(written) as f64 / 1e6;
-            let (start_ms, other_ms) = cri_delta(&before, &after);
-            t_rep.push(ms);
-            r_rep.push(start_ms);
-            i_rep.push(other_ms);
-            a_rep.push((ms - start_ms).max(0.0));
-            pods.push(pod);
-        }
-        total.extend(Percentiles::of(&t_rep));
-        runtime.extend(Percentiles::of(&r_rep));
-        inspection.extend(Percentiles::of(&i_rep));
-        own.extend(Percentiles::of(&a_rep));
-        // Deaths at random times over the window.
-        let start = tokio::time::Instant::now();
-        let mut killers = Vec::new();
-        for p in &pods {
-            let pid = evpleg_tests::e2e::find_container_pid(&p.id)
-                .with_context(|| format!("no main process for {}", p.name))?;
-            let at = start
-                + Duration::from_micros(
-                    evpleg_tests::unique_u64() % window.as_micros().max(1) as u64,
-                );
-            killers.push(tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
-                // SAFETY: kill has no memory preconditions; the pid is the
-                // container's main process, alive until this signal.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }));
-        }
-        for k in killers {
-            let _ = k.await;
-        }
-        let deadline = tokio::time::Instant::now() + window + Duration::from_secs(10);
-        let ids: Vec<&str> = pods.iter().map(|p| p.id.as_str()).collect();
-        while tokio::time::Instant::now() < deadline
-            && ids
-                .iter()
-                .any(|id| stage_at(Stage::StatusHeld, id).is_none())
-        {
-            tokio::time::sleep(POLL).await;
-        }
-        let records = crate::stages::snapshot();
-        let (mut stages, missing) = crate::stages::samples(&ids, &records);
-        if let Some(kept) = agent_mode.kept() {
-            stages.retain(|(s, _)| kept.contains(s));
-        }
-        lost += missing;
-        let mut line = String::new();
-        for (stage, samples) in stages {
-            let name = crate::stages::name(stage);
-            if !order.contains(&name) {
-                order.push(name);
-            }
-            let e = deaths.entry(name).or_default();
-            if let Some(p) = Percentiles::of(&samples) {
-                line.push_str(&format!("; {name} p50 {:.0} us", p.p50));
-                e.0.push(p);
-            }
-            e.1.extend(samples);
-        }
-        crate::progress(&format!(
-            "  repetition {}: start p50 {:.0} ms{line}",
-            rep + 1,
-            Percentiles::of(&t_rep).map_or(f64::NAN, |p| p.p50)
-        ));
-        for p in &pods {
-            let _ = std::fs::remove_file(manifests.join(format!("{}.yaml", p.name)));
-        }
+) -> Result<String> {
+    // Starts, one pod at a time: the CRI time of each is its own.
+    let mut pods = Vec::new();
+    let mut starts = StartSamples::default();
+    for i in 0..n {
+        let name = pod_name(rep, i);
+        let before = cri_sums(agent).await;
+        let written = monotonic_ns();
+        write_manifest(manifests, &name)?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while pods.iter().any(|p| find_pod(agent, &p.name).is_some()) {
+        let pod = loop {
+            if let Some(p) = find_pod(agent, &name)
+                && let Some(c) = app(&p)
+                && !c["state"]["running"].is_null()
+                && let Some(id) = c["containerID"].as_str()
+            {
+                break Pod {
+                    name: name.clone(),
+                    uid: p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                    id: id.rsplit("://").next().unwrap_or(id).to_owned(),
+                };
+            }
             if tokio::time::Instant::now() > deadline {
-                bail!("pods of repetition {} not removed within 60 s", rep + 1);
+                // What the agent shows of it, for the diagnosis.
+                let seen = find_pod(agent, &name)
+                    .map_or_else(|| "not in /pods".to_owned(), |p| p["status"].to_string());
+                bail!("pod {name}: not running within 60 s; its status: {seen}");
             }
             tokio::time::sleep(POLL).await;
+        };
+        uids.push(pod.uid.clone());
+        let after = cri_sums(agent).await;
+        let running = stage_at(Stage::StatusRunning, &pod.id)
+            .with_context(|| format!("no status-running record for {name}"))?;
+        let ms = running.saturating_sub(written) as f64 / 1e6;
+        let (start_ms, other_ms) = cri_delta(&before, &after);
+        starts.total_ms.push(ms);
+        starts.runtime_ms.push(start_ms);
+        starts.inspection_ms.push(other_ms);
+        starts.agent_ms.push((ms - start_ms).max(0.0));
+        pods.push(pod);
+    }
+    // Deaths at random times over the window.
+    let start = tokio::time::Instant::now();
+    let mut killers = Vec::new();
+    for p in &pods {
+        let pid = evpleg_tests::e2e::find_container_pid(&p.id)
+            .with_context(|| format!("no main process for {}", p.name))?;
+        let at = start
+            + Duration::from_micros(evpleg_tests::unique_u64() % window.as_micros().max(1) as u64);
+        killers.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            // SAFETY: kill has no memory preconditions; the pid is the
+            // container's main process, alive until this signal.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }));
+    }
+    for k in killers {
+        let _ = k.await;
+    }
+    let deadline = tokio::time::Instant::now() + window + Duration::from_secs(10);
+    let ids: Vec<&str> = pods.iter().map(|p| p.id.as_str()).collect();
+    while tokio::time::Instant::now() < deadline
+        && ids
+            .iter()
+            .any(|id| stage_at(Stage::StatusHeld, id).is_none())
+    {
+        tokio::time::sleep(POLL).await;
+    }
+    let records = crate::stages::snapshot();
+    let (mut stages, missing) = crate::stages::samples(&ids, &records);
+    if let Some(kept) = series.mode.kept() {
+        stages.retain(|(s, _)| kept.contains(s));
+    }
+    let mut line = format!(
+        "start p50 {:.0} ms",
+        Percentiles::of(&starts.total_ms).map_or(f64::NAN, |p| p.p50)
+    );
+    for (stage, samples) in &stages {
+        if let Some(p) = Percentiles::of(samples) {
+            line.push_str(&format!(
+                "; {} p50 {:.0} us",
+                crate::stages::name(*stage),
+                p.p50
+            ));
         }
     }
-    for name in order {
-        let (reps, samples) = deaths.remove(name).unwrap_or_default();
-        out.latencies.push(Latency {
-            mode: mode.into(),
-            workload: "agent-killed".into(),
-            stage: name.into(),
-            summary: Summary::of(&reps),
-            lost: if name == "status-held" { lost } else { 0 },
-            samples_us: samples,
-        });
+    if rep == 0 {
+        return Ok(line);
     }
-    out.starts.push(Start {
-        mode: mode.into(),
-        pods: reps * n,
-        total_ms: Summary::of(&total),
-        runtime_ms: Summary::of(&runtime),
-        inspection_ms: Summary::of(&inspection),
-        agent_ms: Summary::of(&own),
-    });
-    out.notes.push(format!(
-        "Full agent: the `evpleg` agent in-process (file source, sync loop, pod workers, \
-         status manager, its own HTTP port), static pods (busybox `sleep`, restartPolicy \
-         Never, host network) written to its manifest directory one at a time; start \
-         latency from the manifest's rename into the directory to the status manager \
-         holding the container Running (its stage log), the CRI time from the agent's \
-         `evpleg_runtime_operations_duration_seconds` sums scraped before the write and \
-         after Running (start calls: {}; the others are inspection). Then each pod's \
-         main process killed with SIGKILL at a random time over the window.",
-        START_OPS.join(", ")
-    ));
-    Ok(out)
+    series.lost += missing;
+    for (stage, samples) in stages {
+        let name = crate::stages::name(stage);
+        if !series.order.contains(&name) {
+            series.order.push(name);
+        }
+        let e = series.deaths.entry(name).or_default();
+        e.0.extend(Percentiles::of(&samples));
+        e.1.extend(samples);
+    }
+    let parts = [
+        &starts.total_ms,
+        &starts.runtime_ms,
+        &starts.inspection_ms,
+        &starts.agent_ms,
+    ];
+    for (acc, part) in series.starts.iter_mut().zip(parts) {
+        acc.extend(Percentiles::of(part));
+    }
+    series.samples.total_ms.extend(&starts.total_ms);
+    series.samples.runtime_ms.extend(&starts.runtime_ms);
+    series.samples.inspection_ms.extend(&starts.inspection_ms);
+    series.samples.agent_ms.extend(&starts.agent_ms);
+    series.pods += n;
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pod of every repetition of every mode has a manifest path of its
+    /// own, hence a static pod UID of its own: no agent meets a pod of the
+    /// agent before it under its UID (the quick run's failure).
+    #[test]
+    fn every_mode_and_repetition_has_pods_of_its_own() {
+        let base = std::path::Path::new("/run/evpleg-bench");
+        let mut seen = std::collections::HashSet::new();
+        for mode in AgentMode::ALL {
+            for rep in 0..3 {
+                for i in 0..3 {
+                    let path =
+                        manifest_dir(base, mode, rep).join(format!("{}.yaml", pod_name(rep, i)));
+                    assert!(seen.insert(path.clone()), "{} reused", path.display());
+                }
+            }
+        }
+        assert_eq!(seen.len(), AgentMode::ALL.len() * 9);
+    }
 }

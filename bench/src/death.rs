@@ -38,6 +38,13 @@ impl Workload {
     }
 }
 
+/// The report's name of the kubelet 1.37 Evented PLEG ("events are hints":
+/// `PlegMode::EventedCri`).
+pub const EVENTED_137: &str = "evented-1.37";
+/// The report's name of the Evented PLEG of kubelets 1.26-1.36 (each event's
+/// payload is the pod's status, a 300 s relist: `PlegMode::EventedCriPayload`).
+pub const EVENTED_126: &str = "evented-1.26";
+
 /// What observes the deaths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Observer {
@@ -51,7 +58,8 @@ impl Observer {
         match self {
             Self::Pleg(PlegMode::Ebpf) => "ebpf",
             Self::Pleg(PlegMode::Generic) => "generic",
-            Self::Pleg(PlegMode::EventedCri) => "evented-cri",
+            Self::Pleg(PlegMode::EventedCri) => EVENTED_137,
+            Self::Pleg(PlegMode::EventedCriPayload) => EVENTED_126,
             Self::Floor => "floor",
         }
     }
@@ -132,14 +140,7 @@ impl Running {
                     this.clock = Some(ExitClock::start());
                 }
                 let (tx, rx) = mpsc::channel(1000);
-                this.pleg = Some(Pleg::start(
-                    mode,
-                    evpleg_cri::runtime::CriRuntime::new(client.clone()),
-                    kernel,
-                    tx,
-                    Arc::new(evpleg_core::clock::MonotonicClock),
-                    None,
-                )?);
+                this.pleg = Some(start_pleg(mode, client, kernel, tx)?);
                 this.events = Some(rx);
             }
         }
@@ -171,6 +172,24 @@ impl Running {
         // stopped and started again around each repetition by the caller.
         self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// PLEG `mode` in process on `client`, the way every part of the benchmark
+/// runs one: the monotonic clock, its mode's default relist period.
+pub fn start_pleg(
+    mode: PlegMode,
+    client: &CriClient,
+    kernel: KernelPlegConfig,
+    events: mpsc::Sender<PodLifecycleEvent>,
+) -> Result<Pleg, evpleg_pleg::PlegError> {
+    Pleg::start(
+        mode,
+        evpleg_cri::runtime::CriRuntime::new(client.clone()),
+        kernel,
+        events,
+        Arc::new(evpleg_core::clock::MonotonicClock),
+        None,
+    )
 }
 
 /// A random duration below `max`.

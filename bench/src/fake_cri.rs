@@ -34,6 +34,10 @@ struct State {
     pods: Vec<FakePod>,
     by_sandbox: HashMap<String, usize>,
     by_container: HashMap<String, usize>,
+    /// A label-selected list (a pod relist) finds its pod at once: at tens of
+    /// thousands of pods a scan per call would be the fake's cost, not the
+    /// PLEG's.
+    by_uid: HashMap<String, usize>,
 }
 
 /// The pods the fake serves, shared with the workload (which marks deaths).
@@ -53,6 +57,11 @@ impl Pods {
             .enumerate()
             .map(|(i, p)| (p.container_id.clone(), i))
             .collect();
+        s.by_uid = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.uid.clone(), i))
+            .collect();
         s.pods = pods;
     }
 
@@ -68,6 +77,25 @@ impl Pods {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    /// The pods a list with this label selector returns (every pod without a
+    /// pod-uid selector).
+    fn selected<'a>(
+        &'a self,
+        selector: Option<&HashMap<String, String>>,
+    ) -> Box<dyn Iterator<Item = &'a FakePod> + 'a> {
+        match selector.and_then(|s| s.get(labels::POD_UID)) {
+            Some(uid) => Box::new(
+                self.by_uid
+                    .get(uid)
+                    .and_then(|i| self.pods.get(*i))
+                    .into_iter(),
+            ),
+            None => Box::new(self.pods.iter()),
+        }
     }
 }
 
@@ -87,12 +115,6 @@ fn pod_labels(p: &FakePod) -> HashMap<String, String> {
         ),
         (labels::POD_NAMESPACE.to_owned(), "bench".to_owned()),
     ])
-}
-
-fn wanted(selector: Option<&HashMap<String, String>>, p: &FakePod) -> bool {
-    selector
-        .and_then(|s| s.get(labels::POD_UID))
-        .is_none_or(|uid| *uid == p.uid)
 }
 
 fn sandbox(p: &FakePod) -> v1::PodSandbox {
@@ -149,12 +171,7 @@ impl RuntimeService for Service {
         let filter = req.into_inner().filter;
         let selector = filter.as_ref().map(|f| &f.label_selector);
         let s = self.0.read();
-        let items = s
-            .pods
-            .iter()
-            .filter(|p| wanted(selector, p))
-            .map(sandbox)
-            .collect();
+        let items = s.selected(selector).map(sandbox).collect();
         Ok(Response::new(v1::ListPodSandboxResponse { items }))
     }
 
@@ -166,9 +183,7 @@ impl RuntimeService for Service {
         let selector = filter.as_ref().map(|f| &f.label_selector);
         let s = self.0.read();
         let containers = s
-            .pods
-            .iter()
-            .filter(|p| wanted(selector, p))
+            .selected(selector)
             .map(|p| v1::Container {
                 id: p.container_id.clone(),
                 pod_sandbox_id: p.sandbox_id.clone(),
@@ -302,5 +317,44 @@ impl Drop for FakeCri {
             rt.shutdown_background();
         }
         let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str) -> FakePod {
+        FakePod {
+            uid: uid.into(),
+            sandbox_id: format!("sb-{uid}"),
+            container_id: format!("c-{uid}"),
+            running: true,
+            exit_code: 0,
+            finished_at: 0,
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn a_pod_uid_selector_selects_that_pod_only() {
+        let pods = Pods::default();
+        pods.set(vec![pod("a"), pod("b"), pod("c")]);
+        let s = pods.read();
+        let uids = |sel: Option<&HashMap<String, String>>| {
+            s.selected(sel).map(|p| p.uid.clone()).collect::<Vec<_>>()
+        };
+        let by = |uid: &str| HashMap::from([(labels::POD_UID.to_owned(), uid.to_owned())]);
+        let other = HashMap::from([("app".to_owned(), "x".to_owned())]);
+        type Selector<'a> = Option<&'a HashMap<String, String>>;
+        let table: [(Selector, Vec<&str>); 4] = [
+            (None, vec!["a", "b", "c"]),
+            (Some(&other), vec!["a", "b", "c"]),
+            (Some(&by("b")), vec!["b"]),
+            (Some(&by("zz")), vec![]),
+        ];
+        for (sel, want) in table {
+            assert_eq!(uids(sel), want, "{sel:?}");
+        }
     }
 }

@@ -4,7 +4,6 @@
 //! `/proc/self/status`; relists per second (each is a ListPodSandbox and a
 //! ListContainers, plus a status per changed pod).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -108,13 +107,11 @@ pub async fn measure(
 ) -> anyhow::Result<Vec<Window>> {
     let (tx, mut rx) = mpsc::channel(10_000);
     let pleg = match mode {
-        Some(mode) => Some(Pleg::start(
+        Some(mode) => Some(crate::death::start_pleg(
             mode,
-            evpleg_cri::runtime::CriRuntime::new(client.clone()),
+            client,
             KernelPlegConfig::default(),
             tx,
-            Arc::new(evpleg_core::clock::MonotonicClock),
-            None,
         )?),
         None => None,
     };

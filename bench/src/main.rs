@@ -12,12 +12,17 @@ mod death;
 mod fake_cri;
 mod floor;
 mod idle;
+mod memory;
+mod operator;
 mod plots;
+mod relist_cost;
 mod report;
 mod results;
+mod runtime_load;
 mod scale;
 mod stages;
 mod stats;
+mod tax;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -45,14 +50,16 @@ struct Cli {
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
-    /// Only these parts (death, agent, scale, churn, idle); all by default. For
-    /// checking a change quickly; the report then lacks the others.
+    /// Only these parts (death, agent, scale, churn, idle, tax, runtime-load,
+    /// relist-cost, memory); all by default. For checking a change quickly; the report then
+    /// lacks the others.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Only these observers in the death workloads (floor, ebpf, evented-cri,
-    /// generic) and modes of the full agent (ebpf, evented-cri, generic,
-    /// cri-proxy: the agent in evented-cri mode behind `evpleg cri-proxy`);
-    /// all by default.
+    /// Only these observers in the death workloads (floor, ebpf,
+    /// evented-1.37, evented-1.26, generic) and modes of the full agent (ebpf,
+    /// evented-1.37, evented-1.26, generic, cri-proxy-1.26 and cri-proxy-1.37:
+    /// the agent in that Evented PLEG design behind `evpleg cri-proxy`); all
+    /// by default.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// The scale workload's cgroup counts (default 1000,10000; 300 with
@@ -60,6 +67,15 @@ struct Cli {
     #[arg(long, value_delimiter = ',')]
     scale_counts: Vec<usize>,
 }
+
+/// The PLEG modes compared in-process: evpleg's kernel PLEG, the kubelet's two
+/// Evented PLEG designs (1.37, 1.26-1.36) and its generic PLEG.
+const PLEG_MODES: [PlegMode; 4] = [
+    PlegMode::Ebpf,
+    PlegMode::EventedCri,
+    PlegMode::EventedCriPayload,
+    PlegMode::Generic,
+];
 
 /// Samples of one stage over repetitions.
 #[derive(Debug, Default)]
@@ -119,16 +135,22 @@ fn progress(msg: &str) {
 }
 
 fn main() -> Result<()> {
+    if let Ok(spec) = std::env::var(memory::CHILD_ENV) {
+        return Ok(memory::child(&spec)?);
+    }
     let cli = Cli::parse();
     if let Some(json) = &cli.from_json {
-        let results: Results = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+        let mut results: Results = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+        results.migrate();
         return write(&cli.out, &results);
     }
     let started = Instant::now();
+    // Counted repetitions (a warm-up one runs first): 10 of 20 deaths give
+    // the 200 pooled samples a p99 needs (`stats::P99_MIN_SAMPLES`).
     let (reps, n, window) = if cli.quick {
         (2, 4, Duration::from_millis(500))
     } else {
-        (5, 10, Duration::from_millis(1500))
+        (10, 20, Duration::from_millis(1500))
     };
     let machine = Machine::here();
     progress(&format!(
@@ -151,97 +173,58 @@ fn main() -> Result<()> {
         containerd: version,
         repetitions: reps,
         containers_per_repetition: n,
+        warm_up: true,
         latency: Vec::new(),
         idle: Vec::new(),
         starts: Vec::new(),
         scale: None,
+        operator: Default::default(),
         notes: Vec::new(),
     };
-    let observers = [
+    let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
+    let mode_wanted = |name: &str| cli.modes.is_empty() || cli.modes.iter().any(|m| m == name);
+    let observers: Vec<Observer> = [
         Observer::Floor,
         Observer::Pleg(PlegMode::Ebpf),
         Observer::Pleg(PlegMode::EventedCri),
+        Observer::Pleg(PlegMode::EventedCriPayload),
         Observer::Pleg(PlegMode::Generic),
-    ];
-    let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
-    for observer in observers {
-        if !wanted("death")
-            || !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == observer.name()))
-        {
-            continue;
-        }
-        for workload in [Workload::SelfExit, Workload::Killed] {
-            progress(&format!(
-                "death latency: {} / {}: {reps} repetitions of {n} containers",
-                observer.name(),
-                workload.name()
-            ));
-            let mut series = SeriesSet::default();
-            rt.block_on(async {
-                let mut running = Running::start(observer, &client)?;
-                for rep in 0..reps {
-                    let s = death::repetition(
-                        &containerd,
-                        &client,
-                        &mut running,
-                        workload,
-                        n,
-                        window,
-                        rep,
-                    )
-                    .await;
-                    progress(&format!(
-                        "  repetition {}: {} reader samples, {} event samples, lost {}/{}{}",
-                        rep + 1,
-                        s.reader_us.len(),
-                        s.event_us.len(),
-                        s.lost_reader,
-                        s.lost_events,
-                        stage_line(&s.stages)
-                    ));
-                    if !s.reader_us.is_empty() || observer == Observer::Floor {
-                        series.add("reader", s.reader_us, s.lost_reader);
-                    }
-                    for (stage, samples) in s.stages {
-                        series.add(stages::name(stage), samples, 0);
-                    }
-                    if observer != Observer::Floor {
-                        series.add("event", s.event_us, s.lost_events);
-                    }
-                    series.add(report::SHIM_REAPED, s.shim_reaped_us, 0);
-                }
-                running.stop().await;
-                anyhow::Ok(())
-            })?;
-            results
-                .latency
-                .extend(series.into_latencies(observer.name(), workload.name()));
-        }
+    ]
+    .into_iter()
+    .filter(|o| mode_wanted(o.name()))
+    .collect();
+    if wanted("death") && !observers.is_empty() {
+        death_latency(
+            &rt,
+            &containerd,
+            &client,
+            &observers,
+            reps,
+            n,
+            window,
+            &mut results,
+        )?;
     }
-    if wanted("agent") {
-        for mode in agent::AgentMode::ALL {
-            if !(cli.modes.is_empty() || cli.modes.iter().any(|m| m == mode.name())) {
-                continue;
-            }
-            progress(&format!(
-                "full agent ({}): {reps} repetitions of {n} static pods, started one by one, then killed",
-                mode.name()
-            ));
-            let a = rt.block_on(agent::run(&containerd, mode, reps, n, window))?;
-            results.latency.extend(a.latencies);
-            results.starts.extend(a.starts);
-            for note in a.notes {
-                if !results.notes.contains(&note) {
-                    results.notes.push(note);
-                }
-            }
-        }
+    let agent_modes: Vec<agent::AgentMode> = agent::AgentMode::ALL
+        .into_iter()
+        .filter(|m| mode_wanted(m.name()))
+        .collect();
+    if wanted("agent") && !agent_modes.is_empty() {
+        full_agent(
+            &rt,
+            &containerd,
+            &agent_modes,
+            reps,
+            n,
+            window,
+            &mut results,
+        )?;
     }
     if wanted("scale") {
         let (counts, secs): (&[usize], f64) = if cli.quick {
-            (&[300], 0.1)
+            (&[300], 0.2)
         } else {
-            (&[1000, 10_000], 1.0)
+            (&[1000, 10_000], 10.0)
         };
         let counts = if cli.scale_counts.is_empty() {
             counts
@@ -264,11 +247,14 @@ fn main() -> Result<()> {
              runtime: an in-process fake CRI server (its own thread, excluded from the CPU \
              figures) lists them as pods, so the relist figures measure evpleg's relist code, \
              not a runtime. The PLEG runs in `ebpf` mode over it (reader, merge on the reader \
-             thread, relist); at each rate up to {secs} s of deaths (SIGKILL from a pacing \
-             thread; each cgroup dies once, so a phase is also bounded by the cgroups left). \
+             thread, relist); each rate is held for {secs} s (SIGKILL from a pacing thread) over \
+             victims of its own beside the idle cgroups, at most {} a phase (each a live \
+             process until killed: memory bounds the highest rate's time held, reported); \
+             CPU over the loaded window only (first kill to last). \
              The overflow run holds the reader at the record tap while 200 processes (100 in a \
              quick run) die into \
-             a one-page ring buffer."
+             a one-page ring buffer.",
+            scale::VICTIMS_MAX
         ));
     }
     if wanted("churn") {
@@ -277,6 +263,7 @@ fn main() -> Result<()> {
     if wanted("idle") {
         idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
     }
+    operator_parts(&rt, &containerd, &client, cli.quick, &wanted, &mut results)?;
     drop(client);
     drop(rt);
     drop(containerd);
@@ -293,6 +280,139 @@ fn main() -> Result<()> {
     ));
     write(&cli.out, &results)?;
     progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// The label of repetition `rep` in progress lines (0 is the warm-up).
+fn rep_label(rep: usize) -> String {
+    if rep == 0 {
+        "warm-up (not counted)".to_owned()
+    } else {
+        format!("repetition {rep}")
+    }
+}
+
+/// Death latency: a warm-up repetition, then `reps` counted ones; in each,
+/// every observer and workload in turn (the observers' order rotated from one
+/// repetition to the next), each observer started for its repetition and
+/// stopped after it, so that no mode meets the machine in a state of its own.
+#[allow(clippy::too_many_arguments)]
+fn death_latency(
+    rt: &tokio::runtime::Runtime,
+    containerd: &evpleg_tests::containerd::Containerd,
+    client: &evpleg_cri::CriClient,
+    observers: &[Observer],
+    reps: usize,
+    n: usize,
+    window: Duration,
+    results: &mut Results,
+) -> Result<()> {
+    let workloads = [Workload::SelfExit, Workload::Killed];
+    progress(&format!(
+        "death latency: {} observers x {} workloads, a warm-up and {reps} repetitions of {n} \
+         containers, interleaved",
+        observers.len(),
+        workloads.len()
+    ));
+    let mut sets: Vec<SeriesSet> = (0..observers.len() * workloads.len())
+        .map(|_| SeriesSet::default())
+        .collect();
+    for rep in 0..=reps {
+        for k in 0..observers.len() {
+            let o = (k + rep) % observers.len();
+            let observer = observers[o];
+            for (w, &workload) in workloads.iter().enumerate() {
+                let s = rt.block_on(async {
+                    let mut running = Running::start(observer, client)?;
+                    let s = death::repetition(
+                        containerd,
+                        client,
+                        &mut running,
+                        workload,
+                        n,
+                        window,
+                        rep,
+                    )
+                    .await;
+                    running.stop().await;
+                    anyhow::Ok(s)
+                })?;
+                progress(&format!(
+                    "  {} / {}, {}: {} reader samples, {} event samples, lost {}/{}{}",
+                    observer.name(),
+                    workload.name(),
+                    rep_label(rep),
+                    s.reader_us.len(),
+                    s.event_us.len(),
+                    s.lost_reader,
+                    s.lost_events,
+                    stage_line(&s.stages)
+                ));
+                if rep == 0 {
+                    continue;
+                }
+                let series = &mut sets[o * workloads.len() + w];
+                if !s.reader_us.is_empty() || observer == Observer::Floor {
+                    series.add("reader", s.reader_us, s.lost_reader);
+                }
+                for (stage, samples) in s.stages {
+                    series.add(stages::name(stage), samples, 0);
+                }
+                if observer != Observer::Floor {
+                    series.add("event", s.event_us, s.lost_events);
+                }
+                series.add(report::SHIM_REAPED, s.shim_reaped_us, 0);
+            }
+        }
+    }
+    for (i, set) in sets.into_iter().enumerate() {
+        let (observer, workload) = (
+            observers[i / workloads.len()],
+            workloads[i % workloads.len()],
+        );
+        results
+            .latency
+            .extend(set.into_latencies(observer.name(), workload.name()));
+    }
+    Ok(())
+}
+
+/// The full agent in each mode: a warm-up repetition, then `reps` counted
+/// ones, the modes in turn within each (rotated from one repetition to the
+/// next), a fresh agent for each mode's repetition.
+fn full_agent(
+    rt: &tokio::runtime::Runtime,
+    containerd: &evpleg_tests::containerd::Containerd,
+    modes: &[agent::AgentMode],
+    reps: usize,
+    n: usize,
+    window: Duration,
+    results: &mut Results,
+) -> Result<()> {
+    progress(&format!(
+        "full agent: {} modes, a warm-up and {reps} repetitions of {n} static pods started one \
+         by one, then killed; interleaved",
+        modes.len()
+    ));
+    let mut series: Vec<agent::AgentSeries> =
+        modes.iter().map(|m| agent::AgentSeries::new(*m)).collect();
+    for rep in 0..=reps {
+        for k in 0..modes.len() {
+            let s = &mut series[(k + rep) % modes.len()];
+            let line = rt.block_on(agent::repetition(containerd, s, rep, n, window))?;
+            progress(&format!("  {}, {}: {line}", s.mode.name(), rep_label(rep)));
+        }
+    }
+    for s in series {
+        let a = s.finish();
+        results.latency.extend(a.latencies);
+        results.starts.extend(a.starts);
+        for note in a.notes {
+            if !results.notes.contains(&note) {
+                results.notes.push(note);
+            }
+        }
+    }
     Ok(())
 }
 
@@ -321,7 +441,7 @@ fn churn(
         duration.as_secs(),
         lifetime.as_millis()
     ));
-    for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+    for mode in PLEG_MODES {
         let observer = Observer::Pleg(mode);
         progress(&format!(
             "churn: {} at {rate} containers/s for {} s",
@@ -395,10 +515,7 @@ fn idle_cost(
         rt.block_on(pods.grow_to(containerd, client, n));
         // The baseline (no PLEG: the benchmark's own process) at the highest count.
         let baseline = (n == *counts.last().expect("counts")).then_some(None);
-        let modes = [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic]
-            .map(Some)
-            .into_iter()
-            .chain(baseline);
+        let modes = PLEG_MODES.map(Some).into_iter().chain(baseline);
         for mode in modes {
             let name = mode.map_or("baseline", |m| Observer::Pleg(m).name());
             progress(&format!(
@@ -429,6 +546,54 @@ fn idle_cost(
         }
     }
     rt.block_on(pods.remove(client));
+    Ok(())
+}
+
+/// What an operator asks first (issue #29): `tax`, `runtime-load`,
+/// `relist-cost`, `memory`.
+fn operator_parts(
+    rt: &tokio::runtime::Runtime,
+    containerd: &evpleg_tests::containerd::Containerd,
+    client: &evpleg_cri::CriClient,
+    quick: bool,
+    wanted: &dyn Fn(&str) -> bool,
+    results: &mut Results,
+) -> Result<()> {
+    if wanted("tax") {
+        let (counts, pairs, processes): (&[usize], usize, usize) = if quick {
+            (&[0, 100], 2, 500)
+        } else {
+            (&[0, 1000, 10_000], 5, 10_000)
+        };
+        results.operator.tax = Some(tax::run(rt, counts, pairs, processes)?);
+    }
+    if wanted("runtime-load") {
+        let duration = Duration::from_secs(if quick { 4 } else { 60 });
+        results.operator.runtime_load = Some(rt.block_on(runtime_load::run(
+            containerd,
+            client,
+            2.0,
+            duration,
+            Duration::from_millis(500),
+        ))?);
+    }
+    if wanted("relist-cost") {
+        let (counts, kills, window): (&[usize], usize, u64) = if quick {
+            (&[10], 3, 3)
+        } else {
+            (&[100, 300, 900], 10, 10)
+        };
+        results.operator.relist_cost = Some(rt.block_on(relist_cost::run(
+            containerd,
+            counts,
+            kills,
+            Duration::from_secs(window),
+        ))?);
+    }
+    if wanted("memory") {
+        let counts: &[usize] = if quick { &[10] } else { &[10, 50, 100] };
+        results.operator.memory = Some(rt.block_on(memory::run(containerd, client, counts))?);
+    }
     Ok(())
 }
 

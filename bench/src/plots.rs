@@ -180,12 +180,12 @@ pub fn all(r: &Results, dir: &Path) -> Result<Vec<(String, String)>> {
         ));
         idle_against_n(
             r,
-            "PLEG process RSS (MiB)",
+            "benchmark process RSS, PLEG in-process (MiB)",
             |i| i.agent_rss_mib.median,
             &dir.join("idle-rss.svg"),
         )?;
         out.push((
-            "PLEG process memory against idle containers".into(),
+            "Benchmark process memory (the PLEG in-process) against idle containers".into(),
             rel("idle-rss.svg"),
         ));
     }

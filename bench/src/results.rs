@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{Spread, Summary};
+use crate::stats::{Pooled, Spread, Summary};
 
 /// The machine the run was made on.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -57,11 +57,20 @@ pub struct Latency {
     /// `reader` (the record read from the ring buffer) or `event` (the
     /// lifecycle event taken from the PLEG's channel).
     pub stage: String,
+    /// The spread across repetitions (each repetition's own percentiles).
     pub summary: Option<Summary>,
     /// Deaths never seen at this stage within the bound.
     pub lost: usize,
-    /// Every sample of every repetition (for the CDF).
+    /// Every sample of every counted repetition (the warm-up's are not): the
+    /// tails and the CDF are taken from these.
     pub samples_us: Vec<f64>,
+}
+
+impl Latency {
+    /// The tails over the pooled samples.
+    pub fn pooled(&self) -> Option<Pooled> {
+        Pooled::of(&self.samples_us)
+    }
 }
 
 /// CPU and memory with `containers` running and nothing happening.
@@ -86,8 +95,14 @@ pub struct Results {
     pub command: String,
     pub quick: bool,
     pub containerd: String,
+    /// Counted repetitions.
     pub repetitions: usize,
     pub containers_per_repetition: usize,
+    /// A warm-up repetition ran first (not counted) and the modes were
+    /// interleaved repetition by repetition (false in results written before
+    /// issue #29).
+    #[serde(default)]
+    pub warm_up: bool,
     pub latency: Vec<Latency>,
     pub idle: Vec<Idle>,
     /// Start latency of static pods through the full agent.
@@ -96,6 +111,10 @@ pub struct Results {
     /// The scale workload (cgroups and plain processes, a fake runtime).
     #[serde(default)]
     pub scale: Option<crate::scale::ScaleResults>,
+    /// What an operator asks first: the node tax, the runtime's load, the
+    /// PLEG's memory (issue #29).
+    #[serde(default)]
+    pub operator: crate::operator::OperatorResults,
     pub notes: Vec<String>,
 }
 
@@ -115,9 +134,43 @@ pub struct Start {
     /// `total - runtime`: the agent's own time (sources, admission, workers,
     /// waits for the cache, the status manager) and the inspection calls.
     pub agent_ms: Option<Summary>,
+    /// Every pod's figures, for the pooled percentiles (absent from results
+    /// written before issue #29: the report then shows the spread only).
+    #[serde(default)]
+    pub samples: StartSamples,
 }
 
+/// Every counted pod's start figures, in ms.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StartSamples {
+    pub total_ms: Vec<f64>,
+    pub runtime_ms: Vec<f64>,
+    pub inspection_ms: Vec<f64>,
+    pub agent_ms: Vec<f64>,
+}
+
+/// Results files written before issue #29 named the kubelet 1.37 design's
+/// comparator `evented-cri` (it also relisted a pod on every event, not only
+/// on CONTAINER_STOPPED: the same for deaths and idle cost), and the agent
+/// behind the proxy in that design `cri-proxy`.
+const RENAMED: [(&str, &str); 2] = [
+    ("evented-cri", crate::death::EVENTED_137),
+    ("cri-proxy", crate::agent::CRI_PROXY_137),
+];
+
 impl Results {
+    /// Brings a results file of an older run to today's names.
+    pub fn migrate(&mut self) {
+        let rename = |m: &mut String| {
+            if let Some((_, new)) = RENAMED.iter().find(|(old, _)| m == old) {
+                *m = (*new).to_owned();
+            }
+        };
+        self.latency.iter_mut().for_each(|l| rename(&mut l.mode));
+        self.idle.iter_mut().for_each(|i| rename(&mut i.mode));
+        self.starts.iter_mut().for_each(|s| rename(&mut s.mode));
+    }
+
     pub fn latency(&self, mode: &str, workload: &str, stage: &str) -> Option<&Latency> {
         self.latency
             .iter()

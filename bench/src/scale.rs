@@ -3,8 +3,11 @@
 //! process (`sleep`, joined to the cgroup before its exec, as a runtime's init
 //! does), no container runtime; an in-process fake CRI server
 //! ([`crate::fake_cri`]) lists them as pods. The PLEG runs in `ebpf` mode over
-//! that fake (reader, merge, relist); the processes are killed at a paced rate
-//! and each death's stages come from the agent's stage log. Then the overflow
+//! that fake (reader, merge, relist); at each rate, a set of victims of their
+//! own (as many cgroups as the rate held for the phase's seconds, up to
+//! [`VICTIMS_MAX`]) is killed at that rate beside the idle cgroups, and each
+//! death's stages come from the agent's stage log; the CPU figures cover the
+//! loaded window only (the first kill to the last). Then the overflow
 //! path (a one-page ring buffer, its reader held during a burst) and the
 //! generic relist's cost at the same count. Every cgroup and process made here
 //! is removed when [`Cgroups`] is dropped, also on error.
@@ -37,6 +40,10 @@ pub struct ScaleRate {
     pub target_per_s: f64,
     pub achieved_per_s: f64,
     pub deaths: usize,
+    /// How long the rate was held (the loaded window: first kill to last),
+    /// s (`None`: a run before sustained phases).
+    #[serde(default)]
+    pub held_s: Option<f64>,
     /// Deaths with no ContainerDied within 35 s.
     pub lost: usize,
     /// Deaths whose ContainerDied came after 5 s (a relist's), within 35 s.
@@ -47,7 +54,7 @@ pub struct ScaleRate {
     /// Per stage (`reader`, `attributed`, `cached`, `delivered`): percentiles
     /// in us of this phase's deaths.
     pub stages: Vec<(String, Percentiles)>,
-    /// The reader thread's CPU over the phase, % of a core.
+    /// The reader thread's CPU over the loaded window, % of a core.
     pub reader_cpu_pct: f64,
     /// The whole process's CPU except the fake runtime's thread, % of a core.
     pub process_cpu_pct: f64,
@@ -286,6 +293,27 @@ const READER: &str = "evpleg-ringbuf";
 /// profile), seconds in the release build.
 pub const FULL_PIPELINE_MAX: usize = if cfg!(debug_assertions) { 2000 } else { 10_000 };
 
+/// The most victims a phase makes: each is a live process until killed
+/// (about 280 KiB each here), so 5 000 exits/s held 10 s (50 000 processes,
+/// some 14 GiB) is bounded by memory, and the phase holds its rate for
+/// `VICTIMS_MAX / rate` s; the report gives the time held.
+pub const VICTIMS_MAX: usize = 20_000;
+
+/// A phase's victims: the rate held for `secs`, at most [`VICTIMS_MAX`], at
+/// least one.
+pub fn victims_for(rate: f64, secs: f64) -> usize {
+    ((rate * secs).round() as usize).clamp(1, VICTIMS_MAX)
+}
+
+/// CPU over a window as % of a core (`NaN` for an empty window).
+pub fn cpu_pct(cpu_s: f64, window_s: f64) -> f64 {
+    if window_s > 0.0 {
+        100.0 * cpu_s / window_s
+    } else {
+        f64::NAN
+    }
+}
+
 /// Counters of the PLEG (see [`Under::counters`]), for the progress line
 /// of a phase whose deaths were not all delivered in time.
 #[derive(Clone, Copy, Debug, Default)]
@@ -370,14 +398,7 @@ async fn start_pleg(
     kernel: KernelPlegConfig,
 ) -> Result<(Pleg, mpsc::Receiver<PodLifecycleEvent>)> {
     let (tx, rx) = mpsc::channel(100_000);
-    let pleg = Pleg::start(
-        mode,
-        evpleg_cri::runtime::CriRuntime::new(client.clone()),
-        kernel,
-        tx,
-        Arc::new(evpleg_core::clock::MonotonicClock),
-        None,
-    )?;
+    let pleg = crate::death::start_pleg(mode, client, kernel, tx)?;
     Ok((pleg, rx))
 }
 
@@ -398,10 +419,24 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Kills `which` pods at `rate`/s from a thread of its own; returns the
-/// achieved rate.
-fn kill_paced(cg: &mut Cgroups, fake: &FakeCri, which: &[usize], rate: f64) -> f64 {
-    let pids: Vec<(usize, i32)> = which.iter().map(|i| (*i, cg.pods[*i].pid)).collect();
+/// Kills `which` pods at `rate`/s from a thread of its own (pod `i` is the
+/// fake's `offset + i`); returns the achieved rate.
+fn kill_paced(cg: &mut Cgroups, fake: &FakeCri, which: &[usize], rate: f64, offset: usize) -> f64 {
+    kill_window(cg, fake, which, rate, offset).0
+}
+
+/// [`kill_paced`], and the loaded window: from the first kill to the last.
+fn kill_window(
+    cg: &mut Cgroups,
+    fake: &FakeCri,
+    which: &[usize],
+    rate: f64,
+    offset: usize,
+) -> (f64, Duration) {
+    let pids: Vec<(usize, i32)> = which
+        .iter()
+        .map(|i| (offset + *i, cg.pods[*i].pid))
+        .collect();
     let pods = fake.pods.clone();
     let started = Instant::now();
     let t = std::thread::spawn(move || {
@@ -421,7 +456,16 @@ fn kill_paced(cg: &mut Cgroups, fake: &FakeCri, which: &[usize], rate: f64) -> f
     for i in which {
         cg.pods[*i].alive = false;
     }
-    which.len() as f64 / took.as_secs_f64().max(1e-9)
+    (achieved_rate(which.len(), took), took)
+}
+
+/// Deaths per second over the window from the first kill to the last (`n`
+/// kills span `n - 1` intervals).
+pub fn achieved_rate(kills: usize, window: Duration) -> f64 {
+    if kills < 2 || window.is_zero() {
+        return f64::NAN;
+    }
+    (kills - 1) as f64 / window.as_secs_f64()
 }
 
 /// Receives events until every id in `ids` has a ContainerDied or `bound`
@@ -489,7 +533,7 @@ pub async fn run(
             (Under::Kernel(k), rx)
         };
         let made = Instant::now();
-        let mut cg = Cgroups::create(n)?;
+        let cg = Cgroups::create(n)?;
         crate::progress(&format!(
             "  {n} cgroups and processes made in {:.1} s",
             made.elapsed().as_secs_f64()
@@ -534,26 +578,34 @@ pub async fn run(
                 Some(pct)
             }
         };
-        let mut next = 0;
-        for (k, &rate) in rates.iter().enumerate() {
-            let left = rates.len() - k;
-            let count = ((rate * secs) as usize).min((n - next) / left);
-            if count == 0 {
-                continue;
+        for &rate in rates {
+            // The phase's victims, beside the idle cgroups (which stay alive:
+            // the kernel path keeps knowing all of them).
+            let count = victims_for(rate, secs);
+            let made = Instant::now();
+            let mut victims = Cgroups::create(count)?;
+            crate::progress(&format!(
+                "  {count} victims for {rate:.0}/s made in {:.1} s",
+                made.elapsed().as_secs_f64()
+            ));
+            let offset = cg.pods.len();
+            if let Under::Pleg(pleg) = &under {
+                let mut pods = cg.fake_pods();
+                pods.extend(victims.fake_pods());
+                fake.pods.set(pods);
+                wait_listed(pleg, &victims, Duration::from_secs(300)).await?;
             }
-            let which: Vec<usize> = (next..next + count).collect();
-            next += count;
+            let which: Vec<usize> = (0..count).collect();
             crate::stages::start();
             let dropped0 = under.dropped();
-            let (r0, p0, runs0) = thread_sched(READER);
-            let t0 = Instant::now();
-            let ids: Vec<String> = which.iter().map(|i| cg.pods[*i].id.clone()).collect();
+            let ids: Vec<String> = victims.pods.iter().map(|p| p.id.clone()).collect();
             let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
             let counters0 = under.counters();
-            let achieved = kill_paced(&mut cg, &fake, &which, rate);
-            // The CPU window: the kills and 200 ms after the last (the reader
-            // handles each record within microseconds; later work is relists).
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The CPU window is the loaded window: from just before the first
+            // kill to just after the last.
+            let (r0, p0, runs0) = thread_sched(READER);
+            let t0 = Instant::now();
+            let (achieved, held) = kill_window(&mut victims, &fake, &which, rate, offset);
             let elapsed = t0.elapsed().as_secs_f64();
             let (r1, p1, runs1) = thread_sched(READER);
             let mut seen = deaths(&mut rx, &id_refs, Duration::from_secs(5)).await;
@@ -591,12 +643,13 @@ pub async fn run(
                 target_per_s: rate,
                 achieved_per_s: achieved,
                 deaths: count,
+                held_s: Some(held.as_secs_f64()),
                 lost: count - seen.len(),
                 late,
                 dropped,
                 stages,
-                reader_cpu_pct: 100.0 * (r1 - r0) / elapsed,
-                process_cpu_pct: 100.0 * (p1 - p0 + r1 - r0) / elapsed,
+                reader_cpu_pct: cpu_pct(r1 - r0, elapsed),
+                process_cpu_pct: cpu_pct(p1 - p0 + r1 - r0, elapsed),
                 reader_runs_per_death: Some((runs1 - runs0) as f64 / count as f64),
             };
             let last = r.stages.last();
@@ -612,6 +665,10 @@ pub async fn run(
                 r.reader_runs_per_death.unwrap_or(f64::NAN)
             ));
             out.rates.push(r);
+            if full {
+                fake.pods.set(cg.fake_pods());
+            }
+            drop(victims);
         }
         under.stop().await;
         if !full {
@@ -706,7 +763,7 @@ async fn overflow(fake: &FakeCri, client: &CriClient, n: usize) -> Result<Overfl
         let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         release(true);
         let all: Vec<usize> = (0..n).collect();
-        kill_paced(&mut cg, fake, &all, 1e9);
+        kill_paced(&mut cg, fake, &all, 1e9, 0);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let released = Instant::now();
         release(false);
@@ -739,4 +796,60 @@ async fn overflow(fake: &FakeCri, client: &CriClient, n: usize) -> Result<Overfl
     release(false);
     pleg.stop().await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_holds_its_rate_for_its_seconds_up_to_the_cap() {
+        // (rate, secs, victims)
+        let table = [
+            (1000.0, 10.0, 10_000),
+            (2000.0, 10.0, VICTIMS_MAX),
+            (5000.0, 10.0, VICTIMS_MAX),
+            (1000.0, 0.2, 200),
+            (5000.0, 0.0001, 1),
+        ];
+        for (rate, secs, want) in table {
+            assert_eq!(victims_for(rate, secs), want, "{rate}/s for {secs} s");
+        }
+    }
+
+    #[test]
+    fn the_achieved_rate_counts_intervals_between_kills() {
+        // (kills, window ms, rate)
+        let table = [
+            (1001, 1000, Some(1000.0)),
+            (11, 2, Some(5000.0)),
+            (1, 0, None),
+            (5, 0, None),
+        ];
+        for (kills, ms, want) in table {
+            let got = achieved_rate(kills, Duration::from_millis(ms));
+            match want {
+                Some(w) => assert!((got - w).abs() < 1e-9, "{kills} kills in {ms} ms: {got}"),
+                None => assert!(got.is_nan(), "{kills} kills in {ms} ms: {got}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_is_a_share_of_the_window() {
+        // (cpu s, window s, % of a core)
+        let table = [
+            (0.5, 10.0, Some(5.0)),
+            (2.0, 1.0, Some(200.0)),
+            (0.0, 3.0, Some(0.0)),
+            (1.0, 0.0, None),
+        ];
+        for (cpu, window, want) in table {
+            let got = cpu_pct(cpu, window);
+            match want {
+                Some(w) => assert!((got - w).abs() < 1e-9, "{cpu} s over {window} s: {got}"),
+                None => assert!(got.is_nan(), "{cpu} s over {window} s"),
+            }
+        }
+    }
 }

@@ -1,6 +1,10 @@
-//! Percentiles and the summary of repetitions: each figure of the report is the
-//! median over repetitions of a per-repetition percentile, with its spread
-//! (the lowest and highest repetition).
+//! Percentiles of the report. The tails ([`Pooled`]) are taken over every
+//! sample of every counted repetition pooled together, with the true maximum;
+//! a percentile is given only when the sample count supports it
+//! ([`P90_MIN_SAMPLES`], [`P99_MIN_SAMPLES`]). The spread across repetitions
+//! ([`Summary`]: each repetition's own percentiles, their median, lowest and
+//! highest) is shown beside them, never in their place: a repetition of ten
+//! deaths has no p99 of its own (its "p99" is its maximum).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +18,58 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
-/// Percentiles of one repetition's samples (microseconds).
+/// The fewest samples a p90 is given over: ten samples above it.
+pub const P90_MIN_SAMPLES: usize = 20;
+/// The fewest samples a p99 is given over (issue #29): two samples above it;
+/// below that count the p99 is the maximum or next to it.
+pub const P99_MIN_SAMPLES: usize = 200;
+
+/// Percentiles over pooled samples, each only where the count supports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pooled {
+    pub n: usize,
+    pub p50: f64,
+    /// `None` below [`P90_MIN_SAMPLES`].
+    pub p90: Option<f64>,
+    /// `None` below [`P99_MIN_SAMPLES`].
+    pub p99: Option<f64>,
+    /// The largest sample.
+    pub max: f64,
+}
+
+impl Pooled {
+    /// `None` for no samples.
+    pub fn of(samples: &[f64]) -> Option<Self> {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        Some(Self {
+            n,
+            p50: percentile(&sorted, 50.0)?,
+            p90: (n >= P90_MIN_SAMPLES)
+                .then(|| percentile(&sorted, 90.0))
+                .flatten(),
+            p99: (n >= P99_MIN_SAMPLES)
+                .then(|| percentile(&sorted, 99.0))
+                .flatten(),
+            max: *sorted.last()?,
+        })
+    }
+
+    /// The highest percentile the count supports: `p99`, `p90` or `p50`.
+    pub fn supports(&self) -> &'static str {
+        if self.p99.is_some() {
+            "p99"
+        } else if self.p90.is_some() {
+            "p90"
+        } else {
+            "p50"
+        }
+    }
+}
+
+/// Percentiles of one repetition's samples (microseconds), whatever their
+/// count: for the spread across repetitions and progress lines, not for tails.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
     pub n: usize,
@@ -61,7 +116,8 @@ impl Spread {
     }
 }
 
-/// Each percentile's spread over repetitions.
+/// Each per-repetition percentile's spread over repetitions (not the tails:
+/// see [`Pooled`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub repetitions: usize,
@@ -133,6 +189,76 @@ mod tests {
         );
         assert_eq!(Spread::of(&[4.0, 1.0]).unwrap().median, 1.0);
         assert_eq!(Spread::of(&[]), None);
+    }
+
+    /// Issue #29's recomputation from the raw samples of the run it read
+    /// (`bench/results/full.json` as commit 0a4caeb wrote it, 5 repetitions
+    /// of 10 deaths; the four series copied to `testdata/issue29-full.json`):
+    /// the pooled p99 of 50 samples (by nearest rank their largest), where the
+    /// report showed the median of the five repetitions' maxima.
+    #[test]
+    fn pooled_tails_reproduce_the_issue_s_recomputation() {
+        let raw: serde_json::Value =
+            serde_json::from_str(include_str!("testdata/issue29-full.json")).unwrap();
+        let series = raw["latency"].as_array().unwrap();
+        // (mode, workload, stage, pooled p99, what the report said it was)
+        let table = [
+            ("ebpf", "killed", "delivered", 142.3, 67.9),
+            ("ebpf", "self-exit", "event", 729.0, 517.3),
+            ("ebpf", "agent-killed", "worker-sync", 28_778.7, 444.7),
+            ("ebpf", "agent-killed", "status-held", 28_821.3, 715.4),
+        ];
+        for (mode, workload, stage, p99, reported) in table {
+            let l = series
+                .iter()
+                .find(|l| l["mode"] == mode && l["workload"] == workload && l["stage"] == stage)
+                .unwrap_or_else(|| panic!("{mode} {workload} {stage}"));
+            let samples: Vec<f64> = serde_json::from_value(l["samples_us"].clone()).unwrap();
+            assert_eq!(samples.len(), 50, "{mode} {workload} {stage}");
+            let mut sorted = samples.clone();
+            sorted.sort_by(f64::total_cmp);
+            let pooled_p99 = percentile(&sorted, 99.0).unwrap();
+            assert!(
+                (pooled_p99 - p99).abs() < 0.1,
+                "{stage}: {pooled_p99} != {p99}"
+            );
+            // The old figure: the median of the five repetitions' maxima.
+            let maxima: Vec<f64> = samples
+                .chunks(10)
+                .map(|c| c.iter().copied().fold(f64::MIN, f64::max))
+                .collect();
+            let old = Spread::of(&maxima).unwrap().median;
+            assert!((old - reported).abs() < 0.1, "{stage}: {old} != {reported}");
+            // 50 samples support a p90, not a p99: the pooled summary says so,
+            // and its maximum is the true one.
+            let p = Pooled::of(&samples).unwrap();
+            assert_eq!((p.n, p.p99, p.supports()), (50, None, "p90"));
+            assert_eq!(p.max, *sorted.last().unwrap());
+            assert_eq!(p.p90, percentile(&sorted, 90.0));
+        }
+    }
+
+    #[test]
+    fn pooled_percentiles_need_their_sample_counts() {
+        // (samples 1..=n, p90, p99)
+        let table: [(usize, Option<f64>, Option<f64>); 5] = [
+            (1, None, None),
+            (19, None, None),
+            (20, Some(18.0), None),
+            (199, Some(180.0), None),
+            (200, Some(180.0), Some(198.0)),
+        ];
+        for (n, p90, p99) in table {
+            let v: Vec<f64> = (1..=n).rev().map(|i| i as f64).collect();
+            let p = Pooled::of(&v).unwrap();
+            assert_eq!(
+                (p.n, p.p90, p.p99, p.max),
+                (n, p90, p99, n as f64),
+                "n = {n}"
+            );
+            assert_eq!(p.p50, ((n as f64) / 2.0).ceil(), "n = {n}");
+        }
+        assert_eq!(Pooled::of(&[]), None);
     }
 
     #[test]

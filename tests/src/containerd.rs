@@ -629,7 +629,7 @@ impl Containerd {
         self.stop();
 
         // 3. Shims left over (their pods could not be removed) and their sockets.
-        for (pid, id) in self.leftover_shims() {
+        for (pid, id) in self.shims() {
             tracing::warn!(pid, id, "teardown: killing leftover shim");
             signal(pid, libc::SIGKILL);
             wait_gone(pid, Duration::from_secs(5));
@@ -684,8 +684,9 @@ impl Containerd {
         }
     }
 
-    /// Shim processes of this instance: `(pid, task or pod id)`.
-    fn leftover_shims(&self) -> Vec<(u32, String)> {
+    /// Shim processes of this instance: `(pid, task or pod id)` (at
+    /// teardown, those left; the benchmark's runtime load, their CPU).
+    pub fn shims(&self) -> Vec<(u32, String)> {
         let socket = self.socket.display().to_string();
         let mut found = Vec::new();
         let Ok(entries) = fs::read_dir("/proc") else {
@@ -1662,6 +1663,30 @@ impl Containerd {
         evpleg_cri::CriClient::connect(&self.endpoint(), evpleg_cri::CriClientConfig::default())
             .await
             .unwrap_or_else(|e| panic!("connect: {e}"))
+    }
+
+    /// The sandboxes of the pod with this UID, as this runtime lists them now.
+    pub async fn pod_sandboxes(&self, uid: &str) -> Vec<v1::PodSandbox> {
+        self.client()
+            .await
+            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
+                label_selector: [(evpleg_core::labels::POD_UID.to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }))
+            .await
+            .expect("ListPodSandbox")
+    }
+
+    /// The containers of the pod with this UID, as this runtime lists them now.
+    pub async fn pod_containers(&self, uid: &str) -> Vec<v1::Container> {
+        self.client()
+            .await
+            .list_containers(Some(v1::ContainerFilter {
+                label_selector: [(evpleg_core::labels::POD_UID.to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }))
+            .await
+            .expect("ListContainers")
     }
 }
 

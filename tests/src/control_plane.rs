@@ -32,7 +32,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
@@ -619,8 +619,11 @@ async fn wait_etcd(etcd: &mut Process, port: u16) -> Result<(), ControlPlaneErro
     }
 }
 
-/// Waits until the API server's `/readyz` says `ok` and the namespaces it
-/// makes itself (`default`, `kube-system`, `kube-node-lease`) exist.
+/// Waits until the API server's `/readyz` says `ok`, the namespaces it
+/// makes itself (`default`, `kube-system`, `kube-node-lease`) exist, and so
+/// does the `default/kubernetes` Service: its bootstrap controller writes
+/// that after `/readyz` can already say `ok`, and a pod's service variables
+/// (`KUBERNETES_SERVICE_HOST`) come from it.
 async fn wait_apiserver(
     apiserver: &mut Process,
     etcd: &mut Process,
@@ -629,6 +632,7 @@ async fn wait_apiserver(
 ) -> Result<(), ControlPlaneError> {
     let deadline = started + START_TIMEOUT;
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
     let mut last: String;
     loop {
         etcd.check()?;
@@ -644,10 +648,13 @@ async fn wait_apiserver(
                         missing.push(ns);
                     }
                 }
-                if missing.is_empty() {
+                if !missing.is_empty() {
+                    last = format!("ready, but no namespace {}", missing.join(", "));
+                } else if !matches!(services.get_opt("kubernetes").await, Ok(Some(_))) {
+                    last = "ready, but no service default/kubernetes".into();
+                } else {
                     return Ok(());
                 }
-                last = format!("ready, but no namespace {}", missing.join(", "));
             }
             Ok(Ok(text)) => last = text,
             Ok(Err(e)) => last = e.to_string(),

@@ -5,6 +5,11 @@
 //! headers, streamed bodies and trailers pass through as they are. A test
 //! points a client at [`CriInterceptor::endpoint`] and then reads which calls
 //! it made ([`CriInterceptor::calls`], [`CriInterceptor::mutating_calls`]).
+//! A method can be held ([`CriInterceptor::hold`]): its calls are counted on
+//! arrival and then never reach the runtime (each waits until the hold is
+//! lifted, at most [`HOLD_BOUND`], and fails `UNAVAILABLE`), as when the
+//! client dies between two calls (`tests/faults.rs`); or paused
+//! ([`CriInterceptor::pause`]): its calls wait as long, then go on.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,12 +47,18 @@ pub const MUTATING: [&str; 18] = [
 ];
 
 type Calls = Arc<Mutex<BTreeMap<String, u64>>>;
+/// Held methods, each with whether its calls go on once lifted (paused).
+type Held = Arc<Mutex<BTreeMap<String, bool>>>;
+
+/// How long a held call waits at most for the hold to be lifted.
+pub const HOLD_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A running interceptor; stopped on drop.
 #[derive(Debug)]
 pub struct CriInterceptor {
     socket: PathBuf,
     calls: Calls,
+    held: Held,
     task: JoinHandle<()>,
 }
 
@@ -61,10 +72,17 @@ impl CriInterceptor {
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket)?;
         let calls = Calls::default();
-        let task = tokio::spawn(serve(listener, upstream.to_owned(), calls.clone()));
+        let held = Held::default();
+        let task = tokio::spawn(serve(
+            listener,
+            upstream.to_owned(),
+            calls.clone(),
+            held.clone(),
+        ));
         Ok(Self {
             socket,
             calls,
+            held,
             task,
         })
     }
@@ -77,6 +95,33 @@ impl CriInterceptor {
     /// Calls so far, by method.
     pub fn calls(&self) -> BTreeMap<String, u64> {
         lock(&self.calls).clone()
+    }
+
+    /// Holds `method`: its calls from now on are counted and never
+    /// forwarded; each fails once [`Self::unhold`] lifts the hold.
+    pub fn hold(&self, method: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(method.to_owned(), false);
+    }
+
+    /// Pauses `method`: its calls from now on are counted and wait until
+    /// [`Self::unhold`] (at most [`HOLD_BOUND`]), then are forwarded.
+    pub fn pause(&self, method: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(method.to_owned(), true);
+    }
+
+    /// Lifts [`Self::hold`] or [`Self::pause`]: held calls fail, paused
+    /// ones go on, calls from now on are forwarded.
+    pub fn unhold(&self, method: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(method);
     }
 
     /// The calls so far that change the runtime ([`MUTATING`]).
@@ -95,15 +140,15 @@ impl Drop for CriInterceptor {
     }
 }
 
-async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls) {
+async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls, held: Held) {
     let upstream = Arc::new(Upstream::new(upstream));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let (upstream, calls) = (upstream.clone(), calls.clone());
+        let (upstream, calls, held) = (upstream.clone(), calls.clone(), held.clone());
         tokio::spawn(async move {
-            if let Err(e) = proxy(stream, upstream, calls).await {
+            if let Err(e) = proxy(stream, upstream, calls, held).await {
                 tracing::debug!(error = %e, "cri interceptor: connection ended");
             }
         });
@@ -115,12 +160,43 @@ async fn proxy(
     stream: UnixStream,
     upstream: Arc<Upstream>,
     calls: Calls,
+    held: Held,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let method = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
-        *lock(&calls).entry(method).or_default() += 1;
+        *lock(&calls).entry(method.clone()).or_default() += 1;
+        let paused = held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&method)
+            .copied();
+        let wait = paused.map(|paused| {
+            let (held, method) = (held.clone(), method.clone());
+            async move {
+                let deadline = tokio::time::Instant::now() + HOLD_BOUND;
+                while tokio::time::Instant::now() < deadline
+                    && held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains_key(&method)
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                (!paused).then(|| {
+                    grpc::error_response(
+                        grpc::UNAVAILABLE,
+                        &format!("cri interceptor: {method} held"),
+                    )
+                })
+            }
+        });
         let upstream = upstream.clone();
         async move {
+            if let Some(wait) = wait
+                && let Some(refused) = wait.await
+            {
+                return Ok(refused);
+            }
             Ok::<_, std::convert::Infallible>(upstream.forward(req).await.unwrap_or_else(|e| {
                 grpc::error_response(grpc::UNAVAILABLE, &format!("cri interceptor: {e}"))
             }))

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use evpleg::agent::Agent;
 use evpleg::config::RunArgs;
-use evpleg_core::labels;
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
@@ -90,8 +89,30 @@ impl E2e {
     /// nor that layer, is in containerd until pulled).
     pub async fn start_with_registry(name: &str, extra: &[&str]) -> Self {
         let containerd = Self::containerd();
-        let registry = Registry::start(&containerd.base().join("registry"))
-            .unwrap_or_else(|e| panic!("registry: {e}"));
+        let registry = Self::registry_for(&containerd, None);
+        Self::start_on(containerd, Some(registry), name, ApiKind::None, extra).await
+    }
+
+    /// [`E2e::start_with_registry`] with the registry's basic authentication
+    /// on ([`crate::registry::TEST_USER`]) and the real API server
+    /// ([`E2e::start_with_control_plane`]): images pull only with the
+    /// credentials a pod's pull secrets give.
+    pub async fn start_with_private_registry(name: &str, extra: &[&str]) -> Self {
+        let containerd = Self::containerd();
+        let auth = crate::registry::TEST_USER;
+        let registry = Self::registry_for(&containerd, Some(auth));
+        Self::start_on(containerd, Some(registry), name, ApiKind::Real, extra).await
+    }
+
+    /// A registry for `containerd` (with `auth` on), holding the images of
+    /// [`E2e::start_with_registry`].
+    fn registry_for(containerd: &Containerd, auth: Option<crate::registry::BasicAuth>) -> Registry {
+        let dir = containerd.base().join("registry");
+        let registry = match auth {
+            Some(a) => Registry::start_with_auth(&dir, a),
+            None => Registry::start(&dir),
+        }
+        .unwrap_or_else(|e| panic!("registry: {e}"));
         registry
             .configure_containerd(&containerd.registry_config_dir())
             .unwrap_or_else(|e| panic!("registry: {e}"));
@@ -101,7 +122,7 @@ impl E2e {
                 .push(&archive, LOCAL_TAG, REGISTRY_REPO, tag)
                 .unwrap_or_else(|e| panic!("registry: {e}"));
         }
-        Self::start_on(containerd, Some(registry), name, ApiKind::None, extra).await
+        registry
     }
 
     /// [`E2e::start_with`] on a containerd whose CNI configuration is `cni`.
@@ -268,9 +289,20 @@ impl E2e {
     /// Stops the agent (its containers keep running) and starts a new one with
     /// the same flags, as after a crash or an upgrade.
     pub async fn restart_agent(&mut self) {
+        self.stop_agent().await;
+        self.start_agent().await;
+    }
+
+    /// Stops the agent; its containers keep running ([`Self::start_agent`]
+    /// starts a new one).
+    pub async fn stop_agent(&mut self) {
         if let Some(a) = self.agent.take() {
             a.stop().await;
         }
+    }
+
+    /// Starts an agent with the same flags after [`Self::stop_agent`].
+    pub async fn start_agent(&mut self) {
         let agent = Agent::start(&self.args)
             .await
             .unwrap_or_else(|e| panic!("agent restart: {e}"));
@@ -287,6 +319,27 @@ impl E2e {
         let tmp = self.manifests.join(format!(".{file}.tmp"));
         std::fs::write(&tmp, yaml).expect("write manifest");
         std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    /// (Unix seconds, text) of the CRI log lines of container `container`
+    /// of `pod` (a `/pods` item), its first instance (`0.log`).
+    pub fn log_lines(&self, pod: &Value, container: &str) -> Vec<(f64, String)> {
+        let meta = &pod["metadata"];
+        let dir = self.cri().base().join("pod-logs").join(format!(
+            "{}_{}_{}",
+            meta["namespace"].as_str().unwrap_or("default"),
+            meta["name"].as_str().unwrap_or_default(),
+            meta["uid"].as_str().unwrap_or_default()
+        ));
+        let text = std::fs::read_to_string(dir.join(container).join("0.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut parts = l.splitn(4, ' ');
+                let ts: k8s_openapi::jiff::Timestamp = parts.next()?.parse().ok()?;
+                let text = parts.nth(2)?.to_owned();
+                Some((ts.as_nanosecond() as f64 / 1e9, text))
+            })
+            .collect()
     }
 
     pub fn pod(&self, name: &str) -> Option<Value> {
@@ -395,15 +448,7 @@ impl E2e {
 
     /// The sandboxes of the pod with this UID, as the runtime lists them now.
     pub async fn sandboxes(&self, uid: &str) -> Vec<v1::PodSandbox> {
-        self.cri()
-            .client()
-            .await
-            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
-                label_selector: [(labels::POD_UID.to_owned(), uid.to_owned())].into(),
-                ..Default::default()
-            }))
-            .await
-            .expect("ListPodSandbox")
+        self.cri().pod_sandboxes(uid).await
     }
 
     /// How many times containerd was asked to run a sandbox for this pod UID
@@ -624,6 +669,11 @@ impl History {
             }
         }
     }
+}
+
+/// When `text` was logged first, in [`E2e::log_lines`]' `lines`.
+pub fn logged_at(lines: &[(f64, String)], text: &str) -> Option<f64> {
+    lines.iter().find(|(_, t)| t == text).map(|(ts, _)| *ts)
 }
 
 pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {

@@ -18,6 +18,7 @@ pub mod e2e;
 pub mod fake_apiserver;
 pub mod go_tools;
 pub mod kernel_checks;
+pub mod killable;
 pub mod oci_hooks;
 pub mod pleg;
 pub mod registry;

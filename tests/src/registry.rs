@@ -15,8 +15,11 @@
 //! and blobs by digest). Dropping it (also while a
 //! test panics) stops the registry by its pid and removes its directory.
 //!
-//! A kubelet node pulls from real registries over TLS with credentials; here
-//! there is neither (image pull secrets are not implemented).
+//! [`Registry::start_with_auth`] turns distribution's basic authentication
+//! on ([`BasicAuth`]: an htpasswd file with one bcrypt entry): every request
+//! without the user's credentials, `/v2/` included, is answered 401, as a
+//! private registry does; the pushes carry the credentials. A kubelet node
+//! pulls from real registries over TLS; here it is plain http on loopback.
 
 use std::fs;
 use std::io::{self, Read as _, Write as _};
@@ -112,10 +115,41 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Regist
     }
 }
 
+/// A registry user for [`Registry::start_with_auth`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BasicAuth {
+    pub user: &'static str,
+    pub password: &'static str,
+    /// `password`'s bcrypt hash, distribution's only htpasswd format.
+    pub bcrypt: &'static str,
+}
+
+/// The test user: the hash was made once with crypt(3)'s bcrypt
+/// (`$2b$`, cost 5); a wrong hash fails every authenticated pull.
+pub const TEST_USER: BasicAuth = BasicAuth {
+    user: "puller",
+    password: "evpleg-pull-s3cret",
+    bcrypt: "$2b$05$kMHgCeCCAP1sf4J73B.W6uo/NcP04C8ah9yn4t.bxgnz2FdaFGoAG",
+};
+
+impl BasicAuth {
+    /// `user:password` in base64: the value of an `Authorization: Basic`
+    /// header and of a docker configuration's `auth`.
+    pub fn basic(&self) -> String {
+        let bytes =
+            k8s_openapi::ByteString(format!("{}:{}", self.user, self.password).into_bytes());
+        match serde_json::to_value(bytes) {
+            Ok(serde_json::Value::String(s)) => s,
+            other => unreachable!("a ByteString serialises as a string, not {other:?}"),
+        }
+    }
+}
+
 /// A private `docker-registry` on loopback. See the module documentation.
 #[derive(Debug)]
 pub struct Registry {
     dir: PathBuf,
+    auth: Option<BasicAuth>,
     child: Option<Child>,
     addr: SocketAddr,
     /// Access log lines written up to the end of the last push.
@@ -127,6 +161,17 @@ impl Registry {
     /// (created; removed on drop), on 127.0.0.1 with a port the kernel picks,
     /// and waits until `GET /v2/` answers 200.
     pub fn start(dir: &Path) -> Result<Registry> {
+        Self::start_with(dir, None)
+    }
+
+    /// [`Registry::start`] with basic authentication on: only `auth`'s
+    /// user is served; `/v2/` answering 401 without credentials and 200
+    /// with them is the readiness.
+    pub fn start_with_auth(dir: &Path, auth: BasicAuth) -> Result<Registry> {
+        Self::start_with(dir, Some(auth))
+    }
+
+    fn start_with(dir: &Path, auth: Option<BasicAuth>) -> Result<Registry> {
         for (path, package) in [(DOCKER_REGISTRY, "docker-registry"), (SKOPEO, "skopeo")] {
             if !Path::new(path).exists() {
                 return Err(RegistryError::MissingTool { path, package });
@@ -134,7 +179,17 @@ impl Registry {
         }
         fs::create_dir_all(dir.join("storage")).map_err(io_err("create", dir))?;
         let config = dir.join("config.yml");
-        fs::write(&config, config_yml(dir)).map_err(io_err("write", &config))?;
+        let mut yml = config_yml(dir);
+        if let Some(a) = auth {
+            let htpasswd = dir.join("htpasswd");
+            fs::write(&htpasswd, format!("{}:{}\n", a.user, a.bcrypt))
+                .map_err(io_err("write", &htpasswd))?;
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: evpleg-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        fs::write(&config, yml).map_err(io_err("write", &config))?;
         let open = |name: &str| {
             let path = dir.join(name);
             fs::File::create(&path).map_err(io_err("create", &path))
@@ -154,6 +209,7 @@ impl Registry {
             })?;
         let mut this = Registry {
             dir: dir.to_path_buf(),
+            auth,
             child: Some(child),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             pushed_lines: AtomicUsize::new(0),
@@ -200,6 +256,10 @@ impl Registry {
                 "--quiet",
                 "--dest-tls-verify=false",
             ])
+            .args(
+                self.auth
+                    .map(|a| format!("--dest-creds={}:{}", a.user, a.password)),
+            )
             .arg(format!("oci-archive:{}:{source_tag}", archive.display()))
             .arg(format!("docker://{}", self.image(repo, tag)));
         run(&mut cmd)?;
@@ -292,10 +352,23 @@ impl Registry {
                 self.addr = addr;
             }
             if self.addr.port() != 0 {
-                match http_status(self.addr, "GET", "/v2/") {
-                    Ok(200) => return Ok(()),
-                    Ok(status) => detail = format!("GET http://{}/v2/: {status}", self.addr),
-                    Err(e) => detail = format!("GET http://{}/v2/: {e}", self.addr),
+                let with = self.auth.map(|a| a.basic());
+                let answer = http_status(self.addr, "GET", "/v2/", with.as_deref());
+                // With authentication on, a request without credentials is refused.
+                let unauthenticated = self
+                    .auth
+                    .map(|_| http_status(self.addr, "GET", "/v2/", None));
+                let url = format!("http://{}/v2/", self.addr);
+                match (answer, unauthenticated) {
+                    (Ok(200), None | Some(Ok(401))) => return Ok(()),
+                    (Ok(200), Some(Ok(status))) => {
+                        detail = format!("GET {url} without credentials: {status}")
+                    }
+                    (Ok(200), Some(Err(e))) => {
+                        detail = format!("GET {url} without credentials: {e}")
+                    }
+                    (Ok(status), _) => detail = format!("GET {url}: {status}"),
+                    (Err(e), _) => detail = format!("GET {url}: {e}"),
                 }
             }
             if Instant::now() > deadline {
@@ -414,13 +487,14 @@ fn parse_access_line(line: &str) -> Option<(String, String, u16)> {
 }
 
 /// One HTTP/1.1 exchange; returns the response's status code.
-fn http_status(addr: SocketAddr, method: &str, path: &str) -> io::Result<u16> {
+fn http_status(addr: SocketAddr, method: &str, path: &str, basic: Option<&str>) -> io::Result<u16> {
     let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
     s.set_read_timeout(Some(HTTP_TIMEOUT))?;
     s.set_write_timeout(Some(HTTP_TIMEOUT))?;
+    let auth = basic.map_or(String::new(), |b| format!("Authorization: Basic {b}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
     )?;
     let mut head = [0u8; 12];
     s.read_exact(&mut head)?;

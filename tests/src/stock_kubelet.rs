@@ -36,6 +36,12 @@
 //! classifies. When it is dropped, the cgroups of a private root that are
 //! empty are removed; the rest with [`remove_cgroups`] once the runtime has
 //! removed the containers.
+//!
+//! Against an API server ([`StockKubelet::start_against`]): the kubelet is
+//! given a kubeconfig (the node's identity, `system:node:<name>`, under the
+//! Node authorizer and NodeRestriction, as the agent's real-API tests run it),
+//! registers its Node and runs the pods bound to it; their statuses and
+//! events are read from the API server, not from `/pods`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -128,6 +134,9 @@ const CONTAINERD_NAMESPACE_ROOT: &str = "/k8s.io";
 #[derive(Debug)]
 pub struct StockKubelet {
     child: Option<Child>,
+    /// `unshare`'s arguments: the private mount namespace's set-up, then the
+    /// kubelet's command line.
+    argv: Vec<std::ffi::OsString>,
     base: PathBuf,
     manifests: PathBuf,
     log: PathBuf,
@@ -179,6 +188,16 @@ impl StockKubelet {
     /// Starts the kubelet under `base` (its root, manifests, logs and
     /// configuration all below it) and waits until it serves `/pods`.
     pub async fn start(base: &Path, opts: &KubeletOptions) -> Result<Self, KubeletError> {
+        Self::start_against(base, opts, None).await
+    }
+
+    /// As [`Self::start`], with `kubeconfig` (when given) the API server it
+    /// registers its Node with and takes its pods from.
+    pub async fn start_against(
+        base: &Path,
+        opts: &KubeletOptions,
+        kubeconfig: Option<&Path>,
+    ) -> Result<Self, KubeletError> {
         let base = base.join("stock-kubelet");
         let manifests = base.join("manifests");
         let root = base.join("root");
@@ -210,7 +229,14 @@ impl StockKubelet {
         };
         std::fs::write(
             &config,
-            config_yaml(opts, &manifests, &pod_logs, &cgroup_root, ports),
+            config_yaml(
+                opts,
+                &manifests,
+                &pod_logs,
+                &cgroup_root,
+                ports,
+                kubeconfig.is_some(),
+            ),
         )
         .map_err(io("write", &config))?;
         // The private mount namespace's set-up, then the kubelet itself.
@@ -228,26 +254,27 @@ impl StockKubelet {
         }
         script.push_str("exec \"$@\"\n");
         let log = base.join("kubelet.log");
-        let out = std::fs::File::create(&log).map_err(io("create", &log))?;
-        let err = out.try_clone().map_err(io("open", &log))?;
+        std::fs::File::create(&log).map_err(io("create", &log))?;
         let kubelet = crate::go_tools::binary("kubelet").map_err(KubeletError::Binary)?;
-        let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
-            .arg(&script)
-            .arg("sh")
-            .arg(&kubelet)
-            .arg(format!("--config={}", config.display()))
-            .arg(format!("--root-dir={}", root.display()))
-            .arg(format!("--cert-dir={}", certs.display()))
-            .arg(format!("--hostname-override={}", opts.node))
-            .arg("--v=2")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(io("spawn", &kubelet))?;
+        let mut argv: Vec<std::ffi::OsString> =
+            ["--mount", "--propagation", "slave", "--", "sh", "-c"]
+                .iter()
+                .map(Into::into)
+                .collect();
+        argv.extend([script.into(), "sh".into(), kubelet.into_os_string()]);
+        if let Some(kubeconfig) = kubeconfig {
+            argv.push(format!("--kubeconfig={}", kubeconfig.display()).into());
+        }
+        argv.extend([
+            format!("--config={}", config.display()).into(),
+            format!("--root-dir={}", root.display()).into(),
+            format!("--cert-dir={}", certs.display()).into(),
+            format!("--hostname-override={}", opts.node).into(),
+            "--v=2".into(),
+        ]);
         let mut this = Self {
-            child: Some(child),
+            child: None,
+            argv,
             base,
             manifests,
             log,
@@ -255,8 +282,36 @@ impl StockKubelet {
             uids: Default::default(),
             cgroup_root,
         };
+        this.spawn()?;
         this.wait_ready().await?;
         Ok(this)
+    }
+
+    /// Runs the kubelet's command line, its output appended to its log.
+    fn spawn(&mut self) -> Result<(), KubeletError> {
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .map_err(io("open", &self.log))?;
+        let err = out.try_clone().map_err(io("open", &self.log))?;
+        let child = Command::new("unshare")
+            .args(&self.argv)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io("spawn", Path::new("unshare")))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Stops the kubelet ([`Self::stop`]: its pods keep running) and starts
+    /// it again with the same flags, configuration, state and ports, as an
+    /// operator's `systemctl restart kubelet`; waits until it serves `/pods`.
+    pub async fn restart(&mut self) -> Result<(), KubeletError> {
+        self.stop();
+        self.spawn()?;
+        self.wait_ready().await
     }
 
     async fn wait_ready(&mut self) -> Result<(), KubeletError> {
@@ -456,6 +511,7 @@ fn config_yaml(
         read_only,
         healthz,
     }: Ports,
+    register_node: bool,
 ) -> String {
     let cgroups = match opts.cgroups {
         KubeletCgroups::PrivateRoot => "cgroupsPerQOS: true",
@@ -484,7 +540,7 @@ cgroupRoot: {cgroup_root}
 {cgroups}
 failSwapOn: false
 failCgroupV1: false
-registerNode: false
+registerNode: {register_node}
 authentication:
   anonymous:
     enabled: true

@@ -249,3 +249,38 @@ async fn a_pod_whose_names_are_host_paths_is_refused() {
     );
     e.finish().await;
 }
+
+// `--pods-endpoint=false` (the kubelet's read-only port off): on the plain
+// `--listen` listener `/pods` and a pod's events answer 404 while
+// `/healthz` and `/metrics` are served; what is served beyond loopback is
+// the kubelet server's (TLS, authenticated: `kubelet_api.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pods_endpoint_can_be_turned_off() {
+    if !evpleg_tests::privileged("the_pods_endpoint_can_be_turned_off") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with(
+        "the_pods_endpoint_can_be_turned_off",
+        false,
+        &["--pods-endpoint=false"],
+    )
+    .await;
+    let status = |raw: &str| raw.lines().next().unwrap_or_default().to_owned();
+    let addr = e.agent().addr;
+    for path in ["/pods", "/pods/default/x-e2e/events"] {
+        assert_eq!(
+            status(&http_get(addr, path).await),
+            "HTTP/1.1 404 Not Found",
+            "{path}"
+        );
+    }
+    for path in ["/healthz", "/metrics"] {
+        assert_eq!(
+            status(&http_get(addr, path).await),
+            "HTTP/1.1 200 OK",
+            "{path}"
+        );
+    }
+    e.finish().await;
+}

@@ -99,8 +99,8 @@ e2e_test!(a_crash_loop_s_events_are_aggregated_and_described, |e| {
             "{b:#}"
         );
         for (reason, message) in [
-            ("Created", "Created container: app"),
-            ("Started", "Started container app"),
+            ("Created", "Container created"),
+            ("Started", "Container started"),
         ] {
             let found = with_reason(&events, reason);
             assert_eq!(found.len(), 1, "{reason}: {found:#?}");
@@ -110,7 +110,9 @@ e2e_test!(a_crash_loop_s_events_are_aggregated_and_described, |e| {
         let pulled = with_reason(&events, "Pulled");
         assert_eq!(
             pulled[0]["message"],
-            format!("Container image \"{IMAGE}\" already present on machine")
+            format!(
+                "Container image \"{IMAGE}\" already present on machine and can be accessed by the pod"
+            )
         );
         // The kernel PLEG's own: each death with its exit code and how long
         // before the runtime reported it.

@@ -126,6 +126,67 @@ async fn a_static_pod_runs_once_next_to_its_mirror_pod() {
     e.finish().await;
 }
 
+/// The kubelet's `deleteOrphanedMirrorPods`: a static pod's manifest removed
+/// while the agent was down leaves its mirror pod in the API server; the
+/// restarted agent's housekeeping deletes it (grace period 0, the mirror's UID
+/// as precondition), and leaves the mirror pod of a static pod still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_mirror_pod_is_deleted_after_an_agent_restart() {
+    if !real("an_orphaned_mirror_pod_is_deleted_after_an_agent_restart") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut e = E2e::start_with_control_plane("orphan", &[]).await;
+    let is_mirror = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(annotations::CONFIG_MIRROR))
+    };
+    e.write("gone.yaml", &manifest("gone", "Always", "sleep 600", ""));
+    e.write("kept.yaml", &manifest("kept", "Always", "sleep 600", ""));
+    let (gone, kept) = (format!("gone-{NODE}"), format!("kept-{NODE}"));
+    let mirror = e
+        .wait_api(&gone, "mirror pod Running", |p| running(p) && is_mirror(p))
+        .await;
+    let kept_mirror = e
+        .wait_api(&kept, "mirror pod Running", |p| running(p) && is_mirror(p))
+        .await;
+    e.stop_agent().await;
+    e.remove("gone.yaml");
+    let restarted = Instant::now();
+    e.start_agent().await;
+    e.wait_real("default", &gone, "the orphaned mirror pod deleted", |p| {
+        p.is_none()
+    })
+    .await;
+    eprintln!(
+        "orphaned mirror pod deleted {:?} after the restart",
+        restarted.elapsed()
+    );
+    let deletes: Vec<AuditRecord> = agent_requests(&e, &gone)
+        .into_iter()
+        .filter(|r| r.verb == "delete")
+        .collect();
+    assert!(
+        deletes.iter().any(is_final_delete),
+        "deleted with grace period 0: {deletes:?}"
+    );
+    assert!(
+        deletes.iter().all(|r| r
+            .body
+            .as_ref()
+            .is_some_and(|b| b["preconditions"]["uid"] == uid(&mirror).as_str())),
+        "with the mirror pod's UID as precondition: {deletes:?}"
+    );
+    // The other static pod's mirror pod stays (two housekeeping rounds).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let api: Api<Pod> = Api::namespaced(e.kube().await, "default");
+    let still = api.get_opt(&kept).await.expect("get").expect("kept mirror");
+    assert_eq!(still.metadata.uid, kept_mirror.metadata.uid);
+    e.finish().await;
+}
+
 /// Item 2: a gracefully deleted API pod does not stay Terminating: once its
 /// containers stopped, the agent deletes it with grace period 0 and its UID as
 /// precondition, and forgets its status.

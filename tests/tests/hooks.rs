@@ -7,7 +7,6 @@
 
 use evpleg_tests::e2e::*;
 use evpleg_tests::e2e_test;
-use serde_json::Value;
 
 fn pod(name: &str, grace: u32, lifecycle: &str, command: &str) -> String {
     format!(
@@ -18,30 +17,6 @@ fn pod(name: &str, grace: u32, lifecycle: &str, command: &str) -> String {
 /// The main process: says when it got SIGTERM, then exits.
 const TRAPS_TERM: &str =
     "trap 'echo term; exit 0' TERM; echo started; while true; do sleep 0.1; done";
-
-/// (Unix seconds, text) of the container's log lines.
-fn log_lines(e: &E2e, pod: &Value) -> Vec<(f64, String)> {
-    let meta = &pod["metadata"];
-    let dir = e.cri().base().join("pod-logs").join(format!(
-        "{}_{}_{}",
-        meta["namespace"].as_str().unwrap_or("default"),
-        meta["name"].as_str().unwrap_or_default(),
-        meta["uid"].as_str().unwrap_or_default()
-    ));
-    let text = std::fs::read_to_string(dir.join("app/0.log")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let mut parts = l.splitn(4, ' ');
-            let ts: k8s_openapi::jiff::Timestamp = parts.next()?.parse().ok()?;
-            let text = parts.nth(2)?.to_owned();
-            Some((ts.as_nanosecond() as f64 / 1e9, text))
-        })
-        .collect()
-}
-
-fn at(lines: &[(f64, String)], text: &str) -> Option<f64> {
-    lines.iter().find(|(_, t)| t == text).map(|(ts, _)| *ts)
-}
 
 // A postStart hook runs after the start; one that fails kills the container,
 // which restarts with PostStartHookError as its last start error.
@@ -81,7 +56,7 @@ e2e_test!(post_start_runs_and_its_failure_kills_and_restarts, |e| {
             &pod(
                 "failing",
                 2,
-                "        postStart:\n          exec:\n            command: [sh, -c, 'exit 3']\n",
+                "        postStart:\n          exec:\n            command: [sh, -c, 'echo s3cret-token; exit 3']\n",
                 "exec sleep 1000",
             ),
         );
@@ -94,6 +69,23 @@ e2e_test!(post_start_runs_and_its_failure_kills_and_restarts, |e| {
             container(&p, "app")["lastState"]["terminated"].is_object(),
             "{p:#}"
         );
+        // The event says only "PostStartHook failed": the hook's output may
+        // hold secrets (the kubelet's startContainer).
+        let path = format!("/pods/default/failing-{NODE}/events");
+        let deadline = std::time::Instant::now() + DEADLINE;
+        let events = loop {
+            let events = http_get(e.agent().addr, &path).await;
+            if events.contains("FailedPostStartHook") {
+                break events;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no FailedPostStartHook within {DEADLINE:?}: {events}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert!(events.contains("PostStartHook failed"), "{events}");
+        assert!(!events.contains("s3cret-token"), "{events}");
     })
 });
 
@@ -117,17 +109,17 @@ async fn sigterm_after_pre_stop(
         })
         .await;
     e.wait_until("the container logged its start", || {
-        at(&log_lines(e, &p), "started").is_some()
+        logged_at(&e.log_lines(&p, "app"), "started").is_some()
     })
     .await;
     e.remove(&file);
     e.wait_until("the container logged SIGTERM", || {
-        at(&log_lines(e, &p), "term").is_some()
+        logged_at(&e.log_lines(&p, "app"), "term").is_some()
     })
     .await;
-    let lines = log_lines(e, &p);
-    let pre = at(&lines, "prestop").expect("prestop logged");
-    let term = at(&lines, "term").expect("term logged");
+    let lines = e.log_lines(&p, "app");
+    let pre = logged_at(&lines, "prestop").expect("prestop logged");
+    let term = logged_at(&lines, "term").expect("term logged");
     eprintln!(
         "{name}: a {hook_seconds} s preStop began, SIGTERM {:.2} s later (grace {grace} s)",
         term - pre

@@ -290,9 +290,14 @@ e2e_test!(
         let pod = history
             .until("ErrImagePull", |p| waiting(p).0 == "ErrImagePull")
             .await;
+        // The runtime's error as the kubelet's CRI client gives it: containerd
+        // answers NotFound, so `rpc error: code = NotFound desc = <its text>`
+        // (the event adds "Failed to pull image").
         let message = waiting(&pod).1;
         assert!(
-            message.starts_with(&format!("Failed to pull image {image:?}")),
+            message.starts_with(&format!(
+                "rpc error: code = NotFound desc = failed to pull and unpack image {image:?}"
+            )),
             "{message}"
         );
         assert!(
@@ -303,7 +308,11 @@ e2e_test!(
         let pod = history
             .until("ImagePullBackOff", |p| waiting(p).0 == "ImagePullBackOff")
             .await;
-        assert_eq!(waiting(&pod).1, format!("Back-off pulling image {image:?}"));
+        // The back-off's message carries the last pull's error.
+        assert_eq!(
+            waiting(&pod).1,
+            format!("Back-off pulling image {image:?}: ErrImagePull: {message}")
+        );
         let second = wait_pulls(e, &image, 2).await;
         let gap = second - first;
         assert!(
@@ -329,4 +338,186 @@ async fn wait_pulls(e: &E2e, image: &str, n: usize) -> Instant {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A docker configuration giving `user:password` for `registry`.
+fn docker_config(registry: &str, user: &str, password: &str) -> Value {
+    let basic = k8s_openapi::ByteString(format!("{user}:{password}").into_bytes());
+    serde_json::json!({ registry: {"auth": serde_json::to_value(basic).expect("base64")} })
+}
+
+/// A pull secret of `type_` (`.dockerconfigjson` or `.dockercfg`) holding
+/// `config`.
+fn pull_secret(name: &str, json: bool, config: Value) -> k8s_openapi::api::core::v1::Secret {
+    let (type_, key, body) = if json {
+        (
+            "kubernetes.io/dockerconfigjson",
+            ".dockerconfigjson",
+            serde_json::json!({ "auths": config }),
+        )
+    } else {
+        ("kubernetes.io/dockercfg", ".dockercfg", config)
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "type": type_,
+        "stringData": { key: body.to_string() },
+    }))
+    .expect("a secret")
+}
+
+// imagePullSecrets (issue #27; the kubelet's `getPullSecretsForPod`, its
+// credential keyring and `PullImage`'s attempts) against the registry with
+// basic authentication on, through the real API server as the node: without
+// a secret, or with a wrong password, the pull fails with the registry's
+// 401 (ErrImagePull); with the right one the pod runs, also when the
+// credentials come from a secret of the pod's ServiceAccount (the API
+// server's ServiceAccount admission copies them into the pod) or after a
+// secret that cannot be read (a FailedToRetrieveImagePullSecret Warning
+// names it), or after a wrong one for the same registry (each tried in
+// turn, the more specific first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_secrets_give_the_registry_credentials() {
+    let name = "pull_secrets_give_the_registry_credentials";
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let e = E2e::start_with_private_registry("pull_secrets", &[]).await;
+    let kube = e.cp().admin().await;
+    let host = e.registry().host();
+    let user = evpleg_tests::registry::TEST_USER;
+    let image = e.registry().image(REGISTRY_REPO, "v1");
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(kube.clone(), "default");
+    let repo_key = format!("{host}/{REGISTRY_REPO}");
+    for secret in [
+        pull_secret(
+            "right",
+            true,
+            docker_config(&host, user.user, user.password),
+        ),
+        pull_secret("wrong", false, docker_config(&host, user.user, "not-it")),
+        // More specific than `right`'s host: tried first, refused, then `right`.
+        pull_secret(
+            "wrong-repo",
+            true,
+            docker_config(&repo_key, user.user, "nope"),
+        ),
+    ] {
+        secrets
+            .create(&Default::default(), &secret)
+            .await
+            .unwrap_or_else(|e| panic!("create secret: {e}"));
+    }
+    let account: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "puller", "namespace": "default"},
+            "automountServiceAccountToken": false,
+            "imagePullSecrets": [{"name": "right"}],
+        }))
+        .expect("an account");
+    kube::Api::namespaced(kube.clone(), "default")
+        .create(&Default::default(), &account)
+        .await
+        .unwrap_or_else(|e| panic!("create account: {e}"));
+    let pod = |name: &str, secrets: &[&str], account: Option<&str>| {
+        let mut p = api_pod(name, "Always", "exec sleep 600");
+        let spec = p.spec.as_mut().expect("spec");
+        spec.containers[0].image = Some(image.clone());
+        spec.containers[0].image_pull_policy = Some("Always".into());
+        spec.image_pull_secrets = Some(
+            secrets
+                .iter()
+                .map(|s| {
+                    serde_json::from_value(serde_json::json!({"name": s})).expect("a reference")
+                })
+                .collect(),
+        );
+        spec.service_account_name = account.map(Into::into);
+        p
+    };
+    let waiting_api = |p: &k8s_openapi::api::core::v1::Pod| {
+        let s = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        let w = s
+            .and_then(|s| s.first())
+            .and_then(|c| c.state.as_ref()?.waiting.clone());
+        w.map(|w| (w.reason.unwrap_or_default(), w.message.unwrap_or_default()))
+    };
+    let running = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    };
+    for (name, refs) in [("none", &[][..]), ("wrong", &["wrong"][..])] {
+        e.create_pod(&pod(name, refs, None)).await;
+        let p = e
+            .wait_api(name, "ErrImagePull", |p| {
+                waiting_api(p).is_some_and(|(r, _)| r == "ErrImagePull")
+            })
+            .await;
+        let (_, message) = waiting_api(&p).expect("waiting");
+        assert!(
+            message.starts_with(&format!("failed to pull and unpack image {image:?}"))
+                && message.contains("401 Unauthorized"),
+            "{name}: {message}"
+        );
+    }
+    e.create_pod(&pod("by-account", &[], Some("puller"))).await;
+    let p = e.wait_api("by-account", "Running", running).await;
+    let copied = p
+        .spec
+        .and_then(|s| s.image_pull_secrets)
+        .unwrap_or_default();
+    assert_eq!(copied.len(), 1, "{copied:?}");
+    assert_eq!(copied[0].name, "right");
+    e.create_pod(&pod("right", &["missing", "wrong-repo", "right"], None))
+        .await;
+    e.wait_api("right", "Running", running).await;
+    // The wrong-repo attempt came first, refused with 401, then right's.
+    let refused = e
+        .registry()
+        .requests()
+        .iter()
+        .filter(|(_, path, status)| path.contains("/manifests/v1") && *status == 401)
+        .count();
+    assert!(
+        refused >= 3,
+        "401s for none, wrong and wrong-repo: {:?}",
+        e.registry().requests()
+    );
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(kube.clone(), "default");
+    wait_list(&events, "FailedToRetrieveImagePullSecret for right", |evs| {
+        evs.iter().any(|ev| {
+            ev.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("right")
+                && ev.reason.as_deref() == Some("FailedToRetrieveImagePullSecret")
+                && ev.type_.as_deref() == Some("Warning")
+                && ev.note.as_deref()
+                    == Some("Unable to retrieve some image pull secrets (missing); attempting to pull the image may not succeed.")
+        })
+    })
+    .await;
+    for name in ["none", "wrong", "by-account", "right"] {
+        kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(kube.clone(), "default")
+            .delete(name, &kube::api::DeleteParams::default().grace_period(0))
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
+    for name in ["right", "wrong", "wrong-repo"] {
+        secrets
+            .delete(name, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete secret {name}: {e}"));
+    }
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(kube.clone(), "default");
+    accounts
+        .delete("puller", &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete account puller: {e}"));
+    let refused = e.cp().refused(&format!("system:node:{NODE}"));
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    e.finish().await;
 }

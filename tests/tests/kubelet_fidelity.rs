@@ -238,7 +238,9 @@ e2e_test!(start_errors_are_the_waiting_reason, |e| Box::pin(
                     .await;
                 assert_eq!(
                     container(&backoff, "app")["state"]["waiting"]["message"],
-                    "Back-off pulling image \"localhost/evpleg-absent:1\""
+                    format!(
+                        "Back-off pulling image \"localhost/evpleg-absent:1\": ErrImagePull: {message}"
+                    )
                 );
             }
         }

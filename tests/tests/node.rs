@@ -278,3 +278,111 @@ async fn ready_turns_false_while_the_runtime_is_down_and_true_again() {
     .await;
     e.finish().await;
 }
+
+// Issue #27 (the kubelet's `HandlePodAdditions` and `rejectPod`, and its
+// sysctl allowlist): two API pods asking for the same host port, there
+// before the agent starts, come in its first list in name order, the newer
+// one first; admission takes them oldest first, so the older runs and the
+// newer is rejected (NodePorts), each rejection with a Warning event of its
+// reason and message. A pod setting a sysctl outside the safe set (and no
+// --allowed-unsafe-sysctls) is rejected SysctlForbidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_takes_pods_oldest_first_warns_and_forbids_unsafe_sysctls() {
+    if !real("admission_takes_pods_oldest_first_warns_and_forbids_unsafe_sysctls") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cp = evpleg_tests::control_plane::ControlPlane::shared().await;
+    cp.ensure_namespace("default").await;
+    let pods: Api<Pod> = Api::namespaced(cp.admin().await, "default");
+    let with_port = |name: &str| {
+        let mut p = api_pod(name, "Always", "exec sleep 600");
+        p.spec.as_mut().expect("spec").containers[0].ports = Some(vec![
+            serde_json::from_value(serde_json::json!({"containerPort": 18127})).expect("port"),
+        ]);
+        p
+    };
+    let create = |p: Pod| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&Default::default(), &p)
+                .await
+                .unwrap_or_else(|e| panic!("create {:?}: {e}", p.metadata.name))
+        }
+    };
+    let older = create(with_port("z-older")).await;
+    // Creation times have a resolution of a second: the newer pod is made in
+    // a later second than the older one.
+    let created = older
+        .metadata
+        .creation_timestamp
+        .clone()
+        .expect("created")
+        .0;
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    };
+    while now() <= created.as_second() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock did not move"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    create(with_port("a-newer")).await;
+    let mut sysctl = api_pod("sysctl", "Always", "exec sleep 600");
+    sysctl.spec.as_mut().expect("spec").security_context = Some(
+        serde_json::from_value(
+            serde_json::json!({"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"},
+                                           {"name": "kernel.msgmax", "value": "65536"}]}),
+        )
+        .expect("security context"),
+    );
+    create(sysctl).await;
+    let e = E2e::start_with_control_plane("admission_order", &[]).await;
+    e.wait_api("z-older", "Running", |p| phase(p) == "Running")
+        .await;
+    let ports =
+        "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports";
+    assert_eq!(
+        rejected(&e, "a-newer").await,
+        ("NodePorts".to_owned(), format!("Pod was rejected: {ports}"))
+    );
+    let sysctl_message = "forbidden sysctl: \"kernel.msgmax\" not allowlisted";
+    assert_eq!(
+        rejected(&e, "sysctl").await,
+        (
+            "SysctlForbidden".to_owned(),
+            format!("Pod was rejected: {sysctl_message}")
+        )
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(e.kube().await, "default");
+    let warning =
+        |ev: &k8s_openapi::api::events::v1::Event, pod: &str, reason: &str, note: &str| {
+            ev.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+                && ev.reason.as_deref() == Some(reason)
+                && ev.type_.as_deref() == Some("Warning")
+                && ev.note.as_deref() == Some(note)
+        };
+    wait_list(&events, "the rejections' Warning events", |evs| {
+        evs.iter()
+            .any(|ev| warning(ev, "a-newer", "NodePorts", ports))
+            && evs
+                .iter()
+                .any(|ev| warning(ev, "sysctl", "SysctlForbidden", sysctl_message))
+    })
+    .await;
+    // Gone for the other tests of this binary, which run on the same node.
+    for name in ["z-older", "a-newer", "sysctl"] {
+        pods.delete(name, &kube::api::DeleteParams::default().grace_period(0))
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+        e.wait_real("default", name, "deleted", |p| p.is_none())
+            .await;
+    }
+    e.finish().await;
+}

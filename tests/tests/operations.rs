@@ -16,7 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 fn observe_args(flags: &[&str]) -> ObserveArgs {
     let argv = ["evpleg", "observe"].iter().chain(flags);
     match Cli::try_parse_from(argv).expect("observe flags").command {
-        Command::Observe(args) => args,
+        Command::Observe(args) => *args,
         other => panic!("not observe: {other:?}"),
     }
 }

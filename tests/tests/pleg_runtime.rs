@@ -395,9 +395,10 @@ fn ebpf_exit_is_cached_before_the_runtime_reports_it_and_then_confirmed() {
 
 // ---- evented-cri ----------------------------------------------------------------------------
 
-/// containerd 1.7: the exit reaches the cache through the event-triggered
-/// relist of its pod, long before the next periodic relist (300 s here); after
-/// a containerd restart the stream is opened again and works.
+/// containerd 1.7, the kubelet 1.37 design: the exit reaches the cache through
+/// the relist of its pod a STOPPED event triggers, long before the next
+/// periodic relist (300 s here); after a containerd restart the stream is
+/// opened again and works.
 #[test]
 fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
     if !privileged("evented_cri_exit_reaches_the_cache_through_the_event_stream") {
@@ -432,8 +433,11 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
         for n in 0..SAMPLES {
             let name = format!("app{n}");
             let id = run_container(&client, &pod, &sandbox, &pod.waiting_container(&name)).await;
-            // Only the stream can tell: the first full relist ran before the
-            // pod existed, the next one is 300 s away.
+            // The 1.37 design takes a STARTED event for its latency metric
+            // only: the start is found by the pod relist the kubelet's worker
+            // asks for after its sync (the first full relist ran before the
+            // pod existed, the next one is 300 s away).
+            pleg.pod_relist.request(pod.pod_uid());
             events.wait(&id, EventKind::ContainerStarted).await;
             let relists = pleg.relist_stats.relists.load(Ordering::Relaxed);
             pod.release(&name);
@@ -491,6 +495,7 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
             tokio::time::sleep(POLL).await;
         }
         let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("second")).await;
+        pleg.pod_relist.request(pod.pod_uid());
         events.wait(&id, EventKind::ContainerStarted).await;
         pod.release("second");
         let died = events
@@ -513,6 +518,65 @@ fn evented_cri_exit_reaches_the_cache_through_the_event_stream() {
         );
         eprintln!("evented-cri after a containerd restart: {stats:?}");
         assert_eq!(events.count(&first, EventKind::ContainerDied), 1);
+        healthy(&pleg);
+        pleg.stop().await;
+    });
+}
+
+/// containerd 1.7, the 1.26-1.36 design (`--pleg evented-cri-1.26`): the
+/// STARTED and STOPPED events' payloads are the pod's status; the start and
+/// the exit (code 7, from the payload) reach the cache and the workers with
+/// neither a full relist (300 s away) nor a pod relist.
+#[test]
+fn evented_cri_payload_takes_the_event_as_the_pod_status() {
+    if !privileged("evented_cri_payload_takes_the_event_as_the_pod_status") {
+        return;
+    }
+    let Some(containerd) =
+        start_containerd_17("evented_cri_payload_takes_the_event_as_the_pod_status")
+    else {
+        return;
+    };
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "payload7");
+    let client = rt.block_on(containerd.client());
+    rt.block_on(async {
+        let (pleg, mut events) = start_pleg(PlegMode::EventedCriPayload, &client, None);
+        assert_eq!(
+            pleg.relist_period(),
+            evpleg_pleg::evented_payload::RELIST_PERIOD
+        );
+        let mut clock = ExitClock::start();
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        let (relists, pod_relists) = (
+            pleg.relist_stats.relists.load(Ordering::Relaxed),
+            pleg.relist_stats.pod_relists.load(Ordering::Relaxed),
+        );
+        pod.release("app");
+        let died = events
+            .wait_for(&id, EventKind::ContainerDied, Duration::from_secs(5))
+            .await;
+        let received = monotonic_ns();
+        assert_eq!(died.pod_uid, Some(pod.pod_uid()));
+        assert_eq!(died.source, EventSource::Cri);
+        assert_exited_7(&cached(&pleg, &pod.pod_uid(), &id).expect("cached"));
+        assert_eq!(
+            (
+                pleg.relist_stats.relists.load(Ordering::Relaxed),
+                pleg.relist_stats.pod_relists.load(Ordering::Relaxed)
+            ),
+            (relists, pod_relists),
+            "neither a full nor a pod relist: the payload was the status"
+        );
+        let exit_ns = clock.exit_ns(&id).await;
+        eprintln!(
+            "evented-cri-1.26: exit -> cache and ContainerDied in {:.1} ms",
+            ms(received - exit_ns)
+        );
+        let stats = pleg.evented_stats.clone().expect("stats");
+        assert!(!stats.fallen_back.load(Ordering::Relaxed), "{stats:?}");
         healthy(&pleg);
         pleg.stop().await;
     });

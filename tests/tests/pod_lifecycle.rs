@@ -317,3 +317,64 @@ async fn a_failed_container_creation_is_retried_without_a_new_sandbox() {
     assert_eq!(ours.len(), 1, "{ours:?}");
     e.finish().await;
 }
+
+/// A static pod holding a host port, version `v` (its command differs).
+fn ported(v: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: upd\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 5\n  containers:\n    - name: app\n      image: {IMAGE}\n      command: [\"sh\", \"-c\", \"trap 'sleep 2; exit 0' TERM; echo {v}; while true; do sleep 0.1; done\"]\n      ports:\n        - containerPort: 18777\n"
+    )
+}
+
+// A static pod's manifest changes (the kubelet's `allowStaticPodStart` and
+// `filterOutInactivePods`): the new version is admitted although the old one
+// still holds the host port while it terminates (its requests are released
+// when its source removes it), and starts only once the old one has ended,
+// so the two never run together.
+e2e_test!(
+    a_static_pod_update_is_admitted_and_starts_after_the_old_version_ended,
+    |e| {
+        Box::pin(async move {
+            let mut history = History::new(e, "upd");
+            e.write("upd.yaml", &ported("v1"));
+            let v1 = history
+                .until("v1 running", |p| {
+                    container(p, "app")["state"]["running"].is_object()
+                })
+                .await;
+            let old = v1["metadata"]["uid"].as_str().expect("uid").to_owned();
+            e.write("upd.yaml", &ported("v2"));
+            let v2 = history
+                .until("v2 running or rejected", |p| {
+                    p["metadata"]["uid"] != old.as_str()
+                        && (container(p, "app")["state"]["running"].is_object()
+                            || p["status"]["phase"] == "Failed")
+                })
+                .await;
+            assert_eq!(
+                v2["status"]["phase"], "Running",
+                "the new version: {:#}",
+                v2["status"]
+            );
+            e.track(v2["metadata"]["uid"].as_str().expect("uid"));
+            let ended = history
+                .until("v1 ended", |p| {
+                    p["metadata"]["uid"] == old.as_str()
+                        && container(p, "app")["state"]["terminated"].is_object()
+                })
+                .await;
+            let finished = container(&ended, "app")["state"]["terminated"]["finishedAt"]
+                .as_str()
+                .expect("finishedAt")
+                .to_owned();
+            let started = container(&v2, "app")["state"]["running"]["startedAt"]
+                .as_str()
+                .expect("startedAt")
+                .to_owned();
+            eprintln!("v1 ended at {finished}, v2 started at {started}");
+            assert!(
+                started >= finished,
+                "v2 started at {started}, before v1 ended at {finished}"
+            );
+        })
+    }
+);

@@ -162,3 +162,59 @@ e2e_test!(a_job_with_a_sidecar_succeeds_when_its_app_does, |e| {
         .await;
     })
 });
+
+// The kubelet's killContainer with its termination ordering: at the pod's
+// termination a sidecar runs its preStop hook at once, beside the app
+// containers' stop, and only then waits for its turn to be stopped.
+e2e_test!(a_sidecar_s_pre_stop_runs_before_it_waits_for_the_app, |e| {
+    Box::pin(async move {
+        let yaml = "apiVersion: v1
+kind: Pod
+metadata:
+  name: prestop
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 10
+  initContainers:
+    - name: side
+      image: localhost/busybox:local
+      restartPolicy: Always
+      command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 0.1; done\"]
+      lifecycle:
+        preStop:
+          exec:
+            command: [sh, -c, 'echo side-prestop > /proc/1/fd/1']
+  containers:
+    - name: app
+      image: localhost/busybox:local
+      command: [sh, -c, \"trap 'sleep 3; echo app-exit; exit 0' TERM; echo app-up; while true; do sleep 0.1; done\"]
+";
+        let mut history = History::new(e, "prestop");
+        e.write("prestop.yaml", yaml);
+        let pod = history
+            .until("the app and the sidecar running", |p| {
+                running(p, "app") && running(p, "side")
+            })
+            .await;
+        e.wait_until("the app logged its start", || {
+            logged_at(&e.log_lines(&pod, "app"), "app-up").is_some()
+        })
+        .await;
+        e.remove("prestop.yaml");
+        e.wait_until("the sidecar's preStop and the app's exit logged", || {
+            logged_at(&e.log_lines(&pod, "side"), "side-prestop").is_some()
+                && logged_at(&e.log_lines(&pod, "app"), "app-exit").is_some()
+        })
+        .await;
+        let pre_stop = logged_at(&e.log_lines(&pod, "side"), "side-prestop").expect("logged");
+        let app_exit = logged_at(&e.log_lines(&pod, "app"), "app-exit").expect("logged");
+        eprintln!(
+            "the sidecar's preStop ran {:.2} s before the app exited",
+            app_exit - pre_stop
+        );
+        assert!(
+            pre_stop < app_exit - 1.0,
+            "the sidecar's preStop ran at {pre_stop:.2}, the app exited at {app_exit:.2} (3 s after its SIGTERM)"
+        );
+    })
+});

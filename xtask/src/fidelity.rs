@@ -1,10 +1,12 @@
 //! `cargo xtask fidelity`: the differential fidelity run (issue #31). The
 //! corpus of tests/fidelity/ under the stock kubelet 1.37 and under `evpleg
-//! run`, compared field by field by tests/tests/fidelity_diff.rs, whose report
-//! becomes docs/fidelity.md (the whole corpus) or target/fidelity-quick.md
-//! (`--quick`, the subset `cargo xtask test` runs). Needs root, the stock
-//! kubelet (`cargo xtask setup` builds it) and containerd 1.7 (fetched by the
-//! tests' harness).
+//! run`, standalone (static pods) and against the real API server (API
+//! pods), compared field by field by tests/tests/fidelity_diff.rs, whose
+//! report becomes docs/fidelity.md (the whole corpus, both modes) or
+//! target/fidelity-quick.md and target/fidelity-quick-api.md (`--quick`, the
+//! subsets `cargo xtask test` runs). Needs root, the stock kubelet, etcd and
+//! kube-apiserver (`cargo xtask setup` builds them) and containerd 1.7
+//! (fetched by the tests' harness).
 
 use std::path::Path;
 
@@ -15,6 +17,7 @@ use crate::util;
 /// Builds the eBPF object, then runs the comparison and writes its report.
 pub fn run(root: &Path, quick: bool) -> Result<()> {
     crate::build_ebpf(root)?;
+    // `--quick`: both quick tests (static and API), by their common prefix.
     let (test, out) = if quick {
         (
             "the_quick_corpus_behaves_as_under_the_stock_kubelet",
@@ -34,12 +37,11 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         "--test",
         "fidelity_diff",
         "--",
-        "--exact",
         test,
         "--nocapture",
     ]);
     if !quick {
-        cmd.arg("--ignored");
+        cmd.args(["--exact", "--ignored"]);
     }
     cmd.env("EVPLEG_FIDELITY_OUT", &out);
     util::run(&mut cmd)

@@ -14,7 +14,9 @@
 //! for a view newer than its own runtime calls is never handed a snapshot taken
 //! before them (issue #25); and a snapshot stored after a death was recorded
 //! gets that death laid on it under the same lock, so no interleaving of a
-//! relist and the kernel merge loses it.
+//! relist and the kernel merge loses it. A pod relist whose listing shows the
+//! snapshot's container states raises the snapshot's time
+//! ([`PodStatusCache::touch`]): the kubelet's global timestamp, for one pod.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -140,6 +142,25 @@ impl PodStatusCache {
     /// holds a newer observation. Returns whether it was stored.
     pub fn set(&self, uid: &PodUid, status: PodStatus, observed_ns: u64) -> bool {
         self.store(uid, Arc::new(status), observed_ns, None)
+    }
+
+    /// A listing of the pod that began at `observed_ns` showed every container
+    /// in the state of the cached snapshot: the snapshot holds as of then (the
+    /// kubelet's global timestamp, for one pod). Raises the entry's
+    /// `observed_ns`, never lowers it; nothing for a pod not cached or cached
+    /// with an error. Returns whether it moved.
+    pub fn touch(&self, uid: &PodUid, observed_ns: u64) -> bool {
+        let mut inner = self.lock();
+        let Some(entry) = inner.pods.get_mut(uid) else {
+            return false;
+        };
+        if entry.error.is_some() || entry.observed_ns >= observed_ns {
+            return false;
+        }
+        entry.observed_ns = observed_ns;
+        drop(inner);
+        self.bump();
+        true
     }
 
     /// Records a failed inspection, keeping the last good status.

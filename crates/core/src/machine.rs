@@ -23,6 +23,20 @@ pub fn memory_bytes() -> i64 {
 
 /// Available and total bytes of the filesystem holding `path` (statvfs).
 pub fn filesystem_bytes(path: &std::path::Path) -> Option<(u64, u64)> {
+    filesystem(path).map(|f| (f.available_bytes, f.capacity_bytes))
+}
+
+/// What statvfs says of a filesystem.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Filesystem {
+    pub available_bytes: u64,
+    pub capacity_bytes: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+}
+
+/// The filesystem holding `path` (statvfs); `None` if it cannot be read.
+pub fn filesystem(path: &std::path::Path) -> Option<Filesystem> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
@@ -35,5 +49,12 @@ pub fn filesystem_bytes(path: &std::path::Path) -> Option<(u64, u64)> {
     // The statvfs fields' widths differ between architectures.
     #[allow(clippy::unnecessary_cast)]
     let (unit, avail, blocks) = (s.f_frsize as u64, s.f_bavail as u64, s.f_blocks as u64);
-    Some((avail * unit, blocks * unit))
+    #[allow(clippy::unnecessary_cast)]
+    let (inodes, inodes_free) = (s.f_files as u64, s.f_ffree as u64);
+    Some(Filesystem {
+        available_bytes: avail * unit,
+        capacity_bytes: blocks * unit,
+        inodes,
+        inodes_free,
+    })
 }

@@ -43,8 +43,10 @@
 //!   shorter timeout (10 s); `PullImage` has one (10 min) where the kubelet has
 //!   none.
 //! - One socket serves both services (the kubelet allows a separate image
-//!   endpoint). No streaming calls (`Exec`, `Attach`, `PortForward`), no
-//!   stats; no log reduction of repeated errors.
+//!   endpoint). The streaming calls (`Exec`, `Attach`, `PortForward`) return
+//!   the runtime's streaming URL, as the kubelet's; the stream itself is the
+//!   kubelet server's (`evpleg::server::streaming`). No stats; no log
+//!   reduction of repeated errors.
 //! - `GetContainerEvents` ([`CriClient::get_container_events`]) has no deadline
 //!   and no retry: the stream lasts as long as the connection, and its caller
 //!   (`pleg::evented_cri`) reconnects with its own backoff.
@@ -56,6 +58,7 @@ mod config;
 mod error;
 pub mod metrics;
 pub mod runtime;
+mod stats;
 
 use std::future::Future;
 use std::path::Path;
@@ -487,6 +490,75 @@ impl CriClient {
             },
         )
         .await
+    }
+
+    /// `Exec`: the URL of the runtime's streaming server that runs `req`'s
+    /// command in its container once a client connects to it (the
+    /// kubelet's `GetExec`). The request timeout bounds the call, not the
+    /// session.
+    pub async fn exec(&self, req: v1::ExecRequest) -> Result<String> {
+        let target = Target::Container(req.container_id.clone());
+        let resp = self
+            .call(
+                "Exec",
+                target.clone(),
+                self.config.timeout(CallKind::Request),
+                Retry::NotSent,
+                |c, t| {
+                    let mut rt = c.runtime.clone();
+                    let req = request(req.clone(), t);
+                    async move { rt.exec(req).await }
+                },
+            )
+            .await?;
+        self.stream_url("Exec", target, resp.url)
+    }
+
+    /// `Attach`: the streaming URL that attaches to `req`'s container.
+    pub async fn attach(&self, req: v1::AttachRequest) -> Result<String> {
+        let target = Target::Container(req.container_id.clone());
+        let resp = self
+            .call(
+                "Attach",
+                target.clone(),
+                self.config.timeout(CallKind::Request),
+                Retry::NotSent,
+                |c, t| {
+                    let mut rt = c.runtime.clone();
+                    let req = request(req.clone(), t);
+                    async move { rt.attach(req).await }
+                },
+            )
+            .await?;
+        self.stream_url("Attach", target, resp.url)
+    }
+
+    /// `PortForward`: the streaming URL that forwards to ports of `req`'s
+    /// pod sandbox.
+    pub async fn port_forward(&self, req: v1::PortForwardRequest) -> Result<String> {
+        let target = Target::Sandbox(req.pod_sandbox_id.clone());
+        let resp = self
+            .call(
+                "PortForward",
+                target.clone(),
+                self.config.timeout(CallKind::Request),
+                Retry::NotSent,
+                |c, t| {
+                    let mut rt = c.runtime.clone();
+                    let req = request(req.clone(), t);
+                    async move { rt.port_forward(req).await }
+                },
+            )
+            .await?;
+        self.stream_url("PortForward", target, resp.url)
+    }
+
+    /// A streaming call's URL; none is an error, as in the kubelet's client.
+    fn stream_url(&self, call: &'static str, target: Target, url: String) -> Result<String> {
+        if url.is_empty() {
+            return Err(self.invalid(call, target, "no url"));
+        }
+        Ok(url)
     }
 
     /// `StopContainer` with a grace period of `timeout_s` seconds before the

@@ -208,25 +208,14 @@ impl PodRuntime for CriRuntime {
                 status.name = m.name.clone();
                 status.namespace = m.namespace.clone();
             }
-            let ips = sandbox_ips(Some(&st));
             // As the kubelet: the pod's IPs are the newest sandbox's, and
             // only while it is ready.
             if status.sandboxes.is_empty() && st.state == v1::PodSandboxState::SandboxReady as i32 {
-                status.ips = ips.clone();
+                status.ips = sandbox_ips(Some(&st));
             }
-            let ip = ips.into_iter().next();
-            status.sandboxes.push(SandboxStatus {
-                id,
-                state: if st.state == v1::PodSandboxState::SandboxReady as i32 {
-                    SandboxState::Ready
-                } else {
-                    SandboxState::NotReady
-                },
-                attempt: st.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-                created_at: nonzero(st.created_at),
-                ip,
-                pid: pid_from_info(&resp.info),
-            });
+            status
+                .sandboxes
+                .push(sandbox_status(id, &st, pid_from_info(&resp.info)));
         }
         for c in &containers {
             let resp = match self.client.container_status(&c.id, true).await {
@@ -311,6 +300,27 @@ impl CriRuntime {
             );
         }
         Ok((sandboxes, containers))
+    }
+}
+
+/// A CRI `PodSandboxStatus` as the kubelet's view of a sandbox (`pid`: its
+/// process, from a verbose status's info).
+pub fn sandbox_status(
+    id: ContainerId,
+    st: &v1::PodSandboxStatus,
+    pid: Option<u32>,
+) -> SandboxStatus {
+    SandboxStatus {
+        id,
+        state: if st.state == v1::PodSandboxState::SandboxReady as i32 {
+            SandboxState::Ready
+        } else {
+            SandboxState::NotReady
+        },
+        attempt: st.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+        created_at: nonzero(st.created_at),
+        ip: sandbox_ips(Some(st)).into_iter().next(),
+        pid,
     }
 }
 

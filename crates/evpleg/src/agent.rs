@@ -25,6 +25,7 @@ use crate::config::{AuthorizationModeFlag, NoEndpoint, RUN_LISTEN, RunArgs};
 use crate::metrics::Metrics;
 use crate::server;
 use crate::server::ServerState;
+use crate::server::tls::ClientCerts;
 use evpleg_core::clock::{MonotonicClock, SharedClock, WallClock};
 use evpleg_core::tasks::TaskHealth;
 use evpleg_cri::runtime::CriRuntime;
@@ -61,6 +62,8 @@ pub enum AgentError {
     Url { url: String, message: String },
     #[error("kubeconfig {path}: {message}")]
     Kube { path: String, message: String },
+    #[error(transparent)]
+    Sysctls(#[from] evpleg_kubelet::admission::sysctls::SysctlError),
     #[error("--system-reserved / --kube-reserved: {0}")]
     Reserved(#[from] evpleg_kubelet::admission::ReservedError),
     #[error("--node-labels / --register-with-taints: {0}")]
@@ -71,6 +74,8 @@ pub enum AgentError {
     RootDir(#[from] evpleg_volume::pod_dirs::PodDirError),
     #[error("kubelet server: {0}")]
     KubeletServer(#[from] crate::server::tls::TlsError),
+    #[error(transparent)]
+    LogPolicy(#[from] evpleg_kubelet::logs::LogRotateError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -177,7 +182,9 @@ impl Agent {
             pods: args.max_pods,
             ..host
         };
-        let admission = Admission::new(allocatable, node_info.clone());
+        let sysctls =
+            evpleg_kubelet::admission::sysctls::Allowlist::for_host(&args.allowed_unsafe_sysctls)?;
+        let admission = Admission::new(allocatable, node_info.clone()).with_sysctls(sysctls);
         let listen = common.listen_or(RUN_LISTEN);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -289,7 +296,8 @@ impl Agent {
             dns: args.dns(),
             root_dir: args.root_dir.clone(),
         };
-        let backoff = CrashBackoff::new(args.crashloop_backoff_initial, args.crashloop_backoff_max);
+        let backoff =
+            CrashBackoff::crash_loop(args.crashloop_backoff_initial, args.crashloop_backoff_max);
         let image_backoff =
             ImagePullBackoff::new(args.image_pull_backoff_initial, args.image_pull_backoff_max);
         let gc_policy = GcPolicy {
@@ -410,6 +418,20 @@ impl Agent {
         drop(source_tx);
         let status_cri = cri.clone();
         let kubelet_cri = cri.clone();
+        // The kubelet's container log manager: rotation by size.
+        let log_manager = evpleg_kubelet::logs::ContainerLogManager {
+            cri: cri.clone(),
+            policy: evpleg_kubelet::logs::LogPolicy::new(
+                args.container_log_max_size,
+                args.container_log_max_files as usize,
+            )?,
+            interval: args.container_log_monitor_interval,
+        };
+        tasks.push(health.spawn(
+            "container log manager",
+            shutdown.clone(),
+            log_manager.run(shutdown.clone()),
+        ));
         let host_ip_for_status = host_ip.clone();
         let sync_loop = SyncLoop::new(SyncLoopParts {
             workers: workers.clone(),
@@ -507,7 +529,10 @@ impl Agent {
         if let Some(listener) = kubelet_listener {
             let tls = crate::server::tls::server_config(
                 &serving_cert(args, &node_name),
-                args.server.client_ca_file.as_deref(),
+                args.server
+                    .client_ca_file
+                    .as_deref()
+                    .map_or(ClientCerts::Off, ClientCerts::Optional),
             )?;
             let api = Arc::new(server::secure::KubeletApi {
                 auth: server::auth::Auth::new(
@@ -515,8 +540,18 @@ impl Agent {
                     node_client_for_auth.map(server::auth::KubeReviewer),
                 ),
                 pods: local.clone(),
-                cri: kubelet_cri,
+                cri: kubelet_cri.clone(),
                 log_streams: Default::default(),
+                streams: Arc::new(server::streaming::Streams::new(shutdown.clone())),
+                stats: Some(Arc::new(server::stats::StatsProvider::new(
+                    node_name.clone(),
+                    kubelet_cri,
+                    local.clone(),
+                    cgroup_driver,
+                    args.root_dir.clone(),
+                    args.pod_log_dir.clone(),
+                ))),
+                configz: server::configz::document(args, &node_name),
             });
             let base = server::router(state).merge(pods_routes(&local, &events));
             tasks.push(tokio::spawn(server::secure::serve(
@@ -526,11 +561,12 @@ impl Agent {
                 common.http.limits(),
                 shutdown.clone(),
             )));
-            info!(addr = ?kubelet_addr, "kubelet server running: /containerLogs, /pods, /metrics, /healthz");
+            info!(addr = ?kubelet_addr, "kubelet server running: /containerLogs, /exec, /attach, /portForward, /run, /stats/summary, /metrics/resource, /configz, /pods, /metrics, /healthz");
             kubelet_api = Some(api);
         }
         tasks.push(tokio::spawn(crate::http::serve(
             listener,
+            None,
             router,
             common.http.limits(),
             shutdown.clone(),

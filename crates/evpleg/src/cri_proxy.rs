@@ -34,6 +34,8 @@ use crate::server::ServerState;
 pub enum CriProxyError {
     #[error(transparent)]
     Proxy(#[from] ProxyError),
+    #[error("the https endpoints: {0}")]
+    Tls(#[from] crate::server::tls::TlsError),
     #[error("cannot serve http on {addr}: {source}")]
     Http {
         addr: std::net::SocketAddr,
@@ -79,6 +81,7 @@ impl CriProxy {
             addr: args.http_listen,
             source,
         };
+        let tls = args.http_tls.server_config(args.http_listen)?;
         let http = tokio::net::TcpListener::bind(args.http_listen)
             .await
             .map_err(http_error)?;
@@ -99,6 +102,7 @@ impl CriProxy {
         let shutdown = CancellationToken::new();
         let http = tokio::spawn(crate::http::serve(
             http,
+            tls,
             router,
             args.http.limits(),
             shutdown.clone(),

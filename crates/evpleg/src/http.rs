@@ -18,6 +18,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -57,24 +58,70 @@ impl Default for HttpLimits {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until `shutdown`; then the
-/// connections finish the request they serve (for one header timeout at
+/// Serves `router` on `listener` within `limits` until `shutdown`, over TLS
+/// when given `tls` (the observer's and the proxy's `--http-tls-*`); then
+/// the connections finish the request they serve (for one header timeout at
 /// most) and are closed.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     router: Router,
     limits: HttpLimits,
     shutdown: CancellationToken,
 ) {
+    match tls {
+        Some(tls) => serve_tls(listener, tls, limits, shutdown, move |_| router.clone()).await,
+        None => {
+            serve_with(listener, limits, shutdown, move |stream, peer, stop| {
+                let io = IdleIo::new(stream, limits.idle_timeout);
+                let router = router.clone().layer(axum::Extension(io.lift()));
+                serve_connection(io, router, limits, peer, stop)
+            })
+            .await
+        }
+    }
+}
+
+/// [`serve`] over TLS, each connection's router made by `route` from its
+/// handshake (the kubelet server reads the client certificate there): the
+/// handshake must end within `limits.header_read_timeout`, a failed one
+/// closes the connection.
+pub async fn serve_tls<F>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    limits: HttpLimits,
+    shutdown: CancellationToken,
+    route: F,
+) where
+    F: Fn(&rustls::ServerConnection) -> Router + Clone + Send + Sync + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     serve_with(listener, limits, shutdown, move |stream, peer, stop| {
-        let io = IdleIo::new(stream, limits.idle_timeout);
-        serve_connection(io, router.clone(), limits, peer, stop)
+        let (acceptor, route) = (acceptor.clone(), route.clone());
+        async move {
+            let io = IdleIo::new(stream, limits.idle_timeout);
+            let lift = io.lift();
+            let tls =
+                match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "https: tls handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "https: tls handshake timed out");
+                        return;
+                    }
+                };
+            let router = route(tls.get_ref().1).layer(axum::Extension(lift));
+            serve_connection(tls, router, limits, peer, stop).await;
+        }
     })
     .await
 }
 
 /// The accept loop of [`serve`] with each connection handed to `handle`
-/// (the kubelet server's TLS handshake, then [`serve_connection`]): at most
+/// (a TLS handshake, then [`serve_connection`]): at most
 /// `limits.max_connections` at once, until `shutdown`.
 pub async fn serve_with<F, Fut>(
     listener: TcpListener,
@@ -160,17 +207,37 @@ pub async fn serve_connection<I>(
 }
 
 /// A stream that fails with `TimedOut` once neither a read nor a write has
-/// made progress for `timeout` while one was waiting.
+/// made progress for `timeout` while one was waiting, until its
+/// [`IdleLift`] is pulled.
 pub struct IdleIo<T> {
     inner: T,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
+    lifted: IdleLift,
+}
+
+/// Lifts an [`IdleIo`]'s bound for the rest of its connection: a handler
+/// that hands the connection over to a long-lived stream (the kubelet
+/// server's exec, attach and port forwarding, which the kubelet proxies with
+/// no idle bound of its own) pulls it, found among the request's extensions.
+#[derive(Clone, Debug, Default)]
+pub struct IdleLift(Arc<AtomicBool>);
+
+impl IdleLift {
+    pub fn lift(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_lifted(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl<T> std::fmt::Debug for IdleIo<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdleIo")
             .field("timeout", &self.timeout)
+            .field("lifted", &self.lifted.is_lifted())
             .finish_non_exhaustive()
     }
 }
@@ -181,7 +248,13 @@ impl<T> IdleIo<T> {
             inner,
             timeout,
             deadline: Box::pin(tokio::time::sleep(timeout)),
+            lifted: IdleLift::default(),
         }
+    }
+
+    /// The handle that lifts this stream's idle bound.
+    pub fn lift(&self) -> IdleLift {
+        self.lifted.clone()
     }
 
     fn progress(&mut self) {
@@ -191,7 +264,7 @@ impl<T> IdleIo<T> {
 
     /// Whether the idle time is up (registering the waker when not).
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.deadline.as_mut().poll(cx).is_ready()
+        !self.lifted.is_lifted() && self.deadline.as_mut().poll(cx).is_ready()
     }
 }
 

@@ -2,11 +2,16 @@
 //! (Prometheus), `/healthz` (PLEG health, the kubelet's "pleg was last seen active
 //! ... ago" check), `/readyz`; and, as the kubelet's `pkg/kubelet/server`, its
 //! authenticated HTTPS server ([`secure`]: [`tls`], [`auth`], [`x509`],
-//! container logs read by [`logs`]).
+//! container logs read by [`logs`], exec, attach and port forwarding proxied
+//! by [`streaming`], resource usage by [`stats`] and [`resource_metrics`]).
 
 pub mod auth;
+pub mod configz;
 pub mod logs;
+pub mod resource_metrics;
 pub mod secure;
+pub mod stats;
+pub mod streaming;
 pub mod tls;
 pub mod x509;
 

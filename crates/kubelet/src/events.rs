@@ -1,7 +1,7 @@
 //! The kubelet's events at its points in the pod lifecycle, with its types,
 //! reasons and messages (`kuberuntime_container.go`'s `startContainer` and
 //! `killContainer`, `kuberuntime_manager.go`'s `SyncPod` and `doBackOff`,
-//! `images/image_manager.go`'s `EnsureImageExists`, `kubelet.go`'s
+//! `executePreStopHook`, `images/image_manager.go`'s `EnsureImageExists`, `kubelet.go`'s
 //! `SyncTerminatingPod` and `killPodNow`), and the kernel PLEG's own. The
 //! runtime code calls these in one line each.
 
@@ -19,8 +19,9 @@ use evpleg_core::ids::PodUid;
 use evpleg_core::lifecycle::ExitStatus;
 use evpleg_record::{
     BACK_OFF, CONTAINER_DIED, CREATED, ERR_IMAGE_NEVER_PULL, EXCEEDED_GRACE_PERIOD, EventType,
-    FAILED, FAILED_CREATE_POD_SANDBOX, FAILED_KILL_POD, INSPECT_FAILED, KILLING, PULLED, PULLING,
-    Recorder, SANDBOX_CHANGED, STARTED, Source,
+    FAILED, FAILED_CREATE_POD_SANDBOX, FAILED_KILL_POD, FAILED_POST_START_HOOK,
+    FAILED_PRE_STOP_HOOK, INSPECT_FAILED, KILLING, PULLED, PULLING, Recorder, SANDBOX_CHANGED,
+    STARTED, Source,
 };
 
 /// `SyncPod`: the pod's sandbox is gone and it gets a new one.
@@ -54,10 +55,31 @@ pub fn failed_kill_pod(rec: &Recorder, pod: &Pod, error: &dyn std::fmt::Display)
     rec.record(pod, None, EventType::Warning, FAILED_KILL_POD, message);
 }
 
-/// `EnsureImageExists`: no pull needed.
+/// `EnsureImageExists`: no pull needed. 1.37 (`KubeletEnsureSecretPulledImages`,
+/// beta and on) asks its pull manager whether the pod may use the present
+/// image (`MustAttemptImagePull`) and says so: "... and can be accessed by the
+/// pod". evpleg keeps no record of which credentials pulled an image, so it
+/// answers as the kubelet's default policy (`NeverVerifyPreloadedImages`)
+/// does for an image it did not pull with credentials: no pull, this message.
 pub fn already_present(rec: &Recorder, pod: &Pod, container: &str, image: &str) {
-    let message = format!("Container image {image:?} already present on machine");
+    let message = format!(
+        "Container image {image:?} already present on machine and can be accessed by the pod"
+    );
     rec.record(pod, Some(container), EventType::Normal, PULLED, message);
+}
+
+/// `getPullSecretsForPod`: some pull secrets could not be read (nothing
+/// when all were).
+pub fn failed_to_retrieve_pull_secrets(rec: &Recorder, pod: &Pod, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let message = format!(
+        "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+        names.join(", ")
+    );
+    let reason = crate::credentials::FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET;
+    rec.record(pod, None, EventType::Warning, reason, message);
 }
 
 /// `EnsureImageExists`: a pull starts.
@@ -66,16 +88,29 @@ pub fn pulling(rec: &Recorder, pod: &Pod, container: &str, image: &str) {
     rec.record(pod, Some(container), EventType::Normal, PULLING, message);
 }
 
-/// `startContainer`: CreateContainer succeeded.
+/// `startContainer`: CreateContainer succeeded. 1.37's message names no
+/// container (the event's `fieldPath` does); before 1.37 it was
+/// `Created container: <name>`.
 pub fn created(rec: &Recorder, pod: &Pod, container: &str) {
-    let message = format!("Created container: {container}");
-    rec.record(pod, Some(container), EventType::Normal, CREATED, message);
+    rec.record(
+        pod,
+        Some(container),
+        EventType::Normal,
+        CREATED,
+        "Container created",
+    );
 }
 
-/// `startContainer`: StartContainer succeeded.
+/// `startContainer`: StartContainer succeeded (1.37: `Container started`;
+/// before, `Started container <name>`).
 pub fn started(rec: &Recorder, pod: &Pod, container: &str) {
-    let message = format!("Started container {container}");
-    rec.record(pod, Some(container), EventType::Normal, STARTED, message);
+    rec.record(
+        pod,
+        Some(container),
+        EventType::Normal,
+        STARTED,
+        "Container started",
+    );
 }
 
 /// `doBackOff`: a container waiting in CrashLoopBackOff, at each sync.
@@ -94,6 +129,12 @@ pub fn crash_loop_back_off(rec: &Recorder, pod: &Pod, uid: &PodUid, waiting: &[W
 /// reason and message), then `startContainer`'s `Failed` "Error: ..." (the
 /// error's name for an image error, its message otherwise).
 pub fn start_failed(rec: &Recorder, pod: &Pod, container: &str, e: &StartError) {
+    // A failed postStart hook has had its own event ([`post_start_hook_failed`]);
+    // the kubelet records no `Failed` for it (its message carries the hook's
+    // output).
+    if e.reason == crate::kuberuntime::hooks::POST_START_HOOK_ERROR {
+        return;
+    }
     let image = match e.reason {
         INVALID_IMAGE_NAME | IMAGE_INSPECT_ERROR => Some((EventType::Warning, INSPECT_FAILED)),
         WAIT_NEVER_PULL => Some((EventType::Warning, ERR_IMAGE_NEVER_PULL)),
@@ -125,6 +166,35 @@ pub fn pulled(rec: &Recorder, pod: &Pod, container: &str, image: &str, took: Dur
     let message =
         format!("Successfully pulled image {image:?} in {took} ({took} including waiting)");
     rec.record(pod, Some(container), EventType::Normal, PULLED, message);
+}
+
+/// `startContainer`: the postStart hook failed, then the container is
+/// killed (`killContainer` with the message `FailedPostStartHook`, which its
+/// Killing event carries alone). The message never carries the hook's output
+/// or error ("do not record the message in the event so that secrets won't
+/// leak from the server"); the log has them. No `Failed` event follows
+/// ([`start_failed`]).
+pub fn post_start_hook_failed(rec: &Recorder, pod: &Pod, container: &str) {
+    rec.record(
+        pod,
+        Some(container),
+        EventType::Warning,
+        FAILED_POST_START_HOOK,
+        "PostStartHook failed",
+    );
+    killing(rec, pod, container, FAILED_POST_START_HOOK);
+}
+
+/// `executePreStopHook`: the preStop hook failed; as
+/// [`post_start_hook_failed`], without the hook's output.
+pub fn pre_stop_hook_failed(rec: &Recorder, pod: &Pod, container: &str) {
+    rec.record(
+        pod,
+        Some(container),
+        EventType::Warning,
+        FAILED_PRE_STOP_HOOK,
+        "PreStopHook failed",
+    );
 }
 
 /// The message of a container killed by SyncPod (`computePodActions`'s).
@@ -227,6 +297,8 @@ mod tests {
         start_failed(&rec, &pod(), "app", &e);
         let e = StartError::new("RunContainerError", "exec: no such file");
         start_failed(&rec, &pod(), "app", &e);
+        let e = StartError::new("PostStartHookError", "Exec lifecycle hook ... s3cret");
+        start_failed(&rec, &pod(), "app", &e);
         let s = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
         assert_eq!(
             events(&rec),
@@ -242,6 +314,33 @@ mod tests {
                 s("Warning", "Failed", "Error: exec: no such file"),
             ]
         );
+    }
+
+    /// 1.37's `startContainer` and `EnsureImageExists` messages (the
+    /// differential oracle's kubelet): the container named by the field path
+    /// only.
+    #[test]
+    fn start_events_carry_the_1_37_messages() {
+        let rec = recorder();
+        already_present(&rec, &pod(), "app", "localhost/busybox:local");
+        created(&rec, &pod(), "app");
+        started(&rec, &pod(), "app");
+        let got: Vec<_> = rec
+            .pod_events("default", "web")
+            .into_iter()
+            .map(|r| (r.field_path, r.reason, r.message))
+            .collect();
+        let path = Some("spec.containers{app}".to_owned());
+        let want = [
+            (
+                "Pulled",
+                "Container image \"localhost/busybox:local\" already present on machine and can be accessed by the pod",
+            ),
+            ("Created", "Container created"),
+            ("Started", "Container started"),
+        ]
+        .map(|(r, m)| (path.clone(), r.to_owned(), m.to_owned()));
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -281,6 +380,30 @@ mod tests {
             "Container abc died (exit code 0), seen by the kernel; the runtime had not reported it after 5 s"
         );
         assert_eq!(got[1].kind, EventType::Normal);
+    }
+
+    /// The kubelet's `startContainer` for a failed postStart hook:
+    /// FailedPostStartHook, then `killContainer`'s Killing with the message
+    /// `FailedPostStartHook`, and no `Failed` for the start's error.
+    #[test]
+    fn hook_failures_never_carry_the_hook_s_output() {
+        let rec = recorder();
+        post_start_hook_failed(&rec, &pod(), "app");
+        let e = StartError::new(
+            crate::kuberuntime::hooks::POST_START_HOOK_ERROR,
+            "PostStart hook of container app: exec \"sh -c exit 1\" exited with 1: ",
+        );
+        start_failed(&rec, &pod(), "app", &e);
+        pre_stop_hook_failed(&rec, &pod(), "app");
+        let s = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+        assert_eq!(
+            events(&rec),
+            [
+                s("Warning", "FailedPostStartHook", "PostStartHook failed"),
+                s("Normal", "Killing", "FailedPostStartHook"),
+                s("Warning", "FailedPreStopHook", "PreStopHook failed"),
+            ]
+        );
     }
 
     #[test]

@@ -9,9 +9,11 @@
 
 pub mod active_deadline;
 pub mod admission;
+pub mod credentials;
 pub mod env;
 pub mod events;
 pub mod kuberuntime;
+pub mod logs;
 pub mod network;
 pub mod node_status;
 pub mod pod_fate;

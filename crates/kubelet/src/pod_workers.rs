@@ -18,8 +18,16 @@
 //!   ("error determining status"), retried with back-off;
 //! * after every sync, successful or not, it asks the PLEG to relist the pod at
 //!   once (the kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
-//! * errors back off (doubling, capped); a sync may ask to be requeued (a
-//!   container in CrashLoopBackOff) and every worker resyncs periodically;
+//! * errors back off as the kubelet's `completeWork`: 10 to 15 s after any
+//!   failed sync, 1 to 1.5 s when the network is not ready ([`retry`]); a
+//!   sync may ask to be requeued (a container in CrashLoopBackOff) and every
+//!   worker resyncs periodically;
+//! * a kill's grace period is never below 1 s (`calculateEffectiveGracePeriod`:
+//!   a pod deleted with grace 0 still gives its preStop hooks 1 s);
+//! * static pods with the same full name start one at a time, a new version
+//!   once the old one's worker finished ([`static_pods`], the kubelet's
+//!   `allowStaticPodStart`); one asked to terminate before it started is
+//!   finished without a sync (`cleanupUnstartedPod`);
 //! * after a failed sync, a PLEG event brings the retry forward no sooner than
 //!   the kubelet's relist period after the failure ([`retry`]); a new spec or
 //!   a kill syncs at once.
@@ -45,8 +53,10 @@ use evpleg_core::ids::PodUid;
 use evpleg_pleg::on_demand::PodRelistQueue;
 
 pub mod retry;
+pub mod static_pods;
 
 use retry::{Retry, Wake};
+use static_pods::StaticPods;
 
 /// What a sync asks of its worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,8 +124,9 @@ pub struct WorkerConfig {
     /// How long a worker waits for a cache entry newer than its last sync before
     /// it asks for a pod relist again (it never syncs on an older entry).
     pub cache_wait: Duration,
-    pub error_backoff_initial: Duration,
-    pub error_backoff_max: Duration,
+    /// The back-off after a failed sync, before its jitter (the kubelet's
+    /// `backOffPeriod`, [`retry::BACK_OFF_PERIOD`]).
+    pub error_backoff: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -123,8 +134,7 @@ impl Default for WorkerConfig {
         Self {
             resync: Duration::from_secs(10),
             cache_wait: Duration::from_secs(2),
-            error_backoff_initial: Duration::from_millis(500),
-            error_backoff_max: Duration::from_secs(30),
+            error_backoff: retry::BACK_OFF_PERIOD,
         }
     }
 }
@@ -211,8 +221,9 @@ pub struct PodWorkers<S> {
     clock: SharedClock,
     pod_relist: Option<Arc<PodRelistQueue>>,
     config: WorkerConfig,
-    workers: Mutex<HashMap<PodUid, Worker>>,
+    workers: Arc<Mutex<HashMap<PodUid, Worker>>>,
     finished: Arc<Mutex<HashSet<PodUid>>>,
+    static_pods: Arc<Mutex<StaticPods>>,
     done: mpsc::UnboundedSender<PodUid>,
     metrics: Arc<WorkerMetrics>,
 }
@@ -223,6 +234,18 @@ impl<S> std::fmt::Debug for PodWorkers<S> {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// The least grace period a kill gives (`calculateEffectiveGracePeriod`:
+/// "no matter what, we always supply a grace period of 1").
+pub const MIN_KILL_GRACE_SECONDS: i64 = 1;
+
+/// The grace period of a kill: the override asked for, else the pod's own,
+/// never below [`MIN_KILL_GRACE_SECONDS`].
+fn kill_grace(override_seconds: Option<i64>, pod: &Pod) -> i64 {
+    override_seconds
+        .unwrap_or_else(|| spec_grace_seconds(pod))
+        .max(MIN_KILL_GRACE_SECONDS)
 }
 
 /// The pod's own grace period (`terminationGracePeriodSeconds`, 30 by default).
@@ -254,8 +277,9 @@ impl<S: PodSyncer> PodWorkers<S> {
             clock,
             pod_relist,
             config,
-            workers: Mutex::new(HashMap::new()),
+            workers: Arc::new(Mutex::new(HashMap::new())),
             finished: Arc::new(Mutex::new(HashSet::new())),
+            static_pods: Arc::new(Mutex::new(StaticPods::default())),
             done,
             metrics: Arc::default(),
         }
@@ -280,7 +304,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 s.update = kind.label();
             }
             if let UpdateType::Kill { grace_seconds } = kind {
-                let grace = grace_seconds.unwrap_or_else(|| spec_grace_seconds(&s.pod));
+                let grace = kill_grace(grace_seconds, &s.pod);
                 if s.state == WorkerState::Sync {
                     s.state = WorkerState::Terminating;
                     s.grace_seconds = grace;
@@ -295,12 +319,17 @@ impl<S: PodSyncer> PodWorkers<S> {
             return;
         }
         let (state, grace_seconds) = match kind {
-            UpdateType::Kill { grace_seconds } => (
-                WorkerState::Terminating,
-                grace_seconds.unwrap_or_else(|| spec_grace_seconds(&pod)),
-            ),
+            UpdateType::Kill { grace_seconds } => {
+                (WorkerState::Terminating, kill_grace(grace_seconds, &pod))
+            }
             _ => (WorkerState::Sync, spec_grace_seconds(&pod)),
         };
+        // Static pods start in the order their workers were created.
+        let static_name = crate::status::api::is_static(&pod).then(|| {
+            let name = crate::status::api::full_name(&pod);
+            lock(&self.static_pods).enqueue(&name, uid);
+            name
+        });
         let shared = Arc::new(Mutex::new(Shared {
             pod,
             state,
@@ -323,6 +352,9 @@ impl<S: PodSyncer> PodWorkers<S> {
                 finished: self.finished.clone(),
                 done: self.done.clone(),
                 metrics: self.metrics.clone(),
+                workers: self.workers.clone(),
+                static_pods: self.static_pods.clone(),
+                static_name,
             }
             .run(),
         );
@@ -343,6 +375,20 @@ impl<S: PodSyncer> PodWorkers<S> {
             return Some(WorkerState::Done);
         }
         lock(&self.workers).get(uid).map(|w| lock(&w.shared).state)
+    }
+
+    /// Whether the static pod started under `full_name` is terminating and
+    /// has not stopped yet (the kubelet's
+    /// `IsPodForMirrorPodTerminatingByFullName`): its mirror pod is not an
+    /// orphan yet.
+    pub fn is_static_pod_terminating(&self, full_name: &str) -> bool {
+        let workers = lock(&self.workers);
+        let Some(uid) = lock(&self.static_pods).started(full_name).cloned() else {
+            return false;
+        };
+        workers
+            .get(&uid)
+            .is_some_and(|w| lock(&w.shared).state == WorkerState::Terminating)
     }
 
     /// UIDs with a live worker.
@@ -405,6 +451,18 @@ struct WorkerLoop<S> {
     finished: Arc<Mutex<HashSet<PodUid>>>,
     done: mpsc::UnboundedSender<PodUid>,
     metrics: Arc<WorkerMetrics>,
+    workers: Arc<Mutex<HashMap<PodUid, Worker>>>,
+    static_pods: Arc<Mutex<StaticPods>>,
+    /// The full name of a static pod (it waits for its turn to start).
+    static_name: Option<String>,
+}
+
+/// Whether a worker may start its pod (`allowPodStart`).
+enum Start {
+    Now,
+    Later,
+    /// Asked to terminate before it started.
+    Never,
 }
 
 impl<S: PodSyncer> WorkerLoop<S> {
@@ -413,6 +471,7 @@ impl<S: PodSyncer> WorkerLoop<S> {
         let mut last_sync_ns = 0u64;
         let mut retry = Retry::Clear;
         let mut requeue = tokio::time::Instant::now() + self.config.resync;
+        let mut started = self.static_name.is_none();
         loop {
             let wake = tokio::select! {
                 () = self.notify.notified() => if lock(&self.shared).urgent { Wake::Update } else { Wake::Event },
@@ -420,6 +479,27 @@ impl<S: PodSyncer> WorkerLoop<S> {
             };
             if let Some(until) = retry.hold(wake, tokio::time::Instant::now()) {
                 self.hold_until(until).await;
+            }
+            if !started {
+                match self.may_start() {
+                    Start::Now => started = true,
+                    Start::Later => {
+                        // The kubelet requeues it after its back-off period;
+                        // the release of the name wakes it sooner.
+                        debug!(pod = %self.uid, "static pod waits for its older version to finish");
+                        requeue = tokio::time::Instant::now()
+                            + retry::go_jitter(
+                                self.config.error_backoff,
+                                retry::BACK_OFF_JITTER,
+                                retry::random_unit(),
+                            );
+                        continue;
+                    }
+                    Start::Never => {
+                        self.finish_unstarted();
+                        return;
+                    }
+                }
             }
             let (pod, state, grace, update) = {
                 let mut s = lock(&self.shared);
@@ -459,12 +539,9 @@ impl<S: PodSyncer> WorkerLoop<S> {
                     after.unwrap_or(self.config.resync).min(self.config.resync)
                 }
                 Err(e) => {
-                    retry = retry.failed(
-                        tokio::time::Instant::now(),
-                        self.config.error_backoff_initial,
-                        self.config.error_backoff_max,
-                    );
-                    let backoff = retry.backoff().unwrap_or_default();
+                    let backoff =
+                        retry::backoff_after(&e.0, self.config.error_backoff, retry::random_unit());
+                    retry = retry.failed(tokio::time::Instant::now(), backoff);
                     warn!(pod = %self.uid, ?state, error = %e, retry_in_ms = backoff.as_millis() as u64, "pod sync failed");
                     backoff
                 }
@@ -474,6 +551,54 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 self.notify.notify_one();
             }
         }
+    }
+
+    /// `allowPodStart` for a static pod that has not started yet.
+    fn may_start(&self) -> Start {
+        let Some(name) = &self.static_name else {
+            return Start::Now;
+        };
+        if lock(&self.shared).state != WorkerState::Sync {
+            return Start::Never;
+        }
+        let workers = lock(&self.workers);
+        let finished = lock(&self.finished).clone();
+        let gone = |u: &PodUid| {
+            finished.contains(u)
+                || workers
+                    .get(u)
+                    .is_none_or(|w| lock(&w.shared).state != WorkerState::Sync)
+        };
+        if lock(&self.static_pods).allow_start(name, &self.uid, &gone) {
+            Start::Now
+        } else {
+            Start::Later
+        }
+    }
+
+    /// A static pod's worker is done: its full name is released and the
+    /// pods waiting for it are woken.
+    fn release_static_name(&self) {
+        let Some(name) = &self.static_name else {
+            return;
+        };
+        let workers = lock(&self.workers);
+        let waiting = lock(&self.static_pods).release(name, &self.uid);
+        for uid in waiting {
+            if let Some(w) = workers.get(&uid) {
+                w.notify.notify_one();
+            }
+        }
+    }
+
+    /// `cleanupUnstartedPod`: a pod asked to terminate before it was allowed
+    /// to start has nothing to stop; it is finished without a sync.
+    fn finish_unstarted(&self) {
+        debug!(pod = %self.uid, "static pod terminated before it started: finished without a sync");
+        lock(&self.shared).state = WorkerState::Done;
+        lock(&self.finished).insert(self.uid.clone());
+        self.release_static_name();
+        let _ = self.done.send(self.uid.clone());
     }
 
     /// Waits until `until`, or until a new spec or a kill arrives; PLEG
@@ -522,6 +647,7 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 self.syncer.sync_terminated_pod(pod, entry).await?;
                 lock(&self.shared).state = WorkerState::Done;
                 lock(&self.finished).insert(self.uid.clone());
+                self.release_static_name();
                 let _ = self.done.send(self.uid.clone());
                 Ok(None)
             }
@@ -577,7 +703,14 @@ mod tests {
 
     impl Recorder {
         fn record(&self, what: &str, pod: &Pod) {
-            let name = pod.metadata.name.clone().unwrap_or_default();
+            // A static pod's version (its label `v`), else its name.
+            let name = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("v").cloned())
+                .or_else(|| pod.metadata.name.clone())
+                .unwrap_or_default();
             lock(&self.calls).push((what.into(), name));
             self.notify.notify_waiters();
         }
@@ -706,6 +839,16 @@ mod tests {
         rec: Arc<Recorder>,
         pleg: &FakePleg,
     ) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
+        workers_configured(rec, pleg, WorkerConfig::default().resync)
+    }
+
+    /// Workers on `pleg` that wait at most 100 ms for the cache and resync
+    /// every `resync`.
+    fn workers_configured(
+        rec: Arc<Recorder>,
+        pleg: &FakePleg,
+        resync: Duration,
+    ) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
         let (done, done_rx) = mpsc::unbounded_channel();
         let w = PodWorkers::new(
             rec,
@@ -714,6 +857,7 @@ mod tests {
             Some(pleg.queue.clone()),
             WorkerConfig {
                 cache_wait: Duration::from_millis(100),
+                resync,
                 ..WorkerConfig::default()
             },
             done,
@@ -725,6 +869,128 @@ mod tests {
         let pleg = FakePleg::new();
         pleg.spawn(true);
         workers_with(rec, &pleg)
+    }
+
+    fn workers_with_resync(
+        rec: Arc<Recorder>,
+        resync: Duration,
+    ) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
+        let pleg = FakePleg::new();
+        pleg.spawn(true);
+        workers_configured(rec, &pleg, resync)
+    }
+
+    /// A static pod (source `file`) named `web`, version `v` (its label).
+    fn static_pod(v: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "kube-system", "labels": {"v": v},
+                             "annotations": {"kubernetes.io/config.source": "file"}},
+                "spec": {"containers": [], "terminationGracePeriodSeconds": 2}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn uid_n(n: u8) -> PodUid {
+        PodUid::parse(&format!("{n:02x}").repeat(16)).unwrap()
+    }
+
+    /// `allowStaticPodStart`: a static pod's new version (new UID, same full
+    /// name) does not sync while the old one's worker runs; it starts once
+    /// that worker finished. One removed before it started finishes without
+    /// any sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_static_pod_s_new_version_starts_after_the_old_one_finished() {
+        let rec = Arc::new(Recorder::default());
+        let (w, mut done) = workers(rec.clone());
+        let (old, new, newer) = (uid_n(1), uid_n(2), uid_n(3));
+        w.update_pod(&old, static_pod("v1"), UpdateType::Create);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        // The manifest changed: the source removes v1 and adds v2.
+        w.update_pod(&new, static_pod("v2"), UpdateType::Create);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            !rec.calls().iter().any(|(_, v)| v == "v2"),
+            "v2 synced while v1 runs: {:?}",
+            rec.calls()
+        );
+        // v3 comes and goes before it could start.
+        w.update_pod(&newer, static_pod("v3"), UpdateType::Create);
+        w.update_pod(
+            &newer,
+            static_pod("v3"),
+            UpdateType::Kill {
+                grace_seconds: None,
+            },
+        );
+        w.update_pod(
+            &old,
+            static_pod("v1"),
+            UpdateType::Kill {
+                grace_seconds: None,
+            },
+        );
+        let mut finished = Vec::new();
+        for _ in 0..2 {
+            finished.push(
+                tokio::time::timeout(Duration::from_secs(5), done.recv())
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        finished.sort_by_key(|u| u.to_string());
+        assert_eq!(finished, [old.clone(), newer.clone()]);
+        while !rec.calls().iter().any(|(_, v)| v == "v2") {
+            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+                .await
+                .unwrap();
+        }
+        let calls: Vec<String> = rec
+            .calls()
+            .into_iter()
+            .map(|(c, v)| format!("{c} {v}"))
+            .collect();
+        let v1_done = calls.iter().position(|c| c == "terminated v1").unwrap();
+        let v2_first = calls.iter().position(|c| c.ends_with(" v2")).unwrap();
+        assert!(v1_done < v2_first, "{calls:?}");
+        assert!(!calls.iter().any(|c| c.ends_with(" v3")), "{calls:?}");
+        assert_eq!(w.state(&newer), Some(WorkerState::Done));
+        w.shutdown();
+    }
+
+    /// `calculateEffectiveGracePeriod`: a kill with grace 0 (a force
+    /// deletion, a pod whose spec says 0) gives 1 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_never_gives_less_than_one_second() {
+        for (spec, kill, want) in [
+            (Some(0), None, "terminating(1)"),
+            (Some(30), Some(0), "terminating(1)"),
+            (Some(30), Some(5), "terminating(5)"),
+        ] {
+            let rec = Arc::new(Recorder::default());
+            let (w, mut done) = workers(rec.clone());
+            w.update_pod(&uid(), pod("p", spec), UpdateType::Create);
+            w.update_pod(
+                &uid(),
+                pod("p", spec),
+                UpdateType::Kill {
+                    grace_seconds: kill,
+                },
+            );
+            tokio::time::timeout(Duration::from_secs(5), done.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            let calls: Vec<String> = rec.calls().into_iter().map(|(c, _)| c).collect();
+            assert!(
+                calls.iter().any(|c| c == want),
+                "spec {spec:?}, kill {kill:?}: {calls:?}"
+            );
+        }
     }
 
     async fn settle() {
@@ -817,26 +1083,37 @@ mod tests {
     async fn errors_back_off_and_resync_happens() {
         let rec = Arc::new(Recorder::default());
         rec.fail_next.store(2, Ordering::SeqCst);
-        let (w, _done) = workers(rec.clone());
+        let (w, _done) = workers_with_resync(rec.clone(), Duration::from_secs(60));
         let start = tokio::time::Instant::now();
         w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
-        // Three syncs: two failures with 0.5 s and 1 s back-off, then success.
+        // Three syncs: two failures, each followed by the kubelet's 10 s
+        // back-off with up to 50 % jitter, then success.
+        let mut at = Vec::new();
         while rec.calls().len() < 3 {
-            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            tokio::time::timeout(Duration::from_secs(20), rec.notify.notified())
                 .await
                 .unwrap();
+            at.push(start.elapsed());
         }
-        let elapsed = start.elapsed();
-        assert!(
-            elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(3),
-            "{elapsed:?}"
-        );
-        // Then the periodic resync (10 s).
+        for pair in at.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap >= Duration::from_secs(10) && gap < Duration::from_secs(15),
+                "retry {gap:?} after a failure: {at:?}"
+            );
+        }
+        // Then the periodic resync (60 s here).
         let before = rec.calls().len();
-        tokio::time::timeout(Duration::from_secs(11), rec.notify.notified())
+        let synced = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(61), rec.notify.notified())
             .await
             .unwrap();
         assert_eq!(rec.calls().len(), before + 1);
+        assert!(
+            synced.elapsed() >= Duration::from_secs(59),
+            "{:?}",
+            synced.elapsed()
+        );
         w.shutdown();
     }
 
@@ -851,15 +1128,15 @@ mod tests {
         let (w, _done) = workers(rec.clone());
         let start = tokio::time::Instant::now();
         w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
-        // A PLEG event every 20 ms for 5 s.
-        while start.elapsed() < Duration::from_secs(5) {
+        // A PLEG event every 20 ms for 4.5 s.
+        while start.elapsed() < Duration::from_millis(4_500) {
             w.update_pod(&uid(), pod("v1", None), UpdateType::Sync);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Failures at 0 s, then 0.5 s (the first back-off, shorter than the
-        // floor), then one a second: 1.5, 2.5, 3.5, 4.5 s.
+        // Failures at 0 s, then one a second (the relist period, before the
+        // back-off's 10 s timer): 1, 2, 3, 4 s; the last event waits for 5 s.
         let syncs = rec.calls().len();
-        assert!((5..=7).contains(&syncs), "{syncs} syncs in 5 s");
+        assert!((5..=6).contains(&syncs), "{syncs} syncs in 4.5 s");
         // A new spec does not wait for the floor.
         let before = rec.calls().len();
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -11,6 +11,17 @@
 //! set, stops and removes sandboxes of pods that no longer exist and removes their
 //! empty pod cgroups (cgroupfs and systemd names).
 //!
+//! Admission counts the pods the sources still have and whose workers have
+//! not finished (the kubelet's `filterOutInactivePods` over its pod manager):
+//! a pod removed from its source releases its requests and host ports at
+//! once, so that a static pod's new version is admitted against the node
+//! without the old one; the pod workers start it once the old one has
+//! terminated ([`crate::pod_workers::static_pods`]).
+//!
+//! Housekeeping also deletes orphaned mirror pods: a mirror pod the API
+//! source lists whose static pod no source has (the kubelet's
+//! `deleteOrphanedMirrorPods`; a manifest removed while the agent was down).
+//!
 //! Before admission, [`crate::pod_fate`] decides what a new pod becomes: mirror
 //! pods never run, a pod terminal in the API server is never started, a UID
 //! re-added after (or while) it terminated starts again. When a worker finished,
@@ -93,6 +104,8 @@ pub struct SyncLoop<S> {
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
     restart_requested: HashSet<PodUid>,
+    /// The mirror pods the API source has, by full name.
+    mirrors: HashMap<String, Arc<Pod>>,
 }
 
 impl<S> std::fmt::Debug for SyncLoopParts<S> {
@@ -152,14 +165,57 @@ impl<S: PodSyncer> SyncLoop<S> {
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
+            mirrors: HashMap::new(),
         }
     }
 
-    fn handle_update(&mut self, update: PodUpdate) {
+    /// Keeps the API source's mirror pods by full name (the kubelet's pod
+    /// manager keeps them apart from the pods it runs).
+    fn track_mirror(&mut self, op: Op, pod: Arc<Pod>) {
+        let name = crate::status::api::full_name(&pod);
+        if op == Op::Remove {
+            if self
+                .mirrors
+                .get(&name)
+                .is_some_and(|m| m.metadata.uid == pod.metadata.uid)
+            {
+                self.mirrors.remove(&name);
+            }
+            return;
+        }
+        self.mirrors.insert(name, pod);
+    }
+
+    /// The kubelet's `deleteOrphanedMirrorPods`: a mirror pod whose static
+    /// pod no source has (its manifest removed while the agent was down) is
+    /// deleted, unless a static pod of that name is still terminating.
+    fn delete_orphaned_mirrors(&self) {
+        // Pods rejected at admission are still the source's (their mirror
+        // pods carry their Failed status).
+        let statics: HashSet<String> = self
+            .pods
+            .values()
+            .chain(self.rejected.values())
+            .filter(|p| crate::status::api::is_static(p))
+            .map(|p| crate::status::api::full_name(p))
+            .collect();
+        for (name, mirror) in &self.mirrors {
+            if statics.contains(name) || self.workers.is_static_pod_terminating(name) {
+                continue;
+            }
+            self.status.delete_orphaned_mirror(mirror);
+        }
+    }
+
+    fn handle_update(&mut self, mut update: PodUpdate) {
+        if matches!(update.op, Op::Add | Op::Set) {
+            crate::admission::by_creation_time(&mut update.pods);
+        }
         for pod in update.pods {
             if crate::status::finish::is_mirror_pod(&pod) {
                 debug!(op = ?update.op, name = ?pod.metadata.name, namespace = ?pod.metadata.namespace,
                        "mirror pod: not run (its static pod runs from its own source)");
+                self.track_mirror(update.op, pod);
                 continue;
             }
             let uid = match pod_uid(&pod) {
@@ -204,6 +260,12 @@ impl<S: PodSyncer> SyncLoop<S> {
                     info!(pod = %uid, name = ?pod.metadata.name, "pod removed from its source: terminating");
                     self.pods.remove(&uid);
                     self.restart_requested.remove(&uid);
+                    // Admission counts the pods the sources have (the
+                    // kubelet's `GetActivePods` over its pod manager): a
+                    // removed pod's requests and host ports are free for the
+                    // next one now, while it terminates (a static pod's new
+                    // version waits for it in its worker instead).
+                    self.admission.release(&uid);
                     if self.rejected.remove(&uid).is_some() {
                         self.status.remove(&uid);
                         continue;
@@ -287,6 +349,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         if let Err(r) = self.admission.admit(&uid, &pod) {
             warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
+            crate::admission::reject_event(&self.events, &pod, &r);
             let ctx = Context {
                 host_ip: &self.host_ip,
                 rejected: Some((&r.reason, &r.message)),
@@ -414,6 +477,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         if !self.seen.seen_all(&self.sources) {
             return;
         }
+        self.delete_orphaned_mirrors();
         // A pod is known while its source has it or its worker still works; a
         // worker that finished (Done) for a pod its source removed keeps
         // nothing alive (it never syncs again).

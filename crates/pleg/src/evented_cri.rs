@@ -1,19 +1,29 @@
-//! The `evented-cri` PLEG: the CRI event stream as the 2026 redesign of KEP-3386
-//! (the kubelet's evented PLEG) uses it, for comparison with the kernel PLEG.
+//! The `evented-cri` PLEGs: the CRI event stream (`GetContainerEvents`) as
+//! the kubelet's Evented PLEG uses it, for comparison with the kernel PLEG.
+//! Two designs, both the kubelet's ([`Design`]):
 //!
-//! The runtime's `GetContainerEvents` stream (CREATED, STARTED, STOPPED, DELETED)
-//! is consumed by a task of its own, and every event is only a *hint*: it asks
-//! the relist PLEG for an on-demand relist of the event's pod
-//! ([`super::relist::RelistPleg::relist_pod`]), which inspects the runtime and
-//! writes the cache and sends the lifecycle events exactly as a periodic relist
-//! would. Nothing in the event itself (state, exit code, timestamps) reaches the
-//! cache.
+//! - **1.37, "events are hints"** (`--pleg evented-cri`; kubernetes/kubernetes#139262):
+//!   the generic 1 s relist always runs; each CONTAINER_STOPPED asks the relist
+//!   PLEG for an on-demand relist of its pod
+//!   ([`super::relist::RelistPleg::relist_pod`]), which inspects the runtime
+//!   and writes the cache and sends the lifecycle events exactly as a periodic
+//!   relist would; CREATED, STARTED and DELETED only feed the latency metric
+//!   (a started container is found by the relist the pod worker asks for after
+//!   its sync, or by the 1 s relist). Nothing in an event (state, exit code,
+//!   timestamps) reaches the cache.
+//! - **1.26 to 1.36** (`--pleg evented-cri-1.26`): each event's payload is the
+//!   pod's status, the relist runs every 300 s, and after 5 failed streams the
+//!   design falls back to the generic 1 s relist for good
+//!   ([`super::evented_payload`]).
 //!
-//! # What it reproduces from the kubelet
+//! This task reads the stream in both; what an event does is the design's.
 //!
-//! - The redesign's contract: events are hints that trigger a relist of one pod,
-//!   the generic relist always runs, the stream is reconnected forever with a
-//!   capped exponential backoff with jitter, and drops are counted.
+//! # What it reproduces from the kubelet (1.37)
+//!
+//! - The redesign's contract: a STOPPED event is a hint that triggers a relist
+//!   of one pod, the generic relist always runs, the stream is reconnected
+//!   forever with a capped exponential backoff with jitter, and drops are
+//!   counted.
 //! - The pod is found as the kubelet's `evented.go` finds it, from the event's
 //!   `pod_sandbox_status`; here by its `io.kubernetes.pod.uid` label (then the
 //!   labels of `containers_statuses`), the label [`evpleg_cri::runtime::CriRuntime`]
@@ -26,19 +36,10 @@
 //!   unhealthy by itself: health stays the relist's ("pleg was last seen
 //!   active ..."), the stream's state is only reported in [`EventedCriStats`].
 //!
-//! # Where it differs
+//! # Where it differs (1.37)
 //!
-//! - The relist period stays the generic PLEG's **1 s** while the stream is up;
-//!   the original KEP slowed it to 300 s. Three reasons: containerd sends the
-//!   stream's response headers only with its first event, so an open stream on
-//!   a quiet node cannot be told from a stuck one (there is no "healthy" to slow
-//!   down on); an event is only a hint, so a lost one would cost up to 300 s;
-//!   and this mode exists to compare the event path's latency against the 1 s
-//!   relist, which must therefore run as in `generic` mode.
-//!   `--relist-period` still overrides it (the tests set a long one to
-//!   see the event path alone).
-//! - The original KEP gave up after 5 stream failures and fell back to the
-//!   generic PLEG for good; here the stream is retried forever (the redesign).
+//! - `--relist-period` overrides the 1 s (the tests set a long one to see the
+//!   event path alone).
 //! - Runtimes without the stream (Debian bookworm's containerd 1.6.20 answers
 //!   `Unimplemented`) are logged once and probed again only every
 //!   [`EventedCriConfig::unimplemented_retry`] (a runtime upgrade restarts it),
@@ -58,6 +59,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::evented_payload::{MAX_STREAM_RETRIES, PayloadSink, Taken};
 use super::on_demand::PodRelistQueue;
 use evpleg_core::clock::SharedClock;
 use evpleg_core::ids::PodUid;
@@ -123,6 +125,12 @@ pub struct EventedCriStats {
     pub resync_relists: AtomicU64,
     /// A stream is open and has not failed since.
     pub connected: AtomicBool,
+    /// The 1.26-1.36 design: events whose payload the cache did not take (it
+    /// held a newer status).
+    pub stale: AtomicU64,
+    /// The 1.26-1.36 design gave up the stream after its failures and the
+    /// relist is back at the generic period.
+    pub fallen_back: AtomicBool,
     /// Monotonic ns (the agent's clock) of the last event, 0 before the first.
     pub last_event_ns: AtomicU64,
     /// From an event's creation by the runtime to its receipt (the kubelet's
@@ -130,11 +138,25 @@ pub struct EventedCriStats {
     pub latency_seconds: evpleg_core::metrics::DefHistogram,
 }
 
+/// Which of the kubelet's Evented PLEG designs a stream serves.
+#[derive(Debug)]
+pub enum Design {
+    /// 1.37: STOPPED relists its pod, the rest feeds the latency metric.
+    Hints,
+    /// 1.26-1.36: the payload is the pod's status ([`super::evented_payload`]).
+    Payload(PayloadSink),
+}
+
 /// What became of one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hint {
     /// An on-demand relist of this pod was requested.
     Pod(PodUid),
+    /// Not a STOPPED event (1.37): the latency metric only.
+    LatencyOnly,
+    /// 1.26-1.36: the payload was stored as the pod's status and these
+    /// events sent (or the cache held a newer status: stored nothing).
+    Payload(Taken),
     /// The pod is unknown: a full relist was requested.
     FullRelist,
     /// Not about a pod of this agent.
@@ -190,6 +212,7 @@ pub struct EventedCri {
     stats: Arc<EventedCriStats>,
     clock: SharedClock,
     config: EventedCriConfig,
+    design: Design,
 }
 
 /// How one stream ended.
@@ -212,6 +235,7 @@ impl EventedCri {
         stats: Arc<EventedCriStats>,
         clock: SharedClock,
         config: EventedCriConfig,
+        design: Design,
     ) -> Self {
         Self {
             client,
@@ -220,16 +244,40 @@ impl EventedCri {
             stats,
             clock,
             config,
+            design,
         }
     }
 
-    /// Turns one event into a hint: a relist of its pod, or a full relist.
+    /// What the design does with one event: 1.37 turns a STOPPED into a relist
+    /// of its pod (a full relist when no pod is named); 1.26-1.36 stores the
+    /// payload as the pod's status.
     pub fn handle(&self, event: &v1::ContainerEventResponse) -> Hint {
         self.stats.events.fetch_add(1, Ordering::Relaxed);
         self.stats
             .last_event_ns
             .store(self.clock.now_ns(), Ordering::Relaxed);
-        match pod_of_event(event) {
+        let pod = pod_of_event(event);
+        if let Design::Payload(sink) = &self.design {
+            return match pod {
+                EventPod::Pod(uid) => {
+                    let taken = sink.take(&uid, event, &self.clock);
+                    if taken == Taken::Stale {
+                        self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Hint::Payload(taken)
+                }
+                // No sandbox status: the kubelet drops the event.
+                EventPod::Unknown => Hint::Payload(Taken::NoSandbox),
+                EventPod::Foreign => {
+                    self.stats.foreign.fetch_add(1, Ordering::Relaxed);
+                    Hint::Foreign
+                }
+            };
+        }
+        let stopped =
+            event.container_event_type == v1::ContainerEventType::ContainerStoppedEvent as i32;
+        match pod {
+            EventPod::Pod(_) | EventPod::Unknown if !stopped => Hint::LatencyOnly,
             EventPod::Pod(uid) => {
                 debug!(pod = %uid, container = event.container_id,
                        kind = ?v1::ContainerEventType::try_from(event.container_event_type).ok(),
@@ -250,9 +298,53 @@ impl EventedCri {
         }
     }
 
+    /// 1.26-1.36 after a failed stream (`watchEventsChannel`): a forced full
+    /// relist, and at [`MAX_STREAM_RETRIES`] failures the fallback. Returns
+    /// whether the stream is to be opened again (at once, as the kubelet).
+    fn payload_failed(&self, attempts: &mut u32) -> bool {
+        let Design::Payload(sink) = &self.design else {
+            return true;
+        };
+        *attempts += 1;
+        self.relist
+            .request("cri event stream failed (evented pleg 1.26-1.36)");
+        if *attempts < MAX_STREAM_RETRIES {
+            return true;
+        }
+        warn!(
+            attempts = *attempts,
+            "evented pleg (1.26-1.36): falling back to the generic relist every {}s for good",
+            super::relist::GENERIC_PERIOD.as_secs()
+        );
+        sink.fall_back();
+        self.stats.fallen_back.store(true, Ordering::Relaxed);
+        false
+    }
+
     /// Runs until `shutdown`: opens the stream, passes its events on, and opens
-    /// it again after every failure, forever, with backoff.
+    /// it again after every failure: 1.37 forever, with backoff; 1.26-1.36 at
+    /// once, until its fallback (then the task idles until `shutdown`).
     pub async fn run(self, shutdown: CancellationToken) {
+        if matches!(self.design, Design::Payload(_)) {
+            let mut attempts = 0;
+            let mut resync = false;
+            info!("evented pleg (1.26-1.36): consuming GetContainerEvents");
+            loop {
+                match self.one_stream(&shutdown, &mut resync).await {
+                    Ended::Shutdown => break,
+                    Ended::Unimplemented(e) | Ended::Broken { error: Some(e), .. } => {
+                        debug!(error = %e, "GetContainerEvents failed");
+                    }
+                    Ended::Broken { error: None, .. } => {}
+                }
+                if !self.payload_failed(&mut attempts) {
+                    shutdown.cancelled().await;
+                    break;
+                }
+            }
+            self.stats.connected.store(false, Ordering::Relaxed);
+            return;
+        }
         let mut backoff = evpleg_cri::Backoff::new(self.config.backoff);
         let mut logged_unimplemented = false;
         let mut outage_logged = false;
@@ -507,6 +599,7 @@ mod tests {
             Arc::new(EventedCriStats::default()),
             Arc::new(ManualClock::new(5)),
             EventedCriConfig::default(),
+            Design::Hints,
         );
         (evented, rx)
     }
@@ -541,6 +634,83 @@ mod tests {
             (3, 1, 1, 1)
         );
         assert_eq!(get(&s.last_event_ns), 5);
+    }
+
+    /// 1.37: only CONTAINER_STOPPED relists its pod; the other types feed the
+    /// latency metric alone.
+    #[tokio::test]
+    async fn only_stopped_events_relist_their_pod() {
+        use v1::ContainerEventType as T;
+        let (evented, rx) = fixture().await;
+        let uid = PodUid::parse(UID).unwrap();
+        let table = [
+            (T::ContainerCreatedEvent, Hint::LatencyOnly),
+            (T::ContainerStartedEvent, Hint::LatencyOnly),
+            (T::ContainerDeletedEvent, Hint::LatencyOnly),
+            (T::ContainerStoppedEvent, Hint::Pod(uid.clone())),
+        ];
+        for (kind, hint) in table {
+            let mut e = event(Some(sandbox(&[(labels::POD_UID, UID)])), vec![]);
+            e.container_event_type = kind as i32;
+            assert_eq!(evented.handle(&e), hint, "{kind:?}");
+            let relists = rx.take().len();
+            assert_eq!(
+                relists,
+                usize::from(kind == T::ContainerStoppedEvent),
+                "{kind:?}"
+            );
+        }
+        // Naming no pod: only a STOPPED asks for a full relist.
+        let mut started = event(None, vec![]);
+        started.container_event_type = T::ContainerStartedEvent as i32;
+        assert_eq!(evented.handle(&started), Hint::LatencyOnly);
+        assert_eq!(evented.relist.count(), 0);
+        assert_eq!(evented.stats.events.load(Ordering::Relaxed), 5);
+    }
+
+    /// 1.26-1.36 with no runtime at all: each failure forces a full relist,
+    /// the stream is opened again at once, and the fifth failure falls back
+    /// to the generic period for good; the task then idles until shutdown.
+    #[tokio::test(start_paused = true)]
+    async fn the_payload_design_falls_back_after_five_failures() {
+        let (hints, _rx) = fixture().await;
+        let (events, _events_rx) = tokio::sync::mpsc::channel(10);
+        let (period, period_rx) =
+            tokio::sync::watch::channel(crate::evented_payload::RELIST_PERIOD);
+        let sink = PayloadSink {
+            cache: Arc::new(evpleg_core::cache::PodStatusCache::new()),
+            events,
+            reports: Arc::default(),
+            period,
+            evented_in_use: CancellationToken::new(),
+        };
+        let stop = sink.evented_in_use.clone();
+        let evented = EventedCri {
+            design: Design::Payload(sink),
+            ..hints
+        };
+        let stats = evented.stats.clone();
+        let relist = evented.relist.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(evented.run(shutdown.clone()));
+        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+            .await
+            .expect("fell back");
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((get(&stats.connects), get(&stats.failures)), (5, 5));
+        assert_eq!(relist.count(), 5, "a full relist forced by each failure");
+        assert!(stats.fallen_back.load(Ordering::Relaxed));
+        assert_eq!(*period_rx.borrow(), crate::relist::GENERIC_PERIOD);
+        // No sixth attempt, and the task is still there (its end would fail
+        // the agent's health).
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(get(&stats.connects), 5);
+        assert!(!task.is_finished());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     /// No runtime at all: the task keeps trying with growing delays, never in a

@@ -6,6 +6,7 @@
 //! eBPF programs the moment the kernel sees it.
 
 pub mod evented_cri;
+pub mod evented_payload;
 pub mod kernel;
 pub mod latency;
 pub mod merge;
@@ -27,11 +28,16 @@ pub enum PlegMode {
     Ebpf,
     /// The kubelet's generic PLEG: a relist every second.
     Generic,
-    /// For comparison: the CRI event stream (`GetContainerEvents`) as hints
-    /// that relist one pod, as the 2026 KEP-3386 redesign does, with the 1 s
-    /// relist kept ([`evented_cri`]). Needs containerd 1.7 or later; with 1.6
-    /// it is the generic PLEG.
+    /// For comparison: the kubelet 1.37 Evented PLEG, "events are hints"
+    /// (kubernetes/kubernetes#139262): the 1 s relist always runs, each
+    /// CONTAINER_STOPPED of the CRI event stream relists its pod
+    /// ([`evented_cri`]). Needs containerd 1.7 or later; with 1.6 it is the
+    /// generic PLEG.
     EventedCri,
+    /// For comparison: the Evented PLEG of kubelets 1.26 to 1.36: each event's
+    /// payload is the pod's status, a 300 s relist, the generic 1 s relist
+    /// after 5 failed streams ([`evented_payload`]).
+    EventedCriPayload,
 }
 
 /// Errors of starting the PLEG.
@@ -139,7 +145,7 @@ pub struct Pleg {
     pub merge_stats: Option<std::sync::Arc<merge::MergeStats>>,
     /// The kernel path's health, in `ebpf` mode.
     pub path_health: std::sync::Arc<PathHealth>,
-    /// The CRI event stream's counters, in `evented-cri` mode.
+    /// The CRI event stream's counters, in the `evented-cri` modes.
     pub evented_stats: Option<std::sync::Arc<evented_cri::EventedCriStats>>,
     /// The relist task's (and the CRI event stream's) health: one that stops
     /// before [`Pleg::stop`] fails `/healthz` at once.
@@ -171,10 +177,10 @@ impl Pleg {
         let pod_relist = Arc::new(on_demand::PodRelistQueue::new(clock.clone()));
         let path_health = Arc::new(PathHealth::default());
         let task_health = evpleg_core::tasks::TaskHealth::new(clock.clone());
-        // evented-cri keeps the generic 1 s (see `evented_cri` for why not 300 s).
         let period = relist_period.unwrap_or(match mode {
             PlegMode::Ebpf => relist::EBPF_PERIOD,
             PlegMode::Generic | PlegMode::EventedCri => relist::GENERIC_PERIOD,
+            PlegMode::EventedCriPayload => evented_payload::RELIST_PERIOD,
         });
         let (period_tx, period_rx) = tokio::sync::watch::channel(period);
         let mut tasks = Vec::new();
@@ -207,9 +213,27 @@ impl Pleg {
                 (Some(kernel), Some(stats))
             }
             PlegMode::Generic => (None, None),
-            PlegMode::EventedCri => {
+            PlegMode::EventedCri | PlegMode::EventedCriPayload => {
                 let client = runtime.client().clone();
                 let stats = Arc::new(evented_cri::EventedCriStats::default());
+                let design = if mode == PlegMode::EventedCri {
+                    evented_cri::Design::Hints
+                } else {
+                    let evented_in_use = shutdown.child_token();
+                    tasks.push(tokio::spawn(evented_payload::update_global_cache(
+                        cache.clone(),
+                        clock.clone(),
+                        evented_in_use.clone(),
+                        shutdown.clone(),
+                    )));
+                    evented_cri::Design::Payload(evented_payload::PayloadSink {
+                        cache: cache.clone(),
+                        events: events.clone(),
+                        reports: reports.clone(),
+                        period: period_tx,
+                        evented_in_use,
+                    })
+                };
                 let stream = evented_cri::EventedCri::new(
                     client,
                     pod_relist.clone(),
@@ -217,6 +241,7 @@ impl Pleg {
                     stats.clone(),
                     clock.clone(),
                     evented_cri::EventedCriConfig::default(),
+                    design,
                 );
                 tasks.push(task_health.spawn(
                     "cri event stream",

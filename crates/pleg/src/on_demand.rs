@@ -39,7 +39,8 @@ pub struct PodRelistQueue {
 /// requests for one pod keep the longest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Watch {
-    /// Relisted once (served by a full relist that began after the request).
+    /// Relisted once (served by a full relist that began after the request,
+    /// unless a kernel exit of the pod awaits the runtime's confirmation).
     Once,
     /// A certain kernel event of a container the snapshot did not hold yet:
     /// re-checked until the confirmation bound.
@@ -60,6 +61,11 @@ pub struct Request {
     /// An event of the pod was dropped: the relist is not skipped, and wakes
     /// the workers (PodSync) even if it finds no change.
     pub redeliver: bool,
+    /// Something other than a hint asked (a worker after its sync, a certain
+    /// kernel event, a CRI event): the pod is relisted now even while a
+    /// hint's watch re-checks it, which would make a worker wait for the
+    /// watch's next re-check (up to a second later).
+    pub prompt: bool,
 }
 
 impl std::fmt::Debug for PodRelistQueue {
@@ -140,14 +146,17 @@ impl PodRelistQueue {
         redeliver: bool,
         now: u64,
     ) {
+        let prompt = watch != Watch::Doubt;
         let r = pending.entry(uid).or_insert(Request {
             at_ns: now,
             watch,
             redeliver,
+            prompt,
         });
         r.at_ns = r.at_ns.max(now);
         r.watch = r.watch.max(watch);
         r.redeliver |= redeliver;
+        r.prompt |= prompt;
     }
 
     /// How many pods wait for a relist.
@@ -210,15 +219,19 @@ mod tests {
         q.request(uid(4));
         q.redeliver(uid(4));
         q.request(uid(4));
+        q.doubt(uid(5));
+        q.doubt(uid(6));
+        q.request(uid(6));
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(q.len(), 4, "bounded by the number of pods");
+        assert_eq!(q.len(), 6, "bounded by the number of pods");
         let r = |watch| Request {
             at_ns: 150,
             watch,
             redeliver: false,
+            prompt: true,
         };
         assert_eq!(
             q.take(),
@@ -233,8 +246,16 @@ mod tests {
                         ..r(Watch::Once)
                     }
                 ),
+                (
+                    uid(5),
+                    Request {
+                        prompt: false,
+                        ..r(Watch::Doubt)
+                    }
+                ),
+                (uid(6), r(Watch::Doubt)),
             ],
-            "the longest watch is kept, and a redelivery"
+            "the longest watch is kept, a redelivery, and whether more than a hint asked"
         );
         assert!(q.is_empty());
     }

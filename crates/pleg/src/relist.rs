@@ -71,8 +71,16 @@ pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
 /// runtime's view wins.
 pub const CONFIRM_BOUND: Duration = Duration::from_secs(2);
 /// How soon a pod is looked at again: a kernel exit the runtime does not confirm
-/// yet, a snapshot older than the cache, an event the channel could not take.
+/// yet (the first re-check; then [`next_confirm_wait`]), a snapshot older than
+/// the cache, an event the channel could not take.
 pub const CONFIRM_RETRY: Duration = Duration::from_millis(20);
+/// The longest wait between re-checks of a pod whose kernel view the runtime
+/// has not confirmed yet: the wait doubles from [`CONFIRM_RETRY`] up to this
+/// (issue #29: a fixed 20 ms poll made some 30 pod relists of each death
+/// containerd took 600 ms to report, on the CPU the shim needed to report
+/// it). The kernel's view is held meanwhile; the runtime's is taken at most
+/// this long after it reports.
+pub const CONFIRM_RETRY_MAX: Duration = Duration::from_millis(160);
 /// The longest wait before a failed pod relist is tried again.
 pub const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How long a pod whose kernel exit the runtime contradicted is re-checked (every
@@ -87,6 +95,13 @@ pub const CONTRADICTION_WATCH: Duration = Duration::from_secs(30);
 /// after a contradiction: the runtime may lag as much for an uncertain death as
 /// for a certain one (containerd here: 40-630 ms, seconds under load).
 pub const DOUBT_WATCH: Duration = CONTRADICTION_WATCH;
+
+/// The wait before the next re-check of a pod whose kernel view the runtime
+/// has not confirmed: [`CONFIRM_RETRY`] first, then doubling up to
+/// [`CONFIRM_RETRY_MAX`].
+pub fn next_confirm_wait(last: Option<Duration>) -> Duration {
+    last.map_or(CONFIRM_RETRY, |w| (w * 2).min(CONFIRM_RETRY_MAX))
+}
 
 /// The kubelet's state-to-event table (`generateEvents`), without ContainerChanged
 /// (never sent; the change still inspects the pod). `sandbox` picks the sandbox
@@ -307,7 +322,8 @@ impl RelistStats {
 /// Why a pod is processed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Inspect {
-    /// Inspected only when a container changed.
+    /// Inspected only when a container changed (a full relist; a pod relist
+    /// then raises the unchanged snapshot's time to the listing's).
     OnChange,
     /// Failed last time, or an event was not delivered: inspected, PodSync when
     /// nothing else changed.
@@ -366,6 +382,10 @@ pub const LOSS_FOLLOW_UPS: [Duration; 3] = [
     Duration::from_millis(2500),
 ];
 
+/// A test hook called with a pod before its snapshot is stored.
+#[cfg(test)]
+pub(crate) type StoreHook = Box<dyn FnMut(&PodUid) + Send>;
+
 /// The relist PLEG.
 pub struct RelistPleg<R> {
     runtime: R,
@@ -383,6 +403,14 @@ pub struct RelistPleg<R> {
     /// tracker with the next view.
     contradicted: HashSet<ContainerId>,
     reconciler: Option<Reconciler>,
+    /// Pods whose kernel view the runtime does not confirm yet: the wait
+    /// before the next re-check (doubling up to [`CONFIRM_RETRY_MAX`]).
+    confirming: HashMap<PodUid, Duration>,
+    /// Test hook: called with the pod between the kernel exits' merge into a
+    /// snapshot and its store, where the reader thread's merge can land in
+    /// a real run (the model test lays deaths there, clause 4).
+    #[cfg(test)]
+    pub(crate) before_store: Option<StoreHook>,
 }
 
 impl<R> std::fmt::Debug for RelistPleg<R> {
@@ -415,6 +443,9 @@ impl<R: PodRuntime> RelistPleg<R> {
             pids: HashMap::new(),
             contradicted: HashSet::new(),
             reconciler: None,
+            confirming: HashMap::new(),
+            #[cfg(test)]
+            before_store: None,
         }
     }
 
@@ -491,6 +522,8 @@ impl<R: PodRuntime> RelistPleg<R> {
         self.reinspect = needs_reinspection;
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
+        let records = &self.records;
+        self.confirming.retain(|uid, _| records.contains_key(uid));
         let listed: HashSet<&ContainerId> = entries.iter().map(|e| &e.id).collect();
         self.pids.retain(|id, _| listed.contains(id));
         // Nothing is kept about containers the runtime no longer has.
@@ -545,8 +578,29 @@ impl<R: PodRuntime> RelistPleg<R> {
         self.records.entry(uid.clone()).or_default().current =
             (!entries.is_empty()).then(|| entries.clone());
         let mut needs = HashSet::new();
-        self.reinspect.remove(uid);
+        // A pod whose listing shows what its cached snapshot was taken from is
+        // not inspected again: the snapshot holds as of this listing (its time
+        // raised, which releases a worker waiting for a newer view). The
+        // kubelet's on-demand relist always inspects; under load (the whole
+        // fidelity corpus at once) those inspections kept the relist task 90 %
+        // busy and the workers waited seconds for their own relists. Inspected
+        // still: a pod that failed or owes a wake-up, one not cached or cached
+        // with an error, and one whose kernel exit awaits the runtime.
+        let failed_before = self.reinspect.remove(uid);
+        let inspect = match inspect {
+            Inspect::Always
+                if !failed_before
+                    && self.cache.get(uid).is_some_and(|e| e.error.is_none())
+                    && !self.awaits_confirmation(uid) =>
+            {
+                Inspect::OnChange
+            }
+            other => other,
+        };
         self.process_pod(uid, timestamp, &mut needs, inspect).await;
+        if inspect == Inspect::OnChange {
+            self.cache.touch(uid, timestamp);
+        }
         let failed = !needs.is_empty();
         self.reinspect.extend(needs);
         self.records
@@ -584,7 +638,11 @@ impl<R: PodRuntime> RelistPleg<R> {
     }
 
     fn recheck_soon(&mut self, uid: &PodUid, redeliver: bool) {
-        let due = Instant::now() + CONFIRM_RETRY;
+        self.recheck_after(uid, CONFIRM_RETRY, redeliver);
+    }
+
+    fn recheck_after(&mut self, uid: &PodUid, wait: Duration, redeliver: bool) {
+        let due = Instant::now() + wait;
         let entry = self.recheck.entry(uid.clone()).or_insert(Recheck::at(due));
         entry.due = entry.due.min(due);
         entry.redeliver |= redeliver;
@@ -669,7 +727,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
             return;
         }
-        let contradicted = match self.update_cache(uid).await {
+        let owed = match self.update_cache(uid).await {
             Err(e) => {
                 debug!(pod = %uid, error = %e, "pod inspection failed; re-inspected");
                 needs.insert(uid.clone());
@@ -682,7 +740,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                 self.recheck_soon(uid, inspect == Inspect::Reinspect);
                 return;
             }
-            Ok(Some(contradicted)) => contradicted,
+            Ok(Some(owed)) => owed,
         };
         if let Some(r) = self.records.get_mut(uid) {
             r.old = r.current.clone();
@@ -709,10 +767,10 @@ impl<R: PodRuntime> RelistPleg<R> {
             });
         }
         // A re-inspection owes the workers a wake-up (an event of this pod was
-        // dropped before, or the kernel was contradicted): if none of the
-        // events above reaches them (none, or all delivered already by the
-        // kernel), a PodSync does.
-        let owes_wake_up = inspect == Inspect::Reinspect || contradicted;
+        // dropped before, the kernel was contradicted, or its code corrected):
+        // if none of the events above reaches them (none, or all delivered
+        // already by the kernel), a PodSync does.
+        let owes_wake_up = inspect == Inspect::Reinspect || owed;
         let mut woken = false;
         for event in to_send {
             // The stage log's `delivered` (benchmarks; off otherwise).
@@ -760,7 +818,8 @@ impl<R: PodRuntime> RelistPleg<R> {
 
     /// Inspects a pod and writes its status, with the kernel's exits merged in.
     /// `Ok(None)`: the cache holds a newer observation and kept it. `Ok(Some(c))`:
-    /// stored; `c` tells whether a kernel exit was contradicted.
+    /// stored; `c` tells whether the workers are owed a wake-up (a kernel exit
+    /// contradicted, or its code corrected by the runtime's).
     async fn update_cache(&mut self, uid: &PodUid) -> Result<Option<bool>, RuntimeError> {
         let timestamp = self.clock.now_ns();
         let gone = self.records.get(uid).is_none_or(|r| r.current.is_none());
@@ -792,6 +851,10 @@ impl<R: PodRuntime> RelistPleg<R> {
             };
         }
         let contradicted = self.merge_kernel_exits(uid, &mut status);
+        #[cfg(test)]
+        if let Some(hook) = &mut self.before_store {
+            hook(uid);
+        }
         Ok(self
             .cache
             .set(uid, status, timestamp)
@@ -800,11 +863,16 @@ impl<R: PodRuntime> RelistPleg<R> {
 
     /// Overlays the kernel's certain exits that the runtime does not report yet;
     /// confirms (once) those it does; forgets those it still contradicts after
-    /// [`CONFIRM_BOUND`]. Returns whether something was contradicted.
+    /// [`CONFIRM_BOUND`]. Returns whether the workers are owed a wake-up:
+    /// something was contradicted, or the runtime confirmed a death with
+    /// another code than the kernel's (the workers were told the kernel's, and
+    /// no transition of the relist tells them again: issue #25, found by the
+    /// lying-kernel model).
     fn merge_kernel_exits(&mut self, uid: &PodUid, status: &mut PodStatus) -> bool {
         let now = self.clock.now_ns();
         let mut pending = false;
         let mut contradicted = false;
+        let mut recoded = false;
         for (id, exit, _) in self.cache.kernel_exits(uid) {
             let runtime_exited = if let Some(c) = status.container(&id) {
                 (c.state == ContainerState::Exited).then_some(c.exit_code)
@@ -819,6 +887,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                 if self.cache.confirm_exit(&id) {
                     self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
                     if runtime_code.is_some_and(|c| c != exit.status.code) {
+                        recoded = true;
                         warn!(container = %id, kernel = exit.status.code, runtime = ?runtime_code,
                               "runtime and kernel disagree on the exit code; the runtime's is kept");
                     }
@@ -827,7 +896,8 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
             let age = Duration::from_nanos(now.saturating_sub(exit.at_ns));
             if age < CONFIRM_BOUND {
-                // The runtime lags the kernel: keep the kernel's view, re-check soon.
+                // The runtime lags the kernel: keep the kernel's view, re-check
+                // (backing off while it still lags).
                 if let Some(c) = status.container_mut(&id) {
                     c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns));
                 } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == id) {
@@ -860,12 +930,16 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
         }
         if pending {
-            self.recheck_soon(uid, false);
+            let wait = next_confirm_wait(self.confirming.get(uid).copied());
+            self.confirming.insert(uid.clone(), wait);
+            self.recheck_after(uid, wait, false);
+        } else {
+            self.confirming.remove(uid);
         }
         if contradicted {
             self.recheck_for(uid, CONTRADICTION_WATCH);
         }
-        contradicted
+        contradicted || recoded
     }
 
     /// Sends without blocking; returns false when the event was dropped.
@@ -929,6 +1003,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             // re-check (at most RETRY_MAX away): a busy uncertain container
             // hints at every exit of its processes.
             let watched = request.watch == Watch::Doubt
+                && !request.prompt
                 && !request.redeliver
                 && self
                     .recheck
@@ -950,7 +1025,11 @@ impl<R: PodRuntime> RelistPleg<R> {
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if request.watch == Watch::Once && !request.redeliver && served_until > request.at_ns {
+            if request.watch == Watch::Once
+                && !request.redeliver
+                && served_until > request.at_ns
+                && !self.awaits_confirmation(&uid)
+            {
                 // A full relist that began after the request has looked already.
                 self.stats
                     .pod_relists_skipped
@@ -963,8 +1042,22 @@ impl<R: PodRuntime> RelistPleg<R> {
         }
     }
 
-    /// Runs until `shutdown`: a full relist every `period` (which may change: the
-    /// fallback to [`GENERIC_PERIOD`]), whenever `signal` asks (a kernel drop, a
+    /// Whether a kernel exit of the pod waits for the runtime: a full relist
+    /// does not serve its request, as it inspects only the pods whose listing
+    /// changed, and a runtime that lags, or contradicts the kernel, shows no
+    /// change (issue #25: a session taken for the main process stood past
+    /// the confirmation bound when a full relist came between the death and
+    /// its pod relist).
+    fn awaits_confirmation(&self, uid: &PodUid) -> bool {
+        self.cache
+            .kernel_exits(uid)
+            .iter()
+            .any(|(_, _, confirmed)| !confirmed)
+    }
+
+    /// Runs until `shutdown`: a full relist `period` after the last periodic
+    /// one ended (`wait.Until`; the period may change: the fallback to
+    /// [`GENERIC_PERIOD`]), whenever `signal` asks (a kernel drop, a
     /// full channel), one pod whenever `queue` names it, and re-checks when due.
     /// A full relist has priority over pod relists.
     pub async fn run(
@@ -986,6 +1079,7 @@ impl<R: PodRuntime> RelistPleg<R> {
         loop {
             let next_recheck = self.recheck.values().map(|r| r.due).min();
             let next_follow_up = follow_ups.iter().min().copied();
+            let mut periodic = false;
             let full = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -994,7 +1088,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                     follow_ups = LOSS_FOLLOW_UPS.iter().map(|d| now + *d).collect();
                     true
                 }
-                _ = tick.tick() => true,
+                _ = tick.tick() => { periodic = true; true }
                 () = sleep_until_opt(retry_full) => true,
                 () = sleep_until_opt(next_follow_up) => {
                     let now = Instant::now();
@@ -1024,6 +1118,13 @@ impl<R: PodRuntime> RelistPleg<R> {
                     Ok(()) => None,
                     Err(_) => Some(Instant::now() + GENERIC_PERIOD.min(current)),
                 };
+                if periodic {
+                    // The kubelet's `wait.Until`: the next periodic relist is
+                    // a whole period after this one *ended*, not on a
+                    // fixed-rate tick (a slow relist does not shorten the
+                    // pause after it).
+                    tick.reset();
+                }
             }
         }
     }

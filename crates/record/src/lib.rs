@@ -372,7 +372,7 @@ mod tests {
             Some("setup"),
             EventType::Normal,
             STARTED,
-            "Started container setup",
+            "Container started",
         );
         rec.record(&p, None, EventType::Normal, SANDBOX_CHANGED, "changed");
         let list = rec.event_list("prod", "web");

@@ -282,10 +282,7 @@ mod tests {
             "Back-off restarting failed container app",
         );
         let first = store.record(back_off.clone(), 10 * S);
-        store.record(
-            ev("p", Some("app"), "Started", "Started container app"),
-            11 * S,
-        );
+        store.record(ev("p", Some("app"), "Started", "Container started"), 11 * S);
         let again = store.record(back_off.clone(), 12 * S);
         let third = store.record(back_off.clone(), 15 * S);
         assert_eq!((first.count, again.count, third.count), (1, 2, 3));
@@ -295,7 +292,7 @@ mod tests {
         assert_eq!(
             table(&store, "p"),
             [
-                ("Started".into(), "Started container app".into(), 1),
+                ("Started".into(), "Container started".into(), 1),
                 ("BackOff".into(), back_off.message.clone(), 3)
             ]
         );

@@ -102,12 +102,30 @@ fn c_path(path: &Path) -> Result<CString, SubPathError> {
 /// RESOLVE_NO_MAGICLINKS`): a resolution that would leave `dir` (an absolute
 /// symlink, a `..` too many) fails with `EXDEV`.
 fn open_beneath(dir: &OwnedFd, rel: &Path, flags: i32) -> std::io::Result<OwnedFd> {
+    openat2(
+        dir,
+        rel,
+        flags,
+        0,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2(dir, rel)` with `flags`, `mode` (for `O_CREAT`) and `resolve`.
+fn openat2(
+    dir: &OwnedFd,
+    rel: &Path,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
     let name = CString::new(rel.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // SAFETY: open_how is plain data; all-zero is its empty value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.mode = u64::from(mode);
+    how.resolve = resolve;
     loop {
         // SAFETY: a valid directory descriptor, a NUL-terminated name and
         // an open_how of the size passed.
@@ -251,6 +269,72 @@ pub fn open(volume: &Path, sub_path: &str) -> Result<OwnedFd, SubPathError> {
         return Ok(base);
     }
     open_beneath(&base, rel, libc::O_PATH).map_err(|e| beneath_error(volume, &path, e))
+}
+
+/// Creates (or truncates) the file `rel` beneath `base`, mode `file_mode`
+/// exactly, its missing directories made with `dir_mode`, following no
+/// symlink on the way: each component is made with `mkdirat` and entered
+/// with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, and so is the
+/// file. For the agent's own files under its root directory (a
+/// termination-message file), where a symlink planted in the path must not
+/// make it create or chmod anything elsewhere: such a path fails with
+/// `ELOOP` (a symlink) or `EXDEV` (leaving `base`). `base` itself is
+/// trusted (the operator's).
+pub fn create_file_no_symlinks(
+    base: &Path,
+    rel: &Path,
+    dir_mode: u32,
+    file_mode: u32,
+) -> std::io::Result<()> {
+    const RESOLVE: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a plain relative path",
+        )
+    };
+    let mut parts = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => parts.push(n),
+            _ => return Err(bad()),
+        }
+    }
+    let file = parts.pop().ok_or_else(bad)?;
+    let mut dir = open_dir(base).map_err(|e| match e {
+        SubPathError::Io { source, .. } => source,
+        other => std::io::Error::other(other.to_string()),
+    })?;
+    for part in parts {
+        let name = CString::new(part.as_bytes()).map_err(|_| bad())?;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), dir_mode) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        dir = openat2(
+            &dir,
+            Path::new(part),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            RESOLVE,
+        )?;
+    }
+    let fd = openat2(
+        &dir,
+        Path::new(file),
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        file_mode,
+        RESOLVE,
+    )?;
+    // Whatever the umask.
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), file_mode) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `<pod dir>/volume-subpaths/<volume>/<container>/<index>`.

@@ -16,7 +16,10 @@
 //! each container ended, with which exit code). Events are not compared (a
 //! standalone kubelet writes them nowhere readable).
 
+pub mod act;
+pub mod api;
 pub mod known;
+mod node;
 pub mod record;
 pub mod report;
 
@@ -26,12 +29,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use evpleg_cri_api::v1;
 use serde_json::Value;
 
 use crate::containerd::Containerd;
-use crate::stock_kubelet::{KubeletOptions, StockKubelet};
+use crate::control_plane::ControlPlane;
+use node::Node;
 use record::{Attempt, Record};
 
 /// The node name on both sides: static pods are `<name>-<node>`.
@@ -61,6 +64,17 @@ pub enum DifferentialError {
     Kubelet(#[from] crate::stock_kubelet::KubeletError),
     #[error("fidelity: the agent: {0}")]
     Agent(String),
+    #[error("fidelity: the API server: {0}")]
+    Api(String),
+}
+
+/// Where the pods come from and where their statuses are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Standalone, static pods from a manifest directory.
+    Static,
+    /// API pods on the real API server (the sides' Nodes distinct).
+    Api,
 }
 
 /// When a case's status is final for the comparison.
@@ -141,10 +155,24 @@ pub struct Case {
     pub quick: bool,
     /// Its manifest is removed once `until` holds.
     pub delete: bool,
+    /// In the `--quick` subset of the API mode.
+    pub api_quick: bool,
+    /// The modes it runs in (a static pod updated in place is static only;
+    /// a readiness gate set by a controller needs the API server).
+    pub modes: Vec<Mode>,
+    /// What is done to it mid-run, and when ([`act`]).
+    pub act: Option<(act::Act, Duration)>,
+}
+
+impl Case {
+    /// Whether it runs in `mode`.
+    pub fn runs_in(&self, mode: Mode) -> bool {
+        self.modes.contains(&mode)
+    }
 }
 
 /// Reads the corpus: every `*.yaml` of `dir`, sorted by name. Each opens with
-/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [delete]`,
+/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [api-quick] [delete] [static-only|api-only] [act=<kill-sandbox|update|gate|restart-node>:<N>s]`,
 /// and its pod's name is the file's stem.
 pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
     let io = |what, path: &Path| {
@@ -185,11 +213,20 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             .next()
             .and_then(|l| l.strip_prefix("# fidelity:"))
             .ok_or_else(|| bad("no `# fidelity: until=...` second line".into()))?;
-        let (mut until, mut quick, mut delete) = (None, false, false);
+        let (mut until, mut quick, mut delete, mut api_quick) = (None, false, false, false);
+        let mut modes = vec![Mode::Static, Mode::Api];
+        let mut act = None;
         for word in header.split_whitespace() {
             match word {
                 "quick" => quick = true,
+                "api-quick" => api_quick = true,
                 "delete" => delete = true,
+                "static-only" => modes = vec![Mode::Static],
+                "api-only" => modes = vec![Mode::Api],
+                w if w.starts_with("act=") => match act::parse(&w[4..]) {
+                    Some(a) => act = Some(a),
+                    None => return Err(bad(format!("unknown act {w:?}"))),
+                },
                 w => match w.strip_prefix("until=").and_then(Until::parse) {
                     Some(u) => until = Some(u),
                     None => return Err(bad(format!("unknown fidelity word {w:?}"))),
@@ -204,6 +241,9 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             until,
             quick,
             delete,
+            api_quick,
+            modes,
+            act,
         });
     }
     Ok(cases)
@@ -217,143 +257,67 @@ pub fn corpus_dir() -> PathBuf {
 /// Which node runs the pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
+    /// The stock kubelet on containerd directly (its generic PLEG).
     Kubelet,
+    /// `evpleg run`.
     Evpleg,
-}
-
-/// A running node of one side on its own containerd.
-enum Node {
-    Kubelet(StockKubelet),
-    Evpleg(evpleg::agent::Agent, PathBuf),
-}
-
-impl Node {
-    async fn start(side: Side, containerd: &Containerd) -> Result<Self, DifferentialError> {
-        match side {
-            Side::Kubelet => {
-                let opts = KubeletOptions {
-                    endpoint: containerd.endpoint(),
-                    node: NODE.into(),
-                    evented_pleg: false,
-                    cgroups: crate::stock_kubelet::KubeletCgroups::PrivateRoot,
-                };
-                Ok(Self::Kubelet(
-                    StockKubelet::start(containerd.base(), &opts).await?,
-                ))
-            }
-            Side::Evpleg => {
-                let base = containerd.base();
-                let manifests = base.join("agent-manifests");
-                std::fs::create_dir_all(&manifests).map_err(|source| DifferentialError::Io {
-                    what: "create",
-                    path: manifests.clone(),
-                    source,
-                })?;
-                let s = |p: PathBuf| p.display().to_string();
-                let argv = [
-                    "evpleg".to_owned(),
-                    "--manifest-dir".into(),
-                    s(manifests.clone()),
-                    "--node-name".into(),
-                    NODE.into(),
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--pod-log-dir".into(),
-                    s(base.join("agent-pod-logs")),
-                    "--root-dir".into(),
-                    s(base.join("agent-root")),
-                    "--cri-endpoint".into(),
-                    containerd.endpoint(),
-                    "--crashloop-backoff-initial".into(),
-                    "1s".into(),
-                    "--crashloop-backoff-max".into(),
-                    "1s".into(),
-                ];
-                let args = evpleg::config::RunArgs::try_parse_from(argv)
-                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
-                let agent = evpleg::agent::Agent::start(&args)
-                    .await
-                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
-                Ok(Self::Evpleg(agent, manifests))
-            }
-        }
-    }
-
-    fn write(&self, file: &str, yaml: &str) {
-        match self {
-            Self::Kubelet(k) => k.write(file, yaml),
-            Self::Evpleg(_, dir) => {
-                let tmp = dir.join(format!(".{file}.tmp"));
-                std::fs::write(&tmp, yaml).expect("write manifest");
-                std::fs::rename(&tmp, dir.join(file)).expect("rename manifest");
-            }
-        }
-    }
-
-    fn remove(&self, file: &str) {
-        match self {
-            Self::Kubelet(k) => k.remove(file),
-            Self::Evpleg(_, dir) => std::fs::remove_file(dir.join(file)).expect("remove manifest"),
-        }
-    }
-
-    /// The pods served now, by name.
-    async fn pods(&self) -> BTreeMap<String, Value> {
-        let list = match self {
-            Self::Kubelet(k) => k.pods().await.unwrap_or(Value::Null),
-            Self::Evpleg(a, _) => a.local.pod_list(),
-        };
-        list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_owned(), p.clone())))
-            .collect()
-    }
-
-    /// Stops the node; returns the kubelet's cgroup root, to remove once
-    /// containerd has removed the containers.
-    async fn stop(self) -> Option<String> {
-        match self {
-            Self::Kubelet(mut k) => {
-                k.stop();
-                let root = k.private_cgroup_root().map(str::to_owned);
-                drop(k);
-                root
-            }
-            Self::Evpleg(a, _) => {
-                a.stop().await;
-                None
-            }
-        }
-    }
+    /// The stock kubelet with its CRI endpoint at `evpleg cri-proxy` in front
+    /// of containerd, with or without the `EventedPLEG` gate (issue #30).
+    KubeletBehindProxy { evented: bool },
 }
 
 /// Runs `cases` on one side: a fresh containerd (`containerd`, a binary of
-/// 1.7) and node, every manifest written at once, each pod's status polled
-/// every [`STATUS_POLL`] by a task of its own (so that the runtime's polling
-/// does not slow it) until its `until` has held for [`SETTLE`]; then, for a
-/// deletion case, its manifest is removed (its status record stops there) and
-/// the runtime is followed until every container ended; at most
-/// [`CASE_DEADLINE`] in all.
+/// 1.7) and node (against `cp`'s API server in [`Mode::Api`]), every pod
+/// started at once, each pod's status polled every [`STATUS_POLL`] by a task
+/// of its own (so that the runtime's polling does not slow it) until its
+/// `until` has held for [`SETTLE`]; then, for a deletion case, its pod is
+/// deleted (its status record stops there) and the runtime is followed until
+/// every container ended; at most [`CASE_DEADLINE`] in all. In API mode the
+/// pods' events are then read until they stop changing ([`EVENTS_QUIET`]).
+/// Cases that restart their node ([`act::Act::RestartNode`]) run after the
+/// others, on a containerd and node of their own.
 pub async fn run_side(
     side: Side,
     containerd: &Path,
     cases: &[Case],
+    cp: Option<&ControlPlane>,
+) -> Result<BTreeMap<String, Record>, DifferentialError> {
+    let (restarting, others): (Vec<Case>, Vec<Case>) = cases
+        .iter()
+        .cloned()
+        .partition(|c| matches!(c.act, Some((act::Act::RestartNode, _))));
+    let mut records = BTreeMap::new();
+    for batch in [others, restarting] {
+        if !batch.is_empty() {
+            records.extend(run_batch(side, containerd, &batch, cp).await?);
+        }
+    }
+    Ok(records)
+}
+
+/// [`run_side`] for `cases` on one containerd and node.
+async fn run_batch(
+    side: Side,
+    containerd: &Path,
+    cases: &[Case],
+    cp: Option<&ControlPlane>,
 ) -> Result<BTreeMap<String, Record>, DifferentialError> {
     crate::containerd::init_test_logging();
     let cri = Containerd::start_with(containerd)
         .map_err(|e| DifferentialError::Containerd(e.to_string()))?;
-    let node = Arc::new(Node::start(side, &cri).await?);
+    let node = Arc::new(Node::start(side, &cri, cp).await?);
     let client = cri.client().await;
     let records: Arc<Mutex<BTreeMap<String, Record>>> = Arc::default();
+    let mut names = BTreeMap::new();
     for case in cases {
-        node.write(&format!("{}.yaml", case.name), &case.yaml);
+        node.write(&case.name, &case.yaml).await?;
+        names.insert(node.pod_name(&case.name), case.name.clone());
         lock(&records).insert(case.name.clone(), Record::default());
     }
     let polling = Arc::new(AtomicBool::new(true));
     let poller = tokio::spawn(poll_statuses(
         node.clone(),
+        names,
         records.clone(),
         polling.clone(),
     ));
@@ -361,6 +325,11 @@ pub async fn run_side(
     let mut held: BTreeMap<String, Instant> = BTreeMap::new();
     let mut finished: BTreeMap<String, String> = BTreeMap::new();
     let mut attempts: BTreeMap<String, BTreeMap<String, Attempt>> = BTreeMap::new();
+    // The cases whose act is done (or that have none).
+    let mut acted: BTreeMap<String, bool> = cases
+        .iter()
+        .map(|c| (c.name.clone(), c.act.is_none()))
+        .collect();
     let started = Instant::now();
     while finished.len() < cases.len() {
         let containers = client.list_containers(None).await.unwrap_or_default();
@@ -368,39 +337,56 @@ pub async fn run_side(
             if finished.contains_key(&case.name) {
                 continue;
             }
-            let full = format!("{}-{NODE}", case.name);
+            let full = node.pod_name(&case.name);
             let seen = attempts.entry(case.name.clone()).or_default();
             update_attempts(&client, seen, &containers, &full).await;
             let ended = seen.values().all(|a| a.state == 2 || a.state == 3);
             let now = Instant::now();
-            let mut records = lock(&records);
-            let rec = records.get_mut(&case.name).expect("inserted");
-            if rec.removed_ns.is_some() {
-                if ended {
-                    finished.insert(case.name.clone(), "done".into());
-                }
-            } else if let Some(first) = rec.first_seen
-                && case.until.holds(&rec.last, now - first)
-            {
-                let since = *held.entry(case.name.clone()).or_insert(now);
-                if now - since >= SETTLE {
-                    rec.frozen = true;
-                    if case.delete {
-                        node.remove(&format!("{}.yaml", case.name));
-                        rec.removed_ns = Some(now_ns());
-                    } else {
+            let (remove, act_now) = {
+                let mut records = lock(&records);
+                let rec = records.get_mut(&case.name).expect("inserted");
+                let mut remove = false;
+                let done = acted[&case.name];
+                let act_now = match (case.act, rec.first_seen) {
+                    (Some((a, after)), Some(first)) if !done && now - first >= after => Some(a),
+                    _ => None,
+                };
+                if rec.removed_ns.is_some() {
+                    if ended {
                         finished.insert(case.name.clone(), "done".into());
                     }
+                } else if let Some(first) = rec.first_seen
+                    && done
+                    && case.until.holds(&rec.last, now - first)
+                {
+                    let since = *held.entry(case.name.clone()).or_insert(now);
+                    if now - since >= SETTLE {
+                        rec.frozen = true;
+                        if case.delete {
+                            rec.removed_ns = Some(now_ns());
+                            remove = true;
+                        } else {
+                            finished.insert(case.name.clone(), "done".into());
+                        }
+                    }
                 }
+                if !finished.contains_key(&case.name) && now - started > CASE_DEADLINE {
+                    rec.frozen = true;
+                    let why = if rec.first_seen.is_some() {
+                        "timeout"
+                    } else {
+                        "never seen"
+                    };
+                    finished.insert(case.name.clone(), why.into());
+                }
+                (remove, act_now)
+            };
+            if remove {
+                node.remove(&case.name).await?;
             }
-            if !finished.contains_key(&case.name) && now - started > CASE_DEADLINE {
-                rec.frozen = true;
-                let why = if rec.first_seen.is_some() {
-                    "timeout"
-                } else {
-                    "never seen"
-                };
-                finished.insert(case.name.clone(), why.into());
+            if let Some(a) = act_now {
+                let done = node.act(a, case, &client).await?;
+                acted.insert(case.name.clone(), done);
             }
         }
         tokio::time::sleep(CRI_POLL).await;
@@ -409,11 +395,19 @@ pub async fn run_side(
     let _ = poller.await;
     let mut records = std::mem::take(&mut *lock(&records));
     let mut uids = Vec::new();
+    let mut uid_of = BTreeMap::new();
     for (name, rec) in records.iter_mut() {
         rec.outcome = finished.remove(name).unwrap_or_default();
         rec.attempts = attempts.remove(name).unwrap_or_default();
         if let Some(uid) = rec.last["metadata"]["uid"].as_str() {
             uids.push(uid.to_owned());
+            uid_of.insert(name.clone(), uid.to_owned());
+        }
+    }
+    if let Some(api) = &node.api {
+        let mut events = quiet_events(api, &uid_of).await;
+        for (name, rec) in records.iter_mut() {
+            rec.events = Some(events.remove(name).unwrap_or_default());
         }
     }
     let node = Arc::into_inner(node).expect("the poller has ended");
@@ -427,27 +421,82 @@ pub async fn run_side(
     Ok(records)
 }
 
+/// How long the pods' events must stay the same before they are taken.
+pub const EVENTS_QUIET: Duration = Duration::from_secs(3);
+/// Bound of the wait for them to stay the same.
+const EVENTS_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The pods' events once they stopped changing for [`EVENTS_QUIET`] (a
+/// kubelet's recorder writes them asynchronously), or at
+/// [`EVENTS_DEADLINE`].
+async fn quiet_events(
+    api: &api::ApiSide,
+    uids: &BTreeMap<String, String>,
+) -> BTreeMap<String, Vec<api::Seen>> {
+    let end = Instant::now() + EVENTS_DEADLINE;
+    let mut last = api.events(uids).await;
+    let mut since = Instant::now();
+    while Instant::now() < end && since.elapsed() < EVENTS_QUIET {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = api.events(uids).await;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    last
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Polls the node's statuses into the records until `polling` is false.
+/// `names`: each case by its pod's name.
 async fn poll_statuses(
     node: Arc<Node>,
+    names: BTreeMap<String, String>,
     records: Arc<Mutex<BTreeMap<String, Record>>>,
     polling: Arc<AtomicBool>,
 ) {
     while polling.load(Ordering::Relaxed) {
         let pods = node.pods().await;
         let now = Instant::now();
-        for (name, rec) in lock(&records).iter_mut() {
-            if let Some(pod) = pods.get(&format!("{name}-{NODE}")) {
-                rec.first_seen.get_or_insert(now);
-                rec.observe(pod);
+        {
+            let mut records = lock(&records);
+            for (pod_name, pod) in &pods {
+                if let Some(rec) = names.get(pod_name).and_then(|n| records.get_mut(n)) {
+                    if !written_by_the_node(pod) {
+                        continue;
+                    }
+                    rec.first_seen.get_or_insert(now);
+                    rec.observe(pod);
+                }
             }
         }
         tokio::time::sleep(STATUS_POLL).await;
     }
+}
+
+/// Whether the node has taken the pod up: a terminal phase (a pod rejected
+/// at admission has no containers), or a container past its creation (not
+/// waiting `ContainerCreating` or `PodInitializing`). An API pod is listed
+/// from its creation on, and on a loaded machine with the whole corpus at
+/// once a node may take seconds to create its containers: a case's clock
+/// (`until=for:`, `act=`) starts only here, on both sides alike.
+fn written_by_the_node(pod: &Value) -> bool {
+    let status = &pod["status"];
+    if matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|k| status[k].as_array().into_iter().flatten())
+        .any(|c| {
+            let waiting = c["state"]["waiting"]["reason"].as_str();
+            c["state"].is_object()
+                && !matches!(waiting, Some("ContainerCreating" | "PodInitializing"))
+        })
 }
 
 fn now_ns() -> i64 {
@@ -457,7 +506,7 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// Records the runtime's containers of pod `full` (`<name>-<node>`): a new
+/// Records the runtime's containers of pod `full` (its name): a new
 /// one, or one whose state changed, is asked for its status.
 async fn update_attempts(
     client: &evpleg_cri::CriClient,

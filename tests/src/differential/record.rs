@@ -13,7 +13,10 @@
 //! the order containers started in (init containers and sidecars), the waits
 //! between a container's end and its next attempt (CrashLoopBackOff) and, for a
 //! pod whose manifest is removed, how long after the removal each container
-//! ended and with which exit code. Timestamps, ids and IPs are not compared.
+//! ended and with which exit code. In API mode, also the pod's events: per
+//! reason, the distinct `type fieldPath: message` (messages normalised by
+//! [`super::api::normalise`]; how often an event repeated is timing and not
+//! compared). Timestamps, ids and IPs are not compared.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +64,8 @@ pub struct Record {
     /// Its status is no longer recorded (the case is done, or its manifest
     /// was removed: the kubelet stops serving it, the agent does not).
     pub frozen: bool,
+    /// Its events, in API mode.
+    pub events: Option<Vec<super::api::Seen>>,
 }
 
 fn push_distinct(list: &mut Vec<String>, item: String) {
@@ -155,6 +160,18 @@ impl Record {
             f.insert(format!("{name}: states seen"), json!(seq));
         }
         f.insert("start order".into(), json!(self.start_order()));
+        if let Some(events) = &self.events {
+            let mut by_reason: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+            for e in events {
+                by_reason
+                    .entry(&e.reason)
+                    .or_default()
+                    .push(format!("{} {}: {}", e.kind, e.field_path, e.message));
+            }
+            for (reason, list) in by_reason {
+                f.insert(format!("event {reason}"), json!(list));
+            }
+        }
         for (name, wait) in self.restart_waits() {
             f.insert(format!("{name}: restart wait ms"), json!(wait));
         }

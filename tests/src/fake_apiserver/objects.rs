@@ -5,9 +5,11 @@
 //! - `GET /api/v1/namespaces/{ns}/configmaps/{name}` and `.../secrets/{name}`:
 //!   the stored object (a Secret's `data` base64 on the wire, as the real
 //!   one), or 404 `NotFound` with the `metav1.Status` the API server sends.
-//! - `GET /api/v1/namespaces/{ns}/services`: an empty `ServiceList` (the
-//!   fake holds no Services; the agent lists them for each container's
-//!   service environment, as the kubelet's `getServiceEnvVarMap`).
+//! - `GET /api/v1/namespaces/{ns}/services` and `/api/v1/services`: an
+//!   empty `ServiceList` (the fake holds no Services; the agent's Service
+//!   cache lists them all for the containers' service environment, as the
+//!   kubelet's Service informer); with `watch=true` a watch that sends
+//!   nothing and ends after its `timeoutSeconds` (default 290 s).
 //! - `POST /api/v1/namespaces/{ns}/serviceaccounts/{name}/token`: a
 //!   `TokenRequest` in, the same with `status.token` and
 //!   `status.expirationTimestamp` out (201). As the API server: the account
@@ -53,6 +55,7 @@ pub(super) fn routes() -> Router<AppState> {
         )
         .route("/api/v1/namespaces/{ns}/secrets/{name}", get(get_secret))
         .route("/api/v1/namespaces/{ns}/services", get(list_services))
+        .route("/api/v1/services", get(list_or_watch_services))
         .route(
             "/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
             post(create_token),
@@ -124,10 +127,31 @@ impl FakeApiServer {
     }
 }
 
+/// An empty list, or a watch on it that sends nothing until its timeout.
+async fn list_or_watch_services(
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    if query.get("watch").map(String::as_str) != Some("true") {
+        return list_services().await;
+    }
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(290);
+    let body = futures::stream::once(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(timeout)).await;
+        Ok::<_, std::convert::Infallible>(Bytes::new())
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(body))
+        .unwrap_or_else(|e| panic!("a watch response: {e}"))
+}
+
 async fn list_services() -> Response {
     json_response(
         StatusCode::OK,
-        &json!({"kind": "ServiceList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        &json!({"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": []}),
     )
 }
 

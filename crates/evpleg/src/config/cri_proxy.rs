@@ -64,6 +64,9 @@ pub struct CriProxyArgs {
     #[command(flatten)]
     pub http: super::HttpArgs,
 
+    #[command(flatten)]
+    pub http_tls: super::HttpTlsArgs,
+
     /// Full relist period of the proxy's PLEG (its reconciling relist).
     #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
     pub relist_period: Option<Duration>,

@@ -53,7 +53,7 @@ pub enum Command {
     /// management and no call that changes the runtime. Prints every lifecycle
     /// event with how much earlier it was seen than by a relist run alongside,
     /// and any disagreement between the two.
-    Observe(ObserveArgs),
+    Observe(Box<ObserveArgs>),
     /// Print the version, the commit and the eBPF object built in.
     Version(VersionArgs),
     /// Show a resource as the running agent knows it, as `kubectl describe`
@@ -122,11 +122,17 @@ pub enum PlegFlag {
     Ebpf,
     /// The kubelet's generic PLEG: a relist every second.
     Generic,
-    /// For comparison: the CRI event stream (`GetContainerEvents`) as hints
-    /// that relist one pod, as the 2026 KEP-3386 redesign does, with the 1 s
-    /// relist kept ([`evented_cri`]). Needs containerd 1.7 or later; with 1.6
-    /// it is the generic PLEG.
+    /// For comparison: the kubelet 1.37 Evented PLEG ("events are hints"):
+    /// the 1 s relist always runs, each CONTAINER_STOPPED of the CRI event
+    /// stream (`GetContainerEvents`) relists its pod ([`evented_cri`]). Needs
+    /// containerd 1.7 or later; with 1.6 it is the generic PLEG.
     EventedCri,
+    /// For comparison: the Evented PLEG of kubelets 1.26 to 1.36 (what a
+    /// stock kubelet with the EventedPLEG gate runs): each event's payload is
+    /// the pod's status, a 300 s relist, back to the 1 s relist after 5 failed
+    /// streams (`evpleg_pleg::evented_payload`).
+    #[value(name = "evented-cri-1.26")]
+    EventedCriPayload,
 }
 
 impl PlegFlag {
@@ -135,6 +141,7 @@ impl PlegFlag {
             Self::Ebpf => PlegMode::Ebpf,
             Self::Generic => PlegMode::Generic,
             Self::EventedCri => PlegMode::EventedCri,
+            Self::EventedCriPayload => PlegMode::EventedCriPayload,
         }
     }
 }
@@ -154,8 +161,8 @@ pub struct Common {
     #[arg(long, env = "EVPLEG_CRI_ENDPOINT")]
     pub cri_endpoint: Option<String>,
 
-    /// Full relist period (default: 5m0s in ebpf mode, the kubelet's 1s in
-    /// generic and evented-cri modes).
+    /// Full relist period (default: 5m0s in ebpf and evented-cri-1.26 modes,
+    /// the kubelet's 1s in generic and evented-cri modes).
     #[arg(long, env = "EVPLEG_RELIST_PERIOD", value_parser = duration::positive)]
     pub relist_period: Option<Duration>,
 
@@ -211,6 +218,69 @@ impl HttpArgs {
             max_connections: self.http_max_connections as usize,
             ..Default::default()
         }
+    }
+}
+
+/// TLS for the observer's and the proxy's HTTP endpoints, for serving them
+/// beyond loopback; they have no other authentication, so a client CA makes
+/// a client certificate required (mutual TLS). `run` serves beyond loopback
+/// on the kubelet server instead (`--port`), with the kubelet's
+/// authentication.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpTlsArgs {
+    /// Serve the HTTP endpoints over HTTPS with this certificate (PEM, the
+    /// chain); needs `--http-tls-private-key-file`.
+    #[arg(
+        long,
+        env = "EVPLEG_HTTP_TLS_CERT_FILE",
+        requires = "http_tls_private_key_file"
+    )]
+    pub http_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of `--http-tls-cert-file` (PEM).
+    #[arg(
+        long,
+        env = "EVPLEG_HTTP_TLS_PRIVATE_KEY_FILE",
+        requires = "http_tls_cert_file"
+    )]
+    pub http_tls_private_key_file: Option<PathBuf>,
+
+    /// Require a client certificate chaining to this CA (PEM) on the HTTPS
+    /// endpoints; a client without one fails the handshake.
+    #[arg(
+        long,
+        env = "EVPLEG_HTTP_CLIENT_CA_FILE",
+        requires = "http_tls_cert_file"
+    )]
+    pub http_client_ca_file: Option<PathBuf>,
+}
+
+impl HttpTlsArgs {
+    /// The endpoints' TLS on `addr` (`None`: plain HTTP). Serving beyond
+    /// loopback without client certificates is allowed, with a warning.
+    pub fn server_config(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>, crate::server::tls::TlsError> {
+        use crate::server::tls::{ClientCerts, ServingCert, server_config};
+        if self.http_client_ca_file.is_none() && !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "the http endpoints are served beyond loopback to any client: \
+                 give --http-tls-cert-file, --http-tls-private-key-file and --http-client-ca-file \
+                 to require a client certificate");
+        }
+        let (Some(cert), Some(key)) = (&self.http_tls_cert_file, &self.http_tls_private_key_file)
+        else {
+            return Ok(None);
+        };
+        let source = ServingCert::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        let client = self
+            .http_client_ca_file
+            .as_deref()
+            .map_or(ClientCerts::Off, ClientCerts::Required);
+        server_config(&source, client).map(Some)
     }
 }
 
@@ -319,6 +389,9 @@ pub struct ObserveArgs {
     #[arg(long, env = "EVPLEG_COMPARE_PERIOD", default_value = "1s",
           value_parser = duration::positive)]
     pub compare_period: Duration,
+
+    #[command(flatten)]
+    pub http_tls: HttpTlsArgs,
 }
 
 /// `--output`.

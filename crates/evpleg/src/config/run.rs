@@ -74,6 +74,24 @@ pub struct RunArgs {
     )]
     pub pod_log_dir: PathBuf,
 
+    /// The size at which a running container's log file is rotated (the
+    /// kubelet's `--container-log-max-size`; a quantity: 10Mi, 500Ki).
+    #[arg(long, env = "EVPLEG_CONTAINER_LOG_MAX_SIZE", default_value = "10Mi",
+          value_parser = log_size)]
+    pub container_log_max_size: u64,
+
+    /// How many log files a container keeps, the live one included (the
+    /// kubelet's `--container-log-max-files`; at least 2).
+    #[arg(long, env = "EVPLEG_CONTAINER_LOG_MAX_FILES", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub container_log_max_files: u32,
+
+    /// How often the log files are looked at for rotation (the kubelet's
+    /// `containerLogMonitorInterval`, a configuration-file field).
+    #[arg(long, env = "EVPLEG_CONTAINER_LOG_MONITOR_INTERVAL", default_value = "10s",
+          value_parser = duration::positive)]
+    pub container_log_monitor_interval: Duration,
+
     /// Serve /pods and /pods/<namespace>/<name>/events (every pod's spec,
     /// env values included) on --listen; `false` leaves /metrics, /healthz
     /// and /readyz only (the kubelet's read-only port turned off).
@@ -139,6 +157,12 @@ pub struct RunArgs {
     /// kubelet's, default 110).
     #[arg(long, env = "EVPLEG_MAX_PODS", default_value_t = evpleg_kubelet::admission::DEFAULT_MAX_PODS)]
     pub max_pods: i64,
+
+    /// Sysctls (or prefixes ending in `*`) admitted beyond the kubelet's
+    /// safe set, comma-separated, each known to be namespaced; a pod setting
+    /// any other is rejected with SysctlForbidden (the kubelet's).
+    #[arg(long, env = "EVPLEG_ALLOWED_UNSAFE_SYSCTLS", default_value = "")]
+    pub allowed_unsafe_sysctls: String,
 
     /// Labels of the node, `key=value,...`, beside kubernetes.io/hostname,
     /// kubernetes.io/os and kubernetes.io/arch; admission matches nodeSelector
@@ -248,5 +272,14 @@ impl CgroupDriverFlag {
             Self::Cgroupfs => Some(CgroupDriver::Cgroupfs),
             Self::Systemd => Some(CgroupDriver::Systemd),
         }
+    }
+}
+
+/// A log size quantity (`10Mi`), above 0.
+fn log_size(s: &str) -> Result<u64, String> {
+    match evpleg_core::quantity::parse_units(s) {
+        Ok(n) if n > 0 => Ok(n as u64),
+        Ok(n) => Err(format!("{s:?}: the size must be above 0, got {n}")),
+        Err(e) => Err(format!("{s:?} is not a quantity: {e}")),
     }
 }

@@ -475,7 +475,7 @@ mod tests {
                 1,
                 "2026-12-01T03:00:01Z",
                 "2026-12-01T03:00:01Z",
-                "Container image \"busybox\" already present on machine",
+                "Container image \"busybox\" already present on machine and can be accessed by the pod",
             ),
         ];
         let text = describe_pod(&pod(), &events, ts("2026-12-01T03:05:00Z"));
@@ -516,7 +516,7 @@ QoS Class:     BestEffort
 Events:
   Type     Reason   Age               From     Message
   ----     ------   ----              ----     -------
-  Normal   Pulled   4m59s             kubelet  Container image \"busybox\" already present on machine
+  Normal   Pulled   4m59s             kubelet  Container image \"busybox\" already present on machine and can be accessed by the pod
   Warning  BackOff  30s (x7 over 4m)  kubelet  Back-off restarting failed container app in pod crasher_default(u-1)
 ";
         assert_eq!(text, want, "got:\n{text}");

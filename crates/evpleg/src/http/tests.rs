@@ -17,22 +17,30 @@ async fn start(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(serve(listener, router(), limits, shutdown.clone()));
+    tokio::spawn(serve(listener, None, router(), limits, shutdown.clone()));
     (addr, shutdown)
 }
 
 /// A GET /healthz on a fresh connection: the response, within 2 s.
 async fn get(addr: SocketAddr) -> io::Result<String> {
-    tokio::time::timeout(Duration::from_secs(2), async {
-        let mut s = TcpStream::connect(addr).await?;
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await?;
-        Ok(String::from_utf8_lossy(&out).into_owned())
-    })
-    .await
-    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer within 2 s"))?
+    within_2s(async { healthz(TcpStream::connect(addr).await?).await }).await
+}
+
+/// GET /healthz on `s` (plain or TLS), read to its end.
+async fn healthz<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+) -> io::Result<String> {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+async fn within_2s(f: impl std::future::Future<Output = io::Result<String>>) -> io::Result<String> {
+    tokio::time::timeout(Duration::from_secs(2), f)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer within 2 s"))?
 }
 
 /// When the server closed `s` (a read gives end of file or an error), at
@@ -255,4 +263,158 @@ async fn an_io_with_no_progress_times_out() {
     let err = io.read(&mut buf).await.unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     assert_eq!(t.elapsed(), Duration::from_secs(5));
+}
+
+/// A CA of the test's: its certificate (PEM) and issuer.
+fn ca(name: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let pem = params.self_signed(&key).unwrap().pem();
+    (pem, rcgen::Issuer::new(params, key))
+}
+
+/// A leaf certificate for `names` signed by `issuer`: (certificate PEM, key PEM).
+fn leaf(names: &[&str], issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> (String, String) {
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A GET /healthz over TLS trusting `ca`, with the client certificate
+/// `client` (certificate and key PEM) if any: the response, or the error of
+/// the handshake or of the exchange, within 2 s.
+async fn get_tls(
+    addr: SocketAddr,
+    ca: &str,
+    client: Option<&(String, String)>,
+) -> io::Result<String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    within_2s(async {
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        healthz(connector.connect(name, tcp).await?).await
+    })
+    .await
+}
+
+/// The observer's and the proxy's endpoints beyond loopback (issue #24 item
+/// 4): with a client CA, only a client holding a certificate it signed is
+/// answered; plain HTTP, no certificate, or one of another CA get nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_its_certificates_are_answered() {
+    use crate::config::HttpTlsArgs;
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_pem, issuer) = ca("endpoints-ca");
+    let (server_cert, server_key) = leaf(&["127.0.0.1"], &issuer);
+    let client = leaf(&["scraper"], &issuer);
+    let (_, stranger_issuer) = ca("another-ca");
+    let stranger = leaf(&["scraper"], &stranger_issuer);
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let args = HttpTlsArgs {
+        http_tls_cert_file: Some(write("server.crt", &server_cert)),
+        http_tls_private_key_file: Some(write("server.key", &server_key)),
+        http_client_ca_file: Some(write("ca.crt", &ca_pem)),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tls = args.server_config(addr).unwrap();
+    assert!(tls.is_some(), "a certificate given: https");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(
+        listener,
+        tls,
+        router(),
+        HttpLimits::default(),
+        shutdown.clone(),
+    ));
+
+    let answered = get_tls(addr, &ca_pem, Some(&client)).await.unwrap();
+    assert!(
+        answered.starts_with("HTTP/1.1 200") && answered.ends_with("ok\n"),
+        "{answered}"
+    );
+    let plain = get(addr).await.unwrap_or_default();
+    assert!(!plain.contains("ok\n"), "plain http answered: {plain}");
+    for (what, cert) in [("no certificate", None), ("another CA's", Some(&stranger))] {
+        let got = get_tls(addr, &ca_pem, cert).await;
+        assert!(
+            got.as_ref().is_err() || !got.as_ref().unwrap().contains("ok\n"),
+            "{what}: {got:?}"
+        );
+    }
+    // Still serving the right client after the refusals.
+    let again = get_tls(addr, &ca_pem, Some(&client)).await.unwrap();
+    assert!(again.ends_with("ok\n"), "{again}");
+    shutdown.cancel();
+}
+
+/// A client CA without a serving certificate, or a key without its
+/// certificate, is refused by the parser naming the missing flag; a
+/// certificate file that is not one is an error naming it.
+#[test]
+fn tls_flags_come_together_and_bad_files_are_named() {
+    use clap::Parser;
+    let err = crate::config::Cli::try_parse_from([
+        "evpleg",
+        "observe",
+        "--http-client-ca-file",
+        "/ca.crt",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--http-tls-cert-file"), "{err}");
+    let err = crate::config::Cli::try_parse_from([
+        "evpleg",
+        "cri-proxy",
+        "--http-tls-private-key-file",
+        "/k.pem",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--http-tls-cert-file"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.crt");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let args = crate::config::HttpTlsArgs {
+        http_tls_cert_file: Some(junk.clone()),
+        http_tls_private_key_file: Some(junk.clone()),
+        http_client_ca_file: None,
+    };
+    let err = args
+        .server_config("127.0.0.1:1".parse().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("junk.crt"), "{err}");
 }

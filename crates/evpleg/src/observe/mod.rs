@@ -57,6 +57,8 @@ pub enum ObserveError {
     Kernel(#[from] KernelPlegError),
     #[error("without a runtime (--cri-endpoint none) only the ebpf pleg can run, not {0:?}")]
     NeedsRuntime(PlegMode),
+    #[error("the https endpoints: {0}")]
+    Tls(#[from] crate::server::tls::TlsError),
     #[error("cannot serve on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -104,6 +106,7 @@ impl Observer {
         let common = &args.common;
         let endpoint = common.endpoint(std::path::Path::new("/"))?;
         let listen = common.listen_or(OBSERVE_LISTEN);
+        let tls = args.http_tls.server_config(listen)?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|source| ObserveError::Listen {
@@ -185,6 +188,7 @@ impl Observer {
         let router = server::router(state);
         tasks.push(tokio::spawn(crate::http::serve(
             listener,
+            tls,
             router,
             common.http.limits(),
             shutdown.clone(),

@@ -2,11 +2,13 @@
 //! ([`super::tls`]), every request authenticated and authorized
 //! ([`super::auth`]) before its handler, as the kubelet's `InstallAuthFilter`;
 //! then `/containerLogs/{namespace}/{pod}/{container}` (the kubelet's
-//! `getContainerLogs`, [`container_logs`]) and the read-only port's
-//! `/metrics`, `/healthz`, `/readyz` and `/pods`.
+//! `getContainerLogs`, [`container_logs`]), `/exec`, `/attach`,
+//! `/portForward` and `/run` ([`super::streaming`]), `/stats/summary`
+//! ([`super::stats`]), `/metrics/resource` ([`super::resource_metrics`]),
+//! `/configz` ([`super::configz`]) and the read-only port's `/metrics`,
+//! `/healthz`, `/readyz` and `/pods`.
 //!
-//! Differences: no `/exec`, `/attach`, `/portForward`, `/run`, `/stats`,
-//! `/configz`, `/logs`, `/checkpoint` yet (404).
+//! Differences: no `/logs`, `/checkpoint` yet (404).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,7 +30,7 @@ use tracing::debug;
 
 use super::auth::{Auth, AuthError, KubeReviewer, User};
 use super::logs::{LogOptions, read_logs};
-use crate::http::{HttpLimits, IdleIo, serve_connection, serve_with};
+use crate::http::{HttpLimits, serve_tls};
 use evpleg_cri::CriClient;
 use evpleg_kubelet::status::local::LocalStore;
 
@@ -44,6 +46,12 @@ pub struct KubeletApi {
     pub cri: CriClient,
     /// Log streams being served now.
     pub log_streams: AtomicUsize,
+    /// Exec, attach and port-forward sessions being proxied now.
+    pub streams: Arc<super::streaming::Streams>,
+    /// `/stats/summary` and `/metrics/resource`.
+    pub stats: Option<Arc<super::stats::StatsProvider>>,
+    /// `/configz`'s document ([`super::configz::document`]).
+    pub configz: serde_json::Value,
 }
 
 /// The router: `base` (the read-only port's routes) and the kubelet's own,
@@ -54,9 +62,18 @@ pub fn router(api: Arc<KubeletApi>, base: Router) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(container_logs),
         )
+        .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(resource_metrics))
+        .route("/configz", get(configz))
+        .merge(super::streaming::routes())
         .with_state(api.clone())
         .merge(base)
         .layer(axum::middleware::from_fn_with_state(api, filter))
+}
+
+/// `/configz`: the running configuration as the kubelet's.
+async fn configz(State(api): State<Arc<KubeletApi>>) -> Response {
+    axum::Json(api.configz.clone()).into_response()
 }
 
 /// The kubelet's auth filter: 401 for no acceptable credentials, 403 for a
@@ -97,42 +114,22 @@ pub async fn serve(
     limits: HttpLimits,
     shutdown: CancellationToken,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    serve_with(listener, limits, shutdown, move |stream, peer, stop| {
-        let (acceptor, router) = (acceptor.clone(), router.clone());
-        async move {
-            let io = IdleIo::new(stream, limits.idle_timeout);
-            let tls =
-                match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io)).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        debug!(%peer, error = %e, "kubelet server: tls handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        debug!(%peer, "kubelet server: tls handshake timed out");
-                        return;
-                    }
-                };
-            let user = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|der| match super::x509::subject(der) {
-                    Ok((name, groups)) => Some(User {
-                        name,
-                        groups,
-                        ..User::default()
-                    }),
-                    Err(e) => {
-                        debug!(%peer, error = %e, "kubelet server: no identity in the certificate");
-                        None
-                    }
-                });
-            let router = router.layer(axum::Extension(PeerCert(user)));
-            serve_connection(tls, router, limits, peer, stop).await;
-        }
+    serve_tls(listener, tls, limits, shutdown, move |conn| {
+        let user = conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|der| match super::x509::subject(der) {
+                Ok((name, groups)) => Some(User {
+                    name,
+                    groups,
+                    ..User::default()
+                }),
+                Err(e) => {
+                    debug!(error = %e, "kubelet server: no identity in the certificate");
+                    None
+                }
+            });
+        router.clone().layer(axum::Extension(PeerCert(user)))
     })
     .await
 }
@@ -238,7 +235,7 @@ pub fn log_options(
 }
 
 /// The pod `namespace/name` of the local store.
-fn find_pod(store: &LocalStore, namespace: &str, name: &str) -> Option<Pod> {
+pub(super) fn find_pod(store: &LocalStore, namespace: &str, name: &str) -> Option<Pod> {
     let list = store.pod_list();
     list["items"].as_array()?.iter().find_map(|p| {
         (p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
@@ -381,6 +378,41 @@ async fn container_logs(
         .header(header::CONTENT_TYPE, "text/plain")
         .body(Body::from_stream(body))
         .unwrap_or_else(|e| answer(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// `GET /stats/summary[?only_cpu_and_memory=true]`, as the kubelet's
+/// `handleSummary`: 500 with its text when the stats cannot be read.
+async fn stats_summary(State(api): State<Arc<KubeletApi>>, RawQuery(query): RawQuery) -> Response {
+    let Some(stats) = &api.stats else {
+        return answer(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    let only = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "only_cpu_and_memory")
+        .is_some_and(|(_, v)| go_bool(&v) == Some(true));
+    match stats.summary(only).await {
+        Ok(s) => axum::Json(s).into_response(),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Error: failed to get summary stats: {e}"),
+        ),
+    }
+}
+
+/// `GET /metrics/resource`: scrape errors are a metric, not a failure.
+async fn resource_metrics(State(api): State<Arc<KubeletApi>>) -> Response {
+    let Some(stats) = &api.stats else {
+        return answer(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    let summary = stats.summary(true).await;
+    if let Err(e) = &summary {
+        debug!(error = %e, "kubelet server: resource metrics");
+    }
+    let text = super::resource_metrics::render(summary.as_ref().ok());
+    (
+        [(header::CONTENT_TYPE, super::resource_metrics::CONTENT_TYPE)],
+        text,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -11,9 +11,11 @@
 //! given `--kubelet-certificate-authority`, and then it needs a real one);
 //! no certificate rotation (`--rotate-server-certificates`).
 //!
-//! A client certificate is optional at the handshake (bearer tokens and
-//! anonymous requests come without one); one that is presented must chain to
-//! the client CA, else the handshake fails.
+//! A client certificate is optional at the kubelet server's handshake
+//! (bearer tokens and anonymous requests come without one); one that is
+//! presented must chain to the client CA, else the handshake fails. The
+//! observer's and the proxy's endpoints, which have no other authentication,
+//! require one when given a client CA ([`ClientCerts`]).
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -142,19 +144,33 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-/// The server's TLS configuration: its identity, and client certificates
-/// verified against `client_ca` when given (optional at the handshake).
+/// The client certificates a server asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientCerts<'a> {
+    /// None asked for.
+    Off,
+    /// Optional at the handshake (the kubelet server: bearer tokens and
+    /// anonymous requests come without one); one presented must chain to
+    /// this CA.
+    Optional(&'a Path),
+    /// Required, chaining to this CA (the observer's and the proxy's
+    /// `--http-client-ca-file`: no other authentication there).
+    Required(&'a Path),
+}
+
+/// The server's TLS configuration: its identity, and the client certificates
+/// it verifies.
 pub fn server_config(
     source: &ServingCert,
-    client_ca: Option<&Path>,
+    client: ClientCerts<'_>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let (chain, key) = serving_identity(source)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match client_ca {
-        Some(path) => {
+    let builder = match client {
+        ClientCerts::Optional(path) | ClientCerts::Required(path) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in read_chain(path)? {
                 roots.add(cert).map_err(|e| TlsError::Pem {
@@ -162,13 +178,17 @@ pub fn server_config(
                     message: e.to_string(),
                 })?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = match client {
+                ClientCerts::Optional(_) => verifier.allow_unauthenticated(),
+                _ => verifier,
+            };
+            let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::Config(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
-        None => builder.with_no_client_auth(),
+        ClientCerts::Off => builder.with_no_client_auth(),
     };
     let mut config = builder
         .with_single_cert(chain, key)
@@ -196,7 +216,7 @@ mod tests {
         assert_eq!(first, again, "reused, not made again");
         let (cn, _) = super::super::x509::subject(&first[0]).unwrap();
         assert!(cn.starts_with("node-a@"), "{cn}");
-        server_config(&source, None).unwrap();
+        server_config(&source, ClientCerts::Off).unwrap();
     }
 
     #[test]
@@ -206,7 +226,8 @@ mod tests {
             dir: dir.path().to_owned(),
             names: vec!["n".into()],
         };
-        let err = server_config(&source, Some(&dir.path().join("nope.crt"))).unwrap_err();
+        let missing = dir.path().join("nope.crt");
+        let err = server_config(&source, ClientCerts::Required(&missing)).unwrap_err();
         assert!(err.to_string().contains("nope.crt"), "{err}");
     }
 }

@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn the_user_is_the_common_name_and_the_groups_the_organizations() {
         // (rcgen keeps one value per attribute type; certificates with
-        // several organizations are read in tests/tests/kubelet_api.rs.)
+        // several organizations are read in tests/tests/kubelet_api/.)
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name = rcgen::DistinguishedName::new();
         params

@@ -28,7 +28,9 @@
 //! container's `resizePolicy`), and what the agent does: `env`/`envFrom`
 //! and `enableServiceLinks` ([`crate::env`]), `terminationMessagePath` and
 //! `terminationMessagePolicy` ([`crate::kuberuntime::termination_message`]),
-//! `activeDeadlineSeconds` ([`crate::active_deadline`]).
+//! `activeDeadlineSeconds` ([`crate::active_deadline`]), `imagePullSecrets`
+//! ([`crate::credentials`]). `spec.os.name` other than `linux` is the
+//! kubelet's own refusal (`PodOSNotSupported`, [`super::os_supported`]).
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SecurityContext, Volume};
 
@@ -75,7 +77,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     set(non_empty(&s.ephemeral_containers), "ephemeralContainers");
     set(s.host_users == Some(false), "hostUsers=false");
     set(s.hostname_override.is_some(), "hostnameOverride");
-    set(non_empty(&s.image_pull_secrets), "imagePullSecrets");
     set(s.overhead.is_some(), "overhead");
     set(non_empty(&s.resource_claims), "resourceClaims");
     set(s.resources.is_some(), "resources");
@@ -117,11 +118,6 @@ fn pod_spec(s: &PodSpec, out: &mut Vec<String>) {
     }
     for v in s.volumes.iter().flatten() {
         volume(v, out);
-    }
-    if let Some(os) = &s.os
-        && os.name != "linux"
-    {
-        out.push(format!("spec.os.name={}", os.name));
     }
 }
 
@@ -266,7 +262,7 @@ mod tests {
         let p = pod(serde_json::json!({
             "hostNetwork": true, "restartPolicy": "Never", "dnsPolicy": "ClusterFirstWithHostNet",
             "enableServiceLinks": true, "nodeSelector": {"a": "b"}, "priority": 5,
-            "activeDeadlineSeconds": 30,
+            "activeDeadlineSeconds": 30, "imagePullSecrets": [{"name": "pull"}],
             "hostname": "h", "subdomain": "s", "setHostnameAsFQDN": true,
             "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}],
             "volumes": [{"name": "e", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
@@ -321,14 +317,6 @@ mod tests {
             (
                 serde_json::json!({"runtimeClassName": "gvisor"}),
                 "spec.runtimeClassName",
-            ),
-            (
-                serde_json::json!({"imagePullSecrets": [{"name": "s"}]}),
-                "spec.imagePullSecrets",
-            ),
-            (
-                serde_json::json!({"os": {"name": "windows"}}),
-                "spec.os.name=windows",
             ),
             (
                 serde_json::json!({"securityContext": {"seLinuxOptions": {"level": "s0"}}}),

@@ -3,21 +3,34 @@
 //! 0. the names the agent turns into paths must be valid, as the API server
 //!    validates them ([`validation`], reason `InvalidPodSpec`), whatever the
 //!    pod's source;
-//! 1. fields the agent does not implement yet refuse the pod ([`fields`],
+//! 1. the pod's `spec.os.name`, when set, must be the node's OS, `linux`
+//!    ([`os_supported`], `PodOSNotSupported`: the predicate handler's
+//!    `rejectPodAdmissionBasedOnOSField`); checked before the fields below,
+//!    so that a pod for another OS is refused for its OS, as by the kubelet,
+//!    and not for that OS's fields;
+//! 2. fields the agent does not implement yet refuse the pod ([`fields`],
 //!    reason `UnsupportedPodSpec`: a difference, the kubelet implements them);
-//! 2. the scheduler's NodeResourcesFit: one more pod must fit in the node's
+//! 3. the pod's sysctls against the node's allowlist ([`sysctls`],
+//!    `SysctlForbidden`), as the kubelet's handler registered before the
+//!    predicates;
+//! 4. the scheduler's NodeResourcesFit: one more pod must fit in the node's
 //!    pod capacity (`--max-pods`, `OutOfpods`), CPU and memory requests in
 //!    the node's allocatable minus what admitted pods request (`OutOfcpu`,
 //!    `OutOfmemory`, `OutOfephemeral-storage`);
-//! 3. NodeAffinity (`nodeSelector`, required node affinity) and NodeName
+//! 5. NodeAffinity (`nodeSelector`, required node affinity) and NodeName
 //!    against the node ([`node`]);
-//! 4. the scheduler's NodePorts: no host port of an admitted pod
+//! 6. the scheduler's NodePorts: no host port of an admitted pod
 //!    ([`host_ports`], `NodePorts`);
-//! 5. the node's `NoExecute` taints, for pods that are not static
+//! 7. the node's `NoExecute` taints, for pods that are not static
 //!    ([`node`], `TaintToleration`).
 //!
 //! A rejected pod's status says Failed with the reason and "Pod was
-//! rejected: " and the kubelet's message. The node's labels and taints are
+//! rejected: " and the kubelet's message, and a Warning event with the
+//! reason and the message says it too ([`reject_event`], the kubelet's
+//! `rejectPod`). Pods that come together are admitted oldest first
+//! ([`by_creation_time`], `HandlePodAdditions`' sort), so that of two pods
+//! competing for a port or resources the older one wins whatever the
+//! source's order. The node's labels and taints are
 //! the ones evpleg registers (`--node-labels`, `--register-with-taints`, the
 //! default labels); changes others make to the Node object are not read back
 //! (a difference: the kubelet's node lister sees them). Ephemeral storage is
@@ -27,6 +40,7 @@
 pub mod fields;
 pub mod host_ports;
 pub mod node;
+pub mod sysctls;
 pub mod validation;
 
 use std::collections::HashMap;
@@ -211,11 +225,61 @@ pub struct Rejection {
     pub message: String,
 }
 
+impl Rejection {
+    /// The message without "Pod was rejected: ", as the kubelet's event
+    /// has it.
+    pub fn event_message(&self) -> &str {
+        self.message
+            .strip_prefix("Pod was rejected: ")
+            .unwrap_or(&self.message)
+    }
+}
+
+/// The kubelet's `rejectPod` event: a Warning with the rejection's reason
+/// and message.
+pub fn reject_event(rec: &evpleg_record::Recorder, pod: &Pod, r: &Rejection) {
+    rec.record(
+        pod,
+        None,
+        evpleg_record::EventType::Warning,
+        &r.reason,
+        r.event_message(),
+    );
+}
+
+/// Orders pods oldest first by `creationTimestamp` (the kubelet's
+/// `sort.Sort(sliceutils.PodsByCreationTime(pods))` in
+/// `HandlePodAdditions`); a pod without one counts as the oldest, equal
+/// ones keep their order.
+pub fn by_creation_time(pods: &mut [std::sync::Arc<Pod>]) {
+    pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+}
+
+/// The kubelet's reason for a pod whose `spec.os.name` is not the node's.
+pub const POD_OS_NOT_SUPPORTED: &str = "PodOSNotSupported";
+
+/// The kubelet's `rejectPodAdmissionBasedOnOSField` (`lifecycle/predicate.go`):
+/// a pod that names an OS (`spec.os.name`) other than the node's, `linux`
+/// (Go's `runtime.GOOS`), is refused with [`POD_OS_NOT_SUPPORTED`] and the
+/// kubelet's message; a pod without `spec.os` passes.
+pub fn os_supported(pod: &Pod) -> Result<(), Rejection> {
+    let os = pod.spec.as_ref().and_then(|s| s.os.as_ref());
+    match os {
+        Some(os) if os.name != "linux" => Err(Rejection {
+            reason: POD_OS_NOT_SUPPORTED.into(),
+            message: "Pod was rejected: Failed to admit pod as the OS field doesn't match node OS"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Admitted pods and what they request.
 #[derive(Debug)]
 pub struct Admission {
     allocatable: Allocatable,
     node: node::NodeInfo,
+    sysctls: sysctls::Allowlist,
     admitted: HashMap<PodUid, Admitted>,
 }
 
@@ -231,8 +295,16 @@ impl Admission {
         Self {
             allocatable,
             node,
+            sysctls: sysctls::Allowlist::safe(sysctls::Allowlist::host_kernel()),
             admitted: HashMap::new(),
         }
+    }
+
+    /// Admits the sysctls of `allowlist` (by default the kubelet's safe set
+    /// for this host's kernel).
+    pub fn with_sysctls(mut self, allowlist: sysctls::Allowlist) -> Self {
+        self.sysctls = allowlist;
+        self
     }
 
     /// Admits `pod` or says why not. Admitting the same UID again is a no-op.
@@ -247,6 +319,7 @@ impl Admission {
                 message: format!("Pod was rejected: invalid pod: {}", errors.join("; ")),
             });
         }
+        os_supported(pod)?;
         let missing = fields::unsupported(pod);
         if !missing.is_empty() {
             return Err(Rejection {
@@ -257,6 +330,7 @@ impl Admission {
                 ),
             });
         }
+        self.sysctls.admit(pod)?;
         let pods = self.admitted.len() as i64;
         if pods + 1 > self.allocatable.pods {
             return Err(Rejection {
@@ -578,6 +652,41 @@ mod tests {
             r.message,
             "Pod was rejected: evpleg does not implement spec.volumes[n].nfs, spec.containers[a].volumeDevices yet"
         );
+    }
+
+    /// `rejectPodAdmissionBasedOnOSField`: a pod for another OS is refused
+    /// with the kubelet's reason and message, also when it has fields the
+    /// agent does not implement (that OS's); `linux` or no OS is admitted.
+    #[test]
+    fn a_pod_for_another_os_is_refused_as_by_the_kubelet() {
+        let want = (
+            "PodOSNotSupported",
+            "Pod was rejected: Failed to admit pod as the OS field doesn't match node OS",
+        );
+        // (spec.os, refused)
+        let cases = [
+            (Some("windows"), Some(want)),
+            (Some("plan9"), Some(want)),
+            (Some("linux"), None),
+            (None, None),
+        ];
+        for (os, refused) in cases {
+            let mut spec = serde_json::json!({"containers": [{"name": "a"}]});
+            if let Some(os) = os {
+                spec["os"] = serde_json::json!({"name": os});
+            }
+            let r = big().admit(&uid(1), &any_pod(spec)).err();
+            let got = r.as_ref().map(|r| (r.reason.as_str(), r.message.as_str()));
+            assert_eq!(got, refused, "{os:?}");
+        }
+        // Refused for its OS before its OS's fields.
+        let windows = any_pod(serde_json::json!({
+            "os": {"name": "windows"},
+            "securityContext": {"windowsOptions": {"runAsUserName": "u"}},
+            "containers": [{"name": "a"}]
+        }));
+        let r = big().admit(&uid(1), &windows).unwrap_err();
+        assert_eq!(r.reason, "PodOSNotSupported");
     }
 
     // Issue #24: whatever its source, a pod whose names would become host

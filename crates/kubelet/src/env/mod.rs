@@ -16,11 +16,12 @@
 //! 3. the service variables ([`services`]) that nothing above set;
 //! 4. `command` and `args` expanded against the result.
 //!
-//! ConfigMaps, Secrets and Services are read from the API server at each
-//! container start (the kubelet reads them through its managers and its
-//! Service informer: the same objects, here without a cache). Without an API
-//! server a reference fails as the kubelet's ("no kubeClient defined") and
-//! there are no service variables. An error is the start's
+//! ConfigMaps and Secrets are read from the API server at each container
+//! start (the kubelet reads them through its managers: the same objects,
+//! here without a cache); Services from a watched copy ([`service_cache`]),
+//! as the kubelet's Service informer. Without an API server a reference
+//! fails as the kubelet's ("no kubeClient defined") and there are no service
+//! variables. An error is the start's
 //! `CreateContainerConfigError`, naming the object or key.
 //!
 //! Differences: the kubelet's variables come in Go's map order; here they are
@@ -29,12 +30,15 @@
 //! refuses a pod without it; static pods are defaulted before).
 
 pub mod expansion;
+pub mod service_cache;
 pub mod services;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 
+use self::service_cache::ServiceCache;
+use crate::source::api::SourceBackoff;
 use evpleg_volume::downward_api::{field_value, resource_value};
 
 /// Why a container's environment cannot be made (the kubelet's
@@ -63,20 +67,38 @@ pub enum EnvError {
         name: String,
         message: String,
     },
-    #[error("cannot list the services of namespace {namespace}: {message}")]
-    Services { namespace: String, message: String },
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotSynced,
     #[error("env {name}: {message}")]
     Field { name: String, message: String },
 }
 
-/// The API server client the environment's objects are read with (a
-/// `Debug` wrapper of [`kube::Client`]).
+/// The API server client the environment's objects are read with, and the
+/// watched Services ([`ServiceCache`]) every start reads.
 #[derive(Clone)]
-pub struct ApiClient(pub kube::Client);
+pub struct ApiClient {
+    client: kube::Client,
+    services: ServiceCache,
+}
 
 impl std::fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiClient")
+        f.debug_struct("ApiClient")
+            .field("services", &self.services)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiClient {
+    /// `client`, and a [`ServiceCache`] started with it (in the current
+    /// tokio runtime).
+    pub fn new(client: kube::Client) -> Self {
+        let services = ServiceCache::start(client.clone(), SourceBackoff::default());
+        Self { client, services }
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
     }
 }
 
@@ -135,12 +157,13 @@ fn references(c: &Container) -> (Vec<&str>, Vec<&str>) {
 }
 
 /// Reads what `ctx`'s container needs from the API server: its ConfigMaps
-/// and Secrets, the Services of `default` and (with service links) of the
-/// pod's namespace. Without a client nothing is read.
-pub async fn fetch(kube: Option<&kube::Client>, ctx: &EnvContext<'_>) -> Result<Objects, EnvError> {
-    let Some(kube) = kube else {
+/// and Secrets, and from the watched Services those of `default` and (with
+/// service links) of the pod's namespace. Without a client nothing is read.
+pub async fn fetch(api: Option<&ApiClient>, ctx: &EnvContext<'_>) -> Result<Objects, EnvError> {
+    let Some(api) = api else {
         return Ok(Objects::default());
     };
+    let kube = &api.client;
     let ns = namespace(ctx.pod);
     let (maps, secrets) = references(ctx.container);
     let mut out = Objects {
@@ -173,17 +196,7 @@ pub async fn fetch(kube: Option<&kube::Client>, ctx: &EnvContext<'_>) -> Result<
     if service_links(ctx.pod) && ns != services::MASTER_NAMESPACE {
         namespaces.push(ns);
     }
-    for n in namespaces {
-        let api: kube::Api<Service> = kube::Api::namespaced(kube.clone(), n);
-        let list = api
-            .list(&kube::api::ListParams::default())
-            .await
-            .map_err(|e| EnvError::Services {
-                namespace: n.to_owned(),
-                message: e.to_string(),
-            })?;
-        out.services.extend(list.items);
-    }
+    out.services = api.services.services(&namespaces).await?;
     Ok(out)
 }
 

@@ -24,12 +24,18 @@
 //!   containers do not count, and a new sandbox purges the init containers
 //!   (SyncPod removes them, the kubelet's `purgeInitContainers`), so the init
 //!   containers all run again, in order, before the app containers restart.
-//! * A running container whose spec hash changed is killed and started again.
+//! * A running container whose spec hash changed is killed and started again,
+//!   a started sidecar too ("Init container <name> definition changed"; no
+//!   later init container is looked at in that sync).
 //! * A container in Created state (its start failed) is started again, as
 //!   `ShouldContainerBeRestarted`; an Unknown one is killed and started
 //!   again, a sidecar too (the app containers are still looked at).
 //! * An exited container restarts per `restartPolicy` (Always; OnFailure when the
-//!   exit code is not 0; Never), after its CrashLoopBackOff ([`super::backoff`]).
+//!   exit code is not 0; Never), after its CrashLoopBackOff ([`super::backoff`]),
+//!   measured as the kubelet's `doBackOff` from the runtime's `finishedAt`:
+//!   a death only the kernel has reported (its earlier time) restarts once
+//!   the runtime has reported it too, if a back-off applies (a first restart
+//!   does not wait for it).
 //! * With Never (all containers exited) or OnFailure (all exited 0) the pod is
 //!   terminal: Succeeded when every exit code is 0, else Failed.
 
@@ -38,9 +44,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use sha2::{Digest, Sha256};
 
-use super::backoff::{BackoffKey, CrashBackoff, go_duration};
+use super::backoff::{BackoffKey, CrashBackoff, InBackoff, go_duration};
 use evpleg_core::container::{ContainerState, ContainerStatus, PodStatus, SandboxState};
 use evpleg_core::ids::{ContainerId, PodUid};
+use evpleg_core::lifecycle::EventSource;
+
+/// How soon a container whose back-off is over by the kernel's death time,
+/// but whose death the runtime has not reported yet, is looked at again.
+pub const KERNEL_DEATH_RECHECK: Duration = Duration::from_millis(50);
 
 /// A pod's restart policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,7 +289,22 @@ pub fn compute_pod_actions_probed(
             return false;
         }
         let finished = s.finished_at.unwrap_or(0);
-        match backoff.in_backoff(&backoff_key(uid, c), finished, now_unix_ns) {
+        let key = backoff_key(uid, c);
+        let waiting = backoff.in_backoff(&key, finished, now_unix_ns).or_else(|| {
+            // Over when measured from the kernel's death time, which precedes
+            // the runtime's `finishedAt` (the kubelet's start point) by the
+            // runtime's reaping: wait for the runtime's report (the pod is
+            // relisted at once to confirm the death), so that no restart
+            // comes before the back-off measured from `finishedAt`.
+            (s.source == EventSource::Kernel)
+                .then(|| backoff.period(&key, finished))
+                .flatten()
+                .map(|period| InBackoff {
+                    period,
+                    left: KERNEL_DEATH_RECHECK,
+                })
+        });
+        match waiting {
             Some(b) => {
                 actions.backoff.push(Waiting {
                     name: c.name.clone(),
@@ -327,10 +353,26 @@ pub fn compute_pod_actions_probed(
             if is_sidecar(c) {
                 match newest {
                     Some(s) if s.state == ContainerState::Running => {
-                        if initialized || started(c, &s.id) {
-                            continue;
+                        if !(initialized || started(c, &s.id)) {
+                            return actions;
                         }
-                        return actions;
+                        // A started sidecar whose spec changed is restarted
+                        // (`computeInitContainerActions`), and the kubelet
+                        // looks at no later init container in this sync.
+                        if s.hash.is_some_and(|h| h != container_hash(c)) {
+                            actions.kill.push(Kill {
+                                id: s.id.clone(),
+                                name: c.name.clone(),
+                                reason: format!("Init container {} definition changed", c.name),
+                                grace_seconds: None,
+                            });
+                            actions.start_init.push(i);
+                            if initialized {
+                                break;
+                            }
+                            return actions;
+                        }
+                        continue;
                     }
                     Some(s) if s.state == ContainerState::Unknown => {
                         // Killed and started again; the others go on.
@@ -692,6 +734,45 @@ mod tests {
         );
     }
 
+    /// A restart never comes before the back-off is over measured from the
+    /// runtime's `finishedAt` (the kubelet's `doBackOff`): an exit only the
+    /// kernel has reported yet (its time precedes the runtime's) waits for
+    /// the runtime's report once its back-off is over by the kernel's time;
+    /// a first restart (no back-off yet) does not wait. (source, entry, ms
+    /// after the finish) -> started, waiting left ms.
+    #[test]
+    fn a_kernel_reported_death_restarts_only_once_the_runtime_reported_it() {
+        let p = pod("Always", &[], &["app"]);
+        let spec = &p.spec.as_ref().unwrap().containers[0];
+        let ms = 1_000_000i64;
+        let cases = [
+            (EventSource::Relist, true, 500, false, Some(500)),
+            (EventSource::Relist, true, 1_000, true, None),
+            (EventSource::Kernel, true, 500, false, Some(500)),
+            (EventSource::Kernel, true, 1_000, false, Some(50)),
+            (EventSource::Kernel, false, 10, true, None),
+        ];
+        for (source, entry, after, started, left) in cases {
+            let mut b = CrashBackoff::crash_loop(Duration::from_secs(1), Duration::from_secs(1));
+            if entry {
+                b.restarting(
+                    backoff_key(&uid(), spec),
+                    NOW - 3_000 * ms,
+                    NOW - 3_000 * ms,
+                );
+            }
+            let mut c = cs(1, "app", ContainerState::Exited, Some(2), 1);
+            c.finished_at = Some(NOW);
+            c.source = source;
+            let a = compute_pod_actions(&p, &uid(), &status(vec![c]), &b, NOW + after * ms);
+            let got = (
+                !a.start.is_empty(),
+                a.backoff.first().map(|w| w.retry_in.as_millis() as i64),
+            );
+            assert_eq!(got, (started, left), "{source:?} entry={entry} +{after} ms");
+        }
+    }
+
     #[test]
     fn a_changed_spec_kills_and_restarts() {
         let p = pod("Always", &[], &["app"]);
@@ -704,6 +785,42 @@ mod tests {
         c.hash = Some(1);
         let a = compute_pod_actions(&p, &uid(), &status(vec![c]), &b, NOW);
         assert_eq!((a.kill.len(), a.start.clone()), (1, vec![0]));
+    }
+
+    /// `computeInitContainerActions`: a started sidecar whose spec changed is
+    /// killed and started again, with the kubelet's message; an unchanged
+    /// one is left alone.
+    #[test]
+    fn a_sidecar_whose_spec_changed_is_restarted() {
+        use ContainerState::*;
+        let p = pod("Always", &["side"], &["app"]);
+        let side = &p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+        let app = &p.spec.as_ref().unwrap().containers[0];
+        let b = CrashBackoff::default();
+        let mut s = cs(1, "side", Running, None, 0);
+        let mut a = cs(2, "app", Running, None, 0);
+        a.hash = Some(container_hash(app));
+        for (hash, kill, start_init) in [
+            (container_hash(side), vec![], vec![]),
+            (
+                7,
+                vec![(id(1), "Init container side definition changed".to_owned())],
+                vec![0],
+            ),
+        ] {
+            s.hash = Some(hash);
+            let got = compute_pod_actions(&p, &uid(), &status(vec![s.clone(), a.clone()]), &b, NOW);
+            let killed: Vec<(ContainerId, String)> = got
+                .kill
+                .iter()
+                .map(|k| (k.id.clone(), k.reason.clone()))
+                .collect();
+            assert_eq!(
+                (killed, got.start_init.clone(), got.start.clone()),
+                (kill, start_init, vec![]),
+                "hash {hash}"
+            );
+        }
     }
 
     #[test]

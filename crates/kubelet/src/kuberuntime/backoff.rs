@@ -2,17 +2,23 @@
 //! (`flowcontrol.Backoff` as `kuberuntime`'s `doBackOff` uses it): 10 s doubling
 //! to 5 min by default, keyed by the pod, the container's name and its spec hash
 //! (a changed spec starts without back-off), measured from the exited container's
-//! finish time. As `flowcontrol.Backoff`, an entry remembers when the last
-//! restart decision was taken (`Next` stores `Now()`), not the finish it was
-//! about: an entry whose last decision is more than twice the cap (10 min)
-//! before the next finish starts over, so a container that ran 10 minutes
-//! after its restart without crashing restarts at once and then waits 10 s
-//! again (one that waited out a 5 min back-off and then ran 6 min does not
-//! start over). Times are Unix nanoseconds (container finish times are
+//! finish time (the runtime's `finishedAt`, or the kernel's death time, which
+//! precedes it by the runtime's reaping: see [`super::actions`]). As
+//! `flowcontrol.Backoff`, an entry remembers when the last restart decision
+//! was taken (`Next` stores `Now()`), not the finish it was about. An entry
+//! whose last decision is too old before the next finish starts over: for
+//! CrashLoopBackOff that is 600 s whatever the cap (`kubelet.go` sets the
+//! back-off's `HasExpiredFunc` so: [`Backoff::crash_loop`]), so a container
+//! that ran 10 minutes after its restart without crashing restarts at once
+//! and then waits the initial period again (one that waited out a 5 min
+//! back-off and then ran 6 min does not start over); with a cap of 1 s
+//! (`crashLoopBackOff.maxContainerRestartPeriod`) a container that ran 3 s
+//! still waits 1 s. Times are Unix nanoseconds (container finish times are
 //! wall-clock).
 //!
 //! The image manager's pull back-off is the same [`Backoff`], keyed by pod and
-//! image and measured from the last failed pull ([`ImagePullBackoff`]).
+//! image and measured from the last failed pull ([`ImagePullBackoff`]), with
+//! `flowcontrol.Backoff`'s own expiry: twice the cap.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -23,6 +29,11 @@ use evpleg_core::ids::PodUid;
 /// The kubelet's defaults.
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(10);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// How long after its last restart decision a CrashLoopBackOff entry starts
+/// over, whatever the cap (`kubelet.go`'s `HasExpiredFunc` for
+/// `crashLoopBackOff`).
+pub const CRASH_LOOP_RESET: Duration = Duration::from_secs(600);
 
 /// What a back-off entry is kept for: the kubelet's stable container key
 /// (pod, container name, spec hash).
@@ -54,6 +65,9 @@ pub struct InBackoff {
 pub struct Backoff<K> {
     initial: Duration,
     max: Duration,
+    /// An entry whose last decision is more than this before the event
+    /// starts over (`hasExpired`).
+    expire_after: Duration,
     entries: HashMap<K, Entry>,
 }
 
@@ -70,16 +84,19 @@ impl<K: Hash + Eq> Default for Backoff<K> {
 }
 
 impl<K: Hash + Eq> Backoff<K> {
+    /// `flowcontrol.NewBackOff`: an entry expires twice the cap after its
+    /// last decision (`hasExpired` without a `HasExpiredFunc`).
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
+            expire_after: max.saturating_mul(2),
             entries: HashMap::new(),
         }
     }
 
     fn expired(&self, e: &Entry, at_ns: i64) -> bool {
-        at_ns.saturating_sub(e.last_update_ns) > 2 * self.max.as_nanos() as i64
+        at_ns.saturating_sub(e.last_update_ns) > self.expire_after.as_nanos() as i64
     }
 
     /// Whether the container that finished at `finished_ns` must still wait at
@@ -95,6 +112,13 @@ impl<K: Hash + Eq> Backoff<K> {
             period: e.backoff,
             left: Duration::from_nanos((until - now_ns) as u64),
         })
+    }
+
+    /// The back-off that applies to the container that finished at
+    /// `finished_ns`, over or not: its entry's, unless it expired.
+    pub fn period(&self, key: &K, finished_ns: i64) -> Option<Duration> {
+        let e = self.entries.get(key)?;
+        (!self.expired(e, finished_ns)).then_some(e.backoff)
     }
 
     /// Records, at `now_ns`, the decision to restart the container that
@@ -142,6 +166,16 @@ impl<K: Hash + Eq> Backoff<K> {
 }
 
 impl CrashBackoff {
+    /// The kubelet's `crashLoopBackOff` (`kubelet.go`): `NewBackOff(initial,
+    /// max)` whose entries expire [`CRASH_LOOP_RESET`] after their last
+    /// decision, not twice the cap.
+    pub fn crash_loop(initial: Duration, max: Duration) -> Self {
+        Self {
+            expire_after: CRASH_LOOP_RESET,
+            ..Self::new(initial, max)
+        }
+    }
+
     /// Forgets a pod's entries (it was removed).
     pub fn forget(&mut self, pod: &PodUid) {
         self.retain(|k| k.pod != *pod);
@@ -298,6 +332,41 @@ mod tests {
             b.in_backoff(&key(1), finish, finish + S).unwrap().period,
             INITIAL_BACKOFF
         );
+    }
+
+    /// The kubelet's CrashLoopBackOff starts over 600 s after its last
+    /// decision whatever the cap; the image pull back-off (plain
+    /// `flowcontrol.Backoff`) twice its cap after. With a 1 s cap (the
+    /// differential oracle's), a container that crashed 3 s after its restart
+    /// decision still waits 1 s from its finish; before, its entry had
+    /// expired (2 s) and it restarted at once. (finish after the decision s,
+    /// now after the finish ms) -> in back-off.
+    #[test]
+    fn a_short_cap_does_not_shorten_the_crash_loop_reset() {
+        let cases = [
+            (1, 500, true),
+            (3, 500, true),
+            (3, 1_000, false),
+            (599, 999, true),
+            (601, 0, false),
+        ];
+        for (ran, after_ms, waits) in cases {
+            let mut b = CrashBackoff::crash_loop(Duration::from_secs(1), Duration::from_secs(1));
+            b.restarting(key(1), 0, 10 * S);
+            let finish = 10 * S + ran * S;
+            let now = finish + after_ms * 1_000_000;
+            assert_eq!(
+                b.in_backoff(&key(1), finish, now).is_some(),
+                waits,
+                "ran {ran} s, {after_ms} ms after its finish"
+            );
+        }
+        // The image pull back-off keeps `flowcontrol.Backoff`'s own expiry.
+        let mut pulls = ImagePullBackoff::new(Duration::from_secs(1), Duration::from_secs(1));
+        let k = (key(1).pod, "img".to_owned());
+        pulls.restarting(k.clone(), 0, 0);
+        assert!(pulls.in_backoff(&k, S, S + 1).is_some());
+        assert!(pulls.in_backoff(&k, 3 * S, 3 * S + 1).is_none());
     }
 
     #[test]

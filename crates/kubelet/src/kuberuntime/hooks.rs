@@ -4,10 +4,15 @@
 //! * postStart runs right after StartContainer; if it fails the container is
 //!   killed (FailedPostStartHook) and the start fails with
 //!   `PostStartHookError`, so it restarts under the pod's policy and back-off;
-//! * preStop runs before StopContainer, bounded by the grace period; its time
-//!   is taken from the grace period given to StopContainer (never below the
-//!   kubelet's 2 s minimum); a failure is logged (FailedPreStopHook) and the
-//!   stop goes on.
+//! * preStop runs before StopContainer, bounded by the grace period (not at
+//!   all with a grace period of 0; the pod workers give a kill at least 1 s);
+//!   its time is taken from the grace period given to StopContainer (never
+//!   below the kubelet's 2 s minimum); a failure is logged and recorded
+//!   (FailedPreStopHook) and the stop goes on; a sidecar runs its preStop
+//!   hook at once, then waits for its turn to stop
+//!   ([`super::ordering`]);
+//! * a failed hook's event says only `PostStartHook failed` /
+//!   `PreStopHook failed`: its output may hold secrets (the log has it).
 //!
 //! Handlers: `exec` (CRI `ExecSync`; exit code 0 succeeds), `httpGet` (the
 //! kubelet's `runHTTPHandler`, [`crate::prober::http::lifecycle`]: any
@@ -154,17 +159,17 @@ impl KubeRuntime {
     }
 
     /// The preStop hook of the pod's container `name` (an app or init
-    /// container), if it has one, then StopContainer `id` with what is left
-    /// of `grace_seconds`.
-    pub(super) async fn stop_with_pre_stop(
+    /// container), if it has one and `grace_seconds` is above 0, bounded by
+    /// it (the kubelet's `executePreStopHook`); returns the whole seconds it
+    /// took, to be taken from the grace period. A failure is logged and
+    /// recorded as `PreStopHook failed`, and the stop goes on.
+    pub(super) async fn pre_stop(
         &self,
-        pod: &k8s_openapi::api::core::v1::Pod,
-        uid: &evpleg_core::ids::PodUid,
+        (pod, uid): (&Pod, &PodUid),
         name: &str,
         id: &str,
         grace_seconds: i64,
-    ) -> Result<(), crate::pod_workers::SyncError> {
-        let mut grace = grace_seconds;
+    ) -> i64 {
         let spec = pod
             .spec
             .iter()
@@ -174,38 +179,61 @@ impl KubeRuntime {
                     .chain(s.init_containers.iter().flatten())
             })
             .find(|c| c.name == name);
-        if let Some((c, pre_stop)) =
+        let Some((c, pre_stop)) =
             spec.and_then(|c| Some((c, c.lifecycle.as_ref()?.pre_stop.as_ref()?)))
-        {
-            let pod_name = super::actions::format_pod(pod, uid);
-            let pod_name = pod_name.as_str();
-            let started = tokio::time::Instant::now();
-            let bound = Duration::from_secs(grace_seconds.max(0) as u64);
-            match self
-                .run_hook("PreStop", (pod, uid), c, id, pre_stop, bound)
-                .await
-            {
-                Ok(()) => tracing::info!(pod = pod_name, container = %c.name, "preStop hook done"),
-                Err(e) => {
-                    tracing::warn!(
-                        pod = pod_name,
-                        container = %c.name,
-                        reason = "FailedPreStopHook",
-                        error = %e,
-                        "preStop hook failed; stopping the container"
-                    );
-                    self.events.record(
-                        pod,
-                        Some(&c.name),
-                        evpleg_record::EventType::Warning,
-                        evpleg_record::FAILED_PRE_STOP_HOOK,
-                        e.to_string(),
-                    );
-                }
-            }
-            grace -= started.elapsed().as_secs() as i64;
+        else {
+            return 0;
+        };
+        if grace_seconds <= 0 {
+            return 0;
         }
-        self.stop_container(id, grace).await
+        let pod_name = super::actions::format_pod(pod, uid);
+        let pod_name = pod_name.as_str();
+        let started = tokio::time::Instant::now();
+        let bound = Duration::from_secs(grace_seconds as u64);
+        match self
+            .run_hook("PreStop", (pod, uid), c, id, pre_stop, bound)
+            .await
+        {
+            Ok(()) => tracing::info!(pod = pod_name, container = %c.name, "preStop hook done"),
+            Err(e) => {
+                tracing::warn!(
+                    pod = pod_name,
+                    container = %c.name,
+                    reason = "FailedPreStopHook",
+                    error = %e,
+                    "preStop hook failed; stopping the container"
+                );
+                crate::events::pre_stop_hook_failed(&self.events, pod, &c.name);
+            }
+        }
+        started.elapsed().as_secs() as i64
+    }
+
+    /// The kubelet's `killContainer`: the preStop hook ([`Self::pre_stop`]),
+    /// then, with `ordering`, the wait for the container's turn, each taken
+    /// from `grace_seconds`; then StopContainer with what is left.
+    pub(super) async fn stop_with_pre_stop(
+        &self,
+        (pod, uid): (&Pod, &PodUid),
+        name: &str,
+        id: &str,
+        grace_seconds: i64,
+        ordering: Option<&super::ordering::TerminationOrdering>,
+    ) -> Result<(), crate::pod_workers::SyncError> {
+        let mut grace = grace_seconds - self.pre_stop((pod, uid), name, id, grace_seconds).await;
+        if let Some(o) = ordering
+            && grace > 0
+        {
+            let waited = o.wait_for_turn(name, grace).await;
+            tracing::debug!(pod = %uid, container = name, waited_ms = waited.as_millis() as u64, "the container's turn to stop");
+            grace -= waited.as_secs() as i64;
+        }
+        self.stop_container(id, grace).await?;
+        if let Some(o) = ordering {
+            o.terminated(name);
+        }
+        Ok(())
     }
 }
 

@@ -69,6 +69,8 @@ pub struct KubeRuntime {
     pub(super) node: NodeInfo,
     pub(super) backoff: Mutex<CrashBackoff>,
     pub(super) image_backoff: Mutex<ImagePullBackoff>,
+    /// The last failed pull of each pod and image, for the back-off's message.
+    pub(super) pull_errors: Mutex<super::images::PullErrors>,
     pub(super) reasons: Mutex<ReasonCache>,
     pub(super) start_times: Mutex<HashMap<PodUid, i64>>,
     /// The probes' results ([`crate::prober`]).
@@ -100,6 +102,7 @@ impl KubeRuntime {
             node,
             backoff: Mutex::new(backoff),
             image_backoff: Mutex::new(ImagePullBackoff::default()),
+            pull_errors: Mutex::new(super::images::PullErrors::default()),
             reasons: Mutex::new(ReasonCache::default()),
             start_times: Mutex::new(HashMap::new()),
             probes: crate::prober::Results::new().0,
@@ -119,7 +122,7 @@ impl KubeRuntime {
     /// Reads containers' ConfigMaps, Secrets and Services from this API
     /// server.
     pub fn with_kube(mut self, kube: Option<kube::Client>) -> Self {
-        self.kube = kube.map(crate::env::ApiClient);
+        self.kube = kube.map(crate::env::ApiClient::new);
         self
     }
 

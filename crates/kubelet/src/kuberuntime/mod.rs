@@ -11,6 +11,7 @@ pub mod hooks;
 pub mod images;
 pub mod manager;
 pub mod oom_score;
+pub mod ordering;
 pub mod reasons;
 pub mod security_context;
 mod sync;

@@ -31,7 +31,14 @@ pub const CONTAINER_CREATING: &str = "ContainerCreating";
 #[error("{reason}: {message}")]
 pub struct StartError {
     pub reason: &'static str,
+    /// The message, as the image manager's event has it.
     pub message: String,
+    /// The container's waiting message when it is not [`Self::message`]
+    /// (the image manager returns one message and records another: a
+    /// failed pull's event says "Failed to pull image ...: <error>", its
+    /// status the error alone; a back-off's status adds the last pull's
+    /// error to its event's).
+    pub waiting_message: Option<String>,
 }
 
 impl StartError {
@@ -39,6 +46,15 @@ impl StartError {
         Self {
             reason,
             message: message.into(),
+            waiting_message: None,
+        }
+    }
+
+    /// With `message` as the container's waiting message.
+    pub fn waiting_message(self, message: impl Into<String>) -> Self {
+        Self {
+            waiting_message: Some(message.into()),
+            ..self
         }
     }
 }
@@ -69,7 +85,7 @@ impl ReasonCache {
             .map(|((_, name), e)| Waiting {
                 name: name.clone(),
                 reason: e.reason.to_owned(),
-                message: e.message.clone(),
+                message: e.waiting_message.as_ref().unwrap_or(&e.message).clone(),
                 retry_in: std::time::Duration::ZERO,
             })
             .collect();

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::actions::{backoff_key, compute_pod_actions_probed, format_pod, latest};
 use super::cri_config::{container_config, container_mounts, host_network, sandbox_config};
-use super::images::PullPolicy;
+use super::images::{PullPolicy, back_off_event};
 use super::reasons::{
     CONTAINER_CREATING, CREATE_CONTAINER_CONFIG_ERROR, CREATE_CONTAINER_ERROR,
     ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF,
@@ -85,7 +85,7 @@ impl KubeRuntime {
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
             kubelet_events::sandbox_changed(&self.events, &pod);
-            self.kill_pod(&uid, &pod, grace).await?;
+            self.kill_pod(&uid, &pod, grace, &entry.status).await?;
             if actions.create_sandbox {
                 self.purge_init_containers(&pod, &uid, &entry.status)
                     .await?;
@@ -95,7 +95,7 @@ impl KubeRuntime {
             info!(pod = %uid, container = %k.name, reason = %k.reason, "killing container");
             kubelet_events::killing(&self.events, &pod, &k.name, &k.reason);
             let grace = k.grace_seconds.unwrap_or(grace);
-            self.stop_with_pre_stop(&pod, &uid, &k.name, k.id.as_str(), grace)
+            self.stop_with_pre_stop((&*pod, &uid), &k.name, k.id.as_str(), grace, None)
                 .await?;
         }
         let spec = pod.spec.clone().unwrap_or_default();
@@ -328,15 +328,16 @@ impl KubeRuntime {
             .in_backoff_since_update(&key, now)
             .is_some()
         {
-            return Err(StartError::new(
-                IMAGE_PULL_BACKOFF,
-                format!("Back-off pulling image {image:?}"),
-            ));
+            let waiting = lock(&self.pull_errors).back_off_message(uid, image);
+            return Err(
+                StartError::new(IMAGE_PULL_BACKOFF, back_off_event(image)).waiting_message(waiting)
+            );
         }
+        lock(&self.pull_errors).pulling(uid, image);
         info!(pod = %uid, image, "pulling image");
         kubelet_events::pulling(&self.events, pod, &c.name, image);
         let started = unix_now_ns();
-        match self.cri.pull_image(&spec, None, None).await {
+        match self.pull_with_secrets(pod, &spec).await {
             Ok(_) => {
                 let took = Duration::from_nanos((unix_now_ns() - started).max(0) as u64);
                 kubelet_events::pulled(&self.events, pod, &c.name, image, took);
@@ -348,12 +349,26 @@ impl KubeRuntime {
             }
             Err(e) => {
                 lock(&self.image_backoff).restarting(key, now, now);
+                lock(&self.pull_errors).failed(uid, image, &e);
+                // The event names the image, the status has the error alone
+                // (`pullImage`'s event and `evalCRIPullErr`'s message).
                 Err(StartError::new(
                     ERR_IMAGE_PULL,
                     format!("Failed to pull image {image:?}: {e}"),
-                ))
+                )
+                .waiting_message(e))
             }
         }
+    }
+
+    /// `PullImage` with the pod's pull secrets ([`crate::credentials`]).
+    async fn pull_with_secrets(&self, pod: &Pod, spec: &v1::ImageSpec) -> Result<String, String> {
+        let kube = self.kube.as_ref().map(|k| k.client());
+        let (secrets, failed) = crate::credentials::pull_secrets(kube, pod).await;
+        kubelet_events::failed_to_retrieve_pull_secrets(&self.events, pod, &failed);
+        let keyring =
+            crate::credentials::Keyring::from_secrets(&secrets).map_err(|e| e.to_string())?;
+        crate::credentials::pull_image(&self.cri, &keyring, spec).await
     }
 
     /// `runAsNonRoot` without `runAsUser`: the image's user decides, read
@@ -454,7 +469,7 @@ impl KubeRuntime {
         };
         let config_error =
             |e: crate::env::EnvError| StartError::new(CREATE_CONTAINER_CONFIG_ERROR, e.to_string());
-        let objects = crate::env::fetch(self.kube.as_ref().map(|k| &k.0), &env_ctx)
+        let objects = crate::env::fetch(self.kube.as_ref(), &env_ctx)
             .await
             .map_err(config_error)?;
         let env = crate::env::make_environment(&env_ctx, &objects).map_err(config_error)?;
@@ -502,16 +517,20 @@ impl KubeRuntime {
                 )
                 .await;
             if let Err(e) = hook {
-                // The kubelet: kill it (FailedPostStartHook); the start failed.
+                // The kubelet's `startContainer`: the event, then
+                // `killContainer` with the message `FailedPostStartHook` (its
+                // Killing event says only that; its preStop hook runs); the
+                // start failed.
                 warn!(pod = %uid, container = %c.name, reason = "FailedPostStartHook", error = %e, "postStart hook failed: killing the container");
-                self.events.record(
-                    pod,
-                    Some(&c.name),
-                    evpleg_record::EventType::Warning,
-                    evpleg_record::FAILED_POST_START_HOOK,
-                    e.to_string(),
+                kubelet_events::post_start_hook_failed(&self.events, pod, &c.name);
+                let stop = self.stop_with_pre_stop(
+                    (pod, uid),
+                    &c.name,
+                    &id,
+                    spec_grace_seconds(pod),
+                    None,
                 );
-                if let Err(stop) = self.stop_container(&id, spec_grace_seconds(pod)).await {
+                if let Err(stop) = stop.await {
                     warn!(pod = %uid, container = %c.name, error = %stop, "stopping the container after its failed postStart hook");
                 }
                 return Err(StartError::new(

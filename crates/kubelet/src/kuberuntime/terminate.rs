@@ -7,11 +7,14 @@
 //! until it is removed (then housekeeping removes them, as the kubelet's
 //! garbage collection of a deleted pod's content). Every stop gives the
 //! container at least the kubelet's minimum grace period of 2 s between SIGTERM
-//! and SIGKILL. Sidecars are stopped after the app containers, in reverse
-//! order, with what is left of the grace period (never less than the minimum).
+//! and SIGKILL. Every container is killed at once; sidecars run their preStop
+//! hooks at once too, then are stopped after the app containers, in reverse
+//! order, with what is left of the grace period (never less than the
+//! minimum): [`super::ordering`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
@@ -19,12 +22,13 @@ use tracing::{info, warn};
 
 use super::actions::{PodActions, Terminal, compute_pod_actions, is_sidecar, latest};
 use super::cgroups::remove_pod_cgroups;
+use super::ordering::TerminationOrdering;
 use crate::events as kubelet_events;
 use crate::kuberuntime::manager::{KubeRuntime, lock, pod_uid};
 use crate::pod_workers::SyncError;
 use evpleg_core::cache::CacheEntry;
-use evpleg_core::container::ContainerState;
-use evpleg_core::ids::PodUid;
+use evpleg_core::container::{ContainerState, PodStatus};
+use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::labels;
 use evpleg_core::runtime::PodRuntime;
 use evpleg_cri::runtime::CriRuntime;
@@ -32,6 +36,14 @@ use evpleg_cri::runtime::CriRuntime;
 /// A CRI container's name (from its metadata).
 fn name(c: &v1::Container) -> &str {
     c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("")
+}
+
+/// Whether a ContainerStatus answer says the container is not running any
+/// more (exited).
+fn stopped(r: &v1::ContainerStatusResponse) -> bool {
+    r.status
+        .as_ref()
+        .is_some_and(|s| s.state == v1::ContainerState::ContainerExited as i32)
 }
 
 /// The kubelet's `minimumGracePeriodInSeconds`.
@@ -43,28 +55,74 @@ pub fn stop_grace(grace_seconds: i64) -> i64 {
     grace_seconds.max(MINIMUM_GRACE_SECONDS)
 }
 
+/// The containers a pod's kill stops: those the runtime lists running
+/// whose death the PLEG (the kernel, or a relist) has not already seen. The
+/// kubelet stops the containers its runtime lists running
+/// (`killPodWithSyncResult`), and its relist has seen an exit by the time
+/// it acts on it; evpleg can act on the kernel's sighting of the death
+/// before containerd has processed it, when containerd still lists the
+/// container running and a StopContainer races its own teardown (`ttrpc:
+/// closed`): a container whose death is certain needs no stop, and gets no
+/// Killing event.
+pub fn to_stop<'a>(listed: &'a [v1::Container], observed: &PodStatus) -> Vec<&'a v1::Container> {
+    listed
+        .iter()
+        .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
+        .filter(|c| {
+            let dead = ContainerId::parse(&c.id)
+                .and_then(|id| observed.container(&id))
+                .is_some_and(|s| s.state == ContainerState::Exited);
+            !dead
+        })
+        .collect()
+}
+
+/// How long a failed StopContainer waits for the runtime to report the
+/// container exited before the failure counts.
+const STOP_RECHECK: Duration = Duration::from_secs(2);
+
 impl KubeRuntime {
-    /// StopContainer with [`stop_grace`].
+    /// StopContainer with [`stop_grace`], as the kubelet's `killContainer`:
+    /// a container the runtime does not know is stopped (NotFound is no
+    /// failure), and so is one whose stop failed because it died meanwhile
+    /// (containerd answers `ttrpc: closed` when the task's shim goes away
+    /// under the call): the runtime reports it exited within
+    /// [`STOP_RECHECK`].
     pub(super) async fn stop_container(
         &self,
         id: &str,
         grace_seconds: i64,
     ) -> Result<(), SyncError> {
-        self.cri
-            .stop_container(id, stop_grace(grace_seconds))
-            .await
-            .map_err(|e| SyncError(e.to_string()))
+        let Err(e) = self.cri.stop_container(id, stop_grace(grace_seconds)).await else {
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::now() + STOP_RECHECK;
+        loop {
+            match self.cri.container_status(id, false).await {
+                Ok(r) if stopped(&r) => {
+                    info!(container = id, error = %e, "StopContainer failed, but the container has exited");
+                    return Ok(());
+                }
+                Err(s) if s.is_not_found() => return Ok(()),
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(SyncError(e.to_string()));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     /// Stops every container and sandbox of the pod, as the runtime lists them
-    /// now: the app containers in parallel, then the sidecars one by one in
-    /// reverse order, within what is left of the grace period (the kubelet's
-    /// termination ordering of restartable init containers).
+    /// now, but those whose death `observed` (the PLEG's cache) holds
+    /// ([`to_stop`]): all at once, the sidecars waiting for their turn after
+    /// their preStop hooks, within what is left of the grace period (the
+    /// kubelet's termination ordering of restartable init containers).
     pub(super) async fn kill_pod(
         &self,
         uid: &PodUid,
         pod: &Pod,
         grace: i64,
+        observed: &PodStatus,
     ) -> Result<(), SyncError> {
         let started = tokio::time::Instant::now();
         let selector: HashMap<String, String> =
@@ -77,35 +135,31 @@ impl KubeRuntime {
             }))
             .await
             .map_err(|e| SyncError(e.to_string()))?;
-        let sidecars: Vec<&str> = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.init_containers.iter().flatten())
-            .filter(|c| is_sidecar(c))
-            .map(|c| c.name.as_str())
-            .collect();
-        let running: Vec<&v1::Container> = containers
-            .iter()
-            .filter(|c| c.state == v1::ContainerState::ContainerRunning as i32)
-            .collect();
+        let running = to_stop(&containers, observed);
         for c in &running {
             kubelet_events::killing(&self.events, pod, name(c), "");
         }
-        let stops = running
+        // Every container is killed at once; a sidecar runs its preStop hook
+        // at once too, then waits for its turn (`killContainersWithSyncResult`
+        // with its `terminationOrdering`).
+        let has_sidecars = pod
+            .spec
             .iter()
-            .filter(|c| !sidecars.contains(&name(c)))
-            .map(|c| self.stop_with_pre_stop(pod, uid, name(c), &c.id, grace));
-        // In parallel, as the kubelet stops a pod's containers.
-        for r in futures::future::join_all(stops).await {
-            r?;
-        }
-        for sidecar in sidecars.iter().rev() {
-            let left = grace - started.elapsed().as_secs() as i64;
-            for c in running.iter().filter(|c| name(c) == *sidecar) {
-                info!(pod = %uid, container = sidecar, grace_seconds = left.max(0), "stopping sidecar after the app containers");
-                self.stop_with_pre_stop(pod, uid, sidecar, &c.id, left.max(0))
-                    .await?;
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(is_sidecar);
+        let names: Vec<&str> = running.iter().map(|c| name(c)).collect();
+        let ordering = has_sidecars.then(|| TerminationOrdering::new(pod, &names));
+        let kills = running
+            .iter()
+            .map(|c| self.stop_with_pre_stop((pod, uid), name(c), &c.id, grace, ordering.as_ref()));
+        let mut failed = None;
+        for r in futures::future::join_all(kills).await {
+            if let Err(e) = r {
+                failed.get_or_insert(e);
             }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         let sandboxes = self
             .cri
@@ -136,7 +190,10 @@ impl KubeRuntime {
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
         info!(pod = %uid, grace_seconds, "terminating pod");
-        self.kill_pod(&uid, &pod, grace_seconds)
+        // `SyncTerminatingPod`: no liveness or startup probe acts on a pod
+        // being stopped.
+        self.probes.stop_liveness_and_startup(&uid, &pod);
+        self.kill_pod(&uid, &pod, grace_seconds, &entry.status)
             .await
             .inspect_err(|e| kubelet_events::failed_kill_pod(&self.events, &pod, e))?;
         // The final status is the runtime's, read again after the kill: exit
@@ -242,6 +299,7 @@ impl KubeRuntime {
         );
         lock(&self.backoff).forget(&uid);
         lock(&self.image_backoff).retain(|(p, _)| *p != uid);
+        lock(&self.pull_errors).forget(&uid);
         lock(&self.reasons).forget(&uid);
         lock(&self.start_times).remove(&uid);
         info!(pod = %uid, sandboxes = sandboxes.len(), "pod terminated: sandboxes and cgroup removed");
@@ -252,6 +310,45 @@ impl KubeRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FailedKillPod race: a container containerd still lists running
+    /// whose death the kernel PLEG has laid in the cache is not stopped
+    /// again; one the cache holds running, or does not hold, is.
+    #[test]
+    fn a_kill_skips_containers_whose_death_the_pleg_saw() {
+        use evpleg_core::container::ContainerStatus;
+        use evpleg_core::lifecycle::EventSource;
+        let id = |n: u8| format!("{n:064x}");
+        let listed = |n: u8, state: v1::ContainerState| v1::Container {
+            id: id(n),
+            state: state as i32,
+            ..Default::default()
+        };
+        let seen = |n: u8, state: ContainerState, source: EventSource| {
+            ContainerStatus::new(ContainerId::parse(&id(n)).unwrap(), "c", state, source)
+        };
+        let listed = [
+            listed(1, v1::ContainerState::ContainerRunning),
+            listed(2, v1::ContainerState::ContainerRunning),
+            listed(3, v1::ContainerState::ContainerRunning),
+            listed(4, v1::ContainerState::ContainerExited),
+            listed(5, v1::ContainerState::ContainerRunning),
+        ];
+        let observed = PodStatus {
+            containers: vec![
+                seen(1, ContainerState::Running, EventSource::Relist),
+                seen(2, ContainerState::Exited, EventSource::Kernel),
+                seen(3, ContainerState::Exited, EventSource::Relist),
+                seen(4, ContainerState::Exited, EventSource::Relist),
+            ],
+            ..PodStatus::default()
+        };
+        let got: Vec<&str> = to_stop(&listed, &observed)
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(got, [id(1), id(5)]);
+    }
 
     #[test]
     fn a_stop_gives_at_least_the_minimum_grace_period() {

@@ -1,6 +1,6 @@
 //! The pod's managed `/etc/hosts`, as the kubelet's `makeHostsMount` and
 //! `ensureHostsFile` (`kubelet_pods.go`): a file per pod,
-//! `<root dir>/pods/<uid>/etc-hosts`, written before each container is created
+//! `<root dir>/pods/<uid>/etc-hosts`, ensured before each container is created
 //! and bind-mounted read-write on the container's `/etc/hosts` (unless the
 //! container mounts a volume there itself), once the pod has IPs. A pod with its own network gets
 //! localhost's lines, a line per pod IP (`<ip>\t<fqdn>\t<hostname>` with a
@@ -117,7 +117,7 @@ pub fn ensure_hosts_mount(
     let dir = pod_dir(root_dir, uid);
     std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
     let file = dir.join("etc-hosts");
-    std::fs::write(&file, content).map_err(io("write", &file))?;
+    write_in_place(&file, content.as_bytes()).map_err(io("write", &file))?;
     Ok(Some(v1::Mount {
         container_path: ETC_HOSTS.into(),
         host_path: file.to_string_lossy().into_owned(),
@@ -125,6 +125,33 @@ pub fn ensure_hosts_mount(
         selinux_relabel: true,
         ..Default::default()
     }))
+}
+
+/// Writes `content` to `file` where it differs, in place: running containers
+/// have the file's inode bind-mounted, so it is never replaced by a rename.
+/// Unlike the kubelet's `os.WriteFile` (truncate, then write, at every
+/// container start), unchanged content is not written at all, and changed
+/// content is written over the old before the file is cut to its length, so
+/// a failed write never leaves a running container an empty `/etc/hosts`.
+/// A symlink at `file` is refused (`O_NOFOLLOW`).
+fn write_in_place(file: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(file)?;
+    let mut old = Vec::new();
+    f.read_to_end(&mut old)?;
+    if old == content {
+        return Ok(());
+    }
+    f.rewind()?;
+    f.write_all(content)?;
+    f.set_len(content.len() as u64)
 }
 
 /// Removes the pod's directory (its hosts file, its torn-down volumes' empty
@@ -233,5 +260,53 @@ mod tests {
         remove_pod_dir(root.path(), "u1").unwrap();
         assert!(!root.path().join("pods/u1").exists());
         remove_pod_dir(root.path(), "u1").unwrap();
+    }
+
+    /// At every container start the file is ensured again: unchanged content
+    /// leaves it untouched (its mtime kept), changed content is written into
+    /// the same inode (what running containers have mounted), shorter
+    /// content leaves no tail, and a symlink in its place is refused.
+    #[test]
+    fn the_file_is_rewritten_in_place_only_when_it_changes() {
+        use std::os::unix::fs::MetadataExt as _;
+        let root = tempfile::tempdir().unwrap();
+        let long = ["10.1.0.5".to_owned(), "fd00::5".to_owned()];
+        let spec = HostsSpec {
+            pod_ips: &long,
+            hostname: "web",
+            ..Default::default()
+        };
+        ensure_hosts_mount(root.path(), "u1", &spec).unwrap();
+        let file = root.path().join("pods/u1/etc-hosts");
+        let past = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        let inode = std::fs::metadata(&file).unwrap().ino();
+        ensure_hosts_mount(root.path(), "u1", &spec).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), past);
+
+        let short = ["10.1.0.6".to_owned()];
+        let spec = HostsSpec {
+            pod_ips: &short,
+            ..spec
+        };
+        ensure_hosts_mount(root.path(), "u1", &spec).unwrap();
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(meta.ino(), inode);
+        assert_ne!(meta.modified().unwrap(), past);
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            managed_content(&spec)
+        );
+
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(root.path().join("elsewhere"), &file).unwrap();
+        let err = ensure_hosts_mount(root.path(), "u1", &spec).unwrap_err();
+        assert!(err.to_string().contains("etc-hosts"), "{err}");
+        assert!(!root.path().join("elsewhere").exists());
     }
 }

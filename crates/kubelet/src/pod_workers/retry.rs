@@ -1,6 +1,12 @@
 //! When a pod worker may sync again after a failed sync: the kubelet's error
 //! back-off, and how soon a PLEG event may cut it short.
 //!
+//! The back-off is the kubelet's `completeWork` (`pod_workers.go`): a failed
+//! sync is requeued after `backOffPeriod` (10 s, `kubelet.go`) with
+//! `wait.Jitter` 0.5, so 10 to 15 s, every time (it does not grow); one that
+//! failed because the network is not ready ("network is not ready") after
+//! 1 s with the same jitter (`backOffOnTransientErrorPeriod`).
+//!
 //! The kubelet requeues a pod whose sync failed after its back-off period, but
 //! any PLEG event for the pod wakes the worker at once. Its PLEG relists once a
 //! second, so after a failure the next event, and the retry, comes at the
@@ -22,6 +28,48 @@ use tokio::time::Instant;
 /// kubelet's relist period, the soonest its PLEG can report anything after a
 /// failure.
 pub const EVENT_RETRY_FLOOR: Duration = Duration::from_secs(1);
+
+/// The kubelet's `backOffPeriod`: the requeue after a failed sync.
+pub const BACK_OFF_PERIOD: Duration = Duration::from_secs(10);
+
+/// The kubelet's `backOffOnTransientErrorPeriod`: the requeue after a sync
+/// that failed because the node's network is not ready.
+pub const TRANSIENT_BACK_OFF_PERIOD: Duration = Duration::from_secs(1);
+
+/// The kubelet's `workerBackOffPeriodJitterFactor`.
+pub const BACK_OFF_JITTER: f64 = 0.5;
+
+/// The kubelet's `NetworkNotReadyErrorMsg`: a sync error containing it backs
+/// off for [`TRANSIENT_BACK_OFF_PERIOD`].
+pub const NETWORK_NOT_READY: &str = "network is not ready";
+
+/// Go's `wait.Jitter(d, factor)` with `unit` its random number in `[0, 1)`:
+/// `d` plus up to `factor` times `d`.
+pub fn go_jitter(d: Duration, factor: f64, unit: f64) -> Duration {
+    d + d.mul_f64(factor * unit.clamp(0.0, 1.0))
+}
+
+/// A random number in `[0, 1)` (std's per-instance random hash keys: enough
+/// to spread retries, nothing more).
+pub fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The back-off after a sync failed with `error` (`completeWork`), `unit`
+/// the jitter's random number: `period` for any error, 1 s for a network not
+/// ready, each with 0.5 jitter.
+pub fn backoff_after(error: &str, period: Duration, unit: f64) -> Duration {
+    let base = if error.contains(NETWORK_NOT_READY) {
+        TRANSIENT_BACK_OFF_PERIOD
+    } else {
+        period
+    };
+    go_jitter(base, BACK_OFF_JITTER, unit)
+}
 
 /// What woke a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,16 +97,13 @@ pub enum Retry {
 }
 
 impl Retry {
-    /// Transition: a sync failed at `now`. The back-off doubles from
-    /// `initial` with each failure in a row, up to `max`.
-    pub fn failed(self, now: Instant, initial: Duration, max: Duration) -> Self {
+    /// Transition: a sync failed at `now`; the timer fires `backoff` later
+    /// ([`backoff_after`]).
+    pub fn failed(self, now: Instant, backoff: Duration) -> Self {
         let failures = match self {
             Self::Clear => 1,
             Self::BackingOff { failures, .. } => failures.saturating_add(1),
         };
-        let backoff = initial
-            .saturating_mul(1 << failures.min(16).saturating_sub(1))
-            .min(max);
         Self::BackingOff {
             failures,
             failed_at: now,
@@ -104,16 +149,41 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// `completeWork`: 10 s plus up to half of it for any error, every
+    /// time; 1 s plus up to half for a network not ready.
     #[test]
-    fn the_back_off_doubles_up_to_its_cap_and_clears_on_success() {
+    fn the_back_off_is_the_kubelet_s_ten_seconds_with_jitter() {
+        // (error, jitter's random number, back-off in ms)
+        let cases: &[(&str, f64, u128)] = &[
+            ("runtime unavailable", 0.0, 10_000),
+            ("runtime unavailable", 0.5, 12_500),
+            ("runtime unavailable", 0.999, 14_995),
+            (
+                "network is not ready: container runtime network not ready",
+                0.0,
+                1_000,
+            ),
+            (
+                "network is not ready: container runtime network not ready",
+                0.5,
+                1_250,
+            ),
+        ];
+        for (error, unit, want) in cases {
+            let got = backoff_after(error, BACK_OFF_PERIOD, *unit).as_millis();
+            assert_eq!(got, *want, "{error} at {unit}");
+        }
+        for _ in 0..100 {
+            let u = random_unit();
+            assert!((0.0..1.0).contains(&u), "{u}");
+        }
+        // It does not grow with the failures in a row.
         let t0 = Instant::now();
         let mut r = Retry::Clear;
-        let mut seen = Vec::new();
-        for _ in 0..8 {
-            r = r.failed(t0, ms(500), ms(30_000));
-            seen.push(r.backoff().unwrap().as_millis());
+        for _ in 0..5 {
+            r = r.failed(t0, ms(10_000));
+            assert_eq!(r.backoff(), Some(ms(10_000)));
         }
-        assert_eq!(seen, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
         assert_eq!(r.succeeded(), Retry::Clear);
         assert_eq!(Retry::Clear.backoff(), None);
     }

@@ -329,7 +329,7 @@ async fn get(
     }
     let tcp = tokio::net::TcpStream::connect((at.host.as_str(), at.port))
         .await
-        .map_err(|e| failed(format!("dial tcp {}: {e}", at.authority())))?;
+        .map_err(|e| failed(super::handlers::dial_error(&at.authority(), &e)))?;
     match at.scheme {
         Scheme::Https => match tls::connect(tcp, &at.host, purpose == Purpose::Probe).await {
             Ok(stream) => {

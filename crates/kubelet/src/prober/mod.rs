@@ -13,8 +13,14 @@
 //! container is replaced; a running container not ready yet has its readiness
 //! probe run at once when its status is generated
 //! ([`Results::trigger_readiness`], the kubelet's `manualTriggerCh`), not a
-//! period after its start. Difference: the worker reads the container from
-//! the PLEG's cache (the runtime's view), not from the status manager.
+//! period after its start; once the pod terminates, the liveness and startup
+//! workers of its app containers stop ([`Results::stop_liveness_and_startup`]).
+//! Difference: the worker reads the container from the PLEG's cache (the
+//! runtime's view, with the kernel's deaths laid over it), not from the
+//! status manager; so a container it saw not running gets a Failure that
+//! kills nothing ([`Results::set_not_running`]: a kernel death the runtime
+//! contradicts shows a running container exited for a moment), and the
+//! worker puts its counter's result back once it sees it running again.
 
 pub mod handlers;
 pub mod http;
@@ -70,6 +76,15 @@ impl ProbeKind {
             Self::Readiness => "readiness",
         }
     }
+
+    /// The kind as the kubelet's events print it (`probeType`'s `String`).
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Startup => "Startup",
+            Self::Liveness => "Liveness",
+            Self::Readiness => "Readiness",
+        }
+    }
 }
 
 /// A probe's outcome.
@@ -88,6 +103,11 @@ pub struct Results {
     changed: mpsc::UnboundedSender<PodUid>,
     /// The readiness workers' manual triggers, by pod and container name.
     triggers: Mutex<HashMap<(PodUid, String), Arc<tokio::sync::Notify>>>,
+    /// The workers told to stop, by pod, container name and kind.
+    stopped: Mutex<std::collections::HashSet<(PodUid, String, ProbeKind)>>,
+    /// The Failure results that say only that the worker saw the container
+    /// not running ([`Results::set_not_running`]).
+    not_running: Mutex<std::collections::HashSet<(ContainerId, ProbeKind)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -103,6 +123,8 @@ impl Results {
                 results: Mutex::default(),
                 changed,
                 triggers: Mutex::default(),
+                stopped: Mutex::default(),
+                not_running: Mutex::default(),
             }),
             rx,
         )
@@ -115,14 +137,37 @@ impl Results {
 
     /// Sets a result; a change asks for a sync of `uid`.
     pub fn set(&self, uid: &PodUid, id: &ContainerId, kind: ProbeKind, result: ProbeResult) {
+        lock(&self.not_running).remove(&(id.clone(), kind));
         let old = lock(&self.results).insert((id.clone(), kind), result);
         if old != Some(result) {
             let _ = self.changed.send(uid.clone());
         }
     }
 
+    /// The worker saw the container not running: Failure (the kubelet's
+    /// worker on a non-running container), marked as such. Such a failure
+    /// kills nothing ([`Results::failed_running`]): for the kubelet, whose
+    /// worker reads the runtime's relisted state, a container seen not
+    /// running never runs again; here the worker reads the PLEG's cache,
+    /// where a kernel death the runtime then contradicts shows the container
+    /// exited for a moment (up to `evpleg_pleg::relist::CONFIRM_BOUND`), and
+    /// its liveness or startup Failure killed the running container
+    /// (`startup-gating`, `startup-fails` in the differential oracle).
+    pub fn set_not_running(&self, uid: &PodUid, id: &ContainerId, kind: ProbeKind) {
+        self.set(uid, id, kind, ProbeResult::Failure);
+        lock(&self.not_running).insert((id.clone(), kind));
+    }
+
+    /// Whether the container's `kind` probe failed while it ran (a Failure
+    /// not set by [`Results::set_not_running`]): what kills it.
+    pub fn failed_running(&self, id: &ContainerId, kind: ProbeKind) -> bool {
+        self.get(id, kind) == Some(ProbeResult::Failure)
+            && !lock(&self.not_running).contains(&(id.clone(), kind))
+    }
+
     /// Forgets a container's results (its worker stopped).
     pub fn remove(&self, id: &ContainerId, kind: ProbeKind) {
+        lock(&self.not_running).remove(&(id.clone(), kind));
         lock(&self.results).remove(&(id.clone(), kind));
     }
 
@@ -152,9 +197,30 @@ impl Results {
         }
     }
 
-    /// Forgets a pod's triggers (its workers stopped).
+    /// Forgets a pod's triggers and stops (its workers stopped).
     fn forget_triggers(&self, uid: &PodUid) {
         lock(&self.triggers).retain(|(u, _), _| u != uid);
+        lock(&self.stopped).retain(|(u, _, _)| u != uid);
+    }
+
+    /// The kubelet's `StopLivenessAndStartup`, at the start of the pod's
+    /// termination (`SyncTerminatingPod`): the liveness and startup workers
+    /// of its app containers stop, so that no probe kills a container or
+    /// records `Unhealthy` while it is being stopped. Readiness goes on,
+    /// and so do the sidecars' probes (the kubelet stops only the
+    /// `spec.containers`' ones).
+    pub fn stop_liveness_and_startup(&self, uid: &PodUid, pod: &Pod) {
+        let mut stopped = lock(&self.stopped);
+        for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+            for kind in [ProbeKind::Liveness, ProbeKind::Startup] {
+                stopped.insert((uid.clone(), c.name.clone(), kind));
+            }
+        }
+    }
+
+    /// Whether the worker of `kind` of container `name` was told to stop.
+    pub fn is_stopped(&self, uid: &PodUid, name: &str, kind: ProbeKind) -> bool {
+        lock(&self.stopped).contains(&(uid.clone(), name.to_owned(), kind))
     }
 
     /// Whether a running container is ready: its readiness probe succeeded,
@@ -204,17 +270,21 @@ pub fn probe_kills(pod: &Pod, status: &PodStatus, results: &Results, actions: &m
         if actions.kill.iter().any(|k| k.id == s.id) {
             continue;
         }
+        // As `computePodActions`: liveness first, then startup.
         let failed = [ProbeKind::Liveness, ProbeKind::Startup]
             .into_iter()
-            .find(|k| k.of(c).is_some() && results.get(&s.id, *k) == Some(ProbeResult::Failure));
+            .find(|k| k.of(c).is_some() && results.failed_running(&s.id, *k));
         let Some(kind) = failed else { continue };
         let reason = match slot {
             Slot::Init(_) => format!("Init container {} failed {} probe", c.name, kind.name()),
-            Slot::App(_) => format!(
+            // `computePodActions` adds ", will be restarted" only when the
+            // pod's policy restarts it.
+            Slot::App(_) if restarts => format!(
                 "Container {} failed {} probe, will be restarted",
                 c.name,
                 kind.name()
             ),
+            Slot::App(_) => format!("Container {} failed {} probe", c.name, kind.name()),
         };
         actions.kill.push(Kill {
             id: s.id.clone(),
@@ -414,10 +484,12 @@ mod tests {
                 "{policy}"
             );
             if let Some(k) = actions.kill.first() {
-                assert_eq!(
-                    k.reason,
-                    "Container live failed liveness probe, will be restarted"
-                );
+                // Under Never nothing restarts, and the event does not say so.
+                let want = match policy {
+                    "Never" => "Container live failed liveness probe",
+                    _ => "Container live failed liveness probe, will be restarted",
+                };
+                assert_eq!(k.reason, want, "{policy}");
                 assert_eq!(k.grace_seconds, Some(4), "the probe's own grace period");
             }
         }
@@ -429,6 +501,50 @@ mod tests {
         while changed.try_recv().is_ok() {}
         results.set(&uid, &id(1), ProbeKind::Liveness, ProbeResult::Failure);
         assert!(changed.try_recv().is_err());
+    }
+
+    /// A Failure that says only that the worker saw the container not
+    /// running (a kernel death the runtime then contradicted) kills nothing;
+    /// a probe's own Failure does, and replaces it.
+    #[test]
+    fn a_not_running_failure_kills_no_running_container() {
+        let uid = PodUid::parse(&"a".repeat(32)).unwrap();
+        let id = |n: u8| ContainerId::parse(&format!("{n:064x}")).unwrap();
+        let status = PodStatus {
+            containers: vec![running(1, "live"), running(2, "start")],
+            ..PodStatus::default()
+        };
+        // (liveness of `live` seen not running, startup of `start` seen not
+        // running, then a probe's own failure of `start`) -> killed
+        let cases: [(bool, bool, bool, &[&str]); 4] = [
+            (false, false, false, &[]),
+            (true, false, false, &[]),
+            (true, true, false, &[]),
+            (true, true, true, &["start"]),
+        ];
+        for (live, start, probed, killed) in cases {
+            let (results, _changed) = Results::new();
+            if live {
+                results.set_not_running(&uid, &id(1), ProbeKind::Liveness);
+            }
+            if start {
+                results.set_not_running(&uid, &id(2), ProbeKind::Startup);
+            }
+            if probed {
+                results.set(&uid, &id(2), ProbeKind::Startup, ProbeResult::Failure);
+            }
+            let mut actions = PodActions::default();
+            probe_kills(&pod("Always"), &status, &results, &mut actions);
+            let names: Vec<_> = actions.kill.iter().map(|k| k.name.as_str()).collect();
+            assert_eq!(names, killed, "{live} {start} {probed}");
+            // Either way the container is not ready while it is failed.
+            if live {
+                assert_eq!(
+                    results.get(&id(1), ProbeKind::Liveness),
+                    Some(ProbeResult::Failure)
+                );
+            }
+        }
     }
 
     /// A sidecar's failed liveness or startup probe kills it with the

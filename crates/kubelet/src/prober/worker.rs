@@ -97,10 +97,12 @@ impl Counter {
 pub enum Decision {
     /// No container yet (or the pod is not in the cache).
     Wait,
-    /// The container is not running: its result is Failure.
+    /// The container has ended (or its state is unknown): its result is
+    /// Failure.
     NotRunning(ContainerId),
     /// A startup probe has not succeeded yet (liveness, readiness), or has
-    /// (startup), or the initial delay has not passed: keep the result.
+    /// (startup), or the initial delay has not passed, or the container is
+    /// created but not started yet: keep the result.
     Skip(ContainerId),
     Probe(ContainerId),
 }
@@ -117,6 +119,16 @@ pub fn decide(
     let Some((id, state, started_at)) = instance else {
         return Decision::Wait;
     };
+    // Created, not yet started: the runtime's view between CreateContainer
+    // and StartContainer, which a relist can catch. The kubelet's worker
+    // takes any non-running state as Failure, but its status manager
+    // rarely shows a container in that window; here the cache does, and a
+    // Failure laid on the instance then killed it as soon as it ran
+    // (liveness, `tests/fidelity/liveness-http-passes.yaml`). It keeps its
+    // initial result until it runs or ends.
+    if state == ContainerState::Created {
+        return Decision::Skip(id);
+    }
     if state != ContainerState::Running {
         return Decision::NotRunning(id);
     }
@@ -172,6 +184,9 @@ impl Worker {
                     }
                 } => debug!(container = %self.container.name, "readiness probe triggered"),
             }
+            if self.stopped() {
+                return;
+            }
             let entry = self.cache.get(&self.uid);
             let instance = entry.as_ref().and_then(|e| {
                 latest(&e.status, &self.container.name)
@@ -200,12 +215,13 @@ impl Worker {
                 started,
                 now,
             ) {
-                Decision::Wait | Decision::Skip(_) => {}
+                Decision::Wait => {}
                 Decision::NotRunning(id) => {
-                    self.results
-                        .set(&self.uid, &id, self.kind, ProbeResult::Failure);
+                    self.results.set_not_running(&self.uid, &id, self.kind);
                 }
+                Decision::Skip(id) => self.restore(current.as_ref(), &id),
                 Decision::Probe(id) => {
+                    self.restore(current.as_ref(), &id);
                     let Some((_, counter)) = current.as_mut().filter(|(c, _)| *c == id) else {
                         continue;
                     };
@@ -214,13 +230,21 @@ impl Worker {
                     }
                     let ips = entry.as_ref().map(|e| e.status.ips.as_slice());
                     let handler = self.handler.at_pod(&self.pod, ips.unwrap_or_default());
-                    let outcome = match handler.run(&self.container, &id, &self.probe).await {
+                    let outcome = match self.run_with_retries(&handler, &id).await {
                         Ok(outcome) => outcome,
                         Err(e) => {
                             debug!(error = %e, "probe not run; its result is thrown away");
+                            // The kubelet's `probe`: an event, no result.
+                            if !self.stopped() {
+                                self.record_error(&e);
+                            }
                             continue;
                         }
                     };
+                    // Told to stop while it probed: its outcome is dropped.
+                    if self.stopped() {
+                        return;
+                    }
                     let outcome = self.record(outcome);
                     if let Some(result) = counter.observe(outcome) {
                         info!(
@@ -240,12 +264,70 @@ impl Worker {
 }
 
 impl Worker {
+    /// The container `id` runs (again): a Failure laid while it was seen not
+    /// running (a kernel death the runtime contradicted) gives way to the
+    /// counter's published result, which the next outcomes change as usual.
+    fn restore(&self, current: Option<&(ContainerId, Counter)>, id: &ContainerId) {
+        let Some((_, counter)) = current.filter(|(c, _)| c == id) else {
+            return;
+        };
+        if self.results.get(id, self.kind) != Some(counter.result) {
+            debug!(container = %self.container.name, probe = self.kind.name(), "running again: the counter's result restored");
+            self.results.set(&self.uid, id, self.kind, counter.result);
+        }
+    }
+
+    /// The pod terminates: this liveness or startup worker stops
+    /// (`StopLivenessAndStartup`).
+    fn stopped(&self) -> bool {
+        let stop = self
+            .results
+            .is_stopped(&self.uid, &self.container.name, self.kind);
+        if stop {
+            debug!(pod = %self.uid, container = %self.container.name, probe = self.kind.name(), "the pod terminates: probe worker stopped");
+        }
+        stop
+    }
+
+    /// The kubelet's `runProbeWithRetries`: a probe that could not run is
+    /// tried again, [`MAX_PROBE_RETRIES`] times in all.
+    async fn run_with_retries(
+        &self,
+        handler: &Handlers,
+        id: &ContainerId,
+    ) -> Result<Outcome, super::handlers::ProbeError> {
+        let mut tries = 1;
+        loop {
+            match handler.run(&self.container, id, &self.probe).await {
+                Err(e) if tries < MAX_PROBE_RETRIES => {
+                    debug!(error = %e, tries, "probe not run; trying again");
+                    tries += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// The kubelet's `prober.probe` for a probe that could not run: a
+    /// Warning `Unhealthy` event, `<Kind> probe errored and resulted in
+    /// unknown state: <error>`.
+    fn record_error(&self, e: &super::handlers::ProbeError) {
+        let (reason, message) = errored_event(self.kind, e);
+        self.warn(reason, message);
+    }
+
     /// The kubelet's `prober.probe`: a failure is an `Unhealthy` event, a
     /// success with a warning a `ProbeWarning` event (and a success).
     fn record(&self, outcome: Outcome) -> ProbeResult {
         let Some((reason, message, result)) = event_of(self.kind, &outcome) else {
             return ProbeResult::Success;
         };
+        self.warn(reason, message);
+        result
+    }
+
+    /// A Warning event about the probed container.
+    fn warn(&self, reason: &'static str, message: String) {
         self.events.record(
             &self.pod,
             Some(&self.container.name),
@@ -253,15 +335,29 @@ impl Worker {
             reason,
             message,
         );
-        result
     }
+}
+
+/// How many times a probe that could not run is tried (the kubelet's
+/// `maxProbeRetries`).
+pub const MAX_PROBE_RETRIES: u32 = 3;
+
+/// The event the kubelet records for a probe that could not run (reason,
+/// message).
+pub fn errored_event(kind: ProbeKind, e: &super::handlers::ProbeError) -> (&'static str, String) {
+    (
+        evpleg_record::UNHEALTHY,
+        format!(
+            "{} probe errored and resulted in unknown state: {e}",
+            kind.title()
+        ),
+    )
 }
 
 /// The event the kubelet records for a probe's outcome (reason, message)
 /// and the result it counts; `None` for a plain success (no event).
 pub fn event_of(kind: ProbeKind, outcome: &Outcome) -> Option<(&'static str, String, ProbeResult)> {
-    let mut title = kind.name().to_owned();
-    title[..1].make_ascii_uppercase();
+    let title = kind.title();
     match outcome {
         Outcome::Success => None,
         Outcome::Warning(why) => Some((
@@ -384,8 +480,16 @@ mod tests {
             serde_json::from_value(serde_json::json!({"name": "c", "startupProbe": {}})).unwrap();
         let s = 1_000_000_000i64;
         let run = |state| Some((id.clone(), state, Some(10 * s)));
-        use ContainerState::{Exited, Running};
+        use ContainerState::{Created, Exited, Running};
         let cases = [
+            (
+                ProbeKind::Liveness,
+                &plain,
+                run(Created),
+                false,
+                20,
+                Decision::Skip(id.clone()),
+            ),
             (
                 ProbeKind::Readiness,
                 &plain,
@@ -458,5 +562,98 @@ mod tests {
                 "{kind:?} {instance:?} started={started} now={now}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod stop_tests {
+    use std::time::Instant;
+
+    use super::*;
+    use evpleg_core::clock::ManualClock;
+    use evpleg_core::container::{ContainerStatus, PodStatus};
+    use evpleg_core::lifecycle::EventSource;
+
+    /// `StopLivenessAndStartup`: once the pod terminates, a failing liveness
+    /// probe records no more `Unhealthy` events and its worker ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminating_pod_s_liveness_worker_stops_and_stays_quiet() {
+        // A port nothing listens on: every probe fails (connection refused).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let pod: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "default", "uid": "a".repeat(32)},
+                "spec": {"containers": [{"name": "app", "livenessProbe": {
+                    "tcpSocket": {"host": "127.0.0.1", "port": port},
+                    "periodSeconds": 1, "failureThreshold": 100}}]}
+            }))
+            .unwrap(),
+        );
+        let uid = PodUid::parse(&"a".repeat(32)).unwrap();
+        let id = ContainerId::parse(&format!("{:064x}", 1)).unwrap();
+        let cache = Arc::new(PodStatusCache::new());
+        let status = PodStatus {
+            containers: vec![ContainerStatus::new(
+                id,
+                "app",
+                ContainerState::Running,
+                EventSource::Relist,
+            )],
+            ..PodStatus::default()
+        };
+        cache.set(&uid, status, 1);
+        let (results, _changed) = Results::new();
+        let events = evpleg_record::Recorder::new(
+            "n",
+            Arc::new(ManualClock::new(1)),
+            Default::default(),
+            None,
+        );
+        let cri = evpleg_cri::CriClient::connect_unchecked(
+            "unix:///nonexistent/evpleg-test.sock",
+            evpleg_cri::CriClientConfig::default(),
+        )
+        .await
+        .unwrap();
+        let c = pod.spec.as_ref().unwrap().containers[0].clone();
+        let worker = Worker {
+            uid: uid.clone(),
+            pod: pod.clone(),
+            probe: c.liveness_probe.clone().unwrap(),
+            container: c,
+            kind: ProbeKind::Liveness,
+            results: results.clone(),
+            cache,
+            handler: Handlers {
+                cri,
+                host_ip: "127.0.0.1".into(),
+            },
+            events: events.clone(),
+        };
+        let unhealthy = || {
+            events
+                .pod_events("default", "web")
+                .iter()
+                .filter(|e| e.reason == evpleg_record::UNHEALTHY)
+                .map(|e| e.count)
+                .sum::<u32>()
+        };
+        let task = tokio::spawn(worker.run());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while unhealthy() == 0 {
+            assert!(Instant::now() < deadline, "no Unhealthy event within 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        results.stop_liveness_and_startup(&uid, &pod);
+        let before = unhealthy();
+        tokio::time::timeout(Duration::from_secs(3), task)
+            .await
+            .expect("the worker ends within a period of the stop")
+            .unwrap();
+        assert_eq!(unhealthy(), before, "no Unhealthy event after the stop");
     }
 }

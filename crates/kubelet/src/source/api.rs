@@ -70,7 +70,7 @@ impl Default for SourceBackoff {
 }
 
 impl SourceBackoff {
-    fn build(&self) -> ResetTimerBackoff<ExponentialBackoff> {
+    pub(crate) fn build(&self) -> ResetTimerBackoff<ExponentialBackoff> {
         let builder = backon::ExponentialBuilder::default()
             .with_min_delay(self.min)
             .with_max_delay(self.max)

@@ -665,7 +665,7 @@ pub fn merge_patch(old: &Value, new: &Value) -> Option<Value> {
 
 /// A static pod: its source annotation is present and not `api` (the kubelet's
 /// `IsStaticPod`; a pod without the annotation is an API pod).
-fn is_static(pod: &Pod) -> bool {
+pub(crate) fn is_static(pod: &Pod) -> bool {
     annotation(pod, annotations::CONFIG_SOURCE).is_some_and(|s| s != SourceName::Api.as_str())
 }
 
@@ -701,7 +701,7 @@ fn names(pod: &Pod) -> (&str, &str) {
     )
 }
 
-fn full_name(pod: &Pod) -> String {
+pub(crate) fn full_name(pod: &Pod) -> String {
     let (namespace, name) = names(pod);
     format!("{namespace}/{name}")
 }

@@ -10,10 +10,11 @@
 //! ContainersReady while ready (their readiness probe), and
 //! never decide the phase by their exit.
 //! Conditions: PodReadyToStartContainers (a ready sandbox), PodScheduled,
-//! Initialized, ContainersReady, Ready (a running
-//! container is ready when its readiness probe succeeded, or it has none, and
-//! its startup probe succeeded: [`crate::prober`]; Ready also needs every
-//! readiness gate's condition True, and conditions others set are kept).
+//! Initialized, ContainersReady, Ready, with the kubelet's reasons and
+//! messages ([`super::conditions`]; a running container is ready when its
+//! readiness probe succeeded, or it has none, and its startup probe
+//! succeeded: [`crate::prober`]; Ready also needs every readiness gate's
+//! condition True, and conditions others set are kept).
 //! lastTransitionTime is the status manager's. Container statuses carry the state, the last
 //! termination, the exit code and reason (Completed, Error, OOMKilled), the
 //! restart count and the times. An exit the kernel saw first is already in the
@@ -34,6 +35,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::conditions;
 use crate::kuberuntime::actions::{RestartPolicy, Terminal, Waiting, is_sidecar, latest};
 use evpleg_core::container::{ContainerState, ContainerStatus, PodStatus};
 
@@ -72,7 +74,10 @@ pub struct Context<'a> {
 fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
     ContainerStateTerminated {
         exit_code: s.exit_code.unwrap_or(0),
-        signal: s.signal,
+        // The kubelet never sets `signal` (`convertContainerStatus` fills
+        // the exit code, reason, message and times from the CRI status,
+        // which has no signal): a death by signal shows as 128+n only.
+        signal: None,
         reason: Some(if s.reason.is_empty() {
             match s.exit_code {
                 Some(0) => "Completed".into(),
@@ -356,6 +361,8 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             message: Some(message.into()),
             host_ip,
             start_time: ctx.start_time.and_then(time),
+            // The kubelet's `rejectPod` keeps the QoS class.
+            qos_class: Some(evpleg_core::qos::qos_class(pod).as_api().into()),
             ..ApiPodStatus::default()
         };
     }
@@ -383,12 +390,14 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             )
         })
         .collect();
-    // A plain init container that completed is ready (the prober manager's
-    // `UpdatePodStatus`).
+    // A plain init container is ready once it completed with exit code 0,
+    // and not before: running, it is not (the prober manager's
+    // `UpdatePodStatus` looks at its terminated state only, never at a
+    // readiness result).
     let mut init = init;
     for (c, spec) in init.iter_mut().zip(&init_specs) {
-        if !is_sidecar(spec) && init_succeeded(c) {
-            c.ready = true;
+        if !is_sidecar(spec) {
+            c.ready = init_succeeded(c);
         }
     }
     let (sidecars, plain): (Vec<_>, Vec<_>) = init
@@ -447,16 +456,6 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             }
         }
     }
-    let all_ready =
-        !apps.is_empty() && apps.iter().all(|c| c.ready) && sidecars.iter().all(|c| c.ready);
-    let completed = matches!(phase, "Succeeded" | "Failed").then_some("PodCompleted");
-    let not_ready = if completed.is_some() {
-        completed
-    } else if all_ready {
-        None
-    } else {
-        Some("ContainersNotReady")
-    };
     let host_network = spec.host_network.unwrap_or(false);
     let pod_ips: Vec<String> = if host_network {
         host_ip.iter().cloned().collect()
@@ -471,48 +470,22 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
         .cloned()
         .collect();
-    let gate_missing = spec.readiness_gates.iter().flatten().find(|g| {
-        !others
-            .iter()
-            .any(|c| c.type_ == g.condition_type && c.status == "True")
-    });
-    let mut ready = condition(
-        "Ready",
-        all_ready && completed.is_none() && gate_missing.is_none(),
-        not_ready,
-    );
-    if let (Some(g), None) = (gate_missing, not_ready) {
-        ready.reason = Some("ReadinessGatesNotReady".into());
-        ready.message = Some(format!(
-            "corresponding condition of pod readiness gate {:?} does not exist or is not True.",
-            g.condition_type
-        ));
-    }
-    // The kubelet's PodReadyToStartContainers: a ready sandbox (its network
-    // set up by the runtime).
-    let sandbox_ready = runtime
-        .sandboxes
-        .iter()
-        .any(|s| s.state == evpleg_core::container::SandboxState::Ready);
-    let mut conditions = vec![
-        condition("PodReadyToStartContainers", sandbox_ready, None),
+    let init_refs: Vec<&ApiContainerStatus> = init.iter().collect();
+    let app_refs: Vec<&ApiContainerStatus> = apps.iter().collect();
+    let every: Vec<&ApiContainerStatus> = init.iter().chain(&apps).collect();
+    let containers_ready = conditions::containers_ready(&spec, &every, phase);
+    let ready = conditions::pod_ready(&spec, &containers_ready, &others);
+    let mut list = vec![
+        conditions::ready_to_start_containers(&runtime.sandboxes),
         condition("PodScheduled", true, None),
-        condition(
-            "Initialized",
-            init_done,
-            (!init_done).then_some("ContainersNotInitialized"),
-        ),
-        condition(
-            "ContainersReady",
-            all_ready && completed.is_none(),
-            not_ready,
-        ),
+        conditions::initialized(&spec, &init_refs, &app_refs, phase),
+        containers_ready,
         ready,
     ];
-    conditions.extend(others);
+    list.extend(others);
     ApiPodStatus {
         phase: Some(phase.into()),
-        conditions: Some(conditions),
+        conditions: Some(list),
         host_ip: host_ip.clone(),
         host_ips: host_ip.map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]),
         pod_ip: pod_ips.first().cloned(),
@@ -810,6 +783,60 @@ mod tests {
             (s.phase.as_deref(), s.reason.as_deref()),
             (Some("Failed"), Some("OutOfmemory"))
         );
+        // `rejectPod` keeps the QoS class (no requests: BestEffort).
+        assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    /// A plain init container is ready once it completed with 0 and not
+    /// before (`UpdatePodStatus`), whatever the probes say; a sidecar is
+    /// ready when running and its probes say so. A death by signal has no
+    /// `signal` (`convertContainerStatus` never sets it).
+    #[test]
+    fn init_readiness_and_no_signal_as_the_kubelet() {
+        use ContainerState::*;
+        let p = pod("Never", &["init", "side"], &["app"]);
+        let killed = |mut c: ContainerStatus| {
+            c.signal = Some(9);
+            c
+        };
+        // (runtime containers, the init container's ready, the sidecar's)
+        let cases = [
+            (vec![], false, false),
+            (vec![cs(1, "init", Running, None, 0)], false, false),
+            (vec![cs(1, "init", Exited, Some(1), 0)], false, false),
+            (
+                vec![killed(cs(1, "init", Exited, Some(137), 0))],
+                false,
+                false,
+            ),
+            (vec![cs(1, "init", Exited, Some(0), 0)], true, false),
+            (
+                vec![
+                    cs(1, "init", Exited, Some(0), 0),
+                    cs(2, "side", Running, None, 0),
+                ],
+                true,
+                true,
+            ),
+        ];
+        for (i, (containers, init_ready, side_ready)) in cases.into_iter().enumerate() {
+            let s = generate(&p, &runtime(containers), &ctx());
+            let ready: Vec<bool> = s
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .map(|c| c.ready)
+                .collect();
+            assert_eq!(ready, [init_ready, side_ready], "case {i}");
+            let signals: Vec<_> = s
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+                .map(|t| t.signal)
+                .collect();
+            assert!(signals.iter().all(Option::is_none), "case {i}: {signals:?}");
+        }
     }
 
     #[test]

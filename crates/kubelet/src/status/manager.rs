@@ -294,6 +294,57 @@ impl StatusManager {
         self.notify.notify_one();
     }
 
+    /// Deletes a mirror pod whose static pod is not on the node (the
+    /// kubelet's `deleteOrphanedMirrorPods`, at housekeeping: a manifest
+    /// removed while the agent was down). Done through the writer's
+    /// [`super::StatusWriter::forget`] of the static pod the mirror stands
+    /// for (its `config.hash` is the mirror's `config.mirror`), which deletes
+    /// the mirror pod only if it still carries that hash, with its UID as
+    /// precondition. A mirror pod already queued is not queued again.
+    pub fn delete_orphaned_mirror(&self, mirror: &Pod) {
+        let Some(uid) = mirror.metadata.uid.as_deref().and_then(PodUid::parse) else {
+            return;
+        };
+        let Some(hash) = mirror
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::source::annotations::CONFIG_MIRROR))
+            .cloned()
+        else {
+            return;
+        };
+        let mut entries = lock(&self.entries);
+        if entries.contains_key(&uid) {
+            return;
+        }
+        let mut gone = mirror.clone();
+        let annotations = gone.metadata.annotations.get_or_insert_default();
+        annotations.remove(crate::source::annotations::CONFIG_MIRROR);
+        annotations.insert(crate::source::annotations::CONFIG_HASH.into(), hash);
+        annotations.insert(
+            crate::source::annotations::CONFIG_SOURCE.into(),
+            crate::source::SourceName::File.as_str().into(),
+        );
+        info!(pod = ?mirror.metadata.name, namespace = ?mirror.metadata.namespace, %uid,
+              "housekeeping: deleting an orphaned mirror pod (its static pod is not on the node)");
+        entries.insert(
+            uid,
+            Entry {
+                pod: Arc::new(gone),
+                status: ApiPodStatus::default(),
+                version: 0,
+                written: 0,
+                retry_delay: RETRY_INITIAL,
+                next_attempt: None,
+                removed: true,
+                finished: false,
+            },
+        );
+        drop(entries);
+        self.notify.notify_one();
+    }
+
     /// Forgets a pod at once, its pending status unwritten: the same UID starts
     /// again from scratch (a static pod restored after its manifest was removed).
     pub fn reset(&self, uid: &PodUid) {

@@ -3,6 +3,7 @@
 //! `pkg/kubelet/status` and `generateAPIPodStatus`).
 
 pub mod api;
+pub mod conditions;
 pub mod finish;
 pub mod generate;
 pub mod local;

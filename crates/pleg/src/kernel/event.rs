@@ -9,7 +9,7 @@ use std::mem::size_of;
 use evpleg_events::{
     CGROUP_PATH_LEN, COMM_LEN, CgroupEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC,
     EVENT_EXIT, EVENT_OOM_VICTIM, EXEC_FLAG_READ_ERROR, EXIT_FLAG_OOM_KILLED, EXIT_FLAG_READ_ERROR,
-    EventHeader, ExecEvent, ExitEvent, FILENAME_LEN, OOM_VICTIM_TID_ONLY, OomVictimEvent,
+    EventHeader, ExecEvent, ExitEvent, FILENAME_LEN, OomVictimEvent,
 };
 
 use evpleg_core::lifecycle::ExitStatus;
@@ -186,22 +186,6 @@ fn c_string(bytes: &[u8]) -> &[u8] {
     &bytes[..end]
 }
 
-/// The thread group of thread `tid`, from `/proc/<tid>/status` (only for kernels
-/// whose `mark_victim` passes a thread id; an OOM kill is rare).
-fn tgid_of(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    parse_tgid(&status)
-}
-
-fn parse_tgid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Decodes one ring-buffer record.
 pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
     let header_len = size_of::<EventHeader>();
@@ -270,16 +254,15 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
         }
         EVENT_OOM_VICTIM => {
             let e: OomVictimEvent = read_record(bytes, kind)?;
-            let tgid = if e.flags & OOM_VICTIM_TID_ONLY != 0 {
-                // The older tracepoint names a thread; the victim is alive until it
-                // handles its SIGKILL, so /proc still has it.
-                tgid_of(e.tgid).unwrap_or(e.tgid)
-            } else {
-                e.tgid
-            };
+            // The older tracepoint names a thread (`OOM_VICTIM_TID_ONLY`): taken
+            // as the thread group's id, which it is when the OOM killer chose
+            // the group's leader, as it does unless the leader has exited. The
+            // decoder runs on the real-time reader and reads no `/proc` (issue
+            // #25 item 8): a victim named by another thread is not matched
+            // here, and its exit's own OOM flag (`signal->oom_mm`) still tells.
             Ok(KernelEvent::OomVictim {
                 at_ns: e.header.ktime_ns,
-                tgid,
+                tgid: e.tgid,
             })
         }
         _ => Err(DecodeError::UnknownKind {
@@ -396,6 +379,7 @@ pub(crate) mod encode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use evpleg_events::OOM_VICTIM_TID_ONLY;
 
     #[test]
     fn decodes_each_kind() {
@@ -485,8 +469,9 @@ mod tests {
                 tgid: 4242
             })
         );
-        // The older form names a thread, resolved to its group: a live thread of
-        // this test process.
+        // The older form names a thread: taken as it is (the group leader's
+        // id when the leader was chosen), without reading /proc/<tid> (a live
+        // thread of this test process: it was resolved to the process before).
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -500,13 +485,11 @@ mod tests {
             decode(&encode::oom_victim(6, tid, OOM_VICTIM_TID_ONLY)),
             Ok(KernelEvent::OomVictim {
                 at_ns: 6,
-                tgid: std::process::id()
+                tgid: tid
             })
         );
         drop(done_tx);
         thread.join().expect("thread");
-        assert_eq!(parse_tgid("Name:\tx\nTgid:\t77\nPid:\t78\n"), Some(77));
-        assert_eq!(parse_tgid("Pid:\t3\n"), None);
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //!
 //! | state | input | next state | effect | transition |
 //! |---|---|---|---|---|
-//! | `Fresh` | exec by the runtime's init (parent outside the container) | `Certain` | Started | [`MainState::exec`]: `main_exec` |
+//! | `Fresh` | exec by the runtime's init (parent outside the container, made before the first exit in it) | `Certain` | Started | [`MainState::exec`]: `main_exec` |
 //! | `Fresh` | exec, runtime re-exec | `Fresh` | none | `runtime_reexec` |
 //! | `Fresh` | exec with its parent inside the container (a hook) | `Fresh` | none | `inner_exec` |
+//! | `Fresh` | exec by a process from outside made after the init (an exec session racing the start) | `Uncertain(None)` | hint | `joined_exec` |
 //! | `Fresh` | exec whose record has a read error | `Uncertain(None)` | hint | `unread_exec` |
 //! | `Certain(m)` | exec by `m` | `Certain` (new key) | none | `main_reexec` |
 //! | `Certain`, `Uncertain`, `Exited` | exec by another process | same | none | `other_exec` |
@@ -38,6 +39,25 @@
 //! `startContainer` hooks run inside the container's cgroup before that, as
 //! children of the init: an exec whose parent is inside the container is never
 //! the main process, however early it comes.
+//!
+//! An exec session (`ExecSync`, an exec probe, `kubectl exec`, any `runc
+//! exec`) has its parent outside the container too, and may exec between the
+//! cgroup's creation and the init's exec (containerd takes an `ExecSync` once
+//! `runc start` returned, before the init's `execve`; `runc exec` takes one
+//! while the container is only created). It is told from the init by when it
+//! was made: the init is made while the runtime sets the container up, before
+//! anything exits in the cgroup (runc's and youki's intermediate stages exit
+//! there right after making it, hooks after it), an exec session only once
+//! the container exists, after those exits. The tracker keeps, per fresh
+//! container, a bound on the init's start time (the first exit read in the
+//! cgroup, or the newest runtime init a scan found there,
+//! [`super::tracker`]); an exec from outside by a process started at or after
+//! it is [`ExecOrigin::Joined`]: never the main process, and a hint, since the
+//! container's records no longer tell its main process alone (issue #25: it
+//! was "the first exec from outside", and the session's exit a certain death
+//! with the session's code). Where nothing exits in the cgroup before the
+//! start (crun without hooks) there is no bound, and the first exec from
+//! outside is the main process, as before.
 //!
 //! A removal misses nothing when no main process ever ran (`Fresh`: a container
 //! created and never started), or when every exit since the candidate's was
@@ -99,7 +119,8 @@ impl MainId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MainState {
     /// The cgroup was seen created (or found holding nothing but the runtime's
-    /// init): the first exec that is not a runtime re-exec is the main process.
+    /// init): the runtime's init exec'ing (parent outside, made before the
+    /// first exit in the cgroup) is the main process.
     Fresh,
     /// The main process is known with certainty and runs.
     Certain(MainId),
@@ -117,6 +138,10 @@ pub enum ExecOrigin {
     /// The task's parent is outside the container: the runtime's init (whose
     /// parent is the shim) exec'ing the entrypoint.
     Outside,
+    /// The task's parent is outside the container, but the process was made
+    /// after the runtime's init: an exec session joining the container (its
+    /// runtime's `exec`), never the init.
+    Joined,
     /// The task's parent is inside the container: a hook run by the init, or
     /// a child of a process in the container.
     Inside,
@@ -147,6 +172,7 @@ pub enum Transition {
     MainExec,
     RuntimeReexec,
     InnerExec,
+    JoinedExec,
     UnreadExec,
     UnreadExit,
     Contradicted,
@@ -199,6 +225,9 @@ impl MainState {
                 ),
                 ExecOrigin::RuntimeReexec => step(self, RuntimeReexec, Effect::None),
                 ExecOrigin::Inside => step(self, InnerExec, Effect::None),
+                // The session's exit must not be a death, and the init's exec
+                // may come before or after it: the runtime's pid decides.
+                ExecOrigin::Joined => step(Self::Uncertain(None), JoinedExec, Effect::Hint),
                 ExecOrigin::Unread => step(Self::Uncertain(None), UnreadExec, Effect::Hint),
             },
             // A shell's `exec`: the same process, a new image.
@@ -334,7 +363,7 @@ mod tests {
 
     #[test]
     fn exec_table() {
-        use ExecOrigin::{Inside, Outside, RuntimeReexec, Unread};
+        use ExecOrigin::{Inside, Joined, Outside, RuntimeReexec, Unread};
         let main = key(10, 1_000);
         let other = key(11, 2_000);
         let reused = key(10, 9_000);
@@ -361,6 +390,17 @@ mod tests {
             // the container's cgroup before the entrypoint. Never the main
             // process, however early (issue #25: it was, being first).
             (S::Fresh, other, Inside, S::Fresh, T::InnerExec, E::None),
+            // An exec session from outside made after the init (an
+            // `ExecSync` racing the start): neither the main process nor
+            // silent (issue #25: it was the main process, its exit a death).
+            (
+                S::Fresh,
+                other,
+                Joined,
+                S::Uncertain(None),
+                T::JoinedExec,
+                E::Hint,
+            ),
             // Who exec'd is unknown (a kernel read failed): a hint, and the
             // runtime's pid decides.
             (
@@ -392,6 +432,14 @@ mod tests {
                 S::Certain(exact(10, 1_000)),
                 other,
                 Outside,
+                S::Certain(exact(10, 1_000)),
+                T::OtherExec,
+                E::None,
+            ),
+            (
+                S::Certain(exact(10, 1_000)),
+                other,
+                Joined,
                 S::Certain(exact(10, 1_000)),
                 T::OtherExec,
                 E::None,
@@ -477,6 +525,32 @@ mod tests {
         }
         assert_eq!(effects, [E::None, E::None, E::Started(19), E::Died(19)]);
         assert_eq!(state, S::Exited(MainId::Exact(init)));
+    }
+
+    /// An exec session races the start (issue #25): its exec (from outside,
+    /// made after the init) and exit are a hint each, never a start and a
+    /// death; the init's exec after it is not taken either, and the
+    /// runtime's pid makes the init the main process, whose exit is the death.
+    #[test]
+    fn an_exec_session_racing_the_start_is_neither_its_start_nor_its_death() {
+        let session = key(30, 9_000_000_000);
+        let init = key(19, 4_000);
+        let mut state = S::Fresh;
+        let mut effects = Vec::new();
+        type Input = fn(S, ProcessKey, ProcessKey) -> Step;
+        let inputs: [Input; 4] = [
+            |s, x, _| s.exec(x, ExecOrigin::Joined, TICK),
+            |s, x, _| s.exit(x, false, TICK),
+            |s, _, i| s.exec(i, ExecOrigin::Outside, TICK),
+            |s, _, _| s.confirm(ticks(19, 0), TICK),
+        ];
+        for input in inputs {
+            let got = input(state, session, init);
+            effects.push(got.effect);
+            state = got.next.expect("kept");
+        }
+        assert_eq!(effects, [E::Hint, E::Hint, E::None, E::None]);
+        assert_eq!(state.exit(init, false, TICK).effect, E::Died(19));
     }
 
     #[test]

@@ -239,8 +239,8 @@ impl KernelPleg {
         reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots), &mut |l| {
             l.emit()
         });
-        for e in &report.malformed {
-            tracing::warn!(error = %e, "cgroup found by the start-up scan not attributed");
+        for (cgroup_id, e) in &report.malformed {
+            tracing::warn!(error = %e, cgroup_id, "cgroup found by the start-up scan not attributed");
         }
         info!(cgroups = report.learned, roots = ?config.roots, "kernel pleg attached; existing cgroups indexed");
         let stop = Arc::new(AtomicBool::new(false));

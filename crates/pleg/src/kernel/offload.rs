@@ -37,9 +37,12 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use tracing::{debug, info, warn};
 
+use super::index::ScanError;
+use super::loader::LoadError;
 use super::reader::{KernelStats, Wake};
 use super::relist_requests::{RelistReason, RelistRequests};
 use crate::merge::{KernelMerge, MergeStats};
+use aya::maps::MapError;
 use evpleg_core::ids::ContainerId;
 use evpleg_core::lifecycle::PodLifecycleEvent;
 
@@ -48,7 +51,57 @@ pub const HANDOFF_CAPACITY: usize = 1024;
 /// Log lines queued before one is dropped (counted).
 pub const LOG_CAPACITY: usize = 64;
 
-/// A line the reader has the helper log.
+/// Why the kernel filter refused a root, in a fixed size (built on the
+/// real-time reader: no `String`, issue #25 item 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterFailure {
+    /// The filter holds `MAX_ROOTS` roots already.
+    Full,
+    /// Writing the kernel map failed with this errno (0: no errno).
+    Map { errno: i32 },
+}
+
+impl FilterFailure {
+    pub fn of(error: &LoadError) -> Self {
+        match error {
+            LoadError::Filter(_) => Self::Full,
+            LoadError::Map {
+                source: MapError::SyscallError(e),
+                ..
+            } => Self::Map {
+                errno: e.io_error.raw_os_error().unwrap_or(0),
+            },
+            _ => Self::Map { errno: 0 },
+        }
+    }
+}
+
+impl std::fmt::Display for FilterFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Full => write!(f, "the kernel filter is full"),
+            Self::Map { errno } => write!(
+                f,
+                "writing the kernel filter map failed: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+        }
+    }
+}
+
+impl LogLine {
+    /// The line for a rescan that failed (the errno only: fixed size).
+    pub fn rescan_failed(error: &ScanError) -> Self {
+        let ScanError::Read { source, .. } = error;
+        Self::RescanFailed {
+            errno: source.raw_os_error().unwrap_or(0),
+        }
+    }
+}
+
+/// A line the reader has the helper log: fixed-size data (ids, inode
+/// numbers, errnos), so that building one allocates nothing on the
+/// real-time thread (`tests/no_alloc.rs`).
 #[derive(Debug)]
 pub enum LogLine {
     RealtimeOn {
@@ -65,15 +118,22 @@ pub enum LogLine {
     },
     RootAddFailed {
         cgroup_id: u64,
-        error: String,
+        failure: FilterFailure,
     },
     RootRemoveFailed {
         cgroup_id: u64,
-        error: String,
+        failure: FilterFailure,
     },
-    /// A cgroup under a root whose path names no pod or container.
-    NotAttributed(String),
-    RescanFailed(String),
+    /// A cgroup (by id: its inode number) under a root whose path names no
+    /// pod or container.
+    NotAttributed {
+        cgroup_id: u64,
+    },
+    /// A rescan of the cgroup tree failed (`errno`: the directory read's
+    /// error, 0 when it had none).
+    RescanFailed {
+        errno: i32,
+    },
     /// A running container the runtime lists whose cgroup no rescan found.
     Unfound(ContainerId),
     /// The runtime's main pid differs from the one the kernel saw.
@@ -96,14 +156,21 @@ impl LogLine {
             Self::RootAdded { cgroup_id, level } => {
                 info!(cgroup_id, level, "root cgroup now in the kernel filter")
             }
-            Self::RootAddFailed { cgroup_id, error } => {
-                warn!(%error, cgroup_id, "cannot add root cgroup to the kernel filter")
+            Self::RootAddFailed { cgroup_id, failure } => {
+                warn!(%failure, cgroup_id, "cannot add root cgroup to the kernel filter")
             }
-            Self::RootRemoveFailed { cgroup_id, error } => {
-                warn!(%error, cgroup_id, "cannot remove root cgroup from the kernel filter")
+            Self::RootRemoveFailed { cgroup_id, failure } => {
+                warn!(%failure, cgroup_id, "cannot remove root cgroup from the kernel filter")
             }
-            Self::NotAttributed(error) => warn!(%error, "cgroup not attributed"),
-            Self::RescanFailed(error) => warn!(%error, "rescan of the cgroup tree failed"),
+            Self::NotAttributed { cgroup_id } => warn!(
+                cgroup_id,
+                "cgroup not attributed: its path under a kernel pleg root names no pod or \
+                 container (find it by inode: find /sys/fs/cgroup -inum <cgroup_id>)"
+            ),
+            Self::RescanFailed { errno } => warn!(
+                error = %std::io::Error::from_raw_os_error(*errno),
+                "rescan of the cgroup tree failed"
+            ),
             Self::Unfound(id) => warn!(
                 container = %id,
                 "the runtime lists a running container whose cgroup is under no kernel pleg root; \

@@ -25,7 +25,7 @@ use super::event::{DecodeError, KernelEvent, decode};
 use super::health::{HealthCell, StopGuard};
 use super::histogram::AtomicHistogram;
 use super::loader::{Loaded, RootsMap};
-use super::offload::{LogLine, Offload};
+use super::offload::{FilterFailure, LogLine, Offload};
 use super::proc::Reconciliation;
 use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
 use super::rescan::RescanPolicy;
@@ -323,14 +323,14 @@ pub(super) fn apply_filter_changes(
                 Ok(()) => log(LogLine::RootAdded { cgroup_id, level }),
                 Err(e) => log(LogLine::RootAddFailed {
                     cgroup_id,
-                    error: e.to_string(),
+                    failure: FilterFailure::of(&e),
                 }),
             },
             FilterChange::Remove { cgroup_id } => {
                 if let Err(e) = roots.remove(cgroup_id) {
                     log(LogLine::RootRemoveFailed {
                         cgroup_id,
-                        error: e.to_string(),
+                        failure: FilterFailure::of(&e),
                     });
                 }
             }
@@ -516,8 +516,8 @@ impl Reader {
                 self.relist.request(RelistReason::Unattributed);
             }
         }
-        for e in out.malformed.drain(..) {
-            self.offload.log(LogLine::NotAttributed(e.to_string()));
+        for (cgroup_id, _) in out.malformed.drain(..) {
+            self.offload.log(LogLine::NotAttributed { cgroup_id });
         }
         for _ in out.relists.drain(..) {
             self.relist.request(RelistReason::ExitMissed);
@@ -534,11 +534,11 @@ impl Reader {
                 let changes = self.roots.on_scan(&report.roots);
                 let offload = &self.offload;
                 apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
-                for e in report.malformed {
-                    offload.log(LogLine::NotAttributed(e.to_string()));
+                for (cgroup_id, _) in report.malformed {
+                    offload.log(LogLine::NotAttributed { cgroup_id });
                 }
             }
-            Err(e) => self.offload.log(LogLine::RescanFailed(e.to_string())),
+            Err(e) => self.offload.log(LogLine::rescan_failed(&e)),
         }
         self.rescans.ran(at, monotonic_ns());
         for r in std::mem::take(&mut self.awaiting_rescan) {

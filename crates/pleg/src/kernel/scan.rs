@@ -35,7 +35,7 @@ pub struct ScanReport {
     /// The configured roots that exist.
     pub roots: Vec<FoundRoot>,
     /// Cgroups under a root whose path is malformed.
-    pub malformed: Vec<CgroupPathError>,
+    pub malformed: Vec<(u64, CgroupPathError)>,
 }
 
 impl Scanner {
@@ -73,7 +73,7 @@ impl Scanner {
             match tracker.learn_existing(cgroup.cgroup_id, &cgroup.path, &procs, pending, now_ns) {
                 Ok(true) => report.learned += 1,
                 Ok(false) => {}
-                Err(e) => report.malformed.push(e),
+                Err(e) => report.malformed.push((cgroup.cgroup_id, e)),
             }
         }
         Ok(report)

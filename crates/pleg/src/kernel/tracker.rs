@@ -10,10 +10,13 @@
 //! transitions):
 //!
 //! - **certain** in a container cgroup whose creation the tracker saw (or found
-//!   holding only the runtime's init): the first exec that is not a runtime
-//!   re-exec ([`is_runtime_reexec`]) is the main process, the exec chain from the
-//!   runtime's init into the entrypoint; or when the runtime's own pid for the
-//!   container is confirmed against `/proc` ([`Tracker::reconcile`]);
+//!   holding only the runtime's init): the runtime's init exec'ing the
+//!   entrypoint is the main process: an exec that is not a runtime re-exec
+//!   ([`is_runtime_reexec`]), whose parent is outside the container (not a
+//!   hook), by a process made before the first exit in the cgroup (not an exec
+//!   session racing the start; see [`super::main_state`]); or when the
+//!   runtime's own pid for the container is confirmed against `/proc`
+//!   ([`Tracker::reconcile`]);
 //! - **uncertain** in a container learned with processes already running (the
 //!   start-up scan, a rescan): [`choose_main`] names only a candidate. Its exit is
 //!   a hint (`PodSync` from the kernel), and no exec ever becomes the main process.
@@ -152,6 +155,14 @@ struct Container {
     state: MainState,
     /// CLOCK_MONOTONIC ns when the tracker learned it.
     learned_at_ns: u64,
+    /// While `Fresh`: the runtime's init was made before this time (boot
+    /// time, ns), so an exec from outside by a process made at or after it is
+    /// an exec session, not the init ([`ExecOrigin::Joined`]). The first exit
+    /// read in the cgroup sets it (runc's and youki's intermediate stages exit
+    /// there once they have made the init; hooks, the init's children, exit
+    /// after it), or a scan that found the runtime's init waiting there (the
+    /// end of the newest one's start tick). `None`: nothing bounds it yet.
+    init_born_by: Option<u64>,
 }
 
 /// What handling a record produced besides its lifecycle events.
@@ -160,8 +171,8 @@ pub struct Output {
     pub events: Vec<PodLifecycleEvent>,
     /// State was lost (an exit never seen): the runtime must be relisted.
     pub relists: Vec<String>,
-    /// Cgroup paths under a root that are malformed.
-    pub malformed: Vec<CgroupPathError>,
+    /// Cgroups (by id) under a root whose paths are malformed.
+    pub malformed: Vec<(u64, CgroupPathError)>,
 }
 
 /// Whether a record could be attributed.
@@ -260,6 +271,11 @@ pub struct Tracker {
     sandboxes: HashMap<ContainerId, Option<PodUid>>,
     /// Running containers the runtime lists whose cgroup a rescan did not find.
     unfound: HashMap<ContainerId, PodUid>,
+    /// Containers the tracker forgot (their cgroup removed), with when: a view
+    /// listed about then may still show one running (the runtime learns of
+    /// its death after the kernel), which is neither unfound nor a reason to
+    /// rescan. Kept for the prune grace after the removal.
+    removed: HashMap<ContainerId, u64>,
     /// The ids `containers`, `sandboxes` and `unfound` hold for each pod (a
     /// superset: removals leave them until that pod's next reconcile or the
     /// next full one), so that a pod's reconcile costs that pod's containers.
@@ -284,14 +300,22 @@ impl Tracker {
             containers: HashMap::new(),
             sandboxes: HashMap::new(),
             unfound: HashMap::new(),
+            removed: HashMap::new(),
             by_pod: HashMap::new(),
-            oom_victims: OomVictims::default(),
+            // Room for every victim kept: recording one allocates nothing.
+            oom_victims: OomVictims(VecDeque::with_capacity(OOM_VICTIMS_MAX)),
             tick_ns: 1_000_000_000 / ticks_per_second.max(1),
             prune_grace_ns: PRUNE_GRACE_NS,
             boot_offset_ns: evpleg_core::clock::boottime_offset_ns(),
             lost_before_ns: 0,
             stats: TrackerStats::default(),
         }
+    }
+
+    /// Sets CLOCK_BOOTTIME minus CLOCK_MONOTONIC (models without suspend: 0).
+    #[cfg(test)]
+    pub(crate) fn set_boot_offset(&mut self, ns: u64) {
+        self.boot_offset_ns = ns;
     }
 
     pub fn index(&self) -> &ContainerIndex {
@@ -353,6 +377,12 @@ impl Tracker {
         let (id, pod) = (id.clone(), pod.cloned());
         self.unfound.remove(&id);
         let state = scanned_state(procs, pending, self.tick_ns);
+        let init_born_by = procs
+            .iter()
+            .filter(|p| p.runtime_init)
+            .map(|p| (p.start_ticks + 1) * self.tick_ns)
+            .max()
+            .filter(|_| state == MainState::Fresh);
         let known = self
             .containers
             .get(&id)
@@ -365,6 +395,7 @@ impl Tracker {
                     pod_uid: pod,
                     state,
                     learned_at_ns: now_ns,
+                    init_born_by,
                 },
             );
         }
@@ -446,10 +477,11 @@ impl Tracker {
                 c.clone()
             }
             None => {
-                let Some(c) = self.containers.remove(id) else {
+                let Some((key, c)) = self.containers.remove_entry(id) else {
                     return;
                 };
                 self.sandboxes.remove(id);
+                self.removed.insert(key, at_ns);
                 c
             }
         };
@@ -504,8 +536,10 @@ impl Tracker {
     }
 
     /// Who exec'd in container `id`: the runtime's init (its parent outside the
-    /// container), a process inside it (a hook, a child), the runtime
-    /// re-executing itself, or unknown (a kernel read failed).
+    /// container, made before the container's bound), an exec session (its
+    /// parent outside, made after the init), a process inside it (a hook, a
+    /// child), the runtime re-executing itself, or unknown (a kernel read
+    /// failed).
     fn exec_origin(&self, exec: &Exec, id: &ContainerId) -> ExecOrigin {
         if exec.read_error || exec.parent_cgroup_id == 0 {
             return ExecOrigin::Unread;
@@ -519,8 +553,13 @@ impl Tracker {
                 .get(exec.parent_cgroup_id)
                 .and_then(|e| e.container())
                 .is_some_and(|(c, _, _)| c == id);
+        let after_init = self.containers[id]
+            .init_born_by
+            .is_some_and(|bound| exec.process.start_boottime_ns >= bound);
         if parent_inside {
             ExecOrigin::Inside
+        } else if after_init {
+            ExecOrigin::Joined
         } else {
             ExecOrigin::Outside
         }
@@ -563,6 +602,7 @@ impl Tracker {
     }
 
     fn on_exit(&mut self, exit: &Exit, out: &mut Output) -> Handled {
+        self.bound_init(exit);
         let id = match self.container_of(exit.cgroup_id) {
             Ok(Some(id)) => id,
             Ok(None) => return Handled::Done,
@@ -586,6 +626,26 @@ impl Tracker {
         }
         self.apply(&id, step, exit.at_ns, Some(status), out);
         Handled::Done
+    }
+
+    /// The first exit read in a fresh container's cgroup bounds its init's
+    /// start time (see `Container::init_born_by`). Field by field, so that no
+    /// id is cloned: exits of fresh containers are the runtime's stages.
+    fn bound_init(&mut self, exit: &Exit) {
+        let Some((id, _, _)) = self
+            .index
+            .get(exit.cgroup_id)
+            .and_then(|entry| entry.container())
+        else {
+            return;
+        };
+        if let Some(c) = self.containers.get_mut(id)
+            && c.state == MainState::Fresh
+            && c.init_born_by.is_none()
+            && c.cgroup_id == exit.cgroup_id
+        {
+            c.init_born_by = Some(exit.at_ns.saturating_add(self.boot_offset_ns));
+        }
     }
 
     fn on_mkdir(&mut self, change: &CgroupChange, out: &mut Output) {
@@ -629,13 +689,14 @@ impl Tracker {
                                 pod_uid: pod,
                                 state,
                                 learned_at_ns: change.at_ns,
+                                init_born_by: None,
                             },
                         );
                     }
                 }
             }
             Ok(None) => {}
-            Err(e) => out.malformed.push(e),
+            Err(e) => out.malformed.push((change.cgroup_id, e)),
         }
     }
 

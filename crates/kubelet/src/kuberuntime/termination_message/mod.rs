@@ -20,7 +20,10 @@
 //!
 //! Differences: a cut falls on a character boundary, never inside a UTF-8
 //! sequence (Go cuts bytes); a file that cannot be created is a warning and
-//! no mount, as the kubelet's.
+//! no mount, as the kubelet's; the file and its directories are created
+//! without following any symlink below the root directory (`openat2` with
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), where the kubelet's
+//! `os.MkdirAll` and `os.Create` follow them.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -104,7 +107,7 @@ pub fn prepare(root_dir: &Path, uid: &PodUid, c: &Container, attempt: u32) -> Op
         return None;
     }
     let file = host_path(root_dir, uid, &c.name, attempt);
-    match create(&file) {
+    match create(root_dir, &file) {
         Ok(()) => Some(v1::Mount {
             container_path: path.to_owned(),
             host_path: file.to_string_lossy().into_owned(),
@@ -117,14 +120,14 @@ pub fn prepare(root_dir: &Path, uid: &PodUid, c: &Container, attempt: u32) -> Op
     }
 }
 
-fn create(file: &Path) -> Result<(), TerminationMessageError> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = file.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
-    std::fs::File::create(file).map_err(io("create", file))?;
-    // Whatever the umask: any user of the container may write it.
-    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o666))
-        .map_err(io("chmod", file))
+/// Creates the empty file `file` under `root_dir`, mode 0666 whatever the
+/// umask (any user of the container may write it), its missing
+/// directories 0750, following no symlink below `root_dir`: one planted in
+/// the pod's directory fails the creation, nothing is made elsewhere.
+fn create(root_dir: &Path, file: &Path) -> Result<(), TerminationMessageError> {
+    let rel = file.strip_prefix(root_dir).unwrap_or(file);
+    evpleg_volume::subpath::create_file_no_symlinks(root_dir, rel, 0o750, 0o666)
+        .map_err(io("create", file))
 }
 
 /// Where a container's log is: its pod's log directory, then its file, as the

@@ -204,3 +204,63 @@ fn prepared_files_are_read_back_into_the_status() {
     .unwrap();
     assert!(prepare(root.path(), &uid, &none, 0).is_none());
 }
+
+/// A symlink planted anywhere in the file's path below the root directory
+/// (the pod's directory, its `containers`, the container's directory, the
+/// file itself) pointing at a host directory or file: no mount, nothing
+/// created or chmodded there. The old `create_dir_all` / `File::create` /
+/// `set_permissions` followed each of them.
+#[test]
+fn a_symlink_planted_in_the_path_creates_nothing_outside() {
+    use std::os::unix::fs::PermissionsExt;
+    let uid = PodUid::parse(&"b".repeat(32)).unwrap();
+    let c: Container =
+        serde_json::from_value(serde_json::json!({"name": "c0", "image": "i"})).unwrap();
+    let file = |root: &Path| host_path(root, &uid, "c0", 0);
+    // (what is replaced by a symlink, to a directory or to a file)
+    type Case = (&'static str, fn(&Path) -> PathBuf, bool);
+    let cases: [Case; 4] = [
+        (
+            "the pod directory",
+            |f| f.ancestors().nth(3).unwrap().into(),
+            true,
+        ),
+        ("containers", |f| f.ancestors().nth(2).unwrap().into(), true),
+        (
+            "the container's directory",
+            |f| f.parent().unwrap().into(),
+            true,
+        ),
+        ("the file", |f| f.to_path_buf(), false),
+    ];
+    for (what, link, to_dir) in cases {
+        let root = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let host_file = host.path().join("passwd");
+        std::fs::write(&host_file, "root:x:0:0").unwrap();
+        std::fs::set_permissions(&host_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = link(&file(root.path()));
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        let target = if to_dir {
+            host.path()
+        } else {
+            host_file.as_path()
+        };
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        assert!(
+            prepare(root.path(), &uid, &c, 0).is_none(),
+            "{what}: refused"
+        );
+        let names: Vec<_> = std::fs::read_dir(host.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["passwd"], "{what}: nothing created on the host");
+        let meta = std::fs::metadata(&host_file).unwrap();
+        assert_eq!(
+            (meta.len(), meta.permissions().mode() & 0o777),
+            (10, 0o600),
+            "{what}: the host file untouched"
+        );
+    }
+}

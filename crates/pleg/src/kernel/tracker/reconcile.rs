@@ -53,13 +53,15 @@ impl Tracker {
     ) -> ReconcileOutcome {
         let view = &r.view;
         let mut outcome = ReconcileOutcome::default();
+        let grace = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
+        self.removed.retain(|_, at| *at >= grace);
         for c in &view.containers {
             if c.sandbox {
                 self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
                 link(&mut self.by_pod, &c.pod, &c.id);
             }
             let Some(container) = self.containers.get_mut(&c.id) else {
-                if c.running {
+                if c.running && !self.removed.contains_key(&c.id) {
                     if after_rescan {
                         if self.unfound.insert(c.id.clone(), c.pod.clone()).is_none() {
                             outcome.unfound.push(c.id.clone());

@@ -226,11 +226,13 @@ fn main_process_exec_again_is_not_a_new_start() {
 fn runtime_self_exec_is_not_the_main_process() {
     let mut h = Harness::new();
     h.mkdir(70, &container_path('a'));
+    // The runtime's stages exit once they made the init (pid 1000, made at
+    // 555 ns): the first exit bounds the init, made before it.
     h.feed(encode::exec(2, 900, 1, 70, "/proc/self/exe"));
-    h.feed(encode::exit(3, 900, 1, 70, 0, 0));
+    h.feed(encode::exit(600, 900, 1, 70, 0, 0));
     // runc 1.1 re-executes a sealed copy of itself through a descriptor.
     h.feed(encode::exec(3, 901, 1, 70, "/dev/fd/6"));
-    h.feed(encode::exit(3, 901, 1, 70, 0, 0));
+    h.feed(encode::exit(601, 901, 1, 70, 0, 0));
     h.feed(encode::exec(3, 902, 1, 70, "/proc/self/fd/7"));
     h.feed(encode::exec(4, 1000, 555, 70, "/pause"));
     assert_eq!(h.take(), vec![(STARTED, None, false, Some(1000))]);
@@ -608,6 +610,35 @@ fn runtime_pid_outside_the_container_is_not_confirmed() {
     assert_eq!((o.confirmed, o.unconfirmed), (0, 1));
     h.feed(encode::exit(6, 2000, 3_005_000_000, 70, 0, 0));
     assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+}
+
+/// A view listed before a container's cgroup was removed still shows it
+/// running: the fidelity run's agent warned 112 times that such containers
+/// were under no kernel root (check --cgroup-root), and rescanned the cgroup
+/// tree for each. One removed longer than the prune grace before the view is
+/// unknown again.
+#[test]
+fn a_container_removed_after_the_listing_is_not_unfound() {
+    let mut h = Harness::new();
+    h.tracker.prune_grace_ns = 1_000;
+    h.mkdir(50, "/kubepods");
+    h.mkdir(60, &format!("/kubepods/besteffort/pod{UID}"));
+    h.mkdir(70, &container_path('a'));
+    h.feed(encode::exec(2, 1000, 3_005_000_000, 70, "/app"));
+    h.feed(encode::exit(3, 1000, 3_005_000_000, 70, 0, 0));
+    h.rmdir(5_000, 70, &container_path('a'));
+    h.take();
+    let stale = view(4_500, Some(UID), vec![running('a', UID, Some(1000))]);
+    let o = h.reconcile(stale.clone(), &[]);
+    assert!(!o.rescan_due, "no rescan for a container seen removed");
+    let r = Reconciliation {
+        view: stale,
+        mains: HashMap::new(),
+    };
+    assert_eq!(h.tracker.reconcile(&r, true).unfound, vec![]);
+    // Past the grace, a runtime still listing it running is told.
+    let late = view(6_500, Some(UID), vec![running('a', UID, Some(1000))]);
+    assert!(h.reconcile(late, &[]).rescan_due);
 }
 
 #[test]

@@ -38,7 +38,8 @@ fn an_oci_hook_before_the_entrypoint_is_not_the_main_process() {
         (900, 70),
         0,
     ));
-    h.feed(encode::exit(4, 901, 9_010, 70, 0, 0));
+    // The hook exits after the init made it: the first exit bounds the init.
+    h.feed(encode::exit(9_100, 901, 9_010, 70, 0, 0));
     assert_eq!(
         h.take(),
         vec![],
@@ -235,5 +236,151 @@ fn records_with_read_errors_are_hints() {
     assert_eq!(
         h.tracker.main_state(&id('a')),
         Some(MainState::Uncertain(None))
+    );
+}
+
+/// An exec session races the start (issue #25): runc's init (pid 900, made
+/// at 9 000 ns) waits in the container's cgroup after its stages exited;
+/// before its exec, a `runc exec` (an `ExecSync` fired once `runc start`
+/// returned, or a `runc exec` while the container is only created) re-execs
+/// runc, its stages exit, and its init (pid 952, parent `runc exec`, outside)
+/// execs a command that exits 3. The session is neither the container's start
+/// nor its death (it was the certain main process, its exit a death with
+/// code 3): a hint each, and the runtime's pid makes the init the main
+/// process, whose exit is the death with its code.
+#[test]
+fn an_exec_session_racing_the_start_is_not_the_main_process() {
+    let mut h = fresh();
+    // runc create: stage 0 re-execs runc from a sealed copy; stage 1 (made at
+    // 8 500 ns) exits at 9 500 ns once it made the init, then stage 0.
+    h.feed(encode::exec_by(
+        2,
+        898,
+        8_000,
+        70,
+        "/dev/fd/6",
+        (880, encode::OUTSIDE),
+        0,
+    ));
+    h.feed(encode::exit(9_500, 899, 8_500, 70, 0, 0));
+    h.feed(encode::exit(9_600, 898, 8_000, 70, 0, 0));
+    assert_eq!(h.take(), vec![]);
+    // runc exec: the same stages, later; its init execs the command.
+    h.feed(encode::exec_by(
+        20_000,
+        950,
+        19_000,
+        70,
+        "/dev/fd/5",
+        (940, encode::OUTSIDE),
+        0,
+    ));
+    h.feed(encode::exit(21_500, 951, 20_500, 70, 0, 0));
+    h.feed(encode::exit(21_600, 950, 19_000, 70, 0, 0));
+    let session = encode::exec_by(
+        22_000,
+        952,
+        21_000,
+        70,
+        "/bin/sh",
+        (940, encode::OUTSIDE),
+        0,
+    );
+    let KernelEvent::Exec(exec) = decode(&session).unwrap() else {
+        unreachable!()
+    };
+    assert!(
+        !h.tracker.exec_would_start(&exec),
+        "the session is not the entrypoint"
+    );
+    h.feed(session);
+    h.feed(encode::exit(23_000, 952, 21_000, 70, 0x300, 0));
+    assert_eq!(
+        h.take(),
+        vec![(SYNC, None, false, None), (SYNC, None, false, None)],
+        "hints, not a start and a death"
+    );
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    // The init execs the entrypoint (parent the shim): no start of its own.
+    h.feed(encode::exec_by(
+        30_000,
+        900,
+        9_000,
+        70,
+        "/app",
+        (1, encode::OUTSIDE),
+        0,
+    ));
+    assert_eq!(h.take(), vec![]);
+    // The relist's view: the runtime's pid is the init's.
+    h.reconcile(
+        view(40_000, Some(UID), vec![running('a', UID, Some(900))]),
+        &[('a', alive(900, 0, &container_path('a')))],
+    );
+    h.feed(encode::exit(50_000, 900, 9_000, 70, 0x700, 0));
+    assert_eq!(h.take(), vec![(DIED, Some(7), false, Some(900))]);
+}
+
+/// Without a session the same stages leave the init's exec the start, and
+/// its exit the death: the bound (the first exit in the cgroup) does not
+/// hold back the init, made before it.
+#[test]
+fn the_init_made_before_the_first_exit_is_the_main_process() {
+    let mut h = fresh();
+    h.feed(encode::exit(9_500, 899, 8_500, 70, 0, 0));
+    h.feed(encode::exit(9_600, 898, 8_000, 70, 0, 0));
+    h.feed(encode::exec_by(
+        30_000,
+        900,
+        9_000,
+        70,
+        "/app",
+        (1, encode::OUTSIDE),
+        0,
+    ));
+    h.feed(encode::exit(50_000, 900, 9_000, 70, 0x700, 0));
+    assert_eq!(
+        h.take(),
+        vec![
+            (STARTED, None, false, Some(900)),
+            (DIED, Some(7), false, Some(900))
+        ]
+    );
+}
+
+/// Learned by a scan while the runtime's init waits (the agent restarted
+/// between the container's creation and its start): the scan's init bounds
+/// the start; a session's exec (made later) is a hint, the init's the start.
+#[test]
+fn a_scan_that_finds_the_init_waiting_bounds_the_start() {
+    let mut h = Harness::new();
+    let init = ProcInfo {
+        runtime_init: true,
+        ..proc(2000, 1999, 300)
+    };
+    h.tracker
+        .learn_existing(70, &container_path('a'), &[init], None, 1)
+        .unwrap();
+    h.tracker
+        .learn_existing(71, &container_path('b'), &[init], None, 1)
+        .unwrap();
+    // 3.02 s: tick 302, made after the init (tick 300).
+    h.feed(encode::exec(5, 2050, 3_020_000_000, 70, "/bin/sh"));
+    h.feed(encode::exit(6, 2050, 3_020_000_000, 70, 0x300, 0));
+    assert_eq!(
+        h.take(),
+        vec![(SYNC, None, false, None), (SYNC, None, false, None)]
+    );
+    h.feed(encode::exec(7, 2000, 3_005_000_000, 71, "/bin/app"));
+    h.feed(encode::exit(8, 2000, 3_005_000_000, 71, 0x300, 0));
+    assert_eq!(
+        h.take(),
+        vec![
+            (STARTED, None, false, Some(2000)),
+            (DIED, Some(3), false, Some(2000))
+        ]
     );
 }

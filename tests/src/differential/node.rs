@@ -1,0 +1,240 @@
+//! One side's node for the differential harness: the stock kubelet (on
+//! containerd directly or behind `evpleg cri-proxy`) or `evpleg run`, with its
+//! pods from a manifest directory or from the API server ([`super::api`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde_json::Value;
+
+use super::{Case, DifferentialError, NODE, Side, act, api};
+use crate::containerd::Containerd;
+use crate::control_plane::ControlPlane;
+use crate::stock_kubelet::{KubeletOptions, StockKubelet};
+
+/// A running node of one side on its own containerd.
+pub(super) enum Runner {
+    Kubelet(StockKubelet, Option<Box<evpleg::cri_proxy::CriProxy>>),
+    /// The agent (`None` only while it restarts), its manifest directory,
+    /// and the flags it was started with (to start it again,
+    /// [`act::Act::RestartNode`]).
+    Evpleg(
+        Option<evpleg::agent::Agent>,
+        PathBuf,
+        Box<evpleg::config::RunArgs>,
+    ),
+}
+
+/// A node and where its pods come from.
+pub(super) struct Node {
+    /// Locked for the whole of a restart: statuses are not served meanwhile.
+    runner: tokio::sync::Mutex<Runner>,
+    /// In [`Mode::Api`]: the side's namespace and node on the API server.
+    pub(super) api: Option<api::ApiSide>,
+    name: &'static str,
+}
+
+impl Node {
+    pub(super) async fn start(
+        side: Side,
+        containerd: &Containerd,
+        cp: Option<&ControlPlane>,
+    ) -> Result<Self, DifferentialError> {
+        let (api, name, kubeconfig) = match cp {
+            Some(cp) => {
+                let api = api::ApiSide::new(cp, side).await;
+                let kubeconfig = cp.node_kubeconfig(api.node);
+                let name = api.node;
+                (Some(api), name, Some(kubeconfig))
+            }
+            None => (None, NODE, None),
+        };
+        let runner = match side {
+            Side::Kubelet | Side::KubeletBehindProxy { .. } => {
+                let (proxy, endpoint, evented_pleg) = match side {
+                    Side::KubeletBehindProxy { evented } => {
+                        let (proxy, _) = crate::cri_proxy::proxy(containerd, &[]).await;
+                        let socket = containerd.base().join("proxy.sock");
+                        (Some(proxy), format!("unix://{}", socket.display()), evented)
+                    }
+                    _ => (None, containerd.endpoint(), false),
+                };
+                let opts = KubeletOptions {
+                    endpoint,
+                    node: name.into(),
+                    evented_pleg,
+                    cgroups: crate::stock_kubelet::KubeletCgroups::PrivateRoot,
+                };
+                let kubelet =
+                    StockKubelet::start_against(containerd.base(), &opts, kubeconfig.as_deref())
+                        .await?;
+                Runner::Kubelet(kubelet, proxy.map(Box::new))
+            }
+            Side::Evpleg => {
+                let base = containerd.base();
+                let manifests = base.join("agent-manifests");
+                std::fs::create_dir_all(&manifests).map_err(|source| DifferentialError::Io {
+                    what: "create",
+                    path: manifests.clone(),
+                    source,
+                })?;
+                let s = |p: PathBuf| p.display().to_string();
+                let mut argv = vec![
+                    "evpleg".to_owned(),
+                    "--manifest-dir".into(),
+                    s(manifests.clone()),
+                    "--node-name".into(),
+                    name.into(),
+                    "--listen".into(),
+                    "127.0.0.1:0".into(),
+                    "--pod-log-dir".into(),
+                    s(base.join("agent-pod-logs")),
+                    "--root-dir".into(),
+                    s(base.join("agent-root")),
+                    "--cri-endpoint".into(),
+                    containerd.endpoint(),
+                    "--crashloop-backoff-initial".into(),
+                    "1s".into(),
+                    "--crashloop-backoff-max".into(),
+                    "1s".into(),
+                ];
+                if let Some(k) = kubeconfig {
+                    argv.push("--kubeconfig".into());
+                    argv.push(s(k));
+                }
+                let args = evpleg::config::RunArgs::try_parse_from(argv)
+                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
+                let agent = evpleg::agent::Agent::start(&args)
+                    .await
+                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
+                Runner::Evpleg(Some(agent), manifests, Box::new(args))
+            }
+        };
+        Ok(Self {
+            runner: tokio::sync::Mutex::new(runner),
+            api,
+            name,
+        })
+    }
+
+    /// The name of `case`'s pod: `<case>-<node>` for a static pod.
+    pub(super) fn pod_name(&self, case: &str) -> String {
+        match self.api {
+            Some(_) => case.to_owned(),
+            None => format!("{case}-{}", self.name),
+        }
+    }
+
+    /// Starts `case`'s pod: its manifest written, or its API pod created.
+    pub(super) async fn write(&self, case: &str, yaml: &str) -> Result<(), DifferentialError> {
+        let file = format!("{case}.yaml");
+        if let Some(api) = &self.api {
+            return api.create(&file, yaml).await;
+        }
+        match &*self.runner.lock().await {
+            Runner::Kubelet(k, _) => k.write(&file, yaml),
+            Runner::Evpleg(_, dir, _) => {
+                let tmp = dir.join(format!(".{file}.tmp"));
+                std::fs::write(&tmp, yaml).expect("write manifest");
+                std::fs::rename(&tmp, dir.join(&file)).expect("rename manifest");
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `case`'s pod: its manifest removed, or its API pod deleted.
+    pub(super) async fn remove(&self, case: &str) -> Result<(), DifferentialError> {
+        if let Some(api) = &self.api {
+            return api.delete(case).await;
+        }
+        let file = format!("{case}.yaml");
+        match &*self.runner.lock().await {
+            Runner::Kubelet(k, _) => k.remove(&file),
+            Runner::Evpleg(_, dir, _) => {
+                std::fs::remove_file(dir.join(file)).expect("remove manifest")
+            }
+        }
+        Ok(())
+    }
+
+    /// Does `act` to `case`'s pod; `false` when it cannot be done yet.
+    pub(super) async fn act(
+        &self,
+        act: act::Act,
+        case: &Case,
+        client: &evpleg_cri::CriClient,
+    ) -> Result<bool, DifferentialError> {
+        match act {
+            act::Act::KillSandbox => act::kill_sandbox(client, &self.pod_name(&case.name)).await,
+            act::Act::Update => {
+                self.write(&case.name, &act::updated(&case.yaml)).await?;
+                Ok(true)
+            }
+            act::Act::Gate => match &self.api {
+                Some(api) => api.open_gate(&case.name).await.map(|()| true),
+                None => Err(DifferentialError::Api(format!(
+                    "{}: a readiness gate needs the API server (api-only)",
+                    case.name
+                ))),
+            },
+            act::Act::RestartNode => self.restart().await.map(|()| true),
+        }
+    }
+
+    /// Stops the node's process and starts it again with the same
+    /// configuration and state; its pods keep running.
+    async fn restart(&self) -> Result<(), DifferentialError> {
+        let mut runner = self.runner.lock().await;
+        match &mut *runner {
+            Runner::Kubelet(k, _) => k.restart().await?,
+            Runner::Evpleg(agent, _, args) => {
+                if let Some(old) = agent.take() {
+                    old.stop().await;
+                }
+                let started = evpleg::agent::Agent::start(args)
+                    .await
+                    .map_err(|e| DifferentialError::Agent(format!("restart: {e}")))?;
+                *agent = Some(started);
+            }
+        }
+        Ok(())
+    }
+
+    /// The pods served now, by name.
+    pub(super) async fn pods(&self) -> BTreeMap<String, Value> {
+        if let Some(api) = &self.api {
+            return api.pods().await;
+        }
+        let list = match &*self.runner.lock().await {
+            Runner::Kubelet(k, _) => k.pods().await.unwrap_or(Value::Null),
+            Runner::Evpleg(a, _, _) => a.as_ref().map_or(Value::Null, |a| a.local.pod_list()),
+        };
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_owned(), p.clone())))
+            .collect()
+    }
+
+    /// Stops the node; returns the kubelet's cgroup root, to remove once
+    /// containerd has removed the containers.
+    pub(super) async fn stop(self) -> Option<String> {
+        match self.runner.into_inner() {
+            Runner::Kubelet(mut k, proxy) => {
+                k.stop();
+                let root = k.private_cgroup_root().map(str::to_owned);
+                drop(k);
+                drop(proxy);
+                root
+            }
+            Runner::Evpleg(a, _, _) => {
+                if let Some(a) = a {
+                    a.stop().await;
+                }
+                None
+            }
+        }
+    }
+}
