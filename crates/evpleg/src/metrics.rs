@@ -354,6 +354,11 @@ impl Collector for PlegCollector {
                     load(&k.kernel_dropped),
                 ),
                 (
+                    "pleg_kernel_program_runs_skipped",
+                    "Program runs the kernel skipped, the program already running on that CPU (each raises a relist)",
+                    load(&k.kernel_missed),
+                ),
+                (
                     "pleg_kernel_read_errors",
                     "Kernel memory reads that failed",
                     load(&k.kernel_read_errors),
@@ -615,6 +620,7 @@ mod tests {
         stats.latency_seconds.observe(25e-6);
         stats.discarded.store(3, Ordering::Relaxed);
         stats.kernel_dropped.store(2, Ordering::Relaxed);
+        stats.kernel_missed.store(6, Ordering::Relaxed);
         stats.unfound.store(4, Ordering::Relaxed);
         stats.demoted.store(5, Ordering::Relaxed);
         let text = Metrics::new(None, Some(stats)).render();
@@ -636,6 +642,10 @@ mod tests {
         );
         assert!(
             text.contains("evpleg_pleg_kernel_records_dropped_total 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evpleg_pleg_kernel_program_runs_skipped_total 6"),
             "{text}"
         );
     }

@@ -592,10 +592,12 @@ fn counters(pleg: &PlegUnderTest) -> Outcome {
     assert!(nonzero.is_empty(), "{}", nonzero.join(", "));
     assert!(get(&s.kernel_reported) > 0, "the kernel reported nothing");
     Outcome::Pass(format!(
-        "kernel reported {}, filtered {}, thread exits {}; records {}; no read errors, drops or unattributed records",
+        "kernel reported {}, filtered {}, thread exits {}, program runs skipped {}; records {}; no read errors, \
+         drops or unattributed records",
         get(&s.kernel_reported),
         get(&s.kernel_filtered),
         get(&s.kernel_thread_exits),
+        get(&s.kernel_missed),
         get(&s.records)
     ))
 }

@@ -5,6 +5,7 @@
 //! size, the hierarchies reported on mkdir/rmdir and the root cgroups and path
 //! prefixes of the filter are set here too.
 
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -92,6 +93,12 @@ pub enum LoadError {
         name: &'static str,
         source: aya::programs::ProgramError,
     },
+    /// the kernel would not say how often it skipped a program
+    #[error("program {name}: cannot read its info (recursion_misses): {source}")]
+    ProgramInfo {
+        name: &'static str,
+        source: std::io::Error,
+    },
     /// a map is missing or has the wrong type
     #[error("map {name}: {source}")]
     Map {
@@ -130,6 +137,53 @@ pub struct Loaded {
     pub counters: PerCpuArray<MapData, u64>,
     pub roots: RootsMap,
     pub offsets: KernelOffsets,
+    /// The attached programs' descriptors, in [`PROGRAMS`] order, for
+    /// [`recursion_misses`]; owned by `ebpf`, valid while it lives.
+    pub program_fds: [RawFd; PROGRAMS.len()],
+}
+
+impl Loaded {
+    /// The sum of the attached programs' [`recursion_misses`]. Each was read
+    /// once at load; a later read of a live descriptor cannot fail, and if it
+    /// did the program would add nothing until the next poll.
+    pub fn recursion_misses(&self) -> u64 {
+        self.program_fds
+            .iter()
+            .filter_map(|&fd| recursion_misses(fd).ok())
+            .sum()
+    }
+}
+
+/// How many times the kernel skipped the program with descriptor `fd` because
+/// it was already running on that CPU (`bpf_prog_info.recursion_misses`, Linux
+/// 5.12; 0 before). A skipped run is a lost record. Where tracepoint programs
+/// run with preemption disabled this needs an interrupt inside a program;
+/// where they run with only migration disabled, a task preempted inside a
+/// program makes the next task on that CPU skip it (docs/pleg.md, "a program
+/// run skipped by the kernel"). One `bpf(BPF_OBJ_GET_INFO_BY_FD)`, no
+/// allocation: callable on the reader thread.
+pub fn recursion_misses(fd: RawFd) -> std::io::Result<u64> {
+    use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
+    // SAFETY: both are plain C structs of integers, valid when zeroed.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.info.bpf_fd = fd as u32;
+    attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = &mut info as *mut bpf_prog_info as u64;
+    // SAFETY: the kernel writes at most `info_len` bytes into `info`, which
+    // outlives the call; `attr` is read only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &mut attr as *mut bpf_attr,
+            std::mem::size_of::<bpf_attr>() as libc::c_long,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.recursion_misses)
 }
 
 /// The `ROOTS` map: which cgroup2 cgroups' descendants are reported.
@@ -292,7 +346,8 @@ pub fn load(config: &LoaderConfig) -> Result<Loaded, LoadError> {
     }
     // The tracepoint is each program's function name, except for the exit
     // program, of which there are two.
-    for tracepoint in PROGRAMS {
+    let mut program_fds = [0; PROGRAMS.len()];
+    for (tracepoint, fd) in PROGRAMS.into_iter().zip(&mut program_fds) {
         let name = if tracepoint == EXIT_PROGRAM {
             exit_program(&offsets)
         } else {
@@ -309,6 +364,14 @@ pub fn load(config: &LoaderConfig) -> Result<Loaded, LoadError> {
         program
             .attach()
             .map_err(|source| LoadError::Program { name, source })?;
+        *fd = program
+            .fd()
+            .map_err(|source| LoadError::Program { name, source })?
+            .as_fd()
+            .as_raw_fd();
+        // Read once here, so that a kernel which will not tell fails the
+        // load instead of leaving the skipped runs silently uncounted.
+        recursion_misses(*fd).map_err(|source| LoadError::ProgramInfo { name, source })?;
     }
     let ring = take(&mut ebpf, "EVENTS")?;
     let counters = take(&mut ebpf, "COUNTERS")?;
@@ -318,6 +381,7 @@ pub fn load(config: &LoaderConfig) -> Result<Loaded, LoadError> {
         counters,
         roots,
         offsets,
+        program_fds,
     })
 }
 

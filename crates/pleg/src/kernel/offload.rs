@@ -294,6 +294,7 @@ struct Logged {
     unattributed: u64,
     discarded: u64,
     dropped: u64,
+    missed: u64,
     handoff_failures: u64,
     lines_dropped: u64,
     rt_throttled: u64,
@@ -360,6 +361,14 @@ impl Helper {
                 lost = n,
                 demoted_total = load(&s.demoted),
                 "kernel ring buffer full: records lost, containers demoted to uncertain, relist requested"
+            );
+        }
+        if let Some(n) = grew(&mut l.missed, load(&s.kernel_missed)) {
+            warn!(
+                skipped = n,
+                demoted_total = load(&s.demoted),
+                "kernel program runs skipped (the program was already running on that CPU): \
+                 records may be lost, containers demoted to uncertain, relist requested"
             );
         }
         if let Some(n) = grew(&mut l.handoff_failures, load(&s.handoff_failures)) {

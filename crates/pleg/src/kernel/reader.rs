@@ -75,6 +75,9 @@ pub struct KernelStats {
     pub kernel_dropped: AtomicU64,
     pub kernel_read_errors: AtomicU64,
     pub kernel_thread_exits: AtomicU64,
+    /// Program runs the kernel skipped (`recursion_misses`, summed over the
+    /// programs): each may be a lost record.
+    pub kernel_missed: AtomicU64,
     /// Task records whose cgroup stayed unknown after a rescan.
     pub unattributed: AtomicU64,
     /// Rescans of the cgroup tree.
@@ -126,6 +129,7 @@ impl Default for KernelStats {
             kernel_dropped: AtomicU64::new(0),
             kernel_read_errors: AtomicU64::new(0),
             kernel_thread_exits: AtomicU64::new(0),
+            kernel_missed: AtomicU64::new(0),
             unattributed: AtomicU64::new(0),
             rescans: AtomicU64::new(0),
             reader_failures: Arc::new(AtomicU64::new(0)),
@@ -638,17 +642,25 @@ impl Reader {
             .store(self.tracker.sizes().2 as u64, Ordering::Relaxed);
     }
 
-    /// Reads the kernel's drop counter: records lost since the last read end
-    /// the certainty that rested on them (every container is demoted until
-    /// the runtime's pid confirms its main process) and request a relist.
+    /// Reads the kernel's drop counter and the programs' skipped runs: records
+    /// lost since the last read end the certainty that rested on them (every
+    /// container is demoted until the runtime's pid confirms its main process)
+    /// and request a relist.
     fn check_drops(&mut self) {
         let dropped = sum(&self.loaded.counters, counter::DROPPED);
-        let before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
-        if dropped > before {
-            self.tracker.records_lost(monotonic_ns());
-            self.relist.request(RelistReason::KernelDrop);
-            self.store_tracker_stats();
-            self.offload.note_counters();
+        let missed = self.loaded.recursion_misses();
+        let dropped_before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
+        let missed_before = self.stats.kernel_missed.swap(missed, Ordering::Relaxed);
+        for (grew, reason) in [
+            (dropped > dropped_before, RelistReason::KernelDrop),
+            (missed > missed_before, RelistReason::KernelMiss),
+        ] {
+            if grew {
+                self.tracker.records_lost(monotonic_ns());
+                self.relist.request(reason);
+                self.store_tracker_stats();
+                self.offload.note_counters();
+            }
         }
     }
 

@@ -15,6 +15,8 @@ use evpleg_core::lifecycle::RelistSignal;
 pub enum RelistReason {
     /// The kernel could not reserve ring-buffer space (`DROPPED` grew).
     KernelDrop,
+    /// The kernel skipped a program's run (its `recursion_misses` grew).
+    KernelMiss,
     /// The lifecycle event channel was full.
     ChannelFull,
     /// A task record's cgroup is unknown even after a rescan.
@@ -29,8 +31,9 @@ pub enum RelistReason {
 }
 
 impl RelistReason {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::KernelDrop,
+        Self::KernelMiss,
         Self::ChannelFull,
         Self::Unattributed,
         Self::ExitMissed,
@@ -41,6 +44,7 @@ impl RelistReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KernelDrop => "kernel ring buffer full",
+            Self::KernelMiss => "kernel program run skipped",
             Self::ChannelFull => "pleg event channel full",
             Self::Unattributed => "task in an unknown cgroup",
             Self::ExitMissed => "container cgroup removed before its main process exit was seen",
@@ -52,7 +56,7 @@ impl RelistReason {
 
 /// Counts of requests by reason (metrics).
 #[derive(Debug, Default)]
-pub struct RelistCounts([AtomicU64; 6]);
+pub struct RelistCounts([AtomicU64; RelistReason::ALL.len()]);
 
 impl RelistCounts {
     pub fn get(&self, reason: RelistReason) -> u64 {
@@ -94,6 +98,6 @@ mod tests {
         r.request(RelistReason::ExitMissed);
         assert_eq!(signal.count(), 3);
         let got: Vec<u64> = RelistReason::ALL.iter().map(|r| counts.get(*r)).collect();
-        assert_eq!(got, vec![1, 0, 0, 2, 0, 0]);
+        assert_eq!(got, vec![1, 0, 0, 0, 2, 0, 0]);
     }
 }
