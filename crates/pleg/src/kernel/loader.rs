@@ -164,8 +164,9 @@ impl Loaded {
 /// allocation: callable on the reader thread.
 pub fn recursion_misses(fd: RawFd) -> std::io::Result<u64> {
     use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
-    // SAFETY: both are plain C structs of integers, valid when zeroed.
+    // SAFETY: a plain C struct of integers, valid when zeroed.
     let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: a C union of such structs, valid when zeroed.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     attr.info.bpf_fd = fd as u32;
     attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
