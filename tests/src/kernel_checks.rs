@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use evpleg_core::lifecycle::EventKind;
+use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
 use evpleg_pleg::kernel::event::{Exit, KernelEvent};
 
 use crate::cgroups::{ContainerCgroup, Layout, OutsideCgroup};
@@ -274,11 +274,14 @@ pub fn kernel_filter(pleg: &PlegUnderTest, timeout: Duration) -> String {
 /// reported exactly once, with wait status `code << 8`, and ContainerDied(code),
 /// `rounds` times (the threads die together: on two CPUs, in `do_exit` at once).
 ///
-/// Where the kernel runs tracepoint programs preemptible (7.x), the exit
-/// program's run for the last thread can be skipped: another thread was
-/// preempted inside the same program on that CPU. Such a round has no record;
-/// it must then be counted (`kernel_missed` grows) and a relist requested,
-/// never silent, and it is run again. At most `rounds` such rounds.
+/// Records can be lost: the kernel may skip a program's run
+/// (`recursion_misses`: another task was inside the same program on that
+/// CPU; seen on 7.3), the ring buffer may be full, a cgroup may stay unknown.
+/// The round's exit record may then be missing, or its death a hint or
+/// nothing instead of ContainerDied. Such a round passes only if the loss was
+/// counted and a relist requested, never silently, and is run again, at most
+/// `rounds` times. (The host tests failed once in CI with no event at all for
+/// a round whose exit record came; what was lost was not recorded.)
 pub fn exit_group_from_thread(
     pleg: &mut PlegUnderTest,
     helper: &ThreadHelper,
@@ -286,16 +289,15 @@ pub fn exit_group_from_thread(
     timeout: Duration,
 ) -> String {
     let threads = 8;
-    let (mut round, mut skipped) = (0, 0);
+    let (mut round, mut disturbed) = (0, 0);
     while round < rounds {
-        let code = 40 + (round + skipped) as i32;
+        let code = 40 + (round + disturbed) as i32;
         let cg = ContainerCgroup::new(Layout::Cgroupfs);
-        let missed_before = missed(pleg);
-        let relists_before = pleg.relist.count();
+        let before = Losses::now(pleg);
         let mut child = helper.spawn(
             &cg,
             &[
-                "exit-group-from-thread".to_owned(),
+                "exit-group-from-thread".into(),
                 code.to_string(),
                 threads.to_string(),
             ],
@@ -306,53 +308,124 @@ pub fn exit_group_from_thread(
         let status = child.wait().expect("wait helper");
         assert_eq!(status.code(), Some(code), "waitpid's status of the helper");
         let exits = exits_of(pleg, pid, timeout);
-        if exits.is_empty() {
-            let deadline = Instant::now() + timeout;
-            while missed(pleg) == missed_before && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            assert!(
-                missed(pleg) > missed_before && pleg.relist.count() > relists_before,
-                "round {round}: {threads} threads died by exit_group({code}) and no exit record came, \
-                 yet the kernel counted no skipped run ({} before, {} after) or no relist was \
-                 requested ({relists_before} before, {} after): a silent loss",
-                missed_before,
-                missed(pleg),
-                pleg.relist.count()
-            );
-            skipped += 1;
-            assert!(
-                skipped <= rounds,
-                "{skipped} rounds of {} had their exit run skipped by the kernel",
-                round + skipped
-            );
-            continue;
-        }
-        assert_eq!(
-            exits.len(),
-            1,
+        assert!(
+            exits.len() <= 1,
             "round {round}: {threads} threads died by exit_group({code}): one exit record expected, got {exits:?}"
         );
-        assert_eq!(
-            exits[0].wait_status,
-            status.into_raw() as u32,
-            "round {round}: the record's wait status is waitpid's"
-        );
-        let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
-        assert_eq!(started.pid, Some(pid));
-        let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
-        assert_eq!(
-            (died.pid, died.exit.map(|e| e.code)),
-            (Some(pid), Some(code)),
-            "round {round}: ContainerDied"
-        );
-        round += 1;
+        if let Some(exit) = exits.first() {
+            assert_eq!(
+                exit.wait_status,
+                status.into_raw() as u32,
+                "round {round}: the record's wait status is waitpid's"
+            );
+        }
+        let events = if exits.is_empty() {
+            Vec::new()
+        } else {
+            events_until_death(pleg, &cg.container_id, crate::pleg::EVENT_TIMEOUT)
+        };
+        let died = events.iter().find(|e| e.kind == EventKind::ContainerDied);
+        match died {
+            Some(died) => {
+                let started = events
+                    .iter()
+                    .find(|e| e.kind == EventKind::ContainerStarted);
+                assert_eq!(
+                    started.and_then(|e| e.pid),
+                    Some(pid),
+                    "round {round}: {events:?}"
+                );
+                assert_eq!(
+                    (died.pid, died.exit.map(|e| e.code)),
+                    (Some(pid), Some(code)),
+                    "round {round}: ContainerDied"
+                );
+                round += 1;
+            }
+            _ => {
+                before.assert_counted(
+                    pleg,
+                    timeout,
+                    &format!("round {round}: exit record {exits:?}, events {events:?}"),
+                );
+                disturbed += 1;
+                assert!(
+                    disturbed <= rounds,
+                    "{disturbed} of {} rounds disturbed by lost records",
+                    round + disturbed
+                );
+            }
+        }
     }
     format!(
         "{rounds} processes of {threads} threads, exit_group(N) from a non-leader thread: one exit record \
-         each, wait status N << 8, ContainerDied(N); {skipped} more whose exit run the kernel skipped, \
-         each counted and relisted"
+         each, wait status N << 8, ContainerDied(N); {disturbed} more disturbed by lost records, each counted \
+         and relisted ({} program runs skipped in all)",
+        missed(pleg)
     )
+}
+
+/// The container's events until its death: ContainerDied, a hint (PodSync)
+/// once its certainty is gone, or nothing more within `timeout` (its exit
+/// taken for another process's, its certainty lost with a skipped exec).
+fn events_until_death(
+    pleg: &mut PlegUnderTest,
+    container_id: &str,
+    timeout: Duration,
+) -> Vec<PodLifecycleEvent> {
+    let mut events = Vec::new();
+    while let Some(e) = pleg.event_within(container_id, timeout) {
+        let last = matches!(e.kind, EventKind::ContainerDied | EventKind::PodSync);
+        events.push(e);
+        if last {
+            break;
+        }
+    }
+    events
+}
+
+/// The loss counters before a round.
+#[derive(Debug, PartialEq)]
+struct Losses {
+    /// Program runs the kernel skipped, records the ring buffer dropped, and
+    /// records of a cgroup that stayed unknown.
+    lost: [u64; 3],
+    demoted: u64,
+    relists: u64,
+}
+
+impl Losses {
+    fn now(pleg: &PlegUnderTest) -> Self {
+        let s = pleg.pleg.stats();
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        Self {
+            lost: [
+                get(&s.kernel_missed),
+                get(&s.kernel_dropped),
+                get(&s.unattributed),
+            ],
+            demoted: get(&s.demoted),
+            relists: pleg.relist.count(),
+        }
+    }
+
+    /// A round without its record or its certain death: a loss must have been
+    /// counted (a skipped run or a dropped record, read by the reader within
+    /// `timeout`, or a record of an unknown cgroup) and a relist requested;
+    /// else the loss was silent.
+    fn assert_counted(&self, pleg: &PlegUnderTest, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        let mut now = Self::now(pleg);
+        while now.lost == self.lost && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            now = Self::now(pleg);
+        }
+        let counted = now.lost.iter().zip(&self.lost).any(|(n, b)| n > b);
+        assert!(
+            counted && now.relists > self.relists,
+            "{what}: a silent loss: before {self:?}, after {now:?}"
+        );
+    }
 }
 
 /// Program runs the kernel skipped, as the reader last read them.

@@ -87,29 +87,39 @@ impl PlegUnderTest {
     /// The next event of `container_id` (events of other containers, from tests
     /// running alongside, are kept for later calls). Panics after the timeout.
     pub fn event(&mut self, container_id: &str) -> PodLifecycleEvent {
+        self.event_within(container_id, EVENT_TIMEOUT).unwrap_or_else(|| {
+            panic!(
+                "no event for container {container_id} within {EVENT_TIMEOUT:?}; other events: {:?}",
+                self.pending_events
+            )
+        })
+    }
+
+    /// The next event of `container_id`, or `None` after `timeout`.
+    pub fn event_within(
+        &mut self,
+        container_id: &str,
+        timeout: Duration,
+    ) -> Option<PodLifecycleEvent> {
         let matches = |e: &PodLifecycleEvent| {
             e.container_id
                 .as_ref()
                 .is_some_and(|c| c.as_str() == container_id)
         };
         if let Some(i) = self.pending_events.iter().position(matches) {
-            return self.pending_events.remove(i);
+            return Some(self.pending_events.remove(i));
         }
-        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
-        let deadline = tokio::time::Instant::from_std(deadline);
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let events = &mut self.events;
             let next = self
                 .runtime
                 .block_on(async { tokio::time::timeout_at(deadline, events.recv()).await });
             match next {
-                Ok(Some(e)) if matches(&e) => return e,
+                Ok(Some(e)) if matches(&e) => return Some(e),
                 Ok(Some(e)) => self.pending_events.push(e),
                 Ok(None) => panic!("the kernel pleg's event channel closed"),
-                Err(_) => panic!(
-                    "no event for container {container_id} within {EVENT_TIMEOUT:?}; other events: {:?}",
-                    self.pending_events
-                ),
+                Err(_) => return None,
             }
         }
     }

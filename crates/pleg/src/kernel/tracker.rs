@@ -327,12 +327,14 @@ impl Tracker {
         self.containers.get(id).map(|c| c.state)
     }
 
-    /// How many containers, sandbox marks and unfound ids are kept (memory).
-    pub fn sizes(&self) -> (usize, usize, usize) {
+    /// How many containers, sandbox marks, unfound ids and removed ids (kept
+    /// for the prune grace) are kept (memory).
+    pub fn sizes(&self) -> (usize, usize, usize, usize) {
         (
             self.containers.len(),
             self.sandboxes.len(),
             self.unfound.len(),
+            self.removed.len(),
         )
     }
 

@@ -264,7 +264,9 @@ fn removal_before_a_certain_death_is_a_hint_and_a_relist() {
     );
     assert_eq!(h.relists, 1);
     assert_eq!(h.tracker.stats.removed_before_death, 1);
-    assert_eq!(h.tracker.sizes(), (0, 0, 0));
+    assert_eq!(h.tracker.sizes(), (0, 0, 0, 1), "its id kept for the grace");
+    h.reconcile(view(10, None, vec![]), &[]);
+    assert_eq!(h.tracker.sizes(), (0, 0, 0, 0), "and forgotten after it");
 }
 
 #[test]
@@ -283,7 +285,7 @@ fn removal_of_a_container_that_never_started_or_was_only_hinted() {
         "the candidate's exit, then the removal: hints"
     );
     assert_eq!(h.relists, 0, "no exit was missed");
-    assert_eq!(h.tracker.sizes(), (0, 0, 0));
+    assert_eq!(h.tracker.sizes(), (0, 0, 0, 2));
 }
 
 #[test]
@@ -653,7 +655,7 @@ fn unknown_running_container_asks_for_one_rescan() {
     };
     assert!(!h.tracker.reconcile(&r, true).rescan_due);
     assert!(!h.reconcile(v, &[]).rescan_due);
-    assert_eq!(h.tracker.sizes(), (0, 0, 1));
+    assert_eq!(h.tracker.sizes(), (0, 0, 1, 0));
     // Exited containers the tracker forgot are not a reason to rescan.
     let mut exited = running('b', UID2, None);
     exited.running = false;
@@ -661,10 +663,14 @@ fn unknown_running_container_asks_for_one_rescan() {
         !h.reconcile(view(11, Some(UID2), vec![exited]), &[])
             .rescan_due
     );
-    assert_eq!(h.tracker.sizes(), (0, 0, 1), "another pod's view keeps it");
+    assert_eq!(
+        h.tracker.sizes(),
+        (0, 0, 1, 0),
+        "another pod's view keeps it"
+    );
     // Once the runtime stops listing it, it is forgotten.
     h.reconcile(view(12, None, vec![]), &[]);
-    assert_eq!(h.tracker.sizes(), (0, 0, 0));
+    assert_eq!(h.tracker.sizes(), (0, 0, 0, 0));
 }
 
 #[test]
@@ -692,7 +698,7 @@ fn a_full_view_forgets_everything_the_runtime_no_longer_lists() {
     // Their rmdirs were lost. The view lists only container c (pod 2).
     let o = h.reconcile(view(10, None, vec![running('c', UID2, None)]), &[]);
     assert_eq!(o.pruned, 2);
-    assert_eq!(h.tracker.sizes(), (1, 0, 0));
+    assert_eq!(h.tracker.sizes(), (1, 0, 0, 0));
     assert_eq!(h.tracker.main_state(&id('c')), Some(MainState::Fresh));
     // Left: /kubepods (node level), pod 2 and its container.
     let left: Vec<u64> = [50, 60, 61, 70, 71, 72, 73]
@@ -729,12 +735,12 @@ fn a_view_keeps_what_was_learned_within_the_grace() {
         .learn_existing(72, &container_path('b'), &[], None, 50)
         .unwrap();
     h.reconcile(view(100, None, vec![]), &[]);
-    assert_eq!(h.tracker.sizes(), (2, 0, 0), "both within 100 ns of 100");
+    assert_eq!(h.tracker.sizes(), (2, 0, 0, 0), "both within 100 ns of 100");
     h.reconcile(view(140, None, vec![]), &[]);
     assert_eq!(h.tracker.main_state(&id('a')), None);
     assert_eq!(h.tracker.main_state(&id('b')), Some(MainState::Fresh));
     h.reconcile(view(151, None, vec![]), &[]);
-    assert_eq!(h.tracker.sizes(), (0, 0, 0));
+    assert_eq!(h.tracker.sizes(), (0, 0, 0, 0));
     assert!(h.tracker.index().is_empty());
 }
 
