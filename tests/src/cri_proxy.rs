@@ -303,8 +303,11 @@ pub async fn raw_unary(socket: &std::path::Path, method: &str, request: bytes::B
             .body(())
             .expect("a request");
         let (resp, mut send) = client.send_request(req, false).expect("sent");
-        send.send_data(request, true)
-            .expect("the request's message");
+        // A server may answer, and end the stream, before it reads the
+        // request (the proxy's own UNAVAILABLE when the runtime is gone): the
+        // message then finds the stream closed (h2's InactiveStreamId). The
+        // answer is what is checked, and a real failure shows there.
+        let _ = send.send_data(request, true);
         let (head, mut body) = resp.await.expect("an answer").into_parts();
         let ended_by_headers = body.is_end_stream();
         let mut data_frames = 0;
