@@ -651,16 +651,20 @@ impl Reader {
         let missed = self.loaded.recursion_misses();
         let dropped_before = self.stats.kernel_dropped.swap(dropped, Ordering::Relaxed);
         let missed_before = self.stats.kernel_missed.swap(missed, Ordering::Relaxed);
+        let mut lost = false;
         for (grew, reason) in [
             (dropped > dropped_before, RelistReason::KernelDrop),
             (missed > missed_before, RelistReason::KernelMiss),
         ] {
             if grew {
-                self.tracker.records_lost(monotonic_ns());
+                lost = true;
                 self.relist.request(reason);
-                self.store_tracker_stats();
-                self.offload.note_counters();
             }
+        }
+        if lost {
+            self.tracker.records_lost(monotonic_ns());
+            self.store_tracker_stats();
+            self.offload.note_counters();
         }
     }
 
