@@ -57,9 +57,10 @@ impl Cgroup {
         let mut path = root;
         for part in std::path::Path::new(&relative) {
             path.push(part);
-            if !path.exists() {
-                std::fs::create_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                created.push(path.clone());
+            match std::fs::create_dir(&path) {
+                Ok(()) => created.push(path.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("{}: {e}", path.display()),
             }
         }
         Self { dir, created, id }
@@ -147,6 +148,11 @@ fn observe_runs_under_the_shipped_seccomp_profile() {
 /// capabilities, kills a container's main process with code 7 and waits for
 /// the kernel's ContainerDied, reads `/healthz`, and stops it with SIGTERM.
 fn observe_sees_a_death(mut cmd: Command) {
+    // The two tests share `kubepods/besteffort`: one at a time, so that one
+    // does not remove a level the other is creating its pod under (CI saw
+    // both create it at once).
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cgroup = Cgroup::new();
     let port = free_port();
     let mut child = cmd
