@@ -28,6 +28,9 @@ pub enum Layout {
     SystemdGuaranteed,
     /// `/k8s.io/<id>` (containerd without a cgroup parent)
     ContainerdNoParent,
+    /// `/docker/<id>` (Docker's cgroupfs driver; not a default root: a PLEG
+    /// watches it only when configured to)
+    Docker,
 }
 
 /// Ancestors shared between tests of one process, with how many tests use them;
@@ -118,6 +121,7 @@ impl ContainerCgroup {
                 ],
             ),
             Layout::ContainerdNoParent => (vec!["k8s.io".into()], vec![id.to_owned()]),
+            Layout::Docker => (vec!["docker".into()], vec![id.to_owned()]),
         };
         let mut mounts = vec![cgroup2()];
         if v1_memory_too && let Some((_, mount)) = v1_memory() {

@@ -58,7 +58,6 @@ pub fn proc_stat(pid: u32) -> (u32, u64) {
     (field(4) as u32, field(22))
 }
 
-/// The state letter of `/proc/<pid>/stat` (`Z` for a zombie), if the process exists.
 /// The state letter of `/proc/<pid>/stat` (`R`, `S`, `Z`...), if the process exists.
 pub fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -342,12 +341,18 @@ pub fn exit_group_from_thread(
                 );
                 round += 1;
             }
-            _ => {
-                before.assert_counted(
-                    pleg,
-                    timeout,
-                    &format!("round {round}: exit record {exits:?}, events {events:?}"),
-                );
+            None => {
+                // Not a death as a fact: the round's certainty was lost. Either
+                // the container said so (a hint: its pod is relisted; its root
+                // reached the kernel filter late, its exec held back), or a
+                // loss was counted and a relist requested; else it is silent.
+                if !events.iter().any(|e| e.kind == EventKind::PodSync) {
+                    before.assert_counted(
+                        pleg,
+                        timeout,
+                        &format!("round {round}: exit record {exits:?}, events {events:?}"),
+                    );
+                }
                 disturbed += 1;
                 assert!(
                     disturbed <= rounds,
@@ -359,8 +364,8 @@ pub fn exit_group_from_thread(
     }
     format!(
         "{rounds} processes of {threads} threads, exit_group(N) from a non-leader thread: one exit record \
-         each, wait status N << 8, ContainerDied(N); {disturbed} more disturbed by lost records, each counted \
-         and relisted ({} program runs skipped in all)",
+         each, wait status N << 8, ContainerDied(N); {disturbed} more disturbed (a hint, or a loss counted \
+         and relisted; {} program runs skipped in all)",
         missed(pleg)
     )
 }

@@ -194,10 +194,10 @@ pub struct RootsMap {
 }
 
 impl RootsMap {
-    /// Adds a root (idempotent).
-    pub fn add(&mut self, cgroup_id: u64, level: u32) -> Result<(), LoadError> {
+    /// Adds a root (idempotent); returns whether it was not in the filter yet.
+    pub fn add(&mut self, cgroup_id: u64, level: u32) -> Result<bool, LoadError> {
         if self.entries.iter().any(|r| r.cgroup_id == cgroup_id) {
-            return Ok(());
+            return Ok(false);
         }
         if self.entries.len() >= MAX_ROOTS as usize {
             return Err(LoadError::Filter(format!(
@@ -209,7 +209,7 @@ impl RootsMap {
             level,
             _pad: 0,
         });
-        self.sync()
+        self.sync().map(|()| true)
     }
 
     /// Removes a root.

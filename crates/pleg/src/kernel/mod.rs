@@ -236,9 +236,17 @@ impl KernelPleg {
         };
         let report = scanner.scan_into(&mut tracker, None, monotonic_ns())?;
         let mut roots = roots::RootFilterUpdates::new(&config.roots);
-        reader::apply_filter_changes(&mut loaded.roots, roots.on_scan(&report.roots), &mut |l| {
-            l.emit()
-        });
+        let opened = reader::apply_filter_changes(
+            &mut loaded.roots,
+            roots.on_scan(&report.roots),
+            &mut |l| l.emit(),
+        );
+        // Roots made between the load and the scan: what the scan learned
+        // below them may have lost records (the first relist confirms it).
+        let at = monotonic_ns();
+        for root in &opened {
+            tracker.filter_opened(root, at);
+        }
         for (cgroup_id, e) in &report.malformed {
             tracing::warn!(error = %e, cgroup_id, "cgroup found by the start-up scan not attributed");
         }

@@ -315,16 +315,28 @@ fn sum(counters: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Applies changes to the kernel filter, a line for `log` each.
+/// Applies changes to the kernel filter, a line for `log` each. Returns the
+/// roots the filter did not hold before: tasks below them went unreported
+/// until now ([`Tracker::filter_opened`]).
 pub(super) fn apply_filter_changes(
     roots: &mut RootsMap,
     changes: Vec<FilterChange>,
     log: &mut dyn FnMut(LogLine),
-) {
+) -> Vec<String> {
+    let mut opened = Vec::new();
     for change in changes {
         match change {
-            FilterChange::Add { cgroup_id, level } => match roots.add(cgroup_id, level) {
-                Ok(()) => log(LogLine::RootAdded { cgroup_id, level }),
+            FilterChange::Add {
+                cgroup_id,
+                level,
+                path,
+            } => match roots.add(cgroup_id, level) {
+                Ok(added) => {
+                    log(LogLine::RootAdded { cgroup_id, level });
+                    if added {
+                        opened.push(path);
+                    }
+                }
                 Err(e) => log(LogLine::RootAddFailed {
                     cgroup_id,
                     failure: FilterFailure::of(&e),
@@ -340,6 +352,7 @@ pub(super) fn apply_filter_changes(
             }
         }
     }
+    opened
 }
 
 impl Reader {
@@ -487,11 +500,12 @@ impl Reader {
             KernelEvent::CgroupRmdir(c) => self.roots.on_rmdir(c),
             _ => Vec::new(),
         };
-        if !changes.is_empty() {
-            let offload = &self.offload;
-            apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
-        }
-        if let KernelEvent::CgroupMkdir(c) = &ev
+        if !changes.is_empty() && self.change_filter(changes) {
+            // A root made after the programs were loaded: tasks below it were
+            // not reported until now. What its containers ran meanwhile is
+            // read from the tree at once, whatever the rescan policy says.
+            self.rescan(None);
+        } else if let KernelEvent::CgroupMkdir(c) = &ev
             && self.roots.below_unknown_root(&c.path)
             && self.rescans.allows(monotonic_ns())
         {
@@ -535,11 +549,13 @@ impl Reader {
         let at = monotonic_ns();
         match self.scanner.scan_into(&mut self.tracker, pending, at) {
             Ok(report) => {
+                if report.exited_unseen > 0 {
+                    self.relist.request(RelistReason::ExitedUnseen);
+                }
                 let changes = self.roots.on_scan(&report.roots);
-                let offload = &self.offload;
-                apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
+                self.change_filter(changes);
                 for (cgroup_id, _) in report.malformed {
-                    offload.log(LogLine::NotAttributed { cgroup_id });
+                    self.offload.log(LogLine::NotAttributed { cgroup_id });
                 }
             }
             Err(e) => self.offload.log(LogLine::rescan_failed(&e)),
@@ -549,6 +565,30 @@ impl Reader {
             let outcome = self.tracker.reconcile(&r, true);
             self.reconciled(&r, &outcome);
         }
+    }
+
+    /// Applies changes to the kernel filter. A root it did not hold yet was
+    /// made (or found) after the programs were loaded: the containers already
+    /// known below it may have lost records, and are demoted as after a drop
+    /// (a relist confirms them), and cgroups made below it before now are not
+    /// `Fresh` when their mkdir is read. Returns whether a root was added.
+    fn change_filter(&mut self, changes: Vec<FilterChange>) -> bool {
+        if changes.is_empty() {
+            return false;
+        }
+        let offload = &self.offload;
+        let opened = apply_filter_changes(&mut self.loaded.roots, changes, &mut |l| offload.log(l));
+        let at = monotonic_ns();
+        let demoted: usize = opened
+            .iter()
+            .map(|root| self.tracker.filter_opened(root, at))
+            .sum();
+        if demoted > 0 {
+            self.relist.request(RelistReason::RootOpened);
+            self.store_tracker_stats();
+            self.offload.note_counters();
+        }
+        !opened.is_empty()
     }
 
     /// Rescans for the views waiting for one, once the policy allows it.

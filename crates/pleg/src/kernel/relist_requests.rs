@@ -28,10 +28,16 @@ pub enum RelistReason {
     /// A kernel event whose merge's locks were busy could not be handed to
     /// the normal-priority helper (its queue was full).
     HandOffFull,
+    /// A root cgroup reached the kernel filter after containers below it
+    /// were known: their records until then were not reported.
+    RootOpened,
+    /// A scan found a container cgroup empty after processes ran in it: their
+    /// exits were not reported (they ran before the filter held its root).
+    ExitedUnseen,
 }
 
 impl RelistReason {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
         Self::KernelDrop,
         Self::KernelMiss,
         Self::ChannelFull,
@@ -39,6 +45,8 @@ impl RelistReason {
         Self::ExitMissed,
         Self::ReaderStopped,
         Self::HandOffFull,
+        Self::RootOpened,
+        Self::ExitedUnseen,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +58,12 @@ impl RelistReason {
             Self::ExitMissed => "container cgroup removed before its main process exit was seen",
             Self::ReaderStopped => "kernel pleg reader stopped",
             Self::HandOffFull => "kernel event merge hand-off queue full",
+            Self::RootOpened => {
+                "root cgroup added to the kernel filter after containers below it were known"
+            }
+            Self::ExitedUnseen => {
+                "container cgroup found empty after processes ran in it unreported"
+            }
         }
     }
 }
@@ -98,6 +112,6 @@ mod tests {
         r.request(RelistReason::ExitMissed);
         assert_eq!(signal.count(), 3);
         let got: Vec<u64> = RelistReason::ALL.iter().map(|r| counts.get(*r)).collect();
-        assert_eq!(got, vec![1, 0, 0, 0, 2, 0, 0]);
+        assert_eq!(got, vec![1, 0, 0, 0, 2, 0, 0, 0, 0]);
     }
 }

@@ -21,10 +21,18 @@ pub struct FoundRoot {
 }
 
 /// A change to apply to the kernel filter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FilterChange {
-    Add { cgroup_id: u64, level: u32 },
-    Remove { cgroup_id: u64 },
+    /// `path` is the root's, so that what ran below it before the filter held
+    /// it can be accounted for ([`super::tracker::Tracker::filter_opened`]).
+    Add {
+        cgroup_id: u64,
+        level: u32,
+        path: String,
+    },
+    Remove {
+        cgroup_id: u64,
+    },
 }
 
 /// Which id each configured root has in the filter.
@@ -52,13 +60,17 @@ impl RootFilterUpdates {
 
     fn set(&mut self, path: &str, cgroup_id: u64, level: u32, out: &mut Vec<FilterChange>) {
         let path = path.trim_end_matches('/').to_owned();
-        match self.known.insert(path, cgroup_id) {
+        match self.known.insert(path.clone(), cgroup_id) {
             Some(old) if old == cgroup_id => {}
             old => {
                 if let Some(old) = old {
                     out.push(FilterChange::Remove { cgroup_id: old });
                 }
-                out.push(FilterChange::Add { cgroup_id, level });
+                out.push(FilterChange::Add {
+                    cgroup_id,
+                    level,
+                    path,
+                });
             }
         }
     }
@@ -138,11 +150,15 @@ mod tests {
     #[test]
     fn mkdir_rmdir_and_scan() {
         let mut r = RootFilterUpdates::new(&["/kubepods".into(), "/k8s.io/".into()]);
-        let add = |cgroup_id| FilterChange::Add {
+        let add = |cgroup_id, path: &str| FilterChange::Add {
             cgroup_id,
             level: 1,
+            path: path.into(),
         };
-        assert_eq!(r.on_scan(&[found("/kubepods", 10)]), vec![add(10)]);
+        assert_eq!(
+            r.on_scan(&[found("/kubepods", 10)]),
+            vec![add(10, "/kubepods")]
+        );
         // Seen again: nothing to do.
         assert_eq!(r.on_scan(&[found("/kubepods", 10)]), vec![]);
         assert_eq!(r.on_mkdir(&change("/kubepods", 10)), vec![]);
@@ -154,7 +170,7 @@ mod tests {
         let mut cut = change("/k8s.io", 12);
         cut.truncated = true;
         assert_eq!(r.on_mkdir(&cut), vec![]);
-        assert_eq!(r.on_mkdir(&change("/k8s.io", 12)), vec![add(12)]);
+        assert_eq!(r.on_mkdir(&change("/k8s.io", 12)), vec![add(12, "/k8s.io")]);
         assert_eq!(
             r.on_rmdir(&change("/k8s.io", 12)),
             vec![FilterChange::Remove { cgroup_id: 12 }]
@@ -164,7 +180,7 @@ mod tests {
         // the new id.
         assert_eq!(
             r.on_scan(&[found("/kubepods", 20)]),
-            vec![FilterChange::Remove { cgroup_id: 10 }, add(20)]
+            vec![FilterChange::Remove { cgroup_id: 10 }, add(20, "/kubepods")]
         );
         // A root's mkdir missed entirely: a cgroup created below it says so, and
         // the scan finds it.
@@ -172,7 +188,7 @@ mod tests {
         assert!(!r.below_unknown_root("/k8s.io"));
         assert!(!r.below_unknown_root("/k8s.iox/abc"));
         assert!(!r.below_unknown_root("/kubepods/besteffort"));
-        assert_eq!(r.on_scan(&[found("/k8s.io", 30)]), vec![add(30)]);
+        assert_eq!(r.on_scan(&[found("/k8s.io", 30)]), vec![add(30, "/k8s.io")]);
         assert!(!r.below_unknown_root("/k8s.io/abc"));
     }
 }

@@ -36,6 +36,9 @@ pub struct ScanReport {
     pub roots: Vec<FoundRoot>,
     /// Cgroups under a root whose path is malformed.
     pub malformed: Vec<(u64, CgroupPathError)>,
+    /// Containers learned with an empty cgroup in which processes had run
+    /// ([`Tracker::exited_unseen`]): their exits were never read.
+    pub exited_unseen: usize,
 }
 
 impl Scanner {
@@ -66,18 +69,47 @@ impl Scanner {
             {
                 continue;
             }
-            let procs = match classify(&cgroup.path) {
-                Ok(CgroupClass::Container { nested: false, .. }) => processes_below(&cgroup.dir),
-                _ => Vec::new(),
+            let container = matches!(
+                classify(&cgroup.path),
+                Ok(CgroupClass::Container { nested: false, .. })
+            );
+            let procs = if container {
+                processes_below(&cgroup.dir)
+            } else {
+                Vec::new()
             };
+            // An empty container cgroup in which something ran: the processes
+            // exited before the tracker could see them (its root reached the
+            // filter late). Not so for a scan asked for by an exec record: its
+            // process may be what ran, and its records follow.
+            let exited = container && procs.is_empty() && pending.is_none() && has_run(&cgroup.dir);
             match tracker.learn_existing(cgroup.cgroup_id, &cgroup.path, &procs, pending, now_ns) {
-                Ok(true) => report.learned += 1,
+                Ok(true) => {
+                    report.learned += 1;
+                    if exited && tracker.exited_unseen(cgroup.cgroup_id) {
+                        report.exited_unseen += 1;
+                    }
+                }
                 Ok(false) => {}
                 Err(e) => report.malformed.push((cgroup.cgroup_id, e)),
             }
         }
         Ok(report)
     }
+}
+
+/// Whether a task ever ran in cgroup `dir` or below: its `cpu.stat`
+/// `usage_usec` (a core cgroup2 file, Linux 4.20, present whether or not the
+/// cpu controller is enabled) is not zero. A file that cannot be read says
+/// yes: the caller then assumes the worst.
+pub fn has_run(dir: &Path) -> bool {
+    let Ok(stat) = fs::read_to_string(dir.join("cpu.stat")) else {
+        return true;
+    };
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_none_or(|usage| usage > 0)
 }
 
 /// The processes in `dir` and the cgroups below it. Processes that exit while
@@ -140,15 +172,51 @@ mod tests {
         let base = std::env::temp_dir().join(format!("evpleg-scanner-{}", std::process::id()));
         let uid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
         let id = "c".repeat(64);
-        fs::create_dir_all(base.join(format!("kubepods/besteffort/pod{uid}/{id}"))).unwrap();
+        let pod = base.join(format!("kubepods/besteffort/pod{uid}"));
+        // Nothing ran in the first; processes ran and left the second; the
+        // third says nothing (no cpu.stat): assumed to have run.
+        let (ran, unknown) = ("d".repeat(64), "e".repeat(64));
+        for (dir, usage) in [(&id, Some(0)), (&ran, Some(15)), (&unknown, None)] {
+            fs::create_dir_all(pod.join(dir)).unwrap();
+            if let Some(usage) = usage {
+                let stat = format!("usage_usec {usage}\nuser_usec 0\nsystem_usec {usage}\n");
+                fs::write(pod.join(dir).join("cpu.stat"), stat).unwrap();
+            }
+        }
         let scanner = Scanner {
             cgroup2_mount: base.clone(),
             roots: vec!["/kubepods".into(), "/k8s.io".into()],
         };
         let mut tracker = Tracker::new(100);
         let report = scanner.scan_into(&mut tracker, None, 7).unwrap();
+        // Asked for by an exec: what ran may be its process, whose records follow.
+        let mut pending_tracker = Tracker::new(100);
+        let pending = crate::kernel::event::ProcessKey {
+            pid: 1,
+            start_boottime_ns: 1,
+        };
+        let pending_report = scanner
+            .scan_into(&mut pending_tracker, Some(pending), 7)
+            .unwrap();
         fs::remove_dir_all(&base).unwrap();
-        assert_eq!(report.learned, 4);
+        assert_eq!((report.learned, report.exited_unseen), (6, 2));
+        assert_eq!(
+            (pending_report.learned, pending_report.exited_unseen),
+            (6, 0)
+        );
+        use crate::kernel::main_state::MainState;
+        for (dir, state) in [
+            (&ran, MainState::Uncertain(None)),
+            (&unknown, MainState::Uncertain(None)),
+        ] {
+            let cid = evpleg_core::ids::ContainerId::parse(dir).unwrap();
+            assert_eq!(tracker.main_state(&cid), Some(state), "{dir}");
+            assert_eq!(
+                pending_tracker.main_state(&cid),
+                Some(MainState::Fresh),
+                "{dir}"
+            );
+        }
         assert_eq!(report.roots.len(), 1);
         assert_eq!(
             (report.roots[0].path.as_str(), report.roots[0].level),

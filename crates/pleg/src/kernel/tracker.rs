@@ -57,6 +57,12 @@ const OOM_VICTIMS_MAX: usize = 256;
 /// its pause process runs.
 pub const PRUNE_GRACE_NS: u64 = 10_000_000_000;
 
+/// Whether cgroup `path` lies strictly below `root`.
+fn is_below(path: &str, root: &str) -> bool {
+    path.strip_prefix(root)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// A process as a scan sees it in `/proc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcInfo {
@@ -289,6 +295,11 @@ pub struct Tracker {
     /// When records were last found lost (CLOCK_MONOTONIC ns): a cgroup made
     /// before then may have lost a record, it is not `Fresh`.
     lost_before_ns: u64,
+    /// Roots the kernel filter took after the programs were loaded, with when
+    /// (CLOCK_MONOTONIC ns): tasks below one were not reported before then,
+    /// so a cgroup made below it before then is not `Fresh` either. One entry
+    /// per configured root at most.
+    roots_opened: Vec<(String, u64)>,
     pub stats: TrackerStats,
 }
 
@@ -308,6 +319,7 @@ impl Tracker {
             prune_grace_ns: PRUNE_GRACE_NS,
             boot_offset_ns: evpleg_core::clock::boottime_offset_ns(),
             lost_before_ns: 0,
+            roots_opened: Vec::new(),
             stats: TrackerStats::default(),
         }
     }
@@ -603,6 +615,72 @@ impl Tracker {
         demoted
     }
 
+    /// The kernel filter took `root` at `at_ns`, after the programs were
+    /// loaded (a root made, or found, since): tasks below it went unreported
+    /// until then. Containers already known below it are demoted as after lost
+    /// records, and a cgroup below it whose mkdir was written before then is
+    /// not `Fresh` when that mkdir is read (a record of it may be the one the
+    /// filter held back). Returns how many known containers were demoted.
+    pub fn filter_opened(&mut self, root: &str, at_ns: u64) -> usize {
+        let root = root.trim_end_matches('/');
+        match self.roots_opened.iter_mut().find(|(r, _)| r == root) {
+            Some((_, t)) => *t = (*t).max(at_ns),
+            None => self.roots_opened.push((root.to_owned(), at_ns)),
+        }
+        let mut demoted = 0;
+        for c in self.containers.values_mut() {
+            let below = self
+                .index
+                .get(c.cgroup_id)
+                .is_some_and(|e| is_below(&e.path, root));
+            if !below {
+                continue;
+            }
+            let step = c.state.records_lost();
+            if step.transition == Transition::Demoted
+                && let Some(next) = step.next
+            {
+                c.state = next;
+                demoted += 1;
+            }
+        }
+        self.stats.demoted += demoted as u64;
+        demoted
+    }
+
+    /// A scan found the cgroup of container `cgroup_id` empty although
+    /// processes ran in it, none of which the tracker saw: a `Fresh` container
+    /// is demoted (its main process's exit was not seen). Returns whether it
+    /// was.
+    pub fn exited_unseen(&mut self, cgroup_id: u64) -> bool {
+        let Some(c) = self
+            .containers
+            .values_mut()
+            .find(|c| c.cgroup_id == cgroup_id)
+        else {
+            return false;
+        };
+        let step = c.state.records_lost();
+        match step.next {
+            Some(next) if step.transition == Transition::Demoted => {
+                c.state = next;
+                self.stats.demoted += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The latest time before which a cgroup made at `path` may have lost a
+    /// record: records found lost, or its root reaching the filter late.
+    fn lost_before(&self, path: &str) -> u64 {
+        self.roots_opened
+            .iter()
+            .filter(|(root, _)| is_below(path, root))
+            .map(|(_, at)| *at)
+            .fold(self.lost_before_ns, u64::max)
+    }
+
     fn on_exit(&mut self, exit: &Exit, out: &mut Output) -> Handled {
         self.bound_init(exit);
         let id = match self.container_of(exit.cgroup_id) {
@@ -666,12 +744,13 @@ impl Tracker {
                 };
                 let (id, pod) = (id.clone(), pod.cloned());
                 self.unfound.remove(&id);
+                let lost_before = self.lost_before(&change.path);
                 match self.containers.get(&id) {
                     // Learned by a scan before this record was read: every record
                     // of the cgroup follows this one in the ring buffer.
                     // (Unless records were lost after it.)
                     Some(c) if c.cgroup_id == change.cgroup_id => {
-                        if change.at_ns > self.lost_before_ns {
+                        if change.at_ns > lost_before {
                             let step = c.state.history_in_ring();
                             self.apply(&id, step, change.at_ns, None, out);
                         }
@@ -679,7 +758,7 @@ impl Tracker {
                     // New, or a cgroup re-created under the same name; made
                     // before records were found lost, one of its own may be.
                     _ => {
-                        let state = if change.at_ns > self.lost_before_ns {
+                        let state = if change.at_ns > lost_before {
                             MainState::Fresh
                         } else {
                             MainState::Uncertain(None)

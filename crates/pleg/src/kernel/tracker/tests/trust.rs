@@ -384,3 +384,122 @@ fn a_scan_that_finds_the_init_waiting_bounds_the_start() {
         ]
     );
 }
+
+/// A root the kernel filter took late (CI of stop 36: `/kubepods` made again
+/// while the reader lagged, a helper's exec held back by the filter, its
+/// exit then read as another process's, and nothing sent): cgroups made
+/// below it before the filter took it are not `Fresh`, whether learned by a
+/// scan or by their mkdir, and their exits are hints; other roots, and
+/// cgroups made after, keep their certainty.
+#[test]
+fn cgroups_made_before_their_root_reached_the_filter_are_not_fresh() {
+    let mut h = Harness::new();
+    let other_root = format!("/k8s.io/{}", cid('c'));
+    // Known by a scan before the filter took /kubepods: demoted.
+    h.tracker
+        .learn_existing(70, &container_path('a'), &[], None, 1)
+        .unwrap();
+    h.tracker
+        .learn_existing(90, &other_root, &[], None, 1)
+        .unwrap();
+    assert_eq!(h.tracker.filter_opened("/kubepods/", 10), 1);
+    assert_eq!(h.tracker.stats.demoted, 1);
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    assert_eq!(h.tracker.main_state(&id('c')), Some(MainState::Fresh));
+    // Its mkdir, read now, does not make it fresh again.
+    h.feed(encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        8,
+        0,
+        70,
+        &container_path('a'),
+    ));
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    // Made before the filter took the root, read after: its helper's exec
+    // was held back, its exit is a hint.
+    h.feed(encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        9,
+        0,
+        80,
+        &container_path('b'),
+    ));
+    assert_eq!(
+        h.tracker.main_state(&id('b')),
+        Some(MainState::Uncertain(None))
+    );
+    h.feed(encode::exit(12, 3000, 9_000, 80, 0x3100, 0));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+    // Made after: fresh, its exec is the start, its exit the death.
+    h.feed(encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        11,
+        0,
+        81,
+        &pod2_path('d'),
+    ));
+    assert_eq!(h.tracker.main_state(&id('d')), Some(MainState::Fresh));
+    h.feed(encode::exec(13, 4000, 12_000, 81, "/app"));
+    h.feed(encode::exit(14, 4000, 12_000, 81, 0x200, 0));
+    assert_eq!(
+        h.take(),
+        vec![
+            (STARTED, None, false, Some(4000)),
+            (DIED, Some(2), false, Some(4000))
+        ]
+    );
+    // Below a root the filter held all along, a mkdir written before is
+    // still fresh.
+    h.feed(encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        5,
+        0,
+        91,
+        &format!("/k8s.io/{}", cid('e')),
+    ));
+    assert_eq!(h.tracker.main_state(&id('e')), Some(MainState::Fresh));
+    // Taken again later (the root made anew): the later time counts.
+    assert_eq!(
+        h.tracker.filter_opened("/kubepods", 20),
+        0,
+        "no fresh container below it"
+    );
+    h.feed(encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        15,
+        0,
+        82,
+        &pod2_path('f'),
+    ));
+    assert_eq!(
+        h.tracker.main_state(&id('f')),
+        Some(MainState::Uncertain(None))
+    );
+    assert_eq!(h.relists, 0, "the reader asks for the relist");
+}
+
+/// A scan finds a container's cgroup empty though processes ran in it (the
+/// late root's window): its main process's exit was never read, so it is
+/// not fresh, and its removal is a hint.
+#[test]
+fn a_container_whose_processes_exited_unseen_is_not_fresh() {
+    let mut h = Harness::new();
+    h.tracker
+        .learn_existing(70, &container_path('a'), &[], None, 1)
+        .unwrap();
+    assert!(h.tracker.exited_unseen(70));
+    assert_eq!(
+        h.tracker.main_state(&id('a')),
+        Some(MainState::Uncertain(None))
+    );
+    assert!(!h.tracker.exited_unseen(70), "once");
+    assert!(!h.tracker.exited_unseen(71), "an unknown cgroup");
+    h.rmdir(5, 70, &container_path('a'));
+    assert_eq!(h.take(), vec![(SYNC, None, false, None)]);
+}
