@@ -405,6 +405,23 @@ impl Containerd {
         tracked.push(path);
     }
 
+    /// Registers a root cgroup that this instance's containers may create
+    /// without a cgroup parent (containerd's `/k8s.io/<id>`, as critest's
+    /// do): the last instance's teardown removes it, when empty, if it did
+    /// not exist yet (full runs left `/k8s.io` in every hierarchy).
+    pub fn track_root_cgroup(&self, root: &str) {
+        let root = format!("/{}", root.trim_matches('/'));
+        let exists = cgroup_mounts()
+            .iter()
+            .any(|m| m.join(root.trim_start_matches('/')).exists());
+        if !exists {
+            CREATED_ANCESTORS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(root);
+        }
+    }
+
     /// A host-network pod sandbox config for pod `name` with `uid`, under
     /// `cgroup_parent` (cgroupfs form, e.g. [`pod_cgroup_parent`]`(uid)`), which
     /// is tracked for the teardown. The hostname stays empty: a host-network

@@ -26,6 +26,8 @@ fn run(
     dir: &std::path::Path,
 ) -> Outcome {
     let containerd = start_containerd();
+    // critest's pods have no cgroup parent: runc makes `/k8s.io/<id>`.
+    containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
     critest::mirror(registry, &containerd.registry_config_dir())
         .unwrap_or_else(|e| panic!("registry mirrors: {e}"));
     if !through_proxy {
