@@ -1030,6 +1030,8 @@ fn containers_without_the_kubelets_labels_get_started_and_stopped() {
     }
     let _serial = serial();
     let containerd = start_containerd();
+    // No cgroup parent: runc makes `/k8s.io/<id>`.
+    containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
     let pod = TestPod::new(&containerd, "unlabelled");
     let mut config = pod.config.clone();
     config
@@ -1313,6 +1315,8 @@ fn crictl_reads_the_same_codes_and_messages_through_the_proxy() {
     };
     let _serial = serial();
     let mut containerd = start_containerd();
+    // crictl's pods have no cgroup parent: runc makes `/k8s.io/<id>`.
+    containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
     let pod = TestPod::new(&containerd, "crictl");
     let rt = runtime();
     let dir = containerd.base().join("crictl");
