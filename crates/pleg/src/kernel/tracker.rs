@@ -601,8 +601,19 @@ impl Tracker {
     /// known containers were demoted.
     pub fn records_lost(&mut self, noticed_at_ns: u64) -> usize {
         self.lost_before_ns = self.lost_before_ns.max(noticed_at_ns);
+        self.demote(|_, _| true)
+    }
+
+    /// Demotes every container `which` selects (by its entry and its path, if
+    /// indexed) as after lost records ([`MainState::records_lost`]); returns
+    /// how many were.
+    fn demote(&mut self, which: impl Fn(&Container, Option<&str>) -> bool) -> usize {
         let mut demoted = 0;
         for c in self.containers.values_mut() {
+            let path = self.index.get(c.cgroup_id).map(|e| e.path.as_str());
+            if !which(c, path) {
+                continue;
+            }
             let step = c.state.records_lost();
             if step.transition == Transition::Demoted
                 && let Some(next) = step.next
@@ -627,25 +638,7 @@ impl Tracker {
             Some((_, t)) => *t = (*t).max(at_ns),
             None => self.roots_opened.push((root.to_owned(), at_ns)),
         }
-        let mut demoted = 0;
-        for c in self.containers.values_mut() {
-            let below = self
-                .index
-                .get(c.cgroup_id)
-                .is_some_and(|e| is_below(&e.path, root));
-            if !below {
-                continue;
-            }
-            let step = c.state.records_lost();
-            if step.transition == Transition::Demoted
-                && let Some(next) = step.next
-            {
-                c.state = next;
-                demoted += 1;
-            }
-        }
-        self.stats.demoted += demoted as u64;
-        demoted
+        self.demote(|_, path| path.is_some_and(|p| is_below(p, root)))
     }
 
     /// A scan found the cgroup of container `cgroup_id` empty although
@@ -653,22 +646,7 @@ impl Tracker {
     /// is demoted (its main process's exit was not seen). Returns whether it
     /// was.
     pub fn exited_unseen(&mut self, cgroup_id: u64) -> bool {
-        let Some(c) = self
-            .containers
-            .values_mut()
-            .find(|c| c.cgroup_id == cgroup_id)
-        else {
-            return false;
-        };
-        let step = c.state.records_lost();
-        match step.next {
-            Some(next) if step.transition == Transition::Demoted => {
-                c.state = next;
-                self.stats.demoted += 1;
-                true
-            }
-            _ => false,
-        }
+        self.demote(|c, _| c.cgroup_id == cgroup_id) > 0
     }
 
     /// The latest time before which a cgroup made at `path` may have lost a
