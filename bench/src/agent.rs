@@ -14,7 +14,8 @@
 //!
 //! Each repetition of each mode runs a fresh agent with a manifest directory
 //! of its own ([`repetition`]), so that the modes can be interleaved
-//! repetition by repetition.
+//! repetition by repetition. The stock kubelet's rows run among them, the
+//! same way ([`crate::kubelet`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,12 +34,12 @@ use serde_json::Value;
 use crate::results::{Latency, Start, StartSamples};
 use crate::stats::{Percentiles, Summary};
 
-const NODE: &str = "bench";
+pub(crate) const NODE: &str = "bench";
 /// How often `/pods` is looked at while waiting (the figures come from the
 /// stage log, not from this polling).
-const POLL: Duration = Duration::from_millis(10);
+pub(crate) const POLL: Duration = Duration::from_millis(10);
 /// The CRI calls that start a pod (the rest are inspection).
-const START_OPS: [&str; 5] = [
+pub(crate) const START_OPS: [&str; 5] = [
     "run_podsandbox",
     "create_container",
     "start_container",
@@ -65,16 +66,21 @@ pub enum AgentMode {
     /// released design: the events' payloads, a 300 s relist) or 1.37 (hints,
     /// the 1 s relist).
     CriProxy(PlegMode),
+    /// Not the agent: the stock kubelet 1.37 itself ([`crate::kubelet`]).
+    Kubelet(crate::kubelet::KubeletMode),
 }
 
 impl AgentMode {
-    pub const ALL: [AgentMode; 6] = [
+    pub const ALL: [AgentMode; 9] = [
         AgentMode::Pleg(PlegMode::Ebpf),
         AgentMode::Pleg(PlegMode::EventedCri),
         AgentMode::Pleg(PlegMode::EventedCriPayload),
         AgentMode::Pleg(PlegMode::Generic),
         AgentMode::CriProxy(PlegMode::EventedCriPayload),
         AgentMode::CriProxy(PlegMode::EventedCri),
+        AgentMode::Kubelet(crate::kubelet::KubeletMode::Generic),
+        AgentMode::Kubelet(crate::kubelet::KubeletMode::Evented),
+        AgentMode::Kubelet(crate::kubelet::KubeletMode::ProxyEvented),
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,13 +88,7 @@ impl AgentMode {
             Self::Pleg(m) => crate::death::Observer::Pleg(m).name(),
             Self::CriProxy(PlegMode::EventedCriPayload) => CRI_PROXY_126,
             Self::CriProxy(_) => CRI_PROXY_137,
-        }
-    }
-
-    /// The agent's `--pleg`.
-    fn pleg(self) -> PlegMode {
-        match self {
-            Self::Pleg(m) | Self::CriProxy(m) => m,
+            Self::Kubelet(k) => k.name(),
         }
     }
 
@@ -98,17 +98,22 @@ impl AgentMode {
             Self::Pleg(PlegMode::Ebpf) => None,
             Self::Pleg(_) => Some(&AGENT_STAGES),
             Self::CriProxy(_) => Some(&AGENT_STAGES[1..]),
+            // Its /pods showing the death (`crate::kubelet`).
+            Self::Kubelet(_) => Some(&AGENT_STAGES[2..]),
         }
     }
 
-    /// The agent's `--pleg` value.
-    fn flag(self) -> &'static str {
-        match self.pleg() {
+    /// The agent's `--pleg` value (`None`: not the agent).
+    fn flag(self) -> Option<&'static str> {
+        let (Self::Pleg(m) | Self::CriProxy(m)) = self else {
+            return None;
+        };
+        Some(match m {
             PlegMode::Ebpf => "ebpf",
             PlegMode::Generic => "generic",
             PlegMode::EventedCri => "evented-cri",
             PlegMode::EventedCriPayload => "evented-cri-1.26",
-        }
+        })
     }
 }
 
@@ -179,6 +184,10 @@ impl AgentSeries {
             agent_ms: Summary::of(&own),
             samples: self.samples,
         });
+        if let AgentMode::Kubelet(_) = self.mode {
+            out.notes.push(crate::kubelet::NOTE.to_owned());
+            return out;
+        }
         out.notes.push(format!(
             "Full agent: the `evpleg` agent in-process (file source, sync loop, pod workers, \
              status manager, its own HTTP port), a fresh one for each mode's repetition, \
@@ -200,7 +209,7 @@ impl AgentSeries {
                  proxy's kernel PLEG is the stopwatch; its own `delivered` (to the proxy's event \
                  task) is left out, so the agent's stages shown are `worker-sync` and \
                  `status-held`.",
-                self.mode.flag(),
+                self.mode.flag().unwrap_or_default(),
                 if design == PlegMode::EventedCriPayload {
                     "1.26-1.36"
                 } else {
@@ -225,6 +234,10 @@ pub async fn repetition(
     window: Duration,
 ) -> Result<String> {
     let mode = series.mode;
+    if let AgentMode::Kubelet(kubelet) = mode {
+        return crate::kubelet::repetition(containerd, series, kubelet, rep, n, window).await;
+    }
+    let flag = mode.flag().context("not an agent mode")?;
     let manifests = manifest_dir(containerd.base(), mode, rep);
     let base = manifests.parent().context("manifest dir")?.to_owned();
     let logs = base.join("pod-logs");
@@ -232,18 +245,18 @@ pub async fn repetition(
     std::fs::create_dir_all(&logs)?;
     let proxy = match mode {
         AgentMode::CriProxy(_) => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
-        AgentMode::Pleg(_) => None,
+        AgentMode::Pleg(_) | AgentMode::Kubelet(_) => None,
     };
     let endpoint = match mode {
         AgentMode::CriProxy(_) => {
             format!("unix://{}", containerd.base().join("proxy.sock").display())
         }
-        AgentMode::Pleg(_) => containerd.endpoint(),
+        AgentMode::Pleg(_) | AgentMode::Kubelet(_) => containerd.endpoint(),
     };
     let args = RunArgs::try_parse_from([
         "evpleg",
         "--pleg",
-        mode.flag(),
+        flag,
         "--cri-endpoint",
         &endpoint,
         "--manifest-dir",
@@ -328,13 +341,13 @@ fn manifest_dir(base: &std::path::Path, mode: AgentMode, rep: usize) -> std::pat
 }
 
 /// The name of pod `i` of repetition `rep`.
-fn pod_name(rep: usize, i: usize) -> String {
+pub(crate) fn pod_name(rep: usize, i: usize) -> String {
     format!("r{rep}c{i}")
 }
 
 /// Waits until the runtime holds no sandbox of the pods `uids`, for at most
 /// `bound`; returns those still there then.
-async fn runtime_clean(
+pub(crate) async fn runtime_clean(
     client: &evpleg_cri::CriClient,
     uids: &[String],
     bound: Duration,
@@ -375,16 +388,25 @@ fn find_pod(agent: &Agent, name: &str) -> Option<Value> {
 }
 
 /// The app container's status in a `/pods` item.
-fn app(pod: &Value) -> Option<&Value> {
+pub(crate) fn app(pod: &Value) -> Option<&Value> {
     pod["status"]["containerStatuses"].as_array()?.first()
 }
 
-/// Sums of the CRI calls' durations by operation, in seconds, from `/metrics`.
+/// Sums of the CRI calls' durations by operation, in seconds, from the
+/// agent's `/metrics`.
 async fn cri_sums(agent: &Agent) -> BTreeMap<String, f64> {
     let text = evpleg_tests::e2e::http_get(agent.addr, "/metrics").await;
-    let prefix = "evpleg_runtime_operations_duration_seconds_sum{operation_type=\"";
-    text.lines()
-        .filter_map(|l| l.strip_prefix(prefix))
+    cri_sums_in(&text, "evpleg_runtime_operations_duration_seconds")
+}
+
+/// Sums of the CRI calls' durations by operation, in seconds, from the
+/// Prometheus text `metrics` whose histogram of them is `name` (the agent's
+/// `evpleg_...`, the kubelet's `kubelet_runtime_operations_duration_seconds`).
+pub(crate) fn cri_sums_in(metrics: &str, name: &str) -> BTreeMap<String, f64> {
+    let prefix = format!("{name}_sum{{operation_type=\"");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
         .filter_map(|rest| {
             let (op, value) = rest.split_once("\"} ")?;
             Some((op.to_owned(), value.trim().parse().ok()?))
@@ -393,7 +415,10 @@ async fn cri_sums(agent: &Agent) -> BTreeMap<String, f64> {
 }
 
 /// (start calls, other calls) between two scrapes, in ms.
-fn cri_delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, f64) {
+pub(crate) fn cri_delta(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> (f64, f64) {
     let (mut start, mut other) = (0.0, 0.0);
     for (op, v) in after {
         let d = (v - before.get(op).copied().unwrap_or(0.0)) * 1000.0;
@@ -474,11 +499,33 @@ async fn measure(
         pods.push(pod);
     }
     // Deaths at random times over the window.
-    let start = tokio::time::Instant::now();
-    let mut killers = Vec::new();
+    let mut pids = Vec::new();
     for p in &pods {
         let pid = evpleg_tests::e2e::find_container_pid(&p.id)
             .with_context(|| format!("no main process for {}", p.name))?;
+        pids.push(pid);
+    }
+    kill_over(&pids, window).await;
+    let deadline = tokio::time::Instant::now() + window + Duration::from_secs(10);
+    let ids: Vec<&str> = pods.iter().map(|p| p.id.as_str()).collect();
+    while tokio::time::Instant::now() < deadline
+        && ids
+            .iter()
+            .any(|id| stage_at(Stage::StatusHeld, id).is_none())
+    {
+        tokio::time::sleep(POLL).await;
+    }
+    let records = crate::stages::snapshot();
+    let (stages, missing) = crate::stages::samples(&ids, &records);
+    Ok(series.record(rep, n, &starts, stages, missing))
+}
+
+/// SIGKILLs each of `pids` at a random time over `window`; returns once all
+/// are sent.
+pub async fn kill_over(pids: &[i32], window: Duration) {
+    let start = tokio::time::Instant::now();
+    let mut killers = Vec::new();
+    for &pid in pids {
         let at = start
             + Duration::from_micros(evpleg_tests::unique_u64() % window.as_micros().max(1) as u64);
         killers.push(tokio::spawn(async move {
@@ -491,61 +538,64 @@ async fn measure(
     for k in killers {
         let _ = k.await;
     }
-    let deadline = tokio::time::Instant::now() + window + Duration::from_secs(10);
-    let ids: Vec<&str> = pods.iter().map(|p| p.id.as_str()).collect();
-    while tokio::time::Instant::now() < deadline
-        && ids
-            .iter()
-            .any(|id| stage_at(Stage::StatusHeld, id).is_none())
-    {
-        tokio::time::sleep(POLL).await;
-    }
-    let records = crate::stages::snapshot();
-    let (mut stages, missing) = crate::stages::samples(&ids, &records);
-    if let Some(kept) = series.mode.kept() {
-        stages.retain(|(s, _)| kept.contains(s));
-    }
-    let mut line = format!(
-        "start p50 {:.0} ms",
-        Percentiles::of(&starts.total_ms).map_or(f64::NAN, |p| p.p50)
-    );
-    for (stage, samples) in &stages {
-        if let Some(p) = Percentiles::of(samples) {
-            line.push_str(&format!(
-                "; {} p50 {:.0} us",
-                crate::stages::name(*stage),
-                p.p50
-            ));
+}
+
+impl AgentSeries {
+    /// Adds one repetition's starts and death stages (those of the mode's
+    /// own; nothing for the warm-up, `rep` 0); returns its progress line.
+    pub fn record(
+        &mut self,
+        rep: usize,
+        n: usize,
+        starts: &StartSamples,
+        mut stages: Vec<(Stage, Vec<f64>)>,
+        missing: usize,
+    ) -> String {
+        if let Some(kept) = self.mode.kept() {
+            stages.retain(|(s, _)| kept.contains(s));
         }
-    }
-    if rep == 0 {
-        return Ok(line);
-    }
-    series.lost += missing;
-    for (stage, samples) in stages {
-        let name = crate::stages::name(stage);
-        if !series.order.contains(&name) {
-            series.order.push(name);
+        let mut line = format!(
+            "start p50 {:.0} ms",
+            Percentiles::of(&starts.total_ms).map_or(f64::NAN, |p| p.p50)
+        );
+        for (stage, samples) in &stages {
+            if let Some(p) = Percentiles::of(samples) {
+                line.push_str(&format!(
+                    "; {} p50 {:.0} us",
+                    crate::stages::name(*stage),
+                    p.p50
+                ));
+            }
         }
-        let e = series.deaths.entry(name).or_default();
-        e.0.extend(Percentiles::of(&samples));
-        e.1.extend(samples);
+        if rep == 0 {
+            return line;
+        }
+        self.lost += missing;
+        for (stage, samples) in stages {
+            let name = crate::stages::name(stage);
+            if !self.order.contains(&name) {
+                self.order.push(name);
+            }
+            let e = self.deaths.entry(name).or_default();
+            e.0.extend(Percentiles::of(&samples));
+            e.1.extend(samples);
+        }
+        let parts = [
+            &starts.total_ms,
+            &starts.runtime_ms,
+            &starts.inspection_ms,
+            &starts.agent_ms,
+        ];
+        for (acc, part) in self.starts.iter_mut().zip(parts) {
+            acc.extend(Percentiles::of(part));
+        }
+        self.samples.total_ms.extend(&starts.total_ms);
+        self.samples.runtime_ms.extend(&starts.runtime_ms);
+        self.samples.inspection_ms.extend(&starts.inspection_ms);
+        self.samples.agent_ms.extend(&starts.agent_ms);
+        self.pods += n;
+        line
     }
-    let parts = [
-        &starts.total_ms,
-        &starts.runtime_ms,
-        &starts.inspection_ms,
-        &starts.agent_ms,
-    ];
-    for (acc, part) in series.starts.iter_mut().zip(parts) {
-        acc.extend(Percentiles::of(part));
-    }
-    series.samples.total_ms.extend(&starts.total_ms);
-    series.samples.runtime_ms.extend(&starts.runtime_ms);
-    series.samples.inspection_ms.extend(&starts.inspection_ms);
-    series.samples.agent_ms.extend(&starts.agent_ms);
-    series.pods += n;
-    Ok(line)
 }
 
 #[cfg(test)]
@@ -569,5 +619,28 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), AgentMode::ALL.len() * 9);
+    }
+
+    /// The CRI time by operation from the agent's and the kubelet's
+    /// histograms, each read under its own name only.
+    #[test]
+    fn cri_sums_are_read_by_histogram_name() {
+        let text = "# TYPE kubelet_runtime_operations_duration_seconds histogram\n\
+            kubelet_runtime_operations_duration_seconds_bucket{operation_type=\"start_container\",le=\"0.005\"} 1\n\
+            kubelet_runtime_operations_duration_seconds_sum{operation_type=\"start_container\"} 0.25\n\
+            kubelet_runtime_operations_duration_seconds_sum{operation_type=\"list_containers\"} 1.5\n\
+            evpleg_runtime_operations_duration_seconds_sum{operation_type=\"start_container\"} 9\n";
+        let kubelet = cri_sums_in(text, "kubelet_runtime_operations_duration_seconds");
+        assert_eq!(
+            kubelet,
+            BTreeMap::from([
+                ("list_containers".to_owned(), 1.5),
+                ("start_container".to_owned(), 0.25)
+            ])
+        );
+        let (start, other) = cri_delta(&BTreeMap::new(), &kubelet);
+        assert_eq!((start, other), (250.0, 1500.0));
+        let agent = cri_sums_in(text, "evpleg_runtime_operations_duration_seconds");
+        assert_eq!(agent, BTreeMap::from([("start_container".to_owned(), 9.0)]));
     }
 }

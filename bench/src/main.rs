@@ -12,6 +12,7 @@ mod death;
 mod fake_cri;
 mod floor;
 mod idle;
+mod kubelet;
 mod memory;
 mod operator;
 mod plots;
@@ -58,8 +59,9 @@ struct Cli {
     /// Only these observers in the death workloads (floor, ebpf,
     /// evented-1.37, evented-1.26, generic) and modes of the full agent (ebpf,
     /// evented-1.37, evented-1.26, generic, cri-proxy-1.26 and cri-proxy-1.37:
-    /// the agent in that Evented PLEG design behind `evpleg cri-proxy`); all
-    /// by default.
+    /// the agent in that Evented PLEG design behind `evpleg cri-proxy`; the
+    /// stock kubelet's kubelet-1.37-generic, kubelet-1.37-evented and
+    /// kubelet-1.37-cri-proxy); all by default.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// The scale workload's cgroup counts (default 1000,10000; 300 with
@@ -205,10 +207,21 @@ fn main() -> Result<()> {
             &mut results,
         )?;
     }
-    let agent_modes: Vec<agent::AgentMode> = agent::AgentMode::ALL
+    let mut agent_modes: Vec<agent::AgentMode> = agent::AgentMode::ALL
         .into_iter()
         .filter(|m| mode_wanted(m.name()))
         .collect();
+    // The stock kubelet's rows need its binary (`cargo xtask setup` builds it).
+    if agent_modes
+        .iter()
+        .any(|m| matches!(m, agent::AgentMode::Kubelet(_)))
+        && let Err(e) = evpleg_tests::go_tools::binary("kubelet")
+    {
+        let note = format!("The stock kubelet's rows were left out: {e}.");
+        progress(&note);
+        results.notes.push(note);
+        agent_modes.retain(|m| !matches!(m, agent::AgentMode::Kubelet(_)));
+    }
     if wanted("agent") && !agent_modes.is_empty() {
         full_agent(
             &rt,

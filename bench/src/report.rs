@@ -654,7 +654,13 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          - `cri-proxy-1.26`, `cri-proxy-1.37` (full agent only): the agent in that Evented \
          PLEG design, configured as a stock kubelet with the gate (its default relist \
          period), its CRI endpoint `evpleg cri-proxy` in front of the same containerd; the \
-         proxy's kernel PLEG serves GetContainerEvents and is the stopwatch.\n\n\
+         proxy's kernel PLEG serves GetContainerEvents and is the stopwatch.\n\
+         - `kubelet-1.37-generic`, `kubelet-1.37-evented`, `kubelet-1.37-cri-proxy` (full \
+         agent only): not evpleg but the real kubelet 1.37, built from its Go module, on the \
+         same containerd with the same pods: its generic PLEG; its Evented PLEG \
+         (`EventedPLEG=true`: in 1.37 each event asks for a relist of its pod, beside the \
+         generic 1 s relist) on containerd 1.7's own event stream; the same behind `evpleg cri-proxy`. Its `status-held` is its \
+         `/pods` polled every 5 ms (see the notes).\n\n\
          In the `agent-killed` workload the whole agent runs in each mode (file source, sync \
          loop, pod workers, status manager; in the modes other than `ebpf` a kernel PLEG \
          beside it is the stopwatch, and `delivered` is the relist's or the event stream's \

@@ -366,6 +366,12 @@ impl StockKubelet {
         serde_json::from_str(&body).ok()
     }
 
+    /// Its `/metrics` now (the read-only port serves them), `None` when it
+    /// does not answer.
+    pub async fn metrics(&self) -> Option<String> {
+        get(self.read_only, "/metrics").await
+    }
+
     /// The pod `<name>-<node>` as the kubelet serves it now.
     pub async fn pod(&self, name: &str, node: &str) -> Option<Value> {
         let list = self.pods().await?;

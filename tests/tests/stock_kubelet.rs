@@ -55,6 +55,10 @@ impl Node {
         evpleg_tests::containerd::init_test_logging();
         let containerd =
             Containerd::start_with(containerd).unwrap_or_else(|e| panic!("containerd: {e}"));
+        if cgroups == KubeletCgroups::ContainerdNamespace {
+            // Its containers' /k8s.io, removed at the teardown if made here.
+            containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
+        }
         let (proxy, endpoint) = match mode {
             Mode::Direct | Mode::DirectEvented => (None, containerd.endpoint()),
             Mode::Proxy | Mode::ProxyEvented => {

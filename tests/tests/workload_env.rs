@@ -5,7 +5,9 @@
 //! `oom_score_adj` as the kubelet's Burstable formula (read by the
 //! container's own process from `/proc/self/oom_score_adj`), and
 //! `activeDeadlineSeconds` failing the pod with `DeadlineExceeded` and
-//! killing its container. Privileged: skipped with a reason without root.
+//! killing its container (Failed and unready at once, as the kubelet's
+//! `/pods` serves it, while the container runs its grace period).
+//! Privileged: skipped with a reason without root.
 //!
 //! The environment's API lookups against the real kube-apiserver, as the
 //! agent's Node identity (`system:node:<node>` under the Node authorizer,
@@ -96,12 +98,45 @@ e2e_test!(active_deadline_fails_the_pod_and_kills_its_container, |e| {
                 "  activeDeadlineSeconds: 3\n",
             ),
         );
+        // Every status served on the way: Failed at the deadline, its
+        // container still running its 3 s grace, as the kubelet's `/pods`
+        // serves it, and from then on never Ready (before: Ready and
+        // ContainersReady True until the container ended).
+        let seen = std::sync::Mutex::new((Vec::new(), false));
         let pod = e
             .wait_for("deadline", "failed", |p| {
+                let failed = |kind: &str| {
+                    p["status"]["conditions"].as_array().is_some_and(|l| {
+                        l.iter().any(|c| {
+                            c["type"] == kind
+                                && c["status"] == "False"
+                                && c["reason"] == "PodFailed"
+                        })
+                    })
+                };
+                let mut seen = seen.lock().unwrap();
+                if p["status"]["phase"] == "Failed" {
+                    if !(failed("Ready") && failed("ContainersReady")) {
+                        seen.0.push(p.clone());
+                    }
+                    if container(p, "app")["state"]["running"].is_object() {
+                        seen.1 = true;
+                    }
+                }
                 p["status"]["phase"] == "Failed"
                     && container(p, "app")["state"]["terminated"].is_object()
             })
             .await;
+        let (ready_when_failed, failed_while_running) = seen.into_inner().unwrap();
+        assert!(
+            ready_when_failed.is_empty(),
+            "Failed but not unready: {:#}",
+            ready_when_failed[0]
+        );
+        assert!(
+            failed_while_running,
+            "no status between the deadline and the kill: {pod:#}"
+        );
         assert_eq!(pod["status"]["reason"], "DeadlineExceeded", "{pod:#}");
         assert_eq!(
             pod["status"]["message"],

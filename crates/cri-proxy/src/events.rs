@@ -642,6 +642,15 @@ impl Pending {
             Self::Sandbox { .. } => overlay.forget_sandbox(id),
         }
     }
+
+    /// The runtime caught up: the entry is settled, not forgotten (answers
+    /// it made before are stale: [`Overlay::settle`]).
+    fn settle(self, overlay: &Overlay, id: &ContainerId) {
+        match self {
+            Self::Container(_) => overlay.settle(id),
+            Self::Sandbox { .. } => overlay.settle_sandbox(id),
+        };
+    }
 }
 
 /// Asks the runtime about a pending death (5 ms doubling to 50 ms) until it
@@ -667,7 +676,7 @@ async fn confirm(
                 stats
                     .kernel_lead_seconds
                     .observe(now.saturating_sub(pending.at_ns()) as f64 / 1e9);
-                pending.forget(&overlay, &id);
+                pending.settle(&overlay, &id);
                 return;
             }
             Check::Contradicted => {

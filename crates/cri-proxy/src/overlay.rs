@@ -16,9 +16,11 @@
 //! |---|---|---|
 //! | none | certain kernel death | `Pending` |
 //! | `Pending` | the runtime says running, created or unknown (answer or check) | `Pending`, the answer shown exited |
-//! | `Pending` | the runtime says exited (answer or check) | none (caught up) |
+//! | `Pending` | the runtime says exited (answer or check) | `Settled` (caught up) |
 //! | `Pending` | not exited yet past the bound | none (contradiction, counted) |
 //! | `Pending` | the container is removed | none |
+//! | `Settled` | an answer not exited (made before the runtime caught up) | `Settled`, the answer shown exited |
+//! | `Settled` | the container is removed, or [`MAX_SETTLED`] later settlements | none |
 //!
 //! Only EXITED is the runtime catching up. The runtime lags at a start as at
 //! a death: a container whose main process exec'd and exited before
@@ -35,6 +37,17 @@
 //! filtered on READY leaves it out), until the runtime says NOTREADY, it is
 //! removed, or the bound passes: the same table, with READY for running and
 //! NOTREADY for exited.
+//!
+//! Once the runtime has said EXITED (NOTREADY), the entry is settled: an
+//! answer it made before, still on its way, says RUNNING (READY), and is
+//! stale, since a container never runs again once exited. It is shown
+//! exited too, for [`MAX_SETTLED`] settlements (issue #30: a kubelet relist
+//! listed the container exited, overlaid, then read its ContainerStatus
+//! RUNNING as made before containerd's catch-up and answered after it; the
+//! kubelet kept that RUNNING, and no later listing changed to make it look
+//! again). The runtime's own EXITED answers pass unchanged; a removal ends
+//! the settlement, a contradiction never makes one. [`Overlay::epoch`]
+//! tells an answer made after every settlement, which needs no look.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -83,12 +96,41 @@ impl KernelDeath {
     }
 }
 
-/// The deaths the runtime has not reported yet.
+/// How many settled entries are kept (the oldest go first): each is for
+/// answers already on their way when the runtime caught up.
+pub const MAX_SETTLED: usize = 4096;
+
+/// The deaths the runtime has not reported yet, and those it has reported
+/// lately ([`Settled`]).
 #[derive(Debug, Default)]
 pub struct Overlay {
     pending: Mutex<HashMap<ContainerId, KernelDeath>>,
     /// Sandboxes whose pause process died, the runtime not saying so yet.
     sandboxes: Mutex<HashSet<ContainerId>>,
+    settled: Mutex<Settled>,
+}
+
+/// Deaths the runtime has reported (EXITED, a sandbox NOTREADY): a
+/// non-exited answer about them is stale. Each keeps the settlement's
+/// number; `epoch` is the last one's.
+#[derive(Debug, Default)]
+struct Settled {
+    containers: HashMap<ContainerId, (KernelDeath, u64)>,
+    sandboxes: HashMap<ContainerId, u64>,
+    epoch: u64,
+}
+
+impl Settled {
+    fn next(&mut self) -> u64 {
+        self.epoch += 1;
+        if self.containers.len() + self.sandboxes.len() >= MAX_SETTLED {
+            // The oldest half goes.
+            let keep_from = self.epoch.saturating_sub(MAX_SETTLED as u64 / 2);
+            self.containers.retain(|_, (_, e)| *e >= keep_from);
+            self.sandboxes.retain(|_, e| *e >= keep_from);
+        }
+        self.epoch
+    }
 }
 
 /// What a runtime answer said about a pending death.
@@ -119,13 +161,53 @@ impl Overlay {
         self.lock().insert(id, death);
     }
 
+    fn settled_lock(&self) -> std::sync::MutexGuard<'_, Settled> {
+        self.settled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The runtime reported `id`'s death: its entry is settled (answers
+    /// made before still show it exited). Whether it was pending.
+    pub fn settle(&self, id: &ContainerId) -> bool {
+        let Some(death) = self.lock().remove(id) else {
+            return false;
+        };
+        let mut settled = self.settled_lock();
+        let epoch = settled.next();
+        settled.containers.insert(id.clone(), (death, epoch));
+        true
+    }
+
+    /// The same for a sandbox the runtime reported not ready.
+    pub fn settle_sandbox(&self, id: &ContainerId) -> bool {
+        if !self.sandboxes_lock().remove(id) {
+            return false;
+        }
+        let mut settled = self.settled_lock();
+        let epoch = settled.next();
+        settled.sandboxes.insert(id.clone(), epoch);
+        true
+    }
+
+    /// The number of the last settlement: read before forwarding a call, it
+    /// tells whether its answer can be stale ([`Self::quiet_since`]).
+    pub fn epoch(&self) -> u64 {
+        self.settled_lock().epoch
+    }
+
+    /// Nothing pending, and nothing settled since `epoch`: an answer to a
+    /// call forwarded at `epoch` needs no look.
+    pub fn quiet_since(&self, epoch: u64) -> bool {
+        self.is_empty() && self.settled_lock().epoch == epoch
+    }
+
     /// The entry of `id`, if pending.
     pub fn get(&self, id: &ContainerId) -> Option<KernelDeath> {
         self.lock().get(id).copied()
     }
 
-    /// Ends the entry of `id` (removed, caught up, contradicted).
+    /// Ends the entry of `id` (removed, contradicted, gone), settled or not.
     pub fn forget(&self, id: &ContainerId) -> Option<KernelDeath> {
+        self.settled_lock().containers.remove(id);
         self.lock().remove(id)
     }
 
@@ -142,25 +224,30 @@ impl Overlay {
         self.sandboxes_lock().insert(id);
     }
 
-    /// Ends the entry of sandbox `id`; whether there was one.
+    /// Ends the entry of sandbox `id`, settled or not; whether one was
+    /// pending.
     pub fn forget_sandbox(&self, id: &ContainerId) -> bool {
+        self.settled_lock().sandboxes.remove(id);
         self.sandboxes_lock().remove(id)
     }
 
-    /// A sandbox's `state` in an answer: READY shown NOTREADY while pending;
-    /// any other state ends the entry.
+    /// A sandbox's `state` in an answer: READY shown NOTREADY while pending
+    /// or settled; any other state settles a pending entry.
     fn sandbox_seen(&self, id: &str, state: &mut i32) -> Option<Seen> {
         let id = ContainerId::parse(id)?;
-        let mut pending = self.sandboxes_lock();
-        if !pending.contains(&id) {
+        let ready = *state == v1::PodSandboxState::SandboxReady as i32;
+        let pending = self.sandboxes_lock().contains(&id);
+        if !pending && !self.settled_lock().sandboxes.contains_key(&id) {
             return None;
         }
-        if *state == v1::PodSandboxState::SandboxReady as i32 {
+        if ready {
             *state = v1::PodSandboxState::SandboxNotready as i32;
             Some(Seen::Overlaid)
-        } else {
-            pending.remove(&id);
+        } else if pending {
+            self.settle_sandbox(&id);
             Some(Seen::SandboxCaughtUp)
+        } else {
+            None
         }
     }
 
@@ -190,32 +277,57 @@ impl Overlay {
         self.len() == 0
     }
 
-    /// Lays a pending death on a status the runtime has not caught up in
-    /// ([`caught_up`]); a status that says exited ends the entry.
+    /// The death of `id` as an answer in `state` meets it: `Some((death,
+    /// true))` when the answer has not caught up ([`caught_up`]) with a
+    /// pending or settled death, to be laid on it; `Some((death, false))`
+    /// when it catches up with a pending one, now settled; `None` otherwise.
+    fn meet(&self, id: &ContainerId, state: i32) -> Option<(KernelDeath, bool)> {
+        let pending = self.lock().get(id).copied();
+        match pending {
+            Some(death) if caught_up(state) => {
+                self.settle(id);
+                Some((death, false))
+            }
+            Some(death) => Some((death, true)),
+            None if caught_up(state) => None,
+            None => {
+                let settled = self.settled_lock();
+                settled.containers.get(id).map(|(death, _)| (*death, true))
+            }
+        }
+    }
+
+    /// Lays a pending (or settled) death on a status the runtime has not
+    /// caught up in ([`caught_up`]); a status that says exited settles a
+    /// pending entry.
     pub fn status(&self, status: &mut v1::ContainerStatus) -> Option<Seen> {
         let id = ContainerId::parse(&status.id)?;
-        let mut pending = self.lock();
-        let death = *pending.get(&id)?;
-        if !caught_up(status.state) {
-            death.lay_on(status);
-            Some(Seen::Overlaid)
-        } else {
-            pending.remove(&id);
-            Some(Seen::CaughtUp(death))
+        match self.meet(&id, status.state)? {
+            (death, true) => {
+                death.lay_on(status);
+                Some(Seen::Overlaid)
+            }
+            (death, false) => {
+                // Later stale answers get the runtime's own end.
+                if let Some((d, _)) = self.settled_lock().containers.get_mut(&id) {
+                    d.exit.code = status.exit_code;
+                    d.exit.oom_killed = status.reason == "OOMKilled";
+                    d.finished_at = status.finished_at;
+                }
+                Some(Seen::CaughtUp(death))
+            }
         }
     }
 
     /// The same for a ListContainers entry (which has no exit code).
     pub fn listed(&self, c: &mut v1::Container) -> Option<Seen> {
         let id = ContainerId::parse(&c.id)?;
-        let mut pending = self.lock();
-        let death = *pending.get(&id)?;
-        if !caught_up(c.state) {
-            c.state = v1::ContainerState::ContainerExited as i32;
-            Some(Seen::Overlaid)
-        } else {
-            pending.remove(&id);
-            Some(Seen::CaughtUp(death))
+        match self.meet(&id, c.state)? {
+            (_, true) => {
+                c.state = v1::ContainerState::ContainerExited as i32;
+                Some(Seen::Overlaid)
+            }
+            (death, false) => Some(Seen::CaughtUp(death)),
         }
     }
 

@@ -261,8 +261,11 @@ impl Service {
                 .map(|s| s.state),
             _ => None,
         };
+        // Read before forwarding: a settlement after it may make the answer
+        // stale (`overlay::Overlay::settle`).
+        let epoch = self.overlay.epoch();
         let answer = self.upstream.unary(head, body).await?;
-        if !ok(&answer) || self.overlay.is_empty() {
+        if !ok(&answer) || self.overlay.quiet_since(epoch) {
             let data = answer.data.clone();
             return Ok(answer.into_response(data));
         }
@@ -504,6 +507,61 @@ mod tests {
         let data = grpc::frame(&caught_up);
         assert_eq!(overlay_answer(&o, method, &data, None), None);
         assert!(o.is_empty());
+    }
+
+    /// Issue #30: a ContainerStatus answer the runtime made before it
+    /// caught up, arriving after (the kubelet's relist had listed the
+    /// container exited, overlaid): stale RUNNING, shown exited with the
+    /// runtime's own end, so that the kubelet, which keeps what its
+    /// inspection read, does not keep RUNNING for good. A call forwarded
+    /// after every settlement needs no look; a removal ends the settlement.
+    #[test]
+    fn an_answer_made_before_the_runtime_caught_up_is_shown_exited() {
+        let o = Overlay::default();
+        pending(&o, 1, 137);
+        let method = "RuntimeService/ContainerStatus";
+        let stale = grpc::frame(&v1::ContainerStatusResponse {
+            status: Some(status(1, Running)),
+            ..Default::default()
+        });
+        let forwarded_at = o.epoch();
+        // The runtime catches up (the proxy's own check, or another answer).
+        let mut runtime = status(1, Exited);
+        runtime.exit_code = 143;
+        runtime.finished_at = 7;
+        assert!(matches!(o.status(&mut runtime), Some(Seen::CaughtUp(_))));
+        assert!(o.is_empty(), "nothing pending");
+        assert!(!o.quiet_since(forwarded_at), "settled since the call");
+        assert!(o.quiet_since(o.epoch()), "a later call needs no look");
+        let out = overlay_answer(&o, method, &stale, None).expect("the stale answer rewritten");
+        let out: v1::ContainerStatusResponse = grpc::unary(&out).unwrap();
+        assert_eq!(
+            out.status.map(|s| (s.state(), s.exit_code, s.finished_at)),
+            Some((Exited, 143, 7)),
+            "the runtime's end"
+        );
+        let list = grpc::frame(&v1::ListContainersResponse {
+            containers: vec![v1::Container {
+                id: id(1),
+                state: Running as i32,
+                ..Default::default()
+            }],
+        });
+        let method_list = "RuntimeService/ListContainers";
+        assert!(overlay_answer(&o, method_list, &list, None).is_some());
+        // The runtime's own EXITED passes as it is.
+        let exited = grpc::frame(&v1::ContainerStatusResponse {
+            status: Some(runtime),
+            ..Default::default()
+        });
+        assert_eq!(overlay_answer(&o, method, &exited, None), None);
+        // Removed: nothing is laid any more; a death confirmed by the
+        // proxy's own check settles it the same way.
+        o.forget(&ContainerId::parse(&id(1)).unwrap());
+        assert_eq!(overlay_answer(&o, method, &stale, None), None);
+        pending(&o, 1, 137);
+        assert!(o.settle(&ContainerId::parse(&id(1)).unwrap()));
+        assert!(overlay_answer(&o, method, &stale, None).is_some());
     }
 
     /// The same death through ContainerStatus and ListContainers; another

@@ -21,7 +21,9 @@
 //!   (`pleg_discard_events`);
 //! * health: "pleg has yet to be successful" before the first relist, then
 //!   unhealthy when the last relist is older than a threshold;
-//! * on demand, one pod alone is relisted (the kubelet's PLEGOnDemandRelist).
+//! * on demand, one pod alone is relisted (the kubelet's PLEGOnDemandRelist);
+//!   here the pods due at once share one listing of the runtime, each then
+//!   processed as if relisted alone ([`RelistPleg::relist_pod`]).
 //!
 //! Where it differs (docs/pleg.md, "The contract"): in `ebpf` mode the period is
 //! slow and the kernel's certain exits are merged in: one the runtime does not
@@ -547,11 +549,53 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// time. A failure is written to the cache as the pod's error and the pod is
     /// tried again with back-off (at most [`RETRY_MAX`]).
     pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<(), RuntimeError> {
-        self.relist_pod_as(uid, Inspect::Always).await
+        let mut results = self.relist_pods(vec![(uid.clone(), Inspect::Always)]).await;
+        results.pop().map_or(Ok(()), |(_, result)| result)
     }
 
-    async fn relist_pod_as(&mut self, uid: &PodUid, inspect: Inspect) -> Result<(), RuntimeError> {
+    /// Relists each of `pods` as [`Self::relist_pod`] does, under one listing
+    /// of the runtime when there are several (the pod's own listing when it is
+    /// alone): the pods due at once share its cost. Under load they are many
+    /// (issue #31: with the whole fidelity corpus at once, one listing per pod
+    /// queued the workers' relists for seconds). Each pod keeps the listing's
+    /// timestamp, taken before it, and its own inspection and its own stamp.
+    async fn relist_pods(
+        &mut self,
+        pods: Vec<(PodUid, Inspect)>,
+    ) -> Vec<(PodUid, Result<(), RuntimeError>)> {
         let timestamp = self.clock.now_ns();
+        let listed = match pods.as_slice() {
+            [] => return Vec::new(),
+            [(uid, _)] => self.runtime.list(Some(uid)).await,
+            _ => self.runtime.list(None).await,
+        };
+        let mut results = Vec::with_capacity(pods.len());
+        for (uid, inspect) in pods {
+            let result = match &listed {
+                Ok(entries) => {
+                    let entries = entries.iter().filter(|e| e.pod == uid).cloned().collect();
+                    self.relist_listed(&uid, inspect, timestamp, entries).await
+                }
+                Err(e) => {
+                    self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
+                    self.pod_relist_failed(&uid, e, timestamp);
+                    Err(RuntimeError(e.0.clone()))
+                }
+            };
+            results.push((uid, result));
+        }
+        results
+    }
+
+    /// One pod's relist, from `entries`, its part of a listing made at
+    /// `timestamp`.
+    async fn relist_listed(
+        &mut self,
+        uid: &PodUid,
+        inspect: Inspect,
+        timestamp: u64,
+        entries: Vec<RuntimeEntry>,
+    ) -> Result<(), RuntimeError> {
         self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
         // This relist serves any re-check that was due for the pod, except a
         // hint's, which goes on until its bound.
@@ -567,14 +611,6 @@ impl<R: PodRuntime> RelistPleg<R> {
                 r.redeliver = false;
             }
         }
-        let entries = match self.runtime.list(Some(uid)).await {
-            Ok(e) => e,
-            Err(e) => {
-                self.pod_relist_failed(uid, &e, timestamp);
-                return Err(e);
-            }
-        };
-        let entries: Vec<RuntimeEntry> = entries.into_iter().filter(|e| e.pod == *uid).collect();
         self.records.entry(uid.clone()).or_default().current =
             (!entries.is_empty()).then(|| entries.clone());
         let mut needs = HashSet::new();
@@ -963,14 +999,18 @@ impl<R: PodRuntime> RelistPleg<R> {
             .filter(|(_, r)| r.due <= now)
             .map(|(u, r)| (u.clone(), *r))
             .collect();
-        for (uid, r) in due {
-            self.recheck.remove(&uid);
+        let mut batch = Vec::with_capacity(due.len());
+        for (uid, r) in &due {
+            self.recheck.remove(uid);
             let inspect = if r.redeliver {
                 Inspect::Reinspect
             } else {
                 Inspect::Always
             };
-            let result = self.relist_pod_as(&uid, inspect).await;
+            batch.push((uid.clone(), inspect));
+        }
+        let results = self.relist_pods(batch).await;
+        for ((uid, result), (_, r)) in results.into_iter().zip(due) {
             if let Some(next) = self.recheck.get_mut(&uid) {
                 // Keep the back-off counting and the hint's bound across re-checks.
                 if result.is_err() {
@@ -998,6 +1038,7 @@ impl<R: PodRuntime> RelistPleg<R> {
 
     pub(crate) async fn run_requests(&mut self, queue: &PodRelistQueue) {
         let served_until = self.stats.last_relist_ns.load(Ordering::Relaxed);
+        let mut batch = Vec::new();
         for (uid, request) in queue.take() {
             // A hint for a pod already watched waits for the watch's next
             // re-check (at most RETRY_MAX away): a busy uncertain container
@@ -1036,7 +1077,10 @@ impl<R: PodRuntime> RelistPleg<R> {
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if let Err(e) = self.relist_pod(&uid).await {
+            batch.push((uid, Inspect::Always));
+        }
+        for (uid, result) in self.relist_pods(batch).await {
+            if let Err(e) = result {
                 warn!(pod = %uid, error = %e, "on-demand relist failed; retrying");
             }
         }

@@ -138,7 +138,7 @@ pub const KNOWN: &[Known] = &[
         "*",
         "*: states seen",
         "serves each state in turn: `running` for a container that runs 1 s; `terminated` between a crash and CrashLoopBackOff; after the init containers, PodInitializing until the app container runs",
-        "often never serves `running` for a container that runs about 1 s (nor the crash's `terminated` before CrashLoopBackOff); after the init containers it serves ContainerCreating in between",
+        "often never serves `running` for a container that runs about 1 s (nor the crash's `terminated` before CrashLoopBackOff) with the whole corpus at once (its workers wait for their pod relists; pods due at once now share one listing). It served ContainerCreating after the init containers too, and a created container's ContainerCreating where the kubelet gives no reason: fixed (`status::generate`, the kubelet's default waiting reasons)",
     )
     .intermittent(),
     bug(
@@ -165,8 +165,8 @@ pub const KNOWN: &[Known] = &[
     bug(
         "active-deadline",
         "*",
-        "runs the pod, then fails it after 3 s: Failed, DeadlineExceeded, `Pod was active on the node longer than the specified deadline`",
-        "rejects it at admission: UnsupportedPodSpec, activeDeadlineSeconds not implemented",
+        "fails the pod 3 s after its start: Failed (DeadlineExceeded, `Pod was active on the node longer than the specified deadline`) and Ready and ContainersReady False PodFailed at once on its `/pods`; in the API the phase once the container has ended its 2 s grace (137, `mergePodStatus`)",
+        "served Ready and ContainersReady True while the container ran its grace, and in the API Failed at once (the eviction was applied after the status's generation): fixed (`status::generate`'s `Context::evicted`, `status::api::merge_status`'s hold; tests/tests/workload_env.rs fails without it); in the run before the fix, 2 (Static) and 7 (API) fields",
     )
     .intermittent(),
     bug(

@@ -184,8 +184,15 @@ impl KubeRuntime {
             .status
             .get_pod_status(uid)
             .or_else(|| pod.status.clone());
+        // The kubelet's `ShouldEvict` in `generateAPIPodStatus`.
+        let evicted = crate::active_deadline::past(pod, self.active_start(pod, uid), unix_now_ns())
+            .then_some((
+                crate::active_deadline::REASON,
+                crate::active_deadline::MESSAGE,
+            ));
         let ctx = Context {
             previous: previous.as_ref(),
+            evicted,
             terminal,
             waiting: &waiting,
             host_ip: &self.node.host_ip,
@@ -203,13 +210,7 @@ impl KubeRuntime {
             &self.node.root_dir,
             &self.node.log_dir,
         );
-        let mut api_status = generate(pod, &status, &ctx);
-        // The kubelet's `ShouldEvict` in `generateAPIPodStatus`.
-        if crate::active_deadline::past(pod, self.active_start(pod, uid), unix_now_ns()) {
-            api_status.phase = Some("Failed".into());
-            api_status.reason = Some(crate::active_deadline::REASON.into());
-            api_status.message = Some(crate::active_deadline::MESSAGE.into());
-        }
+        let api_status = generate(pod, &status, &ctx);
         self.status.set_pod_status(uid, pod.clone(), api_status);
         self.probes.trigger_readiness(uid, pod, &status);
     }

@@ -490,9 +490,23 @@ async fn get_bound(api: &Api<Pod>, name: &str) -> Result<Option<Pod>, kube::Erro
 
 /// The status to store: `new`, with what the kubelet does not own kept from `old`
 /// (the kubelet's `mergePodStatus`): conditions of other owners, the nominated
-/// node, resource claim statuses.
+/// node, resource claim statuses. A terminal phase waits while a container
+/// could still run (`couldHaveRunningContainers`; here, a container `new`
+/// shows running, as an evicted pod's during its grace period): `old`'s
+/// phase, reason and message stay until then.
 pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodStatus {
     let old = old.cloned().unwrap_or_default();
+    let terminal = |s: &ApiPodStatus| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"));
+    let runs = [
+        &new.init_container_statuses,
+        &new.container_statuses,
+        &new.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    let held = runs && !terminal(&old) && terminal(new);
     let mut conditions: Vec<PodCondition> = old
         .conditions
         .iter()
@@ -510,7 +524,15 @@ pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodSta
             }
         }
     }
+    let (phase, reason, message) = if held {
+        (old.phase, old.reason, old.message)
+    } else {
+        (new.phase.clone(), new.reason.clone(), new.message.clone())
+    };
     ApiPodStatus {
+        phase,
+        reason,
+        message,
         conditions: (!conditions.is_empty()).then_some(conditions),
         nominated_node_name: old.nominated_node_name,
         resource_claim_statuses: old.resource_claim_statuses,
@@ -929,6 +951,57 @@ mod tests {
         );
         assert_eq!(merged.nominated_node_name.as_deref(), Some("other"));
         assert_eq!(merged.phase.as_deref(), Some("Running"));
+    }
+
+    /// The kubelet's `mergePodStatus`: a terminal phase (here an evicted
+    /// pod's Failed, DeadlineExceeded) is not written while a container
+    /// runs; the old phase, reason and message stay, the new conditions go.
+    /// Once nothing runs, or when the API's phase is terminal already, the
+    /// new phase is written.
+    #[test]
+    fn a_terminal_phase_waits_for_the_containers_in_the_api() {
+        let state = |running: bool| ContainerState {
+            running: running.then(Default::default),
+            terminated: (!running).then(|| ContainerStateTerminated {
+                exit_code: 137,
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        };
+        let evicted = |running: bool| ApiPodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("DeadlineExceeded".into()),
+            message: Some("past".into()),
+            conditions: Some(vec![condition("Ready", "False")]),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".into(),
+                state: Some(state(running)),
+                ..ContainerStatus::default()
+            }]),
+            ..ApiPodStatus::default()
+        };
+        let old = ApiPodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![condition("Ready", "True")]),
+            ..ApiPodStatus::default()
+        };
+        let held = merge_status(Some(&old), &evicted(true));
+        assert_eq!(
+            (
+                held.phase.as_deref(),
+                held.reason.as_deref(),
+                held.message.as_deref()
+            ),
+            (Some("Running"), None, None)
+        );
+        assert_eq!(held.conditions.unwrap()[0].status, "False");
+        let done = merge_status(Some(&old), &evicted(false));
+        assert_eq!(
+            (done.phase.as_deref(), done.reason.as_deref()),
+            (Some("Failed"), Some("DeadlineExceeded"))
+        );
+        let already = merge_status(Some(&evicted(false)), &evicted(true));
+        assert_eq!(already.phase.as_deref(), Some("Failed"));
     }
 
     #[test]

@@ -26,7 +26,12 @@
 //! that was running has ended with 137 `ContainerStatusUnknown`; at a
 //! terminal phase an initialized pod's containers without an end get that end
 //! (`TerminatePod`). A terminal phase is held while a container of the pod
-//! still runs (`mergePodStatus`; `getPhase` counts running sidecars).
+//! still runs (`mergePodStatus`; `getPhase` counts running sidecars). An
+//! evicted pod (`ShouldEvict`: its active deadline passed) is Failed with the
+//! eviction's reason and message at once, and its Ready and ContainersReady
+//! conditions False `PodFailed`, as the kubelet generates it: the node's
+//! `/pods` serves that, and the API writer holds the phase while a
+//! container runs ([`super::api::merge_status`]).
 
 use k8s_openapi::api::core::v1::{
     ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated,
@@ -69,6 +74,9 @@ pub struct Context<'a> {
     /// what a container without a runtime record keeps
     /// (`convertToAPIContainerStatuses`' old statuses).
     pub previous: Option<&'a ApiPodStatus>,
+    /// The pod is evicted: (reason, message) (the kubelet's `ShouldEvict`,
+    /// here an active deadline that passed).
+    pub evicted: Option<(&'a str, &'a str)>,
 }
 
 fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
@@ -97,10 +105,12 @@ fn container_id(runtime: &str, s: &ContainerStatus) -> String {
     format!("{runtime}://{}", s.id)
 }
 
+/// A waiting state; an empty `reason` is none (the kubelet's
+/// `ContainerStateWaiting{}`).
 fn waiting(reason: &str, message: Option<String>) -> ApiState {
     ApiState {
         waiting: Some(ContainerStateWaiting {
-            reason: Some(reason.into()),
+            reason: (!reason.is_empty()).then(|| reason.into()),
             message,
         }),
         ..ApiState::default()
@@ -225,7 +235,10 @@ fn container_status(
                 ..ApiState::default()
             }
         }
-        ContainerState::Created | ContainerState::Unknown => waiting_why("ContainerCreating"),
+        // `convertContainerStatus`: created but not running, or in a state
+        // it cannot tell, a container waits without a reason (unless a start
+        // error is recorded for it).
+        ContainerState::Created | ContainerState::Unknown => waiting_why(""),
         ContainerState::Exited => {
             let restarts = ctx.terminal.is_none()
                 && match policy {
@@ -412,7 +425,10 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         .containers
         .iter()
         .map(|c| {
-            let reason = if init_done {
+            // The default waiting reason (`convertToAPIContainerStatuses`'
+            // `hasInitContainers`): PodInitializing whenever the pod has init
+            // containers, also once they are done.
+            let reason = if init_specs.is_empty() {
                 "ContainerCreating"
             } else {
                 "PodInitializing"
@@ -429,12 +445,11 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
     // `mergePodStatus` keeps the old phase while the pod worker could have
     // running containers, and its `getPhase` counts running sidecars as
     // running. The termination's final status, read after the kill, says it.
-    let terminal = ctx.terminal.filter(|_| {
-        !runtime
-            .containers
-            .iter()
-            .any(|c| matches!(c.state, ContainerState::Running | ContainerState::Unknown))
-    });
+    let could_run = runtime
+        .containers
+        .iter()
+        .any(|c| matches!(c.state, ContainerState::Running | ContainerState::Unknown));
+    let terminal = ctx.terminal.filter(|_| !could_run);
     let phase = phase(&plain, &sidecars, &apps, policy, terminal);
     if matches!(phase, "Succeeded" | "Failed") && init_done {
         // The kubelet's `TerminatePod`: once initialized, a container with no
@@ -456,6 +471,17 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
             }
         }
     }
+    // An evicted pod (`ShouldEvict` in `generateAPIPodStatus`) is Failed
+    // with the eviction's reason and message at once, its conditions
+    // generated from that phase, also while its containers still run: so
+    // the node's `/pods` serves it, as the kubelet's; the API writer holds
+    // the phase until no container runs (`super::api::merge_status`, the
+    // kubelet's `mergePodStatus`).
+    let phase = if ctx.evicted.is_some() {
+        "Failed"
+    } else {
+        phase
+    };
     let host_network = spec.host_network.unwrap_or(false);
     let pod_ips: Vec<String> = if host_network {
         host_ip.iter().cloned().collect()
@@ -485,6 +511,8 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
     list.extend(others);
     ApiPodStatus {
         phase: Some(phase.into()),
+        reason: ctx.evicted.map(|(reason, _)| reason.into()),
+        message: ctx.evicted.map(|(_, message)| message.into()),
         conditions: Some(list),
         host_ip: host_ip.clone(),
         host_ips: host_ip.map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]),
@@ -627,6 +655,47 @@ mod tests {
             .clone()
     }
 
+    /// The kubelet's default waiting reasons (`convertToAPIContainerStatuses`,
+    /// `convertContainerStatus`): an app container without a runtime record
+    /// waits PodInitializing whenever the pod has init containers, also once
+    /// they completed (fidelity run: evpleg served ContainerCreating in
+    /// between), ContainerCreating without; a created container waits
+    /// without a reason, unless a start error is recorded.
+    #[test]
+    fn default_waiting_reasons_are_the_kubelet_s() {
+        let reason = |s: &ApiPodStatus| {
+            let app = &s.container_statuses.as_ref().unwrap()[0];
+            let waiting = app.state.as_ref().unwrap().waiting.clone().unwrap();
+            waiting.reason
+        };
+        let with_init = pod("Always", &["init"], &["app"]);
+        let init_done = runtime(vec![cs(1, "init", ContainerState::Exited, Some(0), 0)]);
+        let s = generate(&with_init, &init_done, &ctx());
+        assert_eq!(reason(&s).as_deref(), Some("PodInitializing"));
+        assert_eq!(cond(&s, "Initialized"), "True");
+        let without = pod("Always", &[], &["app"]);
+        let s = generate(&without, &runtime(vec![]), &ctx());
+        assert_eq!(reason(&s).as_deref(), Some("ContainerCreating"));
+        let created = runtime(vec![cs(2, "app", ContainerState::Created, None, 0)]);
+        let s = generate(&without, &created, &ctx());
+        assert_eq!(reason(&s), None);
+        let failed = [Waiting {
+            name: "app".into(),
+            reason: "RunContainerError".into(),
+            message: "start failed".into(),
+            retry_in: Duration::ZERO,
+        }];
+        let s = generate(
+            &without,
+            &created,
+            &Context {
+                waiting: &failed,
+                ..ctx()
+            },
+        );
+        assert_eq!(reason(&s).as_deref(), Some("RunContainerError"));
+    }
+
     #[test]
     fn pending_then_running_with_conditions() {
         let p = pod("Always", &["init"], &["app"]);
@@ -766,6 +835,71 @@ mod tests {
             Some("OOMKilled")
         );
         assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    /// An evicted pod (its active deadline passed) is Failed with the
+    /// eviction's reason at once, Ready and ContainersReady False PodFailed,
+    /// its running container still running (the kubelet's
+    /// `generateAPIPodStatus`; the API writer holds the phase:
+    /// `api::tests::a_terminal_phase_waits_for_the_containers_in_the_api`);
+    /// once the container ended, still Failed, even when it exited 0.
+    /// Before, the conditions said Ready while the container ran its grace.
+    #[test]
+    fn an_evicted_pod_is_failed_and_unready_at_once() {
+        let p = pod("Always", &[], &["app"]);
+        let evicted = Context {
+            terminal: Some(Terminal::Failed),
+            evicted: Some(("DeadlineExceeded", "past its deadline")),
+            ..ctx()
+        };
+        let check = |s: &ApiPodStatus, what: &str| {
+            assert_eq!(
+                (
+                    s.phase.as_deref(),
+                    s.reason.as_deref(),
+                    s.message.as_deref()
+                ),
+                (
+                    Some("Failed"),
+                    Some("DeadlineExceeded"),
+                    Some("past its deadline")
+                ),
+                "{what}"
+            );
+            for kind in ["Ready", "ContainersReady"] {
+                let c = s
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .find(|c| c.type_ == kind)
+                    .unwrap();
+                assert_eq!(
+                    (c.status.as_str(), c.reason.as_deref()),
+                    ("False", Some("PodFailed")),
+                    "{what}: {kind}"
+                );
+            }
+        };
+        let running = runtime(vec![cs(1, "app", ContainerState::Running, None, 0)]);
+        let s = generate(&p, &running, &evicted);
+        check(&s, "running");
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        assert!(app.state.as_ref().unwrap().running.is_some(), "{app:?}");
+        for code in [137, 0] {
+            let ended = runtime(vec![cs(1, "app", ContainerState::Exited, Some(code), 0)]);
+            let s = generate(
+                &p,
+                &ended,
+                &Context {
+                    terminal: Some(Terminal::Succeeded),
+                    ..evicted
+                },
+            );
+            check(&s, &format!("exit {code}"));
+        }
+        // Not evicted, the same running container: ready.
+        let s = generate(&p, &running, &ctx());
+        assert_eq!(cond(&s, "Ready"), "True");
     }
 
     #[test]

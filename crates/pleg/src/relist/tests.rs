@@ -20,6 +20,9 @@ struct MemRuntime {
     status_clock: StdMutex<Option<ManualClock>>,
     /// Listing waits while a test holds this for writing (a stalled runtime).
     stall: tokio::sync::RwLock<()>,
+    /// Each listing's scope, in order.
+    lists: StdMutex<Vec<Option<PodUid>>>,
+    fail_list: StdMutex<bool>,
 }
 
 impl MemRuntime {
@@ -35,6 +38,10 @@ impl MemRuntime {
 impl PodRuntime for MemRuntime {
     async fn list(&self, pod: Option<&PodUid>) -> Result<Vec<RuntimeEntry>, RuntimeError> {
         let _running = self.stall.read().await;
+        self.lists.lock().unwrap().push(pod.cloned());
+        if *self.fail_list.lock().unwrap() {
+            return Err(RuntimeError("ListContainers: unavailable".into()));
+        }
         let all = self.entries.lock().unwrap().clone();
         Ok(all
             .into_iter()
@@ -765,6 +772,53 @@ async fn a_request_older_than_a_full_relist_is_skipped() {
     queue.request(uid(1));
     f.pleg.run_requests(&queue).await;
     assert_eq!(stats.pod_relists.load(Ordering::Relaxed), 1);
+}
+
+/// Pods relisted at once share one listing of the runtime (issue #31: with
+/// the whole fidelity corpus at once, one listing per pod queued the
+/// workers' relists for seconds), each then processed as if alone: its own
+/// events and stamp, nothing for a pod not asked for. A pod alone keeps its
+/// own listing; a shared listing that fails fails each pod, each retried.
+#[tokio::test(start_paused = true)]
+async fn pods_relisted_at_once_share_one_listing() {
+    let mut f = fixture(100);
+    let running = |n| entry(n, n, PlegState::Running);
+    let exited = |n| entry(n, n, PlegState::Exited);
+    f.runtime.set(vec![running(1), running(2), running(3)]);
+    f.relist().await;
+    let listed_before = f.cache.get(&uid(2)).unwrap().observed_ns;
+    f.runtime.lists.lock().unwrap().clear();
+    f.runtime.set(vec![exited(1), running(2), exited(3)]);
+    let queue = PodRelistQueue::new(Arc::new(f.clock.clone()));
+    f.clock.advance(10);
+    queue.request(uid(1));
+    queue.request(uid(2));
+    f.pleg.run_requests(&queue).await;
+    assert_eq!(*f.runtime.lists.lock().unwrap(), [None], "one listing");
+    assert_eq!(f.drain(), [(EventKind::ContainerDied, Some(cid(1)))]);
+    let now = f.clock.now_ns();
+    assert!(listed_before < now);
+    for n in [1, 2] {
+        assert_eq!(f.cache.get(&uid(n)).unwrap().observed_ns, now, "pod {n}");
+    }
+    assert_eq!(f.pleg.stats().pod_relists.load(Ordering::Relaxed), 2);
+
+    queue.request(uid(3));
+    f.pleg.run_requests(&queue).await;
+    assert_eq!(*f.runtime.lists.lock().unwrap(), [None, Some(uid(3))]);
+    assert_eq!(f.drain(), [(EventKind::ContainerDied, Some(cid(3)))]);
+
+    *f.runtime.fail_list.lock().unwrap() = true;
+    f.clock.advance(10);
+    queue.request(uid(1));
+    queue.request(uid(2));
+    f.pleg.run_requests(&queue).await;
+    for n in [1, 2] {
+        assert!(f.cache.get(&uid(n)).unwrap().error.is_some(), "pod {n}");
+        assert!(f.pleg.recheck.contains_key(&uid(n)), "pod {n} retried");
+    }
+    assert_eq!(f.pleg.stats().failed_pod_relists.load(Ordering::Relaxed), 2);
+    assert_eq!(f.runtime.lists.lock().unwrap().len(), 3);
 }
 
 /// A hint for a pod its watch re-checks already waits for the next re-check;
