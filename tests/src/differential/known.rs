@@ -163,13 +163,6 @@ pub const KNOWN: &[Known] = &[
     )
     .intermittent(),
     bug(
-        "active-deadline",
-        "*",
-        "fails the pod 3 s after its start: Failed (DeadlineExceeded, `Pod was active on the node longer than the specified deadline`) and Ready and ContainersReady False PodFailed at once on its `/pods`; in the API the phase once the container has ended its 2 s grace (137, `mergePodStatus`)",
-        "served Ready and ContainersReady True while the container ran its grace, and in the API Failed at once (the eviction was applied after the status's generation): fixed (`status::generate`'s `Context::evicted`, `status::api::merge_status`'s hold; tests/tests/workload_env.rs fails without it); in the run before the fix, 2 (Static) and 7 (API) fields",
-    )
-    .intermittent(),
-    bug(
         "admission-resources",
         "pod reason, message",
         "treats a static pod as critical and tries to preempt other pods for it; finding none it rejects it with UnexpectedAdmissionError and the preemption's message",

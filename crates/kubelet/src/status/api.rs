@@ -134,15 +134,17 @@ impl ApiStatusWriter {
         let api = self.pods(namespace);
         let current = api.get(name).await.map_err(|e| match classify(&e) {
             ErrorClass::NotFound => permanent(&who, "the pod is gone from the API server"),
-            // The Node authorizer's answer for a pod not bound to this node,
-            // also one that no longer exists.
-            ErrorClass::Forbidden => permanent(
-                &who,
-                &format!(
-                    "the pod is gone from the API server, or not bound to this node: {}",
+            // The Node authorizer's answer for a pod not bound to this node:
+            // one that no longer exists, or one bound so lately that its
+            // graph has not seen it yet (a pod rejected at admission is
+            // written at once: the fidelity run lost such a status).
+            ErrorClass::Forbidden => WriteError::Unbound {
+                pod: who.clone(),
+                message: format!(
+                    "the pod is gone from the API server, or not bound to this node (yet): {}",
                     describe(&e)
                 ),
-            ),
+            },
             _ => api_error(&who, "reading the pod", &e),
         })?;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();

@@ -8,7 +8,10 @@
 //! status equal to the last one handed in is not written again. A retryable
 //! failure keeps the pod dirty and is retried with back-off (doubling from
 //! 100 ms to 10 s); meanwhile newer statuses replace the pending one, so when the
-//! destination returns the newest is written and nothing is lost.
+//! destination returns the newest is written and nothing is lost. A write
+//! the Node authorizer refuses (the pod not bound to this node in its graph:
+//! not yet, or no longer) is retried the same way while the pod is on the
+//! node, and given up once it was removed.
 //!
 //! Terminal states are final ([`super::finish`]): a status that would move a pod
 //! out of `Succeeded`/`Failed`, or a container that terminated for good back to
@@ -479,6 +482,14 @@ impl StatusManager {
             return;
         };
         let mut stats = lock(&self.stats);
+        // Not bound to the node in the API server's view (`Unbound`): retried
+        // while the pod is on the node (the authorizer's graph lags a new
+        // binding), given up once it was removed (the object is gone).
+        let retry = match &result {
+            Err(WriteError::Retryable { .. }) => true,
+            Err(WriteError::Unbound { .. }) => !e.removed,
+            _ => false,
+        };
         match (op, result) {
             (Op::Forget, _) => {
                 if e.removed {
@@ -497,7 +508,7 @@ impl StatusManager {
                 stats.deleted += 1;
                 entries.remove(&uid);
             }
-            (op, Err(err @ WriteError::Retryable { .. })) => {
+            (op, Err(err)) if retry => {
                 let delay = e.retry_delay;
                 e.next_attempt = Some(Instant::now() + delay);
                 e.retry_delay = (delay * 2).min(RETRY_MAX);
@@ -508,13 +519,13 @@ impl StatusManager {
                 };
                 warn!(pod = name, namespace, %uid, error = %err, retry_in_ms = delay.as_millis() as u64, "{what}");
             }
-            (Op::Write { version, .. }, Err(err @ WriteError::Permanent { .. })) => {
+            (Op::Write { version, .. }, Err(err)) => {
                 // This status will never be taken; a newer one still is tried.
                 e.written = e.written.max(version);
                 stats.dropped += 1;
                 warn!(pod = name, namespace, %uid, error = %err, "status write failed for good");
             }
-            (Op::Delete, Err(err @ WriteError::Permanent { .. })) => {
+            (Op::Delete, Err(err)) => {
                 warn!(pod = name, namespace, %uid, error = %err, "deleting a terminated pod failed for good; forgetting it");
                 entries.remove(&uid);
             }
@@ -576,6 +587,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct Flaky {
         down: AtomicBool,
+        /// Refuses as the Node authorizer does a pod it does not see bound.
+        unbound: AtomicBool,
         written: Mutex<Vec<(String, String)>>,
         attempts: Mutex<u32>,
         notify: Notify,
@@ -589,6 +602,11 @@ mod tests {
                 Err(WriteError::Retryable {
                     pod: name,
                     message: "connection refused".into(),
+                })
+            } else if self.unbound.load(Ordering::SeqCst) {
+                Err(WriteError::Unbound {
+                    pod: name,
+                    message: "no relationship found (403)".into(),
                 })
             } else {
                 lock(&self.written).push((name, status.phase.clone().unwrap_or_default()));
@@ -614,6 +632,42 @@ mod tests {
 
     fn uid() -> PodUid {
         PodUid::parse(&"a".repeat(32)).unwrap()
+    }
+
+    /// The whole fidelity corpus: a pod rejected at admission had its status
+    /// written at once, the Node authorizer refused it (its graph had not
+    /// seen the binding yet) and the status was dropped for good. A refusal
+    /// is retried while the pod is on the node, as the kubelet retries; once
+    /// the pod was removed it is final.
+    #[tokio::test(start_paused = true)]
+    async fn a_status_the_authorizer_refuses_is_retried_while_the_pod_is_on_the_node() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Flaky::default());
+        w.unbound.store(true, Ordering::SeqCst);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        assert!(m.set_pod_status(&uid(), pod(), status("Failed")));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let tries = *lock(&w.attempts);
+        assert!(tries >= 3, "retried: {tries} attempts");
+        w.unbound.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(*lock(&w.written), [("p".to_owned(), "Failed".to_owned())]);
+        // Another pod, removed from the node: refused once, not retried.
+        w.unbound.store(true, Ordering::SeqCst);
+        let other = PodUid::parse(&"b".repeat(32)).unwrap();
+        let before = *lock(&w.attempts);
+        assert!(m.set_pod_status(&other, pod(), status("Failed")));
+        m.remove(&other);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = *lock(&w.attempts);
+        assert!(
+            after - before <= 1,
+            "{} attempts after its removal",
+            after - before
+        );
+        shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,6 +23,12 @@ pub enum WriteError {
     /// the pod is gone or the write was rejected for good
     #[error("writing the status of pod {pod}: {message}")]
     Permanent { pod: String, message: String },
+    /// the Node authorizer refused: the pod is not bound to this node as far
+    /// as the API server's graph knows, not yet (a pod just bound: the graph
+    /// lags the node's own watch, and the kubelet retries) or no longer
+    /// (deleted); retried while the pod is on the node, for good once removed
+    #[error("writing the status of pod {pod}: {message}")]
+    Unbound { pod: String, message: String },
 }
 
 /// Where statuses go: the API server (a merge patch on the status subresource) or
