@@ -491,11 +491,7 @@ async fn measure(
         let running = stage_at(Stage::StatusRunning, &pod.id)
             .with_context(|| format!("no status-running record for {name}"))?;
         let ms = running.saturating_sub(written) as f64 / 1e6;
-        let (start_ms, other_ms) = cri_delta(&before, &after);
-        starts.total_ms.push(ms);
-        starts.runtime_ms.push(start_ms);
-        starts.inspection_ms.push(other_ms);
-        starts.agent_ms.push((ms - start_ms).max(0.0));
+        starts.push(ms, cri_delta(&before, &after));
         pods.push(pod);
     }
     // Deaths at random times over the window.
@@ -589,10 +585,7 @@ impl AgentSeries {
         for (acc, part) in self.starts.iter_mut().zip(parts) {
             acc.extend(Percentiles::of(part));
         }
-        self.samples.total_ms.extend(&starts.total_ms);
-        self.samples.runtime_ms.extend(&starts.runtime_ms);
-        self.samples.inspection_ms.extend(&starts.inspection_ms);
-        self.samples.agent_ms.extend(&starts.agent_ms);
+        self.samples.extend(starts);
         self.pods += n;
         line
     }

@@ -217,11 +217,7 @@ async fn measure(
         let running = monotonic_ns();
         let after = cri_sums(kubelet).await;
         let ms = running.saturating_sub(at) as f64 / 1e6;
-        let (start_ms, other_ms) = cri_delta(&before, &after);
-        starts.total_ms.push(ms);
-        starts.runtime_ms.push(start_ms);
-        starts.inspection_ms.push(other_ms);
-        starts.agent_ms.push((ms - start_ms).max(0.0));
+        starts.push(ms, cri_delta(&before, &after));
         ids.push(id);
     }
     let mut pids = Vec::new();

@@ -149,6 +149,26 @@ pub struct StartSamples {
     pub agent_ms: Vec<f64>,
 }
 
+impl StartSamples {
+    /// One pod's start: `total_ms` from its manifest to Running, with the
+    /// CRI time of its start calls and of the others meanwhile
+    /// ([`crate::agent::cri_delta`]); the rest is the agent's (or the
+    /// kubelet's) own.
+    pub fn push(&mut self, total_ms: f64, (start_ms, other_ms): (f64, f64)) {
+        self.total_ms.push(total_ms);
+        self.runtime_ms.push(start_ms);
+        self.inspection_ms.push(other_ms);
+        self.agent_ms.push((total_ms - start_ms).max(0.0));
+    }
+
+    pub fn extend(&mut self, other: &StartSamples) {
+        self.total_ms.extend(&other.total_ms);
+        self.runtime_ms.extend(&other.runtime_ms);
+        self.inspection_ms.extend(&other.inspection_ms);
+        self.agent_ms.extend(&other.agent_ms);
+    }
+}
+
 /// Results files written before issue #29 named the kubelet 1.37 design's
 /// comparator `evented-cri` (it also relisted a pod on every event, not only
 /// on CONTAINER_STOPPED: the same for deaths and idle cost), and the agent

@@ -498,7 +498,6 @@ async fn get_bound(api: &Api<Pod>, name: &str) -> Result<Option<Pod>, kube::Erro
 /// phase, reason and message stay until then.
 pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodStatus {
     let old = old.cloned().unwrap_or_default();
-    let terminal = |s: &ApiPodStatus| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"));
     let runs = [
         &new.init_container_statuses,
         &new.container_statuses,
@@ -508,7 +507,9 @@ pub fn merge_status(old: Option<&ApiPodStatus>, new: &ApiPodStatus) -> ApiPodSta
     .flatten()
     .flatten()
     .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-    let held = runs && !terminal(&old) && terminal(new);
+    let held = runs
+        && !super::finish::is_terminal(old.phase.as_deref())
+        && super::finish::is_terminal(new.phase.as_deref());
     let mut conditions: Vec<PodCondition> = old
         .conditions
         .iter()
