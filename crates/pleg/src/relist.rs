@@ -334,6 +334,16 @@ enum Inspect {
     Always,
 }
 
+/// A pod whose kernel view (an exit, a start) the runtime does not report yet.
+#[derive(Debug, Clone, Copy)]
+struct Confirming {
+    /// The wait before the next re-check (doubling up to [`CONFIRM_RETRY_MAX`]).
+    wait: Duration,
+    /// When the kernel saw the oldest transition the runtime does not report:
+    /// the confirmation bound runs from here.
+    since_ns: u64,
+}
+
 #[derive(Debug, Default)]
 struct PodRecord {
     old: Option<Vec<RuntimeEntry>>,
@@ -405,9 +415,8 @@ pub struct RelistPleg<R> {
     /// tracker with the next view.
     contradicted: HashSet<ContainerId>,
     reconciler: Option<Reconciler>,
-    /// Pods whose kernel view the runtime does not confirm yet: the wait
-    /// before the next re-check (doubling up to [`CONFIRM_RETRY_MAX`]).
-    confirming: HashMap<PodUid, Duration>,
+    /// Pods whose kernel view the runtime does not confirm yet.
+    confirming: HashMap<PodUid, Confirming>,
     /// Test hook: called with the pod between the kernel exits' merge into a
     /// snapshot and its store, where the reader thread's merge can land in
     /// a real run (the model test lays deaths there, clause 4).
@@ -621,21 +630,26 @@ impl<R: PodRuntime> RelistPleg<R> {
         // fidelity corpus at once) those inspections kept the relist task 90 %
         // busy and the workers waited seconds for their own relists. Inspected
         // still: a pod that failed or owes a wake-up, one not cached or cached
-        // with an error, and one whose kernel exit awaits the runtime.
+        // with an error, and one whose kernel view awaits the runtime past
+        // the confirmation bound (to be confirmed or contradicted). Within
+        // the bound, a lagging runtime's unchanged listing is not inspected
+        // either ([`Self::lags_within_bound`]; issue #29: each death's
+        // re-checks inspected the pod, every container's verbose status,
+        // five times, three times generic's load on containerd).
         let failed_before = self.reinspect.remove(uid);
+        let cached = !failed_before && self.cache.get(uid).is_some_and(|e| e.error.is_none());
+        let lagging = cached && self.lags_within_bound(uid);
+        let awaited = self.awaits_confirmation(uid) || self.confirming.contains_key(uid);
         let inspect = match inspect {
-            Inspect::Always
-                if !failed_before
-                    && self.cache.get(uid).is_some_and(|e| e.error.is_none())
-                    && !self.awaits_confirmation(uid) =>
-            {
-                Inspect::OnChange
-            }
+            Inspect::Always if cached && (lagging || !awaited) => Inspect::OnChange,
             other => other,
         };
-        self.process_pod(uid, timestamp, &mut needs, inspect).await;
-        if inspect == Inspect::OnChange {
+        let inspected = self.process_pod(uid, timestamp, &mut needs, inspect).await;
+        if !inspected {
             self.cache.touch(uid, timestamp);
+            if lagging {
+                self.recheck_while_lagging(uid);
+            }
         }
         let failed = !needs.is_empty();
         self.reinspect.extend(needs);
@@ -734,9 +748,9 @@ impl<R: PodRuntime> RelistPleg<R> {
         timestamp: u64,
         needs: &mut HashSet<PodUid>,
         inspect: Inspect,
-    ) {
+    ) -> bool {
         let Some(record) = self.records.get(uid) else {
-            return;
+            return false;
         };
         let mut ids: Vec<ContainerId> = Vec::new();
         for list in [&record.old, &record.current].into_iter().flatten() {
@@ -761,20 +775,20 @@ impl<R: PodRuntime> RelistPleg<R> {
             if let Some(r) = self.records.get_mut(uid) {
                 r.old = r.current.clone();
             }
-            return;
+            return false;
         }
         let owed = match self.update_cache(uid).await {
             Err(e) => {
                 debug!(pod = %uid, error = %e, "pod inspection failed; re-inspected");
                 needs.insert(uid.clone());
-                return;
+                return true;
             }
             Ok(None) => {
                 // The cache holds a newer observation (a kernel death seen after
                 // this list began): as the kubelet, leave the record so the change
                 // is found again, and look again shortly.
                 self.recheck_soon(uid, inspect == Inspect::Reinspect);
-                return;
+                return true;
             }
             Ok(Some(owed)) => owed,
         };
@@ -850,6 +864,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                 self.recheck_soon(uid, true);
             }
         }
+        true
     }
 
     /// Inspects a pod and writes its status, with the kernel's exits merged in.
@@ -906,7 +921,8 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// lying-kernel model).
     fn merge_kernel_exits(&mut self, uid: &PodUid, status: &mut PodStatus) -> bool {
         let now = self.clock.now_ns();
-        let mut pending = false;
+        // When the kernel saw the oldest transition still pending.
+        let mut pending: Option<u64> = None;
         let mut contradicted = false;
         let mut recoded = false;
         for (id, exit, _) in self.cache.kernel_exits(uid) {
@@ -939,7 +955,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                 } else if let Some(s) = status.sandboxes.iter_mut().find(|s| s.id == id) {
                     s.state = SandboxState::NotReady;
                 }
-                pending = true;
+                pending = Some(pending.map_or(exit.at_ns, |p| p.min(exit.at_ns)));
             } else {
                 self.stats.contradictions.fetch_add(1, Ordering::Relaxed);
                 warn!(container = %id, pod = %uid, age_ms = age.as_millis() as u64,
@@ -962,15 +978,14 @@ impl<R: PodRuntime> RelistPleg<R> {
                 && matches!(c.state, ContainerState::Created | ContainerState::Unknown)
                 && Duration::from_nanos(now.saturating_sub(at)) < CONFIRM_BOUND
             {
-                pending = true;
+                pending = Some(pending.map_or(at, |p| p.min(at)));
             }
         }
-        if pending {
-            let wait = next_confirm_wait(self.confirming.get(uid).copied());
-            self.confirming.insert(uid.clone(), wait);
-            self.recheck_after(uid, wait, false);
-        } else {
-            self.confirming.remove(uid);
+        match pending {
+            Some(since_ns) => self.recheck_while_lagging_since(uid, since_ns),
+            None => {
+                self.confirming.remove(uid);
+            }
         }
         if contradicted {
             self.recheck_for(uid, CONTRADICTION_WATCH);
@@ -1084,6 +1099,67 @@ impl<R: PodRuntime> RelistPleg<R> {
                 warn!(pod = %uid, error = %e, "on-demand relist failed; retrying");
             }
         }
+    }
+
+    /// Whether the runtime lags the kernel's view of the pod within the
+    /// confirmation bound, that view already in the cached snapshot: every
+    /// kernel exit it has not confirmed is laid on the snapshot and younger
+    /// than [`CONFIRM_BOUND`], and so is any start it did not report at the
+    /// last inspection. While the pod's listing is unchanged, an inspection
+    /// would only find the same (the runtime's listing and its statuses come
+    /// from one store); past the bound it is inspected, to be contradicted.
+    fn lags_within_bound(&self, uid: &PodUid) -> bool {
+        let exits: Vec<_> = self
+            .cache
+            .kernel_exits(uid)
+            .into_iter()
+            .filter(|(_, _, confirmed)| !confirmed)
+            .collect();
+        let confirming = self.confirming.get(uid);
+        if exits.is_empty() && confirming.is_none() {
+            return false;
+        }
+        let now = self.clock.now_ns();
+        let young = |at: u64| Duration::from_nanos(now.saturating_sub(at)) < CONFIRM_BOUND;
+        let Some(cached) = self.cache.get(uid) else {
+            return false;
+        };
+        let laid = |id: &ContainerId| match cached.status.container(id) {
+            Some(c) => c.state == ContainerState::Exited,
+            None => cached
+                .status
+                .sandboxes
+                .iter()
+                .any(|s| s.id == *id && s.state == SandboxState::NotReady),
+        };
+        confirming.is_none_or(|c| young(c.since_ns))
+            && exits
+                .iter()
+                .all(|(id, exit, _)| young(exit.at_ns) && laid(id))
+    }
+
+    /// Schedules the next re-check of a pod whose runtime lags the kernel
+    /// (from [`CONFIRM_RETRY`], doubling to [`CONFIRM_RETRY_MAX`]).
+    fn recheck_while_lagging(&mut self, uid: &PodUid) {
+        let since_ns = match self.confirming.get(uid) {
+            Some(c) => c.since_ns,
+            None => self
+                .cache
+                .kernel_exits(uid)
+                .iter()
+                .filter(|(_, _, confirmed)| !confirmed)
+                .map(|(_, exit, _)| exit.at_ns)
+                .min()
+                .unwrap_or_else(|| self.clock.now_ns()),
+        };
+        self.recheck_while_lagging_since(uid, since_ns);
+    }
+
+    fn recheck_while_lagging_since(&mut self, uid: &PodUid, since_ns: u64) {
+        let wait = next_confirm_wait(self.confirming.get(uid).map(|c| c.wait));
+        self.confirming
+            .insert(uid.clone(), Confirming { wait, since_ns });
+        self.recheck_after(uid, wait, false);
     }
 
     /// Whether a kernel exit of the pod waits for the runtime: a full relist
