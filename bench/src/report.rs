@@ -182,7 +182,9 @@ fn scale(out: &mut String, r: &Results) {
     let _ = writeln!(
         out,
         "At {} cgroups the whole PLEG in `ebpf` mode runs over an in-process fake CRI server \
-         listing every cgroup as a pod (stages to `delivered`){}. The relist figures measure \
+         listing every cgroup as a pod (stages to `delivered`){}. Each rate's victims are \
+         killed once the PLEG's cache holds each of them running and its relist task has been \
+         idle for a second. The relist figures measure \
          evpleg's relist code against that fake, not a runtime. One run per count and rate \
          (no repetitions: the spread is within the run).\n",
         if whole.is_empty() {

@@ -113,6 +113,9 @@ pub struct Cgroups {
 pub struct ScalePod {
     pub uid: String,
     pub id: String,
+    /// The fake runtime's sandbox of the pod: one id for the pod's whole
+    /// life, so that listing the pods again changes none of them.
+    sandbox_id: String,
     pod_dir: PathBuf,
     dir: PathBuf,
     pub pid: i32,
@@ -145,6 +148,7 @@ impl Cgroups {
             this.pods.push(ScalePod {
                 uid,
                 id,
+                sandbox_id: evpleg_tests::container_id(),
                 pod_dir,
                 dir: cdir.clone(),
                 pid: 0,
@@ -216,7 +220,7 @@ impl Cgroups {
             .iter()
             .map(|p| FakePod {
                 uid: p.uid.clone(),
-                sandbox_id: evpleg_tests::container_id(),
+                sandbox_id: p.sandbox_id.clone(),
                 container_id: p.id.clone(),
                 running: p.alive,
                 exit_code: 0,
@@ -403,12 +407,27 @@ async fn start_pleg(
 }
 
 /// Waits until the cache holds every pod of `cg` (after a requested relist).
-async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<()> {
+/// Asks for a relist and waits until it has listed every pod of `cg` (how
+/// long that took is returned), then until the relist task is idle.
+async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Duration> {
     pleg.relist_signal.request("scale: pods listed");
-    let deadline = Instant::now() + bound;
+    let started = Instant::now();
+    let deadline = started + bound;
+    // Listed: a snapshot without an error that holds the container running
+    // (an entry alone may be the empty status of a pod relisted before the
+    // fake listed it, on which no death can be laid).
     for p in &cg.pods {
         let uid = evpleg_core::ids::PodUid::parse(&p.uid).context("uid")?;
-        while pleg.cache.get(&uid).is_none() {
+        let id = evpleg_core::ids::ContainerId::parse(&p.id).context("id")?;
+        let listed = || {
+            pleg.cache.get(&uid).is_some_and(|e| {
+                e.error.is_none()
+                    && e.status.container(&id).is_some_and(|c| {
+                        c.state == evpleg_core::container::ContainerState::Running
+                    })
+            })
+        };
+        while !listed() {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the relist did not list every pod"
@@ -416,7 +435,23 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    Ok(())
+    let listing = started.elapsed();
+    // Then past the loss follow-ups of that request (full relists up to
+    // 2.5 s later, `relist::LOSS_FOLLOW_UPS`) and until no relist has run
+    // for a second, so that the kill window starts on an idle relist task.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let relists = || {
+        pleg.relist_stats.relists.load(Ordering::Relaxed)
+            + pleg.relist_stats.pod_relists.load(Ordering::Relaxed)
+    };
+    loop {
+        let before = relists();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if relists() == before {
+            return Ok(listing);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the relist task never went idle");
+    }
 }
 
 /// Kills `which` pods at `rate`/s from a thread of its own (pod `i` is the
@@ -540,32 +575,20 @@ pub async fn run(
         ));
         if let Under::Pleg(pleg) = &under {
             fake.pods.set(cg.fake_pods());
-            let listing = Instant::now();
-            wait_listed(pleg, &cg, Duration::from_secs(300)).await?;
+            let listing = wait_listed(pleg, &cg, Duration::from_secs(300)).await?;
             crate::progress(&format!(
                 "  the relist listed them in {:.1} s",
-                listing.elapsed().as_secs_f64()
+                listing.as_secs_f64()
             ));
         }
-        // Idle reader cost at this count (not in a quick run): past the loss
-        // follow-ups of that relist request (2.5 s) and the re-checks of the
-        // starts the kernel saw before the runtime listed them (pod relists
-        // until the confirmation bound, for every pod): idle means no pod
-        // relist for a second (waited for at most 30 s).
+        // Idle reader cost at this count (not in a quick run): with the whole
+        // PLEG, once its relist task is idle (`wait_listed`); the kernel path
+        // alone, 3 s after the cgroups were made.
         let idle_reader = match idle {
             None => None,
             Some(window) => {
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                if let Under::Pleg(pleg) = &under {
-                    let deadline = Instant::now() + Duration::from_secs(30);
-                    loop {
-                        let before = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        let after = pleg.relist_stats.pod_relists.load(Ordering::Relaxed);
-                        if after == before || Instant::now() > deadline {
-                            break;
-                        }
-                    }
+                if let Under::Kernel(_) = &under {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
                 }
                 let (r0, _) = thread_cpu(READER);
                 let idle_start = Instant::now();
@@ -596,6 +619,9 @@ pub async fn run(
                 wait_listed(pleg, &victims, Duration::from_secs(300)).await?;
             }
             let which: Vec<usize> = (0..count).collect();
+            // Events of the set-up (the victims' starts) are not this
+            // window's: a full channel would discard the window's deaths.
+            while rx.try_recv().is_ok() {}
             crate::stages::start();
             let dropped0 = under.dropped();
             let ids: Vec<String> = victims.pods.iter().map(|p| p.id.clone()).collect();
