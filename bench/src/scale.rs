@@ -422,9 +422,9 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Durat
         let listed = || {
             pleg.cache.get(&uid).is_some_and(|e| {
                 e.error.is_none()
-                    && e.status.container(&id).is_some_and(|c| {
-                        c.state == evpleg_core::container::ContainerState::Running
-                    })
+                    && e.status
+                        .container(&id)
+                        .is_some_and(|c| c.state == evpleg_core::container::ContainerState::Running)
             })
         };
         while !listed() {

@@ -9,7 +9,10 @@
 //! arrival and then never reach the runtime (each waits until the hold is
 //! lifted, at most [`HOLD_BOUND`], and fails `UNAVAILABLE`), as when the
 //! client dies between two calls (`tests/faults.rs`); or paused
-//! ([`CriInterceptor::pause`]): its calls wait as long, then go on.
+//! ([`CriInterceptor::pause`]): its calls wait as long, then go on; or made
+//! to fail ([`CriInterceptor::fail_next`]): its next calls are answered as
+//! containerd answers a call whose task's shim went away under it (`UNKNOWN`,
+//! `ttrpc: closed`: a code no client retries), without reaching the runtime.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +52,11 @@ pub const MUTATING: [&str; 18] = [
 type Calls = Arc<Mutex<BTreeMap<String, u64>>>;
 /// Held methods, each with whether its calls go on once lifted (paused).
 type Held = Arc<Mutex<BTreeMap<String, bool>>>;
+/// gRPC's `UNKNOWN`: containerd's code for an error its shim's ttrpc gave.
+const UNKNOWN: u32 = 2;
+
+/// Methods whose next calls fail, each with how many.
+type Failing = Arc<Mutex<BTreeMap<String, u32>>>;
 
 /// How long a held call waits at most for the hold to be lifted.
 pub const HOLD_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
@@ -59,6 +67,7 @@ pub struct CriInterceptor {
     socket: PathBuf,
     calls: Calls,
     held: Held,
+    failing: Failing,
     task: JoinHandle<()>,
 }
 
@@ -73,16 +82,18 @@ impl CriInterceptor {
         let listener = UnixListener::bind(&socket)?;
         let calls = Calls::default();
         let held = Held::default();
+        let failing = Failing::default();
         let task = tokio::spawn(serve(
             listener,
             upstream.to_owned(),
             calls.clone(),
-            held.clone(),
+            (held.clone(), failing.clone()),
         ));
         Ok(Self {
             socket,
             calls,
             held,
+            failing,
             task,
         })
     }
@@ -115,6 +126,16 @@ impl CriInterceptor {
             .insert(method.to_owned(), true);
     }
 
+    /// Fails the next `count` calls of `method`: counted, not forwarded, and
+    /// answered with containerd's error for a call that met a task's
+    /// teardown (`UNKNOWN`, `ttrpc: closed`).
+    pub fn fail_next(&self, method: &str, count: u32) {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(method.to_owned(), count);
+    }
+
     /// Lifts [`Self::hold`] or [`Self::pause`]: held calls fail, paused
     /// ones go on, calls from now on are forwarded.
     pub fn unhold(&self, method: &str) {
@@ -140,15 +161,15 @@ impl Drop for CriInterceptor {
     }
 }
 
-async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls, held: Held) {
+async fn serve(listener: UnixListener, upstream: PathBuf, calls: Calls, faults: (Held, Failing)) {
     let upstream = Arc::new(Upstream::new(upstream));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let (upstream, calls, held) = (upstream.clone(), calls.clone(), held.clone());
+        let (upstream, calls, faults) = (upstream.clone(), calls.clone(), faults.clone());
         tokio::spawn(async move {
-            if let Err(e) = proxy(stream, upstream, calls, held).await {
+            if let Err(e) = proxy(stream, upstream, calls, faults).await {
                 tracing::debug!(error = %e, "cri interceptor: connection ended");
             }
         });
@@ -160,11 +181,18 @@ async fn proxy(
     stream: UnixStream,
     upstream: Arc<Upstream>,
     calls: Calls,
-    held: Held,
+    (held, failing): (Held, Failing),
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let method = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
         *lock(&calls).entry(method.clone()).or_default() += 1;
+        let fails = failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&method)
+            .filter(|n| **n > 0)
+            .map(|n| *n -= 1)
+            .is_some();
         let paused = held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -192,6 +220,10 @@ async fn proxy(
         });
         let upstream = upstream.clone();
         async move {
+            if fails {
+                let message = format!("cri interceptor: {method} failed: ttrpc: closed");
+                return Ok(grpc::error_response(UNKNOWN, &message));
+            }
             if let Some(wait) = wait
                 && let Some(refused) = wait.await
             {

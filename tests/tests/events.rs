@@ -338,3 +338,64 @@ async fn events_are_written_to_the_api_server_with_kubeconfig() {
     assert!(refused.is_empty(), "refused: {refused:#?}");
     e.finish().await;
 }
+
+/// Issue #31's FailedKillPod: containerd's StopPodSandbox first stops the
+/// sandbox's containers its store holds running, and fails (`ttrpc: closed`)
+/// when one's task goes away under the call, which the kernel PLEG's early
+/// sighting of a death makes likely. The interceptor fails the first
+/// StopPodSandbox so; the agent stops the sandbox again once containerd lists
+/// none of its containers running, and records no FailedKillPod, as the
+/// kubelet records none for a pod whose containers ended by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_stop_that_meets_a_container_s_teardown_is_not_a_failed_kill() {
+    use evpleg_tests::cri_interceptor::CriInterceptor;
+    let name = "a_sandbox_stop_that_meets_a_container_s_teardown_is_not_a_failed_kill";
+    if !evpleg_tests::privileged(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let containerd = E2e::containerd();
+    let interceptor = CriInterceptor::start(
+        containerd.socket(),
+        containerd.base().join("agent-cri.sock"),
+    )
+    .expect("interceptor");
+    interceptor.fail_next("StopPodSandbox", 1);
+    let e = E2e::start_via(containerd, &interceptor.endpoint(), "stop-sandbox", &[]).await;
+    e.write("once.yaml", &manifest("once", "Never", "exit 0", ""));
+    let pod = e
+        .wait_for("once", "phase Succeeded", |p| {
+            p["status"]["phase"] == "Succeeded"
+        })
+        .await;
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let sandboxes = e.sandboxes(&uid).await;
+        let stops = interceptor.calls().get("StopPodSandbox").copied();
+        if stops >= Some(2)
+            && !sandboxes.is_empty()
+            && sandboxes
+                .iter()
+                .all(|s| s.state == evpleg_cri_api::v1::PodSandboxState::SandboxNotready as i32)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox not stopped again within {DEADLINE:?}: {stops:?} StopPodSandbox, {sandboxes:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = local_events(&e, "once").await;
+    assert!(
+        with_reason(&events, "FailedKillPod").is_empty(),
+        "a FailedKillPod: {events:#?}"
+    );
+    assert_eq!(
+        interceptor.calls().get("StopPodSandbox"),
+        Some(&2),
+        "the failed stop, then one more"
+    );
+    e.finish().await;
+}

@@ -156,13 +156,6 @@ pub const KNOWN: &[Known] = &[
     )
     .intermittent(),
     bug(
-        "termination-message-logs",
-        "*",
-        "runs the pod and, under FallbackToLogsOnError, sets the message from the log's tail (`first\\nlast words\\n`)",
-        "rejects the pod at admission: UnsupportedPodSpec, FallbackToLogsOnError not implemented",
-    )
-    .intermittent(),
-    bug(
         "admission-resources",
         "pod reason, message",
         "treats a static pod as critical and tries to preempt other pods for it; finding none it rejects it with UnexpectedAdmissionError and the preemption's message",
@@ -234,13 +227,6 @@ pub const KNOWN: &[Known] = &[
         "as for `prestop-*`: the kubelet probes the stopped container's readiness on its lagging status (the probe errors); evpleg knows it died and does not",
     )
     .only(Modes::Api)
-    .intermittent(),
-    bug(
-        "*",
-        "event FailedKillPod",
-        "no FailedKillPod event when the pod's containers had ended by themselves",
-        "once (the full test command of 2026-12-03, never-two-containers, API): StopPodSandbox failed with `failed to kill container ...: ttrpc: closed`, the container's shim gone as it stopped it right after the kernel saw the deaths; recorded as FailedKillPod and retried (to investigate: whether a retry alone should stay silent)",
-    )
     .intermittent(),
     bug(
         "image-pull-fails",

@@ -112,6 +112,50 @@ impl KubeRuntime {
         }
     }
 
+    /// StopPodSandbox, the end of the kubelet's `killPodWithSyncResult`.
+    /// containerd first stops the sandbox's containers its own store holds
+    /// running: one whose death the kernel reported before containerd
+    /// processed it is still running there, and its stop meets the task's
+    /// teardown (`ttrpc: closed`), a race the kubelet, acting on its relist,
+    /// rarely meets (issue #31: a FailedKillPod for a pod whose containers
+    /// had ended by themselves). Such a failure does not count: once
+    /// containerd lists none of the sandbox's containers running (within
+    /// [`STOP_RECHECK`]), the stop is tried again, and that answer counts.
+    async fn stop_sandbox(&self, id: &str) -> Result<(), SyncError> {
+        let Err(e) = self.cri.stop_pod_sandbox(id).await else {
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::now() + STOP_RECHECK;
+        let filter = v1::ContainerFilter {
+            pod_sandbox_id: id.to_owned(),
+            ..Default::default()
+        };
+        loop {
+            let running = self
+                .cri
+                .list_containers(Some(filter.clone()))
+                .await
+                .map(|cs| {
+                    cs.iter()
+                        .any(|c| c.state == v1::ContainerState::ContainerRunning as i32)
+                });
+            match running {
+                Ok(false) => {
+                    info!(sandbox = id, error = %e, "StopPodSandbox met a container going away; stopping it again");
+                    return self
+                        .cri
+                        .stop_pod_sandbox(id)
+                        .await
+                        .map_err(|e| SyncError(e.to_string()));
+                }
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(SyncError(e.to_string()));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
     /// Stops every container and sandbox of the pod, as the runtime lists them
     /// now, but those whose death `observed` (the PLEG's cache) holds
     /// ([`to_stop`]): all at once, the sidecars waiting for their turn after
@@ -173,10 +217,7 @@ impl KubeRuntime {
             .iter()
             .filter(|s| s.state == v1::PodSandboxState::SandboxReady as i32)
         {
-            self.cri
-                .stop_pod_sandbox(&s.id)
-                .await
-                .map_err(|e| SyncError(e.to_string()))?;
+            self.stop_sandbox(&s.id).await?;
         }
         kubelet_events::exceeded_grace_period(&self.events, pod, started.elapsed(), grace);
         Ok(())
