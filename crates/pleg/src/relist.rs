@@ -55,7 +55,7 @@ use tracing::{debug, info, warn};
 use super::kernel::{RuntimeContainer, RuntimeView};
 use super::on_demand::{PodRelistQueue, Watch};
 use super::stages::{self, Stage};
-use evpleg_core::cache::PodStatusCache;
+use evpleg_core::cache::{CacheEntry, KernelExit, PodStatusCache};
 use evpleg_core::clock::SharedClock;
 use evpleg_core::clock::monotonic_to_unix_ns;
 use evpleg_core::container::{ContainerState, PodStatus, SandboxState};
@@ -633,22 +633,30 @@ impl<R: PodRuntime> RelistPleg<R> {
         // with an error, and one whose kernel view awaits the runtime past
         // the confirmation bound (to be confirmed or contradicted). Within
         // the bound, a lagging runtime's unchanged listing is not inspected
-        // either ([`Self::lags_within_bound`]; issue #29: each death's
+        // either ([`Self::lagging_since`]; issue #29: each death's
         // re-checks inspected the pod, every container's verbose status,
         // five times, three times generic's load on containerd).
         let failed_before = self.reinspect.remove(uid);
-        let cached = !failed_before && self.cache.get(uid).is_some_and(|e| e.error.is_none());
-        let lagging = cached && self.lags_within_bound(uid);
-        let awaited = self.awaits_confirmation(uid) || self.confirming.contains_key(uid);
+        let cached = (!failed_before)
+            .then(|| self.cache.get(uid))
+            .flatten()
+            .filter(|e| e.error.is_none());
+        let unconfirmed = self.unconfirmed_exits(uid);
+        let awaited = !unconfirmed.is_empty() || self.confirming.contains_key(uid);
+        let lagging = cached
+            .as_ref()
+            .and_then(|c| self.lagging_since(uid, c, &unconfirmed));
         let inspect = match inspect {
-            Inspect::Always if cached && (lagging || !awaited) => Inspect::OnChange,
+            Inspect::Always if cached.is_some() && (lagging.is_some() || !awaited) => {
+                Inspect::OnChange
+            }
             other => other,
         };
         let inspected = self.process_pod(uid, timestamp, &mut needs, inspect).await;
         if !inspected {
             self.cache.touch(uid, timestamp);
-            if lagging {
-                self.recheck_while_lagging(uid);
+            if let Some(since_ns) = lagging {
+                self.recheck_while_lagging(uid, since_ns);
             }
         }
         let failed = !needs.is_empty();
@@ -982,7 +990,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
         }
         match pending {
-            Some(since_ns) => self.recheck_while_lagging_since(uid, since_ns),
+            Some(since_ns) => self.recheck_while_lagging(uid, since_ns),
             None => {
                 self.confirming.remove(uid);
             }
@@ -1101,29 +1109,39 @@ impl<R: PodRuntime> RelistPleg<R> {
         }
     }
 
-    /// Whether the runtime lags the kernel's view of the pod within the
-    /// confirmation bound, that view already in the cached snapshot: every
-    /// kernel exit it has not confirmed is laid on the snapshot and younger
-    /// than [`CONFIRM_BOUND`], and so is any start it did not report at the
-    /// last inspection. While the pod's listing is unchanged, an inspection
-    /// would only find the same (the runtime's listing and its statuses come
-    /// from one store); past the bound it is inspected, to be contradicted.
-    fn lags_within_bound(&self, uid: &PodUid) -> bool {
-        let exits: Vec<_> = self
-            .cache
+    /// The kernel exits of the pod the runtime has not confirmed yet.
+    fn unconfirmed_exits(&self, uid: &PodUid) -> Vec<(ContainerId, KernelExit)> {
+        self.cache
             .kernel_exits(uid)
             .into_iter()
             .filter(|(_, _, confirmed)| !confirmed)
-            .collect();
-        let confirming = self.confirming.get(uid);
-        if exits.is_empty() && confirming.is_none() {
-            return false;
-        }
+            .map(|(id, exit, _)| (id, exit))
+            .collect()
+    }
+
+    /// Whether the runtime lags the kernel's view of the pod within the
+    /// confirmation bound, that view already in the `cached` snapshot: every
+    /// kernel exit it has not confirmed (`unconfirmed`) is laid on the
+    /// snapshot and younger than [`CONFIRM_BOUND`], and so is any start it
+    /// did not report at the last inspection. While the pod's listing is
+    /// unchanged, an inspection would only find the same (the runtime's
+    /// listing and its statuses come from one store); past the bound it is
+    /// inspected, to be contradicted. `Some`: when the kernel saw the oldest
+    /// of these transitions.
+    fn lagging_since(
+        &self,
+        uid: &PodUid,
+        cached: &CacheEntry,
+        unconfirmed: &[(ContainerId, KernelExit)],
+    ) -> Option<u64> {
+        let oldest_start = self.confirming.get(uid).map(|c| c.since_ns);
+        let oldest = unconfirmed
+            .iter()
+            .map(|(_, exit)| exit.at_ns)
+            .chain(oldest_start)
+            .min()?;
         let now = self.clock.now_ns();
-        let young = |at: u64| Duration::from_nanos(now.saturating_sub(at)) < CONFIRM_BOUND;
-        let Some(cached) = self.cache.get(uid) else {
-            return false;
-        };
+        let young = Duration::from_nanos(now.saturating_sub(oldest)) < CONFIRM_BOUND;
         let laid = |id: &ContainerId| match cached.status.container(id) {
             Some(c) => c.state == ContainerState::Exited,
             None => cached
@@ -1132,30 +1150,13 @@ impl<R: PodRuntime> RelistPleg<R> {
                 .iter()
                 .any(|s| s.id == *id && s.state == SandboxState::NotReady),
         };
-        confirming.is_none_or(|c| young(c.since_ns))
-            && exits
-                .iter()
-                .all(|(id, exit, _)| young(exit.at_ns) && laid(id))
+        (young && unconfirmed.iter().all(|(id, _)| laid(id))).then_some(oldest)
     }
 
     /// Schedules the next re-check of a pod whose runtime lags the kernel
-    /// (from [`CONFIRM_RETRY`], doubling to [`CONFIRM_RETRY_MAX`]).
-    fn recheck_while_lagging(&mut self, uid: &PodUid) {
-        let since_ns = match self.confirming.get(uid) {
-            Some(c) => c.since_ns,
-            None => self
-                .cache
-                .kernel_exits(uid)
-                .iter()
-                .filter(|(_, _, confirmed)| !confirmed)
-                .map(|(_, exit, _)| exit.at_ns)
-                .min()
-                .unwrap_or_else(|| self.clock.now_ns()),
-        };
-        self.recheck_while_lagging_since(uid, since_ns);
-    }
-
-    fn recheck_while_lagging_since(&mut self, uid: &PodUid, since_ns: u64) {
+    /// since `since_ns` (from [`CONFIRM_RETRY`], doubling to
+    /// [`CONFIRM_RETRY_MAX`]).
+    fn recheck_while_lagging(&mut self, uid: &PodUid, since_ns: u64) {
         let wait = next_confirm_wait(self.confirming.get(uid).map(|c| c.wait));
         self.confirming
             .insert(uid.clone(), Confirming { wait, since_ns });
@@ -1169,10 +1170,7 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// the confirmation bound when a full relist came between the death and
     /// its pod relist).
     fn awaits_confirmation(&self, uid: &PodUid) -> bool {
-        self.cache
-            .kernel_exits(uid)
-            .iter()
-            .any(|(_, _, confirmed)| !confirmed)
+        !self.unconfirmed_exits(uid).is_empty()
     }
 
     /// Runs until `shutdown`: a full relist `period` after the last periodic

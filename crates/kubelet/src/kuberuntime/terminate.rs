@@ -81,6 +81,23 @@ pub fn to_stop<'a>(listed: &'a [v1::Container], observed: &PodStatus) -> Vec<&'a
 /// container exited before the failure counts.
 const STOP_RECHECK: Duration = Duration::from_secs(2);
 
+/// Asks `done` every 100 ms until it says yes or [`STOP_RECHECK`] passes:
+/// whether it did (a failed stop's wait for the runtime to catch up).
+async fn within_recheck<F: std::future::Future<Output = bool>>(
+    mut done: impl FnMut() -> F,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + STOP_RECHECK;
+    loop {
+        if done().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl KubeRuntime {
     /// StopContainer with [`stop_grace`], as the kubelet's `killContainer`:
     /// a container the runtime does not know is stopped (NotFound is no
@@ -96,20 +113,17 @@ impl KubeRuntime {
         let Err(e) = self.cri.stop_container(id, stop_grace(grace_seconds)).await else {
             return Ok(());
         };
-        let deadline = tokio::time::Instant::now() + STOP_RECHECK;
-        loop {
+        let gone = within_recheck(|| async {
             match self.cri.container_status(id, false).await {
-                Ok(r) if stopped(&r) => {
-                    info!(container = id, error = %e, "StopContainer failed, but the container has exited");
-                    return Ok(());
-                }
-                Err(s) if s.is_not_found() => return Ok(()),
-                _ if tokio::time::Instant::now() >= deadline => {
-                    return Err(SyncError(e.to_string()));
-                }
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(r) => stopped(&r),
+                Err(s) => s.is_not_found(),
             }
+        });
+        if !gone.await {
+            return Err(SyncError(e.to_string()));
         }
+        info!(container = id, error = %e, "StopContainer failed, but the container has exited or is gone");
+        Ok(())
     }
 
     /// StopPodSandbox, the end of the kubelet's `killPodWithSyncResult`.
@@ -125,35 +139,27 @@ impl KubeRuntime {
         let Err(e) = self.cri.stop_pod_sandbox(id).await else {
             return Ok(());
         };
-        let deadline = tokio::time::Instant::now() + STOP_RECHECK;
         let filter = v1::ContainerFilter {
             pod_sandbox_id: id.to_owned(),
             ..Default::default()
         };
-        loop {
-            let running = self
-                .cri
+        let none_running = within_recheck(|| async {
+            self.cri
                 .list_containers(Some(filter.clone()))
                 .await
-                .map(|cs| {
-                    cs.iter()
+                .is_ok_and(|cs| {
+                    !cs.iter()
                         .any(|c| c.state == v1::ContainerState::ContainerRunning as i32)
-                });
-            match running {
-                Ok(false) => {
-                    info!(sandbox = id, error = %e, "StopPodSandbox met a container going away; stopping it again");
-                    return self
-                        .cri
-                        .stop_pod_sandbox(id)
-                        .await
-                        .map_err(|e| SyncError(e.to_string()));
-                }
-                _ if tokio::time::Instant::now() >= deadline => {
-                    return Err(SyncError(e.to_string()));
-                }
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
+                })
+        });
+        if !none_running.await {
+            return Err(SyncError(e.to_string()));
         }
+        info!(sandbox = id, error = %e, "StopPodSandbox met a container going away; stopping it again");
+        self.cri
+            .stop_pod_sandbox(id)
+            .await
+            .map_err(|e| SyncError(e.to_string()))
     }
 
     /// Stops every container and sandbox of the pod, as the runtime lists them

@@ -979,6 +979,25 @@ fn the_confirmation_wait_doubles_to_its_bound() {
     }
 }
 
+/// The kernel saw container 1 of pod 1 exit (code 3) now: recorded, and laid
+/// on the cached snapshot when `laid` (as the reader's merge does).
+fn kernel_death(f: &Fixture, laid: bool) {
+    let at = f.clock.now_ns();
+    let exit = KernelExit {
+        status: ExitStatus::from_wait_status(0x300, false),
+        at_ns: at,
+    };
+    if laid {
+        assert_eq!(
+            f.cache.try_record_and_overlay_exit(&uid(1), &cid(1), exit),
+            Some(true)
+        );
+    } else {
+        f.cache.record_exit(&uid(1), &cid(1), exit);
+    }
+    f.kernel.record(&cid(1), PlegState::Exited, at);
+}
+
 /// A kernel death the runtime reports only 600 ms later (containerd here
 /// under churn): the pod is re-checked at doubling intervals, not every
 /// 20 ms (issue #29: 30 pod relists competing with the shim), and the
@@ -994,20 +1013,7 @@ async fn a_lagging_runtime_is_rechecked_with_back_off() {
         let mut f = fixture(100);
         f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
         f.relist().await;
-        let at = f.clock.now_ns();
-        let exit = KernelExit {
-            status: ExitStatus::from_wait_status(0x300, false),
-            at_ns: at,
-        };
-        if laid {
-            assert_eq!(
-                f.cache.try_record_and_overlay_exit(&uid(1), &cid(1), exit),
-                Some(true)
-            );
-        } else {
-            f.cache.record_exit(&uid(1), &cid(1), exit);
-        }
-        f.kernel.record(&cid(1), PlegState::Exited, at);
+        kernel_death(&f, laid);
         let stats = f.pleg.stats();
         let runtime = f.runtime.clone();
         let relists = || stats.pod_relists.load(Ordering::Relaxed);
@@ -1051,16 +1057,7 @@ async fn a_runtime_lagging_past_the_bound_is_inspected_and_wins() {
     let mut f = fixture(100);
     f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
     f.relist().await;
-    let at = f.clock.now_ns();
-    let exit = KernelExit {
-        status: ExitStatus::from_wait_status(0x300, false),
-        at_ns: at,
-    };
-    assert_eq!(
-        f.cache.try_record_and_overlay_exit(&uid(1), &cid(1), exit),
-        Some(true)
-    );
-    f.kernel.record(&cid(1), PlegState::Exited, at);
+    kernel_death(&f, true);
     let runtime = f.runtime.clone();
     let statuses = || runtime.status_calls.load(Ordering::Relaxed);
     let before = statuses();
