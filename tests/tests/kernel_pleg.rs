@@ -348,22 +348,32 @@ fn process_shorter_than_a_millisecond_in_a_new_cgroup_is_reported() {
     }
     let _remove = Remove(&program);
     let mut pleg = PlegUnderTest::start(|_| {});
-    // The cgroup is created right before the process, so user space may not have
-    // read its mkdir yet when the process runs: the kernel filter goes by ancestry.
-    let cg = ContainerCgroup::new(Layout::Cgroupfs);
-    let status = cg
-        .command(&program.to_string_lossy())
-        .status()
-        .expect("run exit-3");
-    assert_eq!(status.code(), Some(3));
-    let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
-    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
-    assert_eq!(died.exit.map(|e| e.code), Some(3));
-    let lifetime = died.at_ns - started.at_ns;
-    eprintln!("exec to exit: {lifetime} ns");
+    // Each attempt is a process in a cgroup created right before it, so user space
+    // may not have read its mkdir yet when the process runs: the kernel filter goes
+    // by ancestry. Every attempt must be reported with its exit code; a preempted
+    // attempt (37 ms once on a loaded CI machine) only does not count as short.
+    const ATTEMPTS: usize = 20;
+    let mut lifetimes = Vec::with_capacity(ATTEMPTS);
+    for _ in 0..ATTEMPTS {
+        let cg = ContainerCgroup::new(Layout::Cgroupfs);
+        let status = cg
+            .command(&program.to_string_lossy())
+            .status()
+            .expect("run exit-3");
+        assert_eq!(status.code(), Some(3));
+        let started = pleg.expect(&cg.container_id, EventKind::ContainerStarted);
+        let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+        assert_eq!(died.exit.map(|e| e.code), Some(3));
+        let lifetime = died.at_ns - started.at_ns;
+        lifetimes.push(lifetime);
+        if lifetime < 1_000_000 {
+            break;
+        }
+    }
     assert!(
-        lifetime < 1_000_000,
-        "the 129-byte program lived {lifetime} ns from its exec to its exit"
+        lifetimes.last().is_some_and(|&l| l < 1_000_000),
+        "the 129-byte program never lived under 1 ms from its exec to its exit in \
+         {ATTEMPTS} attempts (ns): {lifetimes:?}"
     );
 }
 
