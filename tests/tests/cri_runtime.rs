@@ -429,3 +429,112 @@ fn the_harness_cleans_up_after_a_panicking_test() {
         base.display()
     );
 }
+
+/// ebpf mode's runtime (`CriRuntime::remembering_exited`) reads an exited
+/// container's status once: a pod's next inspection asks only its live
+/// containers (issue #29), serves the same status, and forgets a container
+/// once it is removed. The kubelet's reading (every container, every time) is
+/// the default.
+#[test]
+fn an_exited_container_s_status_is_read_once_when_remembered() {
+    use evpleg_core::container::{ContainerState, PodStatus};
+    use evpleg_core::runtime::PodRuntime;
+    use evpleg_cri::runtime::CriRuntime;
+    use evpleg_tests::cri_interceptor::CriInterceptor;
+    use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
+    if !runtime_available("an_exited_container_s_status_is_read_once_when_remembered") {
+        return;
+    }
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "remembered");
+    let rt = tokio_runtime();
+    rt.block_on(async {
+        let icpt = CriInterceptor::start(containerd.socket(), containerd.base().join("icpt.sock"))
+            .expect("the CRI interceptor");
+        let client = evpleg_cri::CriClient::connect(
+            &icpt.endpoint(),
+            evpleg_cri::CriClientConfig::default(),
+        )
+        .await
+        .expect("connect through the interceptor");
+        let sandbox = run_sandbox(&client, &pod).await;
+        let done = run_container(
+            &client,
+            &pod,
+            &sandbox,
+            &pod.container("done", &["sh", "-c", "exit 7"]),
+        )
+        .await;
+        wait_container_status(&client, &done, "exited", |s| {
+            s.state() == v1::ContainerState::ContainerExited
+        })
+        .await;
+        let live = run_container(&client, &pod, &sandbox, &pod.waiting_container("live")).await;
+        let uid = pod.pod_uid();
+        let statuses = || icpt.calls().get("ContainerStatus").copied().unwrap_or(0);
+        let inspect = |runtime: CriRuntime| {
+            let uid = uid.clone();
+            async move {
+                let before = statuses();
+                let status = runtime.pod_status(&uid).await.expect("pod status");
+                (status, statuses() - before)
+            }
+        };
+        let states = |s: &PodStatus| {
+            let mut v: Vec<_> = s
+                .containers
+                .iter()
+                .map(|c| (c.id.to_string(), c.state, c.exit_code, c.pid.is_some()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let expected = {
+            let mut v = vec![
+                (done.clone(), ContainerState::Exited, Some(7), false),
+                (live.clone(), ContainerState::Running, None, true),
+            ];
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+
+        let plain = CriRuntime::new(client.clone());
+        for _ in 0..2 {
+            let (status, calls) = inspect(plain.clone()).await;
+            assert_eq!(states(&status), expected);
+            assert_eq!(calls, 2, "the kubelet's reading asks every container");
+        }
+        let remembering = CriRuntime::new(client.clone()).remembering_exited();
+        let (first, calls) = inspect(remembering.clone()).await;
+        assert_eq!(states(&first), expected);
+        assert_eq!(calls, 2, "the first inspection reads every container");
+        let (second, calls) = inspect(remembering.clone()).await;
+        assert_eq!(second, first, "the remembered status is the one read");
+        assert_eq!(calls, 1, "the next one reads only the live container");
+
+        client
+            .remove_container(&done)
+            .await
+            .expect("RemoveContainer");
+        let (after, calls) = inspect(remembering.clone()).await;
+        assert_eq!(
+            states(&after),
+            vec![(live.clone(), ContainerState::Running, None, true)],
+            "a removed container is forgotten"
+        );
+        assert_eq!(calls, 1);
+        pod.release("live");
+        wait_container_status(&client, &live, "exited", |s| {
+            s.state() == v1::ContainerState::ContainerExited
+        })
+        .await;
+        let (ended, calls) = inspect(remembering.clone()).await;
+        assert_eq!(
+            states(&ended),
+            vec![(live.clone(), ContainerState::Exited, Some(7), false)]
+        );
+        assert_eq!(calls, 1, "its death is read");
+        let (_, calls) = inspect(remembering).await;
+        assert_eq!(calls, 0, "then remembered");
+    });
+}

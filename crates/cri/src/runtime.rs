@@ -11,8 +11,19 @@
 //! runtime, crictl's included): then a sandbox without the label is a pod of
 //! its own, named by the sandbox's id, and a container without it belongs to
 //! its sandbox's pod, as the runtime knows every container's sandbox.
+//!
+//! Where it differs from `GetPodStatus`: statuses are asked `verbose` (for the
+//! main process's pid) only of containers and sandboxes the listing shows
+//! alive; the kubelet asks none verbose. And with
+//! [`CriRuntime::remembering_exited`] (ebpf mode) an exited container's
+//! status, which the runtime never changes again, is read once and then
+//! remembered while the container is listed exited: a pod's inspection costs a
+//! call per live container, not per container it ever ran (issue #29: a pod of
+//! 120 dead containers made every start and death cost 121 `ContainerStatus`
+//! calls). The kubelet reads them all at every inspection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use evpleg_cri_api::v1;
 use tracing::warn;
@@ -38,14 +49,38 @@ pub struct CriRuntime {
     client: CriClient,
     /// Attribute objects without the pod UID label too.
     unlabelled: bool,
+    /// The statuses of exited containers, by pod and container id, when
+    /// remembering them ([`Self::remembering_exited`]).
+    exited: Option<Arc<Mutex<ExitedStatuses>>>,
 }
+
+/// Exited containers' statuses, by pod and container id.
+type ExitedStatuses = HashMap<PodUid, HashMap<String, ContainerStatus>>;
 
 impl CriRuntime {
     pub fn new(client: CriClient) -> Self {
         Self {
             client,
             unlabelled: false,
+            exited: None,
         }
+    }
+
+    /// Remembers each exited container's status from its first read while
+    /// the container is listed exited, instead of asking the runtime again
+    /// at each inspection of its pod (the module's doc says why). A pod's
+    /// memory is replaced at each of its inspections (containers removed or
+    /// no longer listed are forgotten) and dropped by a full listing that
+    /// lists nothing of the pod.
+    pub fn remembering_exited(mut self) -> Self {
+        self.exited = Some(Arc::default());
+        self
+    }
+
+    fn remembered(&self) -> Option<std::sync::MutexGuard<'_, ExitedStatuses>> {
+        self.exited
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Also attributes sandboxes and containers without the kubelet's pod UID
@@ -180,6 +215,11 @@ impl PodRuntime for CriRuntime {
                 state: container_state(c.state).into(),
             });
         }
+        if pod.is_none()
+            && let Some(mut remembered) = self.remembered()
+        {
+            remembered.retain(|uid, _| out.iter().any(|e| &e.pod == uid));
+        }
         Ok(out)
     }
 
@@ -196,7 +236,8 @@ impl PodRuntime for CriRuntime {
             let Some(id) = ContainerId::parse(&s.id) else {
                 continue;
             };
-            let resp = match self.client.pod_sandbox_status(&s.id, true).await {
+            let ready = s.state == v1::PodSandboxState::SandboxReady as i32;
+            let resp = match self.client.pod_sandbox_status(&s.id, ready).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
@@ -217,8 +258,22 @@ impl PodRuntime for CriRuntime {
                 .sandboxes
                 .push(sandbox_status(id, &st, pid_from_info(&resp.info)));
         }
+        // Taken out while the pod is inspected; put back with what it holds
+        // now (an inspection that fails forgets it: the next one reads all).
+        let mut remembered = self
+            .remembered()
+            .map(|mut m| m.remove(pod).unwrap_or_default());
+        let mut exited = HashMap::new();
         for c in &containers {
-            let resp = match self.client.container_status(&c.id, true).await {
+            let listed_exited = c.state == v1::ContainerState::ContainerExited as i32;
+            if listed_exited && let Some(s) = remembered.as_mut().and_then(|m| m.remove(&c.id)) {
+                status.containers.push(s.clone());
+                exited.insert(c.id.clone(), s);
+                continue;
+            }
+            // Verbose (the pid) only for a container that may be alive: one
+            // listed exited stays exited.
+            let resp = match self.client.container_status(&c.id, !listed_exited).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
@@ -227,8 +282,17 @@ impl PodRuntime for CriRuntime {
                 if s.state == ContainerState::Running {
                     s.pid = pid_from_info(&resp.info);
                 }
+                if remembered.is_some() && s.state == ContainerState::Exited {
+                    exited.insert(c.id.clone(), s.clone());
+                }
                 status.containers.push(s);
             }
+        }
+        if remembered.is_some()
+            && !exited.is_empty()
+            && let Some(mut m) = self.remembered()
+        {
+            m.insert(pod.clone(), exited);
         }
         Ok(status)
     }

@@ -182,6 +182,14 @@ impl Pleg {
             PlegMode::Generic | PlegMode::EventedCri => relist::GENERIC_PERIOD,
             PlegMode::EventedCriPayload => evented_payload::RELIST_PERIOD,
         });
+        // ebpf mode inspects a pod at each start and death the kernel reports:
+        // its exited containers' statuses are read once (the rivals, the
+        // kubelet's designs, read them all each time).
+        let runtime = if mode == PlegMode::Ebpf {
+            runtime.remembering_exited()
+        } else {
+            runtime
+        };
         let (period_tx, period_rx) = tokio::sync::watch::channel(period);
         let mut tasks = Vec::new();
         let mut evented_stats = None;
