@@ -125,6 +125,77 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
             "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".to_owned()
         )
     );
+    // A second static pod is critical: not refused for the pod it lacks,
+    // but one of the API pods (not critical, both best-effort: which one is
+    // the order of the pods the kubelet holds) is preempted for it, as the
+    // kubelet's `CriticalPodAdmissionHandler` does: Failed, `Preempting`, a
+    // DisruptionTarget condition, a Warning event; the first static pod
+    // (critical too) is not a candidate.
+    e.write(
+        "critical.yaml",
+        &manifest("critical", "Always", "exec sleep 600", ""),
+    );
+    e.wait_for("critical", "running", |p| {
+        container(p, "app")["state"]["running"].is_object()
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(e.kube().await, "default");
+    let preempted = wait_list(&pods, "an API pod preempted", |ps| {
+        ps.iter()
+            .filter(|p| {
+                let s = p.status.as_ref();
+                s.and_then(|s| s.reason.as_deref()) == Some("Preempting") && phase(p) == "Failed"
+            })
+            .count()
+            == 1
+    })
+    .await;
+    let victim = preempted
+        .iter()
+        .find(|p| {
+            phase(p) == "Failed"
+                && p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Preempting")
+        })
+        .expect("the preempted pod");
+    let name = victim.metadata.name.clone().unwrap_or_default();
+    assert!(
+        ["here", "third"].contains(&name.as_str()),
+        "{name} preempted"
+    );
+    let status = victim.status.as_ref().expect("status");
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Preempted in order to admit critical pod")
+    );
+    let disruption = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget")
+        .unwrap_or_else(|| panic!("no DisruptionTarget: {status:?}"));
+    assert_eq!(
+        (
+            disruption.status.as_str(),
+            disruption.reason.as_deref(),
+            disruption.message.as_deref()
+        ),
+        (
+            "True",
+            Some("TerminationByKubelet"),
+            Some("Pod was preempted by Kubelet to accommodate a critical pod.")
+        )
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(e.kube().await, "default");
+    wait_list(&events, "the Preempting event", |evs| {
+        evs.iter().any(|ev| {
+            ev.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                && ev.reason.as_deref() == Some("Preempting")
+                && ev.type_.as_deref() == Some("Warning")
+                && ev.note.as_deref() == Some("Preempted in order to admit critical pod")
+        })
+    })
+    .await;
     e.finish().await;
 }
 

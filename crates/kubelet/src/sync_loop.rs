@@ -347,21 +347,15 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
             OnAdd::Admit => {}
         }
-        if let Err(r) = self.admission.admit(&uid, &pod) {
-            warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
-            crate::admission::reject_event(&self.events, &pod, &r);
-            let ctx = Context {
-                host_ip: &self.host_ip,
-                rejected: Some((&r.reason, &r.message)),
-                ..Context::default()
-            };
-            self.status.set_pod_status(
-                &uid,
-                pod.clone(),
-                generate(&pod, &Default::default(), &ctx),
-            );
-            self.rejected.insert(uid, pod);
-            return;
+        let preempted = match self.admission.admit(&uid, &pod) {
+            Ok(preempted) => preempted,
+            Err(r) => {
+                self.reject(uid, pod, r);
+                return;
+            }
+        };
+        for victim in preempted {
+            self.preempt(&victim, &pod);
         }
         info!(pod = %uid, name = ?pod.metadata.name, "pod added");
         self.pods.insert(uid.clone(), pod.clone());
@@ -369,6 +363,57 @@ impl<S: PodSyncer> SyncLoop<S> {
             p.add_pod(&uid, &pod);
         }
         self.workers.update_pod(&uid, pod, UpdateType::Create);
+    }
+
+    /// Refuses `pod` at admission: its Failed status and event
+    /// (`rejectPod`).
+    fn reject(&mut self, uid: PodUid, pod: Arc<Pod>, r: crate::admission::Rejection) {
+        warn!(pod = %uid, reason = %r.reason, message = %r.message, "pod rejected by admission");
+        crate::admission::reject_event(&self.events, &pod, &r);
+        let ctx = Context {
+            host_ip: &self.host_ip,
+            rejected: Some((&r.reason, &r.message)),
+            ..Context::default()
+        };
+        self.status
+            .set_pod_status(&uid, pod.clone(), generate(&pod, &Default::default(), &ctx));
+        self.rejected.insert(uid, pod);
+    }
+
+    /// Stops `victim`, preempted to admit the critical pod `critical`, as
+    /// the kubelet's `evictPodsToFreeRequests`: a Warning `Preempting` event
+    /// on it, a kill with its grace period, and a status that says Failed,
+    /// `Preempting`, with a `DisruptionTarget` condition. Admission has
+    /// freed its requests already.
+    fn preempt(&mut self, victim: &PodUid, critical: &Pod) {
+        use crate::admission::preemption as p;
+        let Some(pod) = self.pods.get(victim).cloned() else {
+            return;
+        };
+        warn!(pod = %victim, name = ?pod.metadata.name, critical = ?critical.metadata.name,
+              "preempting pod to admit a critical pod");
+        self.events.record(
+            &pod,
+            None,
+            evpleg_record::EventType::Warning,
+            p::PREEMPTING_REASON,
+            p::PREEMPTING_MESSAGE,
+        );
+        self.status.evict(
+            victim,
+            crate::status::manager::Eviction {
+                reason: p::PREEMPTING_REASON,
+                message: p::PREEMPTING_MESSAGE,
+                disruption: (p::DISRUPTION_REASON, p::DISRUPTION_MESSAGE),
+            },
+        );
+        self.workers.update_pod(
+            victim,
+            pod,
+            UpdateType::Kill {
+                grace_seconds: None,
+            },
+        );
     }
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {

@@ -16,7 +16,12 @@
 //! 4. the scheduler's NodeResourcesFit: one more pod must fit in the node's
 //!    pod capacity (`--max-pods`, `OutOfpods`), CPU and memory requests in
 //!    the node's allocatable minus what admitted pods request (`OutOfcpu`,
-//!    `OutOfmemory`, `OutOfephemeral-storage`);
+//!    `OutOfmemory`, `OutOfephemeral-storage`); a critical pod (static,
+//!    mirror, system-critical priority) is not refused for resources: the
+//!    checks below refuse it first, else admitted pods are preempted for it
+//!    or, if no set of them frees enough, it is refused with
+//!    `UnexpectedAdmissionError` ([`preemption`], the kubelet's
+//!    `CriticalPodAdmissionHandler`);
 //! 5. NodeAffinity (`nodeSelector`, required node affinity) and NodeName
 //!    against the node ([`node`]);
 //! 6. the scheduler's NodePorts: no host port of an admitted pod
@@ -40,6 +45,7 @@
 pub mod fields;
 pub mod host_ports;
 pub mod node;
+pub mod preemption;
 pub mod sysctls;
 pub mod validation;
 
@@ -286,6 +292,8 @@ pub struct Admission {
 /// What an admitted pod holds.
 #[derive(Debug)]
 struct Admitted {
+    /// The pod, which a critical pod may preempt.
+    pod: std::sync::Arc<Pod>,
     requests: Requests,
     ports: Vec<PodPort>,
 }
@@ -307,10 +315,12 @@ impl Admission {
         self
     }
 
-    /// Admits `pod` or says why not. Admitting the same UID again is a no-op.
-    pub fn admit(&mut self, uid: &PodUid, pod: &Pod) -> Result<(), Rejection> {
+    /// Admits `pod` or says why not. Admitting the same UID again is a
+    /// no-op. A critical pod admitted by preempting others
+    /// ([`preemption`]) returns them: freed here, for the caller to stop.
+    pub fn admit(&mut self, uid: &PodUid, pod: &Pod) -> Result<Vec<PodUid>, Rejection> {
         if self.admitted.contains_key(uid) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let errors = validation::validate(pod);
         if !errors.is_empty() {
@@ -331,31 +341,18 @@ impl Admission {
             });
         }
         self.sysctls.admit(pod)?;
+        // The scheduler's NodeResourcesFit: each resource short, with the
+        // rejection it makes and how much is missing.
+        let mut short: Vec<(Rejection, preemption::Requirement)> = Vec::new();
         let pods = self.admitted.len() as i64;
-        if pods + 1 > self.allocatable.pods {
-            return Err(Rejection {
-                reason: "OutOfpods".into(),
-                message: format!(
-                    "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: {pods}, capacity: {}",
-                    self.allocatable.pods
-                ),
-            });
-        }
         let asked = requests(pod);
         let used = self
             .admitted
             .values()
             .fold(Requests::default(), |a, p| a.plus(p.requests));
-        let check = |name: &str, requested: i64, used: i64, capacity: i64| {
-            (used + requested > capacity).then(|| Rejection {
-                reason: format!("OutOf{name}"),
-                message: format!(
-                    "Pod was rejected: Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
-                ),
-            })
-        };
         let a = &self.allocatable;
         for (name, requested, used, capacity) in [
+            ("pods", 1, pods, a.pods),
             ("cpu", asked.cpu_milli, used.cpu_milli, a.cpu_milli),
             (
                 "memory",
@@ -370,9 +367,26 @@ impl Admission {
                 a.ephemeral_storage_bytes,
             ),
         ] {
-            if let Some(r) = check(name, requested, used, capacity) {
-                return Err(r);
+            if used + requested > capacity {
+                short.push((
+                    Rejection {
+                        reason: format!("OutOf{name}"),
+                        message: format!(
+                            "Pod was rejected: Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
+                        ),
+                    },
+                    preemption::Requirement {
+                        resource: name,
+                        quantity: requested - (capacity - used),
+                    },
+                ));
             }
+        }
+        // A critical pod is not refused for resources: its other reasons
+        // come first, then preemption decides.
+        let critical = preemption::is_critical(pod);
+        if !critical && let Some((r, _)) = short.first() {
+            return Err(r.clone());
         }
         let rejected = |r: Rejection| Rejection {
             message: format!("Pod was rejected: {}", r.message),
@@ -397,14 +411,34 @@ impl Admission {
             .and_then(|a| a.get(crate::source::annotations::CONFIG_SOURCE))
             .is_some_and(|s| s != crate::source::SourceName::Api.as_str());
         node::taints(pod, &self.node, is_static).map_err(rejected)?;
+        let preempted = if short.is_empty() {
+            Vec::new()
+        } else {
+            let missing = preemption::Requirements(short.into_iter().map(|(_, r)| r).collect());
+            let candidates: Vec<(PodUid, &Pod)> = self
+                .admitted
+                .iter()
+                .map(|(uid, a)| (uid.clone(), &*a.pod))
+                .collect();
+            preemption::pods_to_preempt(pod, &candidates, &missing).map_err(|e| Rejection {
+                reason: preemption::UNEXPECTED_REASON.into(),
+                message: format!(
+                    "Pod was rejected: Unexpected error while attempting to recover from admission failure: preemption: error finding a set of pods to preempt: {e}"
+                ),
+            })?
+        };
+        for uid in &preempted {
+            self.admitted.remove(uid);
+        }
         self.admitted.insert(
             uid.clone(),
             Admitted {
+                pod: std::sync::Arc::new(pod.clone()),
                 requests: asked,
                 ports,
             },
         );
-        Ok(())
+        Ok(preempted)
     }
 
     /// Frees what a terminated or removed pod requested.
@@ -735,5 +769,70 @@ mod tests {
         );
         a.release(&uid(1));
         assert!(a.admit(&uid(3), &web(8080)).is_ok());
+    }
+
+    /// A critical pod is not refused for resources (the kubelet's
+    /// `CriticalPodAdmissionHandler`): with nothing to preempt it is refused
+    /// with `UnexpectedAdmissionError` and the kubelet's message (the
+    /// corpus's `admission-resources`, a static pod asking 1000 CPUs);
+    /// otherwise the pods preempted for it are returned, their requests
+    /// freed; its other reasons come before its resources. A pod that is not
+    /// critical is refused for resources first, as before.
+    #[test]
+    fn a_critical_pod_preempts_or_is_refused_as_by_the_kubelet() {
+        let node = node::NodeInfo {
+            name: "n1".into(),
+            labels: [("zone".to_owned(), "a".to_owned())].into(),
+            taints: Vec::new(),
+        };
+        let mut a = Admission::new(
+            Allocatable {
+                cpu_milli: 2000,
+                memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 1 << 30,
+                pods: 110,
+            },
+            node,
+        );
+        let with = |source: &str, cpu: &str, selector: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "annotations": {"kubernetes.io/config.source": source}},
+                "spec": {"nodeSelector": selector,
+                         "containers": [{"name": "a", "resources": {"requests": {"cpu": cpu}}}]}
+            }))
+            .unwrap()
+        };
+        let anywhere = serde_json::json!({});
+        let r = a
+            .admit(&uid(1), &with("file", "1000", anywhere.clone()))
+            .unwrap_err();
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (
+                "UnexpectedAdmissionError",
+                "Pod was rejected: Unexpected error while attempting to recover from admission failure: preemption: error finding a set of pods to preempt: no set of running pods found to reclaim resources: [(res: cpu, q: 998000), ]"
+            )
+        );
+        assert_eq!(
+            a.admit(&uid(2), &with("api", "1500m", anywhere.clone())),
+            Ok(vec![])
+        );
+        assert_eq!(
+            a.admit(&uid(3), &with("file", "1", anywhere.clone())),
+            Ok(vec![uid(2)]),
+            "the API pod is preempted for the static one"
+        );
+        assert_eq!(
+            a.admit(&uid(4), &with("api", "1", anywhere)),
+            Ok(vec![]),
+            "the preempted pod's CPU is free"
+        );
+        let elsewhere = serde_json::json!({"zone": "b"});
+        let r = a
+            .admit(&uid(5), &with("file", "1", elsewhere.clone()))
+            .unwrap_err();
+        assert_eq!(r.reason, "NodeAffinity", "{r:?}");
+        let r = a.admit(&uid(6), &with("api", "1", elsewhere)).unwrap_err();
+        assert_eq!(r.reason, "OutOfcpu", "{r:?}");
     }
 }

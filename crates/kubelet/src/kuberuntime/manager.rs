@@ -184,15 +184,21 @@ impl KubeRuntime {
             .status
             .get_pod_status(uid)
             .or_else(|| pod.status.clone());
-        // The kubelet's `ShouldEvict` in `generateAPIPodStatus`.
-        let evicted = crate::active_deadline::past(pod, self.active_start(pod, uid), unix_now_ns())
-            .then_some((
-                crate::active_deadline::REASON,
-                crate::active_deadline::MESSAGE,
-            ));
+        // A kill of the agent's own with its status (preemption), else the
+        // kubelet's `ShouldEvict` in `generateAPIPodStatus`.
+        let eviction = self.status.eviction(uid);
+        let evicted = eviction.map(|e| (e.reason, e.message)).or_else(|| {
+            crate::active_deadline::past(pod, self.active_start(pod, uid), unix_now_ns()).then_some(
+                (
+                    crate::active_deadline::REASON,
+                    crate::active_deadline::MESSAGE,
+                ),
+            )
+        });
         let ctx = Context {
             previous: previous.as_ref(),
             evicted,
+            disruption: eviction.map(|e| e.disruption),
             terminal,
             waiting: &waiting,
             host_ip: &self.node.host_ip,

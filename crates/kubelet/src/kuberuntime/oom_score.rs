@@ -16,30 +16,20 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use evpleg_core::qos::{QosClass, qos_class};
 use evpleg_core::quantity::parse_units;
 
-use crate::source::annotations::CONFIG_SOURCE;
-
 /// The adjustment of Guaranteed and node-critical pods.
 pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 /// The adjustment of BestEffort pods.
 pub const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
-/// `SystemCriticalPriority`: a priority this high makes a pod critical.
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-
 /// The kubelet's `IsNodeCriticalPod`: critical (static, mirror, or of a
-/// system-critical priority) and of the `system-node-critical` class.
+/// system-critical priority: `IsCriticalPod`) and of the
+/// `system-node-critical` class.
 fn is_node_critical(pod: &Pod) -> bool {
-    let spec = pod.spec.as_ref();
-    let annotations = pod.metadata.annotations.as_ref();
-    let static_pod = annotations
-        .and_then(|a| a.get(CONFIG_SOURCE))
-        .is_some_and(|s| s != "api");
-    let mirror =
-        annotations.is_some_and(|a| a.contains_key(crate::source::annotations::CONFIG_MIRROR));
-    let critical_priority = spec
-        .and_then(|s| s.priority)
-        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
-    (static_pod || mirror || critical_priority)
-        && spec.and_then(|s| s.priority_class_name.as_deref()) == Some("system-node-critical")
+    crate::admission::preemption::is_critical(pod)
+        && pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.priority_class_name.as_deref())
+            == Some("system-node-critical")
 }
 
 fn memory_request(c: &Container) -> i64 {
@@ -93,6 +83,7 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::annotations::CONFIG_SOURCE;
 
     const GI: i64 = 1 << 30;
 

@@ -75,8 +75,12 @@ pub struct Context<'a> {
     /// (`convertToAPIContainerStatuses`' old statuses).
     pub previous: Option<&'a ApiPodStatus>,
     /// The pod is evicted: (reason, message) (the kubelet's `ShouldEvict`,
-    /// here an active deadline that passed).
+    /// an active deadline that passed, or the status a kill of the kubelet's
+    /// own sets: a pod preempted for a critical one).
     pub evicted: Option<(&'a str, &'a str)>,
+    /// The kill that evicts it adds a `DisruptionTarget` condition, True:
+    /// (reason, message) (the kubelet's preemption's status function).
+    pub disruption: Option<(&'a str, &'a str)>,
 }
 
 fn terminated(runtime: &str, s: &ContainerStatus) -> ContainerStateTerminated {
@@ -509,6 +513,13 @@ pub fn generate(pod: &Pod, runtime: &PodStatus, ctx: &Context<'_>) -> ApiPodStat
         ready,
     ];
     list.extend(others);
+    if let Some((reason, message)) = ctx.disruption {
+        list.retain(|c| c.type_ != "DisruptionTarget");
+        list.push(PodCondition {
+            message: Some(message.into()),
+            ..condition("DisruptionTarget", true, Some(reason))
+        });
+    }
     ApiPodStatus {
         phase: Some(phase.into()),
         reason: ctx.evicted.map(|(reason, _)| reason.into()),

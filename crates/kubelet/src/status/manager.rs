@@ -94,6 +94,9 @@ pub struct StatusStats {
 #[derive(Debug, Default)]
 pub struct StatusManager {
     entries: Mutex<HashMap<PodUid, Entry>>,
+    /// Pods the agent is ending on its own (preempted for a critical pod):
+    /// the status their every sync publishes says so.
+    evictions: Mutex<HashMap<PodUid, Eviction>>,
     stats: Mutex<StatusStats>,
     notify: Notify,
     /// `pod_start_duration_seconds` and `pod_start_sli_duration_seconds`.
@@ -126,6 +129,16 @@ fn summary(status: &ApiPodStatus) -> String {
     })
     .collect::<Vec<_>>()
     .join(" ")
+}
+
+/// A pod the agent ends on its own, as the kubelet's `killPodFunc` with a
+/// status function: its status's reason and message (phase Failed), and the
+/// reason and message of the `DisruptionTarget` condition it adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eviction {
+    pub reason: &'static str,
+    pub message: &'static str,
+    pub disruption: (&'static str, &'static str),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -254,8 +267,20 @@ impl StatusManager {
         lock(&self.entries).get(uid).map(|e| e.status.clone())
     }
 
+    /// The agent ends `uid` on its own: every status published for it from
+    /// now on says `eviction` (`crate::kuberuntime`'s `publish`).
+    pub fn evict(&self, uid: &PodUid, eviction: Eviction) {
+        lock(&self.evictions).insert(uid.clone(), eviction);
+    }
+
+    /// How the agent ends `uid`, if it does ([`Self::evict`]).
+    pub fn eviction(&self, uid: &PodUid) -> Option<Eviction> {
+        lock(&self.evictions).get(uid).copied()
+    }
+
     /// The pod was removed from the node: forget it once its last status is out.
     pub fn remove(&self, uid: &PodUid) {
+        lock(&self.evictions).remove(uid);
         self.start_latency.forget(uid);
         if let Some(e) = lock(&self.entries).get_mut(uid) {
             e.removed = true;
@@ -351,6 +376,7 @@ impl StatusManager {
     /// Forgets a pod at once, its pending status unwritten: the same UID starts
     /// again from scratch (a static pod restored after its manifest was removed).
     pub fn reset(&self, uid: &PodUid) {
+        lock(&self.evictions).remove(uid);
         lock(&self.entries).remove(uid);
     }
 
