@@ -140,22 +140,17 @@ async fn admission_checks_taints_selectors_and_pod_capacity() {
     })
     .await;
     let pods: Api<Pod> = Api::namespaced(e.kube().await, "default");
+    let is_preempted = |p: &Pod| {
+        phase(p) == "Failed"
+            && p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Preempting")
+    };
     let preempted = wait_list(&pods, "an API pod preempted", |ps| {
-        ps.iter()
-            .filter(|p| {
-                let s = p.status.as_ref();
-                s.and_then(|s| s.reason.as_deref()) == Some("Preempting") && phase(p) == "Failed"
-            })
-            .count()
-            == 1
+        ps.iter().filter(|p| is_preempted(p)).count() == 1
     })
     .await;
     let victim = preempted
         .iter()
-        .find(|p| {
-            phase(p) == "Failed"
-                && p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Preempting")
-        })
+        .find(|p| is_preempted(p))
         .expect("the preempted pod");
     let name = victim.metadata.name.clone().unwrap_or_default();
     assert!(
