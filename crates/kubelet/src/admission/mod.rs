@@ -404,13 +404,7 @@ impl Admission {
                 message: format!("Pod was rejected: {}", host_ports::NODE_PORTS_MESSAGE),
             });
         }
-        let is_static = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::source::annotations::CONFIG_SOURCE))
-            .is_some_and(|s| s != crate::source::SourceName::Api.as_str());
-        node::taints(pod, &self.node, is_static).map_err(rejected)?;
+        node::taints(pod, &self.node, crate::status::api::is_static(pod)).map_err(rejected)?;
         let preempted = if short.is_empty() {
             Vec::new()
         } else {

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::Pod;
 use evpleg_core::qos::{QosClass, qos_class};
 
 use super::{Requests, requests};
-use crate::source::SourceName;
-use crate::source::annotations::{CONFIG_MIRROR, CONFIG_SOURCE};
+use crate::status::api::is_static;
+use crate::status::finish::is_mirror_pod;
 
 /// The kubelet's `SystemCriticalPriority`: a priority this high makes a pod
 /// critical.
@@ -45,17 +45,12 @@ pub const UNEXPECTED_REASON: &str = "UnexpectedAdmissionError";
 /// The kubelet's `IsCriticalPod`: static, mirror, or of a system-critical
 /// priority.
 pub fn is_critical(pod: &Pod) -> bool {
-    let annotations = pod.metadata.annotations.as_ref();
-    let static_pod = annotations
-        .and_then(|a| a.get(CONFIG_SOURCE))
-        .is_some_and(|s| s != SourceName::Api.as_str());
-    let mirror = annotations.is_some_and(|a| a.contains_key(CONFIG_MIRROR));
     let priority = pod
         .spec
         .as_ref()
         .and_then(|s| s.priority)
         .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
-    static_pod || mirror || priority
+    is_static(pod) || is_mirror_pod(pod) || priority
 }
 
 /// The kubelet's `Preemptable`: a critical pod may preempt any pod that is
@@ -247,6 +242,7 @@ pub fn pods_to_preempt<K: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::annotations::{CONFIG_MIRROR, CONFIG_SOURCE};
 
     fn pod(annotations: serde_json::Value, priority: Option<i32>, cpu: &str, mem: &str) -> Pod {
         let resources = match (cpu, mem) {
