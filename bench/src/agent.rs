@@ -222,8 +222,7 @@ impl AgentSeries {
 }
 
 /// One repetition of `series`' mode (`rep` 0 is the warm-up: run, not
-/// counted): a fresh agent (behind a fresh proxy in the cri-proxy modes)
-/// with a manifest directory of its own, `n` static pods started one at a
+/// counted): a fresh agent ([`Running`]), `n` static pods started one at a
 /// time and killed over `window`, then the pods removed and the agent
 /// stopped, also when the repetition fails. Returns its progress line.
 pub async fn repetition(
@@ -237,94 +236,126 @@ pub async fn repetition(
     if let AgentMode::Kubelet(kubelet) = mode {
         return crate::kubelet::repetition(containerd, series, kubelet, rep, n, window).await;
     }
-    let flag = mode.flag().context("not an agent mode")?;
-    let manifests = manifest_dir(containerd.base(), mode, rep);
-    let base = manifests.parent().context("manifest dir")?.to_owned();
-    let logs = base.join("pod-logs");
-    std::fs::create_dir_all(&manifests)?;
-    std::fs::create_dir_all(&logs)?;
-    let proxy = match mode {
-        AgentMode::CriProxy(_) => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
-        AgentMode::Pleg(_) | AgentMode::Kubelet(_) => None,
-    };
-    let endpoint = match mode {
-        AgentMode::CriProxy(_) => {
-            format!("unix://{}", containerd.base().join("proxy.sock").display())
-        }
-        AgentMode::Pleg(_) | AgentMode::Kubelet(_) => containerd.endpoint(),
-    };
-    let args = RunArgs::try_parse_from([
-        "evpleg",
-        "--pleg",
-        flag,
-        "--cri-endpoint",
-        &endpoint,
-        "--manifest-dir",
-        manifests.to_str().context("utf-8 path")?,
-        "--node-name",
-        NODE,
-        "--listen",
-        "127.0.0.1:0",
-        "--pod-log-dir",
-        logs.to_str().context("utf-8 path")?,
-    ])?;
     crate::stages::start();
     // The proxy's own kernel PLEG records the exits in the cri-proxy modes.
     let _stopwatch = matches!(mode, AgentMode::Pleg(m) if m != PlegMode::Ebpf)
         .then(evpleg_tests::cri_pod::ExitClock::start);
-    let agent = Agent::start(&args).await.context("starting the agent")?;
+    let running = Running::start(containerd, mode, &rep.to_string()).await?;
     let mut uids = Vec::new();
-    let outcome = measure(&agent, series, &manifests, rep, n, window, &mut uids).await;
-    // Clean-up, whatever happened: the pods removed through the agent, then
-    // the agent stopped and the pod cgroups runc leaves removed.
-    for f in std::fs::read_dir(&manifests)
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let _ = std::fs::remove_file(f.path());
+    let outcome = measure(&running, series, rep, n, window, &mut uids).await;
+    running.finish(containerd, &uids).await;
+    outcome
+}
+
+/// A fresh agent in one mode (behind a fresh proxy in the cri-proxy modes)
+/// with a manifest directory of its own.
+pub(crate) struct Running {
+    pub agent: Agent,
+    pub proxy: Option<evpleg::cri_proxy::CriProxy>,
+    pub manifests: std::path::PathBuf,
+}
+
+impl Running {
+    /// Starts the agent in `mode`; `tag` names its directory among the
+    /// run's (a repetition's number, a part's name).
+    pub async fn start(containerd: &Containerd, mode: AgentMode, tag: &str) -> Result<Self> {
+        let flag = mode.flag().context("not an agent mode")?;
+        let manifests = manifest_dir(containerd.base(), mode, tag);
+        let base = manifests.parent().context("manifest dir")?.to_owned();
+        let logs = base.join("pod-logs");
+        std::fs::create_dir_all(&manifests)?;
+        std::fs::create_dir_all(&logs)?;
+        let proxy = match mode {
+            AgentMode::CriProxy(_) => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
+            AgentMode::Pleg(_) | AgentMode::Kubelet(_) => None,
+        };
+        let endpoint = match mode {
+            AgentMode::CriProxy(_) => {
+                format!("unix://{}", containerd.base().join("proxy.sock").display())
+            }
+            AgentMode::Pleg(_) | AgentMode::Kubelet(_) => containerd.endpoint(),
+        };
+        let args = RunArgs::try_parse_from([
+            "evpleg",
+            "--pleg",
+            flag,
+            "--cri-endpoint",
+            &endpoint,
+            "--manifest-dir",
+            manifests.to_str().context("utf-8 path")?,
+            "--node-name",
+            NODE,
+            "--listen",
+            "127.0.0.1:0",
+            "--pod-log-dir",
+            logs.to_str().context("utf-8 path")?,
+        ])?;
+        let agent = match Agent::start(&args).await {
+            Ok(agent) => agent,
+            Err(e) => {
+                if let Some(p) = proxy {
+                    p.stop().await;
+                }
+                return Err(e).context("starting the agent");
+            }
+        };
+        Ok(Self {
+            agent,
+            proxy,
+            manifests,
+        })
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while pod_items(&agent).next().is_some() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(POLL).await;
-    }
-    // The pods' sandboxes removed before the agent stops (its housekeeping
-    // removes those of pods it no longer knows), so that no agent after it
-    // meets them.
-    let client = containerd.client().await;
-    let leftovers = runtime_clean(&client, &uids, Duration::from_secs(30)).await;
-    agent.stop().await;
-    for s in &leftovers {
-        let _ = client.stop_pod_sandbox(s).await;
-        let _ = client.remove_pod_sandbox(s).await;
-    }
-    if !leftovers.is_empty() {
-        crate::progress(&format!(
-            "  {}: {} sandboxes the agent left after 30 s removed by the benchmark",
-            mode.name(),
-            leftovers.len()
-        ));
-    }
-    if let Some(p) = proxy {
-        p.stop().await;
-    }
-    // Under every hierarchy (hybrid hosts mount cgroup2 at /sys/fs/cgroup/unified).
-    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
-    roots.extend(
-        std::fs::read_dir("/sys/fs/cgroup")
+
+    /// Clean-up, whatever happened: the pods removed through the agent (its
+    /// manifests deleted), then the agent stopped, what it left of the pods
+    /// `uids` removed from the runtime, the proxy stopped and the pod
+    /// cgroups runc leaves removed.
+    pub async fn finish(self, containerd: &Containerd, uids: &[String]) {
+        for f in std::fs::read_dir(&self.manifests)
             .into_iter()
             .flatten()
             .flatten()
-            .map(|e| e.path()),
-    );
-    for uid in uids {
-        for root in &roots {
-            for qos in ["kubepods/besteffort", "kubepods/burstable", "kubepods"] {
-                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
+        {
+            let _ = std::fs::remove_file(f.path());
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while pod_items(&self.agent).next().is_some() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+        }
+        self.agent.stop().await;
+        // Its deleted pods' sandboxes and dead containers wait for its
+        // container GC (a minute, as the kubelet's): removed here, so that
+        // no agent after it meets them.
+        let client = containerd.client().await;
+        for s in runtime_clean(&client, uids, Duration::ZERO).await {
+            let _ = client.stop_pod_sandbox(&s).await;
+            let _ = client.remove_pod_sandbox(&s).await;
+        }
+        if let Some(p) = self.proxy {
+            p.stop().await;
+        }
+        // Under every hierarchy (hybrid hosts mount cgroup2 at /sys/fs/cgroup/unified).
+        let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+        roots.extend(
+            std::fs::read_dir("/sys/fs/cgroup")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path()),
+        );
+        for uid in uids {
+            for root in &roots {
+                for qos in ["kubepods/besteffort", "kubepods/burstable", "kubepods"] {
+                    let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
+                }
             }
         }
     }
-    outcome
+
+    /// Its pods as its `/pods` serves them.
+    pub fn pods(&self) -> Value {
+        self.agent.local.pod_list()
+    }
 }
 
 /// The manifest directory of one repetition of one mode. A static pod's UID
@@ -335,8 +366,8 @@ pub async fn repetition(
 /// had left in containerd, and the new agent (as the kubelet) took the
 /// restartPolicy Never pod for one that had run and never started it (the
 /// quick run's `pod r1c0: not running within 60 s`, issue #29).
-fn manifest_dir(base: &std::path::Path, mode: AgentMode, rep: usize) -> std::path::PathBuf {
-    base.join(format!("bench-agent-{}-{rep}", mode.name()))
+fn manifest_dir(base: &std::path::Path, mode: AgentMode, tag: &str) -> std::path::PathBuf {
+    base.join(format!("bench-agent-{}-{tag}", mode.name()))
         .join("manifests")
 }
 
@@ -440,7 +471,7 @@ fn stage_at(stage: Stage, id: &str) -> Option<u64> {
         .min()
 }
 
-fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
+pub(crate) fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
     let yaml = evpleg_tests::e2e::manifest(name, "Never", "sleep 1000000", "");
     let tmp = dir.join(format!(".{name}.yaml.tmp"));
     std::fs::write(&tmp, yaml)?;
@@ -449,14 +480,14 @@ fn write_manifest(dir: &std::path::Path, name: &str) -> Result<()> {
 }
 
 async fn measure(
-    agent: &Agent,
+    running: &Running,
     series: &mut AgentSeries,
-    manifests: &std::path::Path,
     rep: usize,
     n: usize,
     window: Duration,
     uids: &mut Vec<String>,
 ) -> Result<String> {
+    let (agent, manifests) = (&running.agent, running.manifests.as_path());
     // Starts, one pod at a time: the CRI time of each is its own.
     let mut pods = Vec::new();
     let mut starts = StartSamples::default();
@@ -605,8 +636,8 @@ mod tests {
         for mode in AgentMode::ALL {
             for rep in 0..3 {
                 for i in 0..3 {
-                    let path =
-                        manifest_dir(base, mode, rep).join(format!("{}.yaml", pod_name(rep, i)));
+                    let path = manifest_dir(base, mode, &rep.to_string())
+                        .join(format!("{}.yaml", pod_name(rep, i)));
                     assert!(seen.insert(path.clone()), "{} reused", path.display());
                 }
             }

@@ -33,9 +33,9 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ns as f64 / 1e9)
 }
 
-/// This process's resident memory in MiB.
-pub fn rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// The resident memory of process `pid` in MiB.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))?
@@ -140,7 +140,7 @@ pub async fn measure(
         out.push(Window {
             agent_cpu_pct: pct(a0, a1),
             containerd_cpu_pct: pct(c0, c1),
-            rss_mib: rss_mib().unwrap_or(f64::NAN),
+            rss_mib: rss_mib(me).unwrap_or(f64::NAN),
             relists_per_s: (r1 - r0) as f64 / secs,
         });
     }

@@ -71,11 +71,10 @@ impl KubeletMode {
     }
 }
 
-/// One repetition (`rep` 0 the warm-up): a fresh kubelet (behind a fresh
-/// proxy in the proxy mode) with a directory of its own, `n` static pods
-/// started one at a time and killed over `window`, then the pods removed,
-/// the kubelet stopped and what it left in the runtime removed, also when
-/// the repetition fails. Returns its progress line.
+/// One repetition (`rep` 0 the warm-up): a fresh kubelet ([`Running`]),
+/// `n` static pods started one at a time and killed over `window`, then the
+/// pods removed, the kubelet stopped and what it left in the runtime
+/// removed, also when the repetition fails. Returns its progress line.
 pub async fn repetition(
     containerd: &Containerd,
     series: &mut AgentSeries,
@@ -84,72 +83,117 @@ pub async fn repetition(
     n: usize,
     window: Duration,
 ) -> Result<String> {
-    // Short: the kubelet's unix sockets below it (its pod-resources
-    // endpoint) must fit in 108 bytes.
-    let short = match mode {
-        KubeletMode::Generic => "g",
-        KubeletMode::Evented => "e",
-        KubeletMode::ProxyEvented => "p",
-    };
-    let base = containerd.base().join(format!("k{short}{rep}"));
-    containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
-    let proxy = match mode {
-        KubeletMode::ProxyEvented => Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0),
-        KubeletMode::Generic | KubeletMode::Evented => None,
-    };
-    let endpoint = match mode {
-        KubeletMode::ProxyEvented => {
-            format!("unix://{}", containerd.base().join("proxy.sock").display())
-        }
-        KubeletMode::Generic | KubeletMode::Evented => containerd.endpoint(),
-    };
     crate::stages::start();
     // The proxy's own kernel PLEG records the exits in the proxy mode.
-    let _stopwatch = proxy
-        .is_none()
-        .then(evpleg_tests::cri_pod::ExitClock::start);
-    let opts = KubeletOptions {
-        endpoint,
-        node: NODE.into(),
-        evented_pleg: mode != KubeletMode::Generic,
-        cgroups: KubeletCgroups::ContainerdNamespace,
-    };
+    let _stopwatch =
+        (mode != KubeletMode::ProxyEvented).then(evpleg_tests::cri_pod::ExitClock::start);
+    let mut running = Running::start(containerd, mode, &rep.to_string()).await?;
     let mut uids = Vec::new();
-    let outcome = match StockKubelet::start(&base, &opts).await {
-        Ok(kubelet) => {
-            let mut written = Vec::new();
-            let outcome = measure(&kubelet, series, rep, n, window, &mut written, &mut uids).await;
-            // Clean-up, whatever happened: the pods removed through the
-            // kubelet, then the kubelet stopped.
-            for file in &written {
-                kubelet.remove(file);
-            }
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while tokio::time::Instant::now() < deadline
-                && kubelet.pods().await.is_none_or(|list| {
-                    list["items"]
-                        .as_array()
-                        .is_some_and(|items| !items.is_empty())
-                })
-            {
-                tokio::time::sleep(POLL).await;
-            }
-            drop(kubelet);
-            outcome
-        }
-        Err(e) => Err(e).context("starting the stock kubelet"),
-    };
-    // Its deleted pods' sandboxes wait for its container GC (a minute):
-    // removed here, so that nothing after it meets them.
-    let client = containerd.client().await;
-    for s in crate::agent::runtime_clean(&client, &uids, Duration::ZERO).await {
-        let _ = client.stop_pod_sandbox(&s).await;
-        let _ = client.remove_pod_sandbox(&s).await;
-    }
-    if let Some(p) = proxy {
-        p.stop().await;
-    }
+    let outcome = measure(&mut running, series, rep, n, window, &mut uids).await;
+    running.finish(containerd, &uids).await;
     outcome
+}
+
+/// A fresh stock kubelet in one mode (behind a fresh proxy in the proxy
+/// mode) with a directory of its own.
+pub(crate) struct Running {
+    pub kubelet: StockKubelet,
+    pub proxy: Option<evpleg::cri_proxy::CriProxy>,
+    written: Vec<String>,
+}
+
+impl Running {
+    /// Starts the kubelet in `mode`; `tag` names its directory among the
+    /// run's (a repetition's number, a part's name).
+    pub async fn start(containerd: &Containerd, mode: KubeletMode, tag: &str) -> Result<Self> {
+        // Short: the kubelet's unix sockets below it (its pod-resources
+        // endpoint) must fit in 108 bytes.
+        let short = match mode {
+            KubeletMode::Generic => "g",
+            KubeletMode::Evented => "e",
+            KubeletMode::ProxyEvented => "p",
+        };
+        let base = containerd.base().join(format!("k{short}{tag}"));
+        containerd.track_root_cgroup(evpleg_tests::containerd::CRI_NAMESPACE);
+        let proxy = match mode {
+            KubeletMode::ProxyEvented => {
+                Some(evpleg_tests::cri_proxy::proxy(containerd, &[]).await.0)
+            }
+            KubeletMode::Generic | KubeletMode::Evented => None,
+        };
+        let endpoint = match mode {
+            KubeletMode::ProxyEvented => {
+                format!("unix://{}", containerd.base().join("proxy.sock").display())
+            }
+            KubeletMode::Generic | KubeletMode::Evented => containerd.endpoint(),
+        };
+        let opts = KubeletOptions {
+            endpoint,
+            node: NODE.into(),
+            evented_pleg: mode != KubeletMode::Generic,
+            cgroups: KubeletCgroups::ContainerdNamespace,
+        };
+        match StockKubelet::start(&base, &opts).await {
+            Ok(kubelet) => Ok(Self {
+                kubelet,
+                proxy,
+                written: Vec::new(),
+            }),
+            Err(e) => {
+                if let Some(p) = proxy {
+                    p.stop().await;
+                }
+                Err(e).context("starting the stock kubelet")
+            }
+        }
+    }
+
+    /// Writes the static pod `name` (busybox `sleep`, restartPolicy Never)
+    /// into its manifest directory.
+    pub fn write_pod(&mut self, name: &str) {
+        let file = format!("{name}.yaml");
+        self.kubelet.write(
+            &file,
+            &evpleg_tests::e2e::manifest(name, "Never", "sleep 1000000", ""),
+        );
+        self.written.push(file);
+    }
+
+    /// Its pods as its read-only `/pods` serves them (empty when it does not
+    /// answer).
+    pub async fn pods(&self) -> Value {
+        self.kubelet.pods().await.unwrap_or_default()
+    }
+
+    /// Clean-up, whatever happened: the pods removed through the kubelet,
+    /// the kubelet stopped, what it left of the pods `uids` in the runtime
+    /// removed, the proxy stopped.
+    pub async fn finish(self, containerd: &Containerd, uids: &[String]) {
+        for file in &self.written {
+            self.kubelet.remove(file);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < deadline
+            && self.kubelet.pods().await.is_none_or(|list| {
+                list["items"]
+                    .as_array()
+                    .is_some_and(|items| !items.is_empty())
+            })
+        {
+            tokio::time::sleep(POLL).await;
+        }
+        drop(self.kubelet);
+        // Its deleted pods' sandboxes wait for its container GC (a minute):
+        // removed here, so that nothing after it meets them.
+        let client = containerd.client().await;
+        for s in crate::agent::runtime_clean(&client, uids, Duration::ZERO).await {
+            let _ = client.stop_pod_sandbox(&s).await;
+            let _ = client.remove_pod_sandbox(&s).await;
+        }
+        if let Some(p) = self.proxy {
+            p.stop().await;
+        }
+    }
 }
 
 /// The pod `name` in a `/pods` list.
@@ -167,12 +211,11 @@ async fn cri_sums(kubelet: &StockKubelet) -> std::collections::BTreeMap<String, 
 }
 
 async fn measure(
-    kubelet: &StockKubelet,
+    running: &mut Running,
     series: &mut AgentSeries,
     rep: usize,
     n: usize,
     window: Duration,
-    written: &mut Vec<String>,
     uids: &mut Vec<String>,
 ) -> Result<String> {
     // Starts, one pod at a time.
@@ -180,14 +223,10 @@ async fn measure(
     let mut starts = StartSamples::default();
     for i in 0..n {
         let name = pod_name(rep, i);
-        let file = format!("{name}.yaml");
-        let before = cri_sums(kubelet).await;
+        let before = cri_sums(&running.kubelet).await;
         let at = monotonic_ns();
-        kubelet.write(
-            &file,
-            &evpleg_tests::e2e::manifest(&name, "Never", "sleep 1000000", ""),
-        );
-        written.push(file);
+        running.write_pod(&name);
+        let kubelet = &running.kubelet;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let id = loop {
             let list = kubelet.pods().await.unwrap_or_default();
@@ -214,12 +253,13 @@ async fn measure(
             }
             tokio::time::sleep(POLL).await;
         };
-        let running = monotonic_ns();
+        let shown = monotonic_ns();
         let after = cri_sums(kubelet).await;
-        let ms = running.saturating_sub(at) as f64 / 1e6;
+        let ms = shown.saturating_sub(at) as f64 / 1e6;
         starts.push(ms, cri_delta(&before, &after));
         ids.push(id);
     }
+    let kubelet = &running.kubelet;
     let mut pids = Vec::new();
     for id in &ids {
         let pid = evpleg_tests::e2e::find_container_pid(id)

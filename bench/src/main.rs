@@ -14,6 +14,7 @@ mod floor;
 mod idle;
 mod kubelet;
 mod memory;
+mod node_idle;
 mod operator;
 mod plots;
 mod relist_cost;
@@ -51,8 +52,8 @@ struct Cli {
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
-    /// Only these parts (death, agent, scale, churn, idle, tax, runtime-load,
-    /// relist-cost, memory); all by default. For checking a change quickly; the report then
+    /// Only these parts (death, agent, scale, churn, idle, node-idle, tax,
+    /// runtime-load, relist-cost, memory); all by default. For checking a change quickly; the report then
     /// lacks the others.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -178,6 +179,7 @@ fn main() -> Result<()> {
         warm_up: true,
         latency: Vec::new(),
         idle: Vec::new(),
+        node_idle: Vec::new(),
         starts: Vec::new(),
         scale: None,
         operator: Default::default(),
@@ -275,6 +277,37 @@ fn main() -> Result<()> {
     }
     if wanted("idle") {
         idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
+    }
+    let node_idle_modes: Vec<agent::AgentMode> = node_idle::MODES
+        .into_iter()
+        .filter(|m| agent_modes.contains(m))
+        .collect();
+    if wanted("node-idle") && !node_idle_modes.is_empty() {
+        let plan = if cli.quick {
+            node_idle::Plan {
+                counts: vec![4],
+                settle: Duration::from_secs(2),
+                windows: 2,
+                each: Duration::from_secs(2),
+            }
+        } else {
+            node_idle::Plan {
+                counts: vec![10, 50, 100],
+                settle: Duration::from_secs(10),
+                windows: 3,
+                each: Duration::from_secs(10),
+            }
+        };
+        let (rows, failures) = rt.block_on(node_idle::run(&containerd, &node_idle_modes, &plan));
+        results.node_idle = rows;
+        results.notes.push(format!(
+            "{} Settling {:.0} s, then {} windows of {:.0} s at each count.",
+            node_idle::NOTE,
+            plan.settle.as_secs_f64(),
+            plan.windows,
+            plan.each.as_secs_f64()
+        ));
+        results.notes.extend(failures);
     }
     operator_parts(&rt, &containerd, &client, cli.quick, &wanted, &mut results)?;
     drop(client);

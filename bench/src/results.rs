@@ -105,6 +105,10 @@ pub struct Results {
     pub warm_up: bool,
     pub latency: Vec<Latency>,
     pub idle: Vec<Idle>,
+    /// The whole node agent (evpleg's or the stock kubelet) idle by pod
+    /// count (absent from results written before it).
+    #[serde(default)]
+    pub node_idle: Vec<crate::node_idle::NodeIdle>,
     /// Start latency of static pods through the full agent.
     #[serde(default)]
     pub starts: Vec<Start>,

@@ -212,6 +212,11 @@ impl E2e {
         // The harness's containerd, unless the caller names another endpoint.
         let own_endpoint =
             (!extra.contains(&"--cri-endpoint")).then_some(["--cri-endpoint", endpoint.as_str()]);
+        // A deleted pod's containers and sandbox stay until the container
+        // GC (every minute by default, as the kubelet's): every second here,
+        // so that a test sees them go, unless the caller sets the period.
+        let gc_period =
+            (!extra.contains(&"--container-gc-period")).then_some(["--container-gc-period", "1s"]);
         let base = [
             "evpleg",
             "--manifest-dir",
@@ -243,6 +248,7 @@ impl E2e {
         let mut flags: Vec<String> = base
             .iter()
             .chain(own_endpoint.iter().flatten())
+            .chain(gc_period.iter().flatten())
             .chain(extra)
             .map(|s| s.to_string())
             .collect();

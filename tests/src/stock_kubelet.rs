@@ -418,6 +418,12 @@ impl StockKubelet {
         }
     }
 
+    /// The kubelet's process id while it runs (`unshare` and `sh` exec into
+    /// it, so the child's pid is the kubelet's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the kubelet: SIGTERM, then SIGKILL after 10 s.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {

@@ -95,6 +95,10 @@ impl Node {
             "200ms",
             "--crashloop-backoff-max",
             "1s",
+            // A removed pod's containers and sandbox go at the container
+            // GC's next period (a minute by default, as the kubelet's).
+            "--container-gc-period",
+            "1s",
         ]
         .map(String::from)
         .into();

@@ -12,7 +12,7 @@ use evpleg_core::ids::PodUid;
 use evpleg_kubelet::pod_workers::WorkerState;
 use evpleg_kubelet::source::annotations;
 use evpleg_tests::control_plane::AuditRecord;
-use evpleg_tests::e2e::{E2e, NODE, api_pod, manifest};
+use evpleg_tests::e2e::{DEADLINE, E2e, NODE, api_pod, manifest};
 use evpleg_tests::privileged;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -447,15 +447,28 @@ async fn a_static_pod_restored_with_the_same_uid_runs_again() {
     assert_eq!(sandbox1.len(), 1);
     e.remove("back.yaml");
     e.wait_gone("back").await;
-    assert!(
-        e.sandboxes(&pod_uid).await.is_empty(),
-        "stopped and removed"
-    );
+    // Stopped, then removed by the container GC (every second here).
+    let deadline = Instant::now() + DEADLINE;
+    while !e.sandboxes(&pod_uid).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox not collected within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let restored = Instant::now();
     e.write("back.yaml", &yaml);
+    // Running again in a new container (its first status may show the
+    // pod Running with the first container exited, as the kubelet's
+    // getPhase does for restartPolicy Always while its cache still holds
+    // what the runtime had).
+    let first_container = first["status"]["containerStatuses"][0]["containerID"].clone();
+    assert!(first_container.is_string(), "{first:#}");
     let second = e
-        .wait_for("back", "Running again", |p| {
+        .wait_for("back", "Running again in a new container", |p| {
             p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+                && p["status"]["containerStatuses"][0]["containerID"] != first_container
         })
         .await;
     eprintln!(
@@ -546,7 +559,16 @@ async fn a_static_pod_restored_while_terminating_runs_again_once_terminated() {
         })
         .await;
     assert_eq!(second["metadata"]["uid"], pod_uid);
-    let sandbox2 = e.sandboxes(&pod_uid).await;
+    // One sandbox ready, a new one; the first stays stopped, holding the
+    // first container (its last dead instance, which the container GC keeps
+    // as the kubelet's does).
+    let ready = evpleg_cri_api::v1::PodSandboxState::SandboxReady as i32;
+    let sandbox2: Vec<_> = e
+        .sandboxes(&pod_uid)
+        .await
+        .into_iter()
+        .filter(|s| s.state == ready)
+        .collect();
     assert_eq!(sandbox2.len(), 1, "{sandbox2:?}");
     assert_ne!(sandbox2[0].id, sandbox1[0].id, "a new sandbox");
     assert_eq!(e.run_pod_sandbox_calls(&pod_uid), 2);

@@ -374,6 +374,83 @@ async fn dead_containers_beyond_one_per_container_are_collected() {
     e.finish().await;
 }
 
+/// A deleted pod's content waits for the container GC, as under the
+/// kubelet (`SyncTerminatedPod` leaves it "to be reclaimed in the
+/// background"): once its worker has finished, its exited container, exit
+/// code included, and its stopped sandbox are still in the runtime; the
+/// collector's next period removes both. (Termination removed the sandbox,
+/// and the exit code with it, until the fidelity corpus showed the
+/// difference.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_s_content_waits_for_the_container_gc() {
+    if !evpleg_tests::privileged("a_deleted_pod_s_content_waits_for_the_container_gc") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut e = E2e::start_with("gcdel", false, &["--container-gc-period", "1h"]).await;
+    e.write(
+        "deleted.yaml",
+        &manifest(
+            "deleted",
+            "Always",
+            "trap 'exit 7' TERM; while true; do sleep 0.1; done",
+            "",
+        ),
+    );
+    let pod = e
+        .wait_for("deleted", "running", |p| {
+            !container(p, "app")["state"]["running"].is_null()
+        })
+        .await;
+    let uid = uid_of(&pod);
+    e.remove("deleted.yaml");
+    e.wait_gone("deleted").await;
+    let pod_uid = evpleg_core::ids::PodUid::parse(&uid).expect("uid");
+    e.wait_until("the deleted pod's worker is done", || {
+        e.agent()
+            .worker_state(&pod_uid)
+            .is_none_or(|s| s == evpleg_kubelet::pod_workers::WorkerState::Done)
+    })
+    .await;
+    let left = runtime_containers(&e, &uid, "app").await;
+    assert_eq!(left.len(), 1, "its container stays: {left:?}");
+    assert_eq!(left[0].2, v1::ContainerState::ContainerExited as i32);
+    let status = e
+        .cri()
+        .client()
+        .await
+        .container_status(&left[0].0, false)
+        .await
+        .expect("ContainerStatus")
+        .status
+        .expect("a status");
+    assert_eq!(status.exit_code, 7, "its exit code stays: {status:?}");
+    let sandboxes = e.sandboxes(&uid).await;
+    assert_eq!(sandboxes.len(), 1, "its sandbox stays: {sandboxes:?}");
+    assert_eq!(
+        sandboxes[0].state,
+        v1::PodSandboxState::SandboxNotready as i32
+    );
+    // An agent whose collector runs every 300 ms removes both.
+    e.stop_agent().await;
+    e.args.container_gc_period = std::time::Duration::from_millis(300);
+    e.start_agent().await;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let containers = runtime_containers(&e, &uid, "app").await;
+        let sandboxes = sandbox_ids(&e, &uid).await;
+        if containers.is_empty() && sandboxes.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not collected within {DEADLINE:?}: {containers:?} {sandboxes:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    e.finish().await;
+}
+
 /// Finished static pods are not run again after agent restarts: `restartPolicy:
 /// Never` pods that exited 42, 0 and 5 keep their dead containers (they ran
 /// again after each restart when termination removed them), their phases stay

@@ -305,6 +305,8 @@ impl Agent {
             max_per_pod_container: args.maximum_dead_containers_per_container,
             max_containers: args.maximum_dead_containers,
         };
+        // The collector asks the sync loop which pods' content may go.
+        let (gc_pods, gc_queries) = gc::content_channel();
         tasks.push(health.spawn(
             "container gc",
             shutdown.clone(),
@@ -313,6 +315,7 @@ impl Agent {
                 gc_policy,
                 args.pod_log_dir.clone(),
                 args.container_gc_period,
+                gc_pods,
                 shutdown.clone(),
             ),
         ));
@@ -447,6 +450,7 @@ impl Agent {
             event_latency: pleg.event_latency.clone(),
             prober: Some((prober, probe_changes)),
             events: events.clone(),
+            gc_queries: Some(gc_queries),
         });
         tasks.push(health.spawn(
             "sync loop",

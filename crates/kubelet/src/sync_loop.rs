@@ -8,8 +8,12 @@
 //! ones go to their worker. A PLEG event wakes the pod's worker at once (the
 //! kubelet also waits for the next sync tick for some events; with kernel events
 //! the point is not to wait). Housekeeping, once every source has sent its first
-//! set, stops and removes sandboxes of pods that no longer exist and removes their
-//! empty pod cgroups (cgroupfs and systemd names).
+//! set, stops the sandboxes of pods that no longer exist (the kubelet's killing
+//! of orphaned runtime pods in `HandlePodCleanups`) and removes their empty pod
+//! cgroups (cgroupfs and systemd names); their sandboxes and dead containers
+//! are the container GC's to remove ([`crate::kuberuntime::gc`]), which asks
+//! this loop which pods' content may go (the kubelet's
+//! `ShouldPodContentBeRemoved`).
 //!
 //! Admission counts the pods the sources still have and whose workers have
 //! not finished (the kubelet's `filterOutInactivePods` over its pod manager):
@@ -82,6 +86,8 @@ pub struct SyncLoopParts<S> {
     )>,
     /// Pod events: the kernel PLEG's container deaths are recorded here.
     pub events: Recorder,
+    /// The container GC's questions: which pods' content may go.
+    pub gc_queries: Option<mpsc::Receiver<crate::kuberuntime::gc::ContentRequest>>,
 }
 
 /// The sync loop and what it drives.
@@ -100,6 +106,7 @@ pub struct SyncLoop<S> {
     prober: Option<Arc<crate::prober::ProberManager>>,
     probe_results: Option<mpsc::UnboundedReceiver<PodUid>>,
     events: Recorder,
+    gc_queries: Option<mpsc::Receiver<crate::kuberuntime::gc::ContentRequest>>,
     pods: HashMap<PodUid, Arc<Pod>>,
     rejected: HashMap<PodUid, Arc<Pod>>,
     /// Re-added while their worker was terminating: started again once it ends.
@@ -145,6 +152,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             event_latency,
             prober,
             events,
+            gc_queries,
         } = parts;
         let (prober, probe_results) = prober.unzip();
         Self {
@@ -162,6 +170,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             prober,
             probe_results,
             events,
+            gc_queries,
             pods: HashMap::new(),
             rejected: HashMap::new(),
             restart_requested: HashSet::new(),
@@ -320,7 +329,10 @@ impl<S: PodSyncer> SyncLoop<S> {
             info!(pod = %uid, name = ?pod.metadata.name, "pod added again after it terminated: starting it again");
             self.workers.forget_finished(&uid);
             self.status.reset(&uid);
-            self.cache.delete(&uid);
+            // Its cache entry stays: the runtime still has its stopped
+            // sandboxes and dead containers until the container GC, and the
+            // new worker acts on that view (a new sandbox's attempt follows
+            // theirs, as the kubelet's, whose cache keeps them too).
             fate = on_add(&pod, None, false);
         }
         match fate {
@@ -510,38 +522,68 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     /// Forgets a pod that left its source and terminated: its status (once the
-    /// last one is out) and its pod status cache entry.
+    /// last one is out). Its pod status cache entry goes with housekeeping
+    /// once the runtime lists nothing of it.
     fn forget(&mut self, uid: &PodUid) {
         self.status.remove(uid);
-        self.cache.delete(uid);
     }
 
-    /// Forgets the cache entries of unknown pods, stops and removes their
-    /// sandboxes, and removes their empty pod cgroups and their directories.
+    /// Whether pod `uid` is known: its source has it or its worker still
+    /// works (a worker that finished, Done, for a pod its source removed
+    /// keeps nothing alive: it never syncs again).
+    fn known(&self, uid: &PodUid) -> bool {
+        self.pods.contains_key(uid)
+            || self
+                .workers
+                .state(uid)
+                .is_some_and(|s| s != WorkerState::Done)
+    }
+
+    /// The kubelet's `ShouldPodContentBeRemoved` for a pod that is not
+    /// evicted: once every source has sent its pods, a pod no source has and
+    /// whose worker has finished (the kubelet's deleted and terminated pod,
+    /// or one its workers never knew).
+    fn content_removable(&self, uid: &PodUid) -> bool {
+        self.seen.seen_all(&self.sources) && !self.known(uid)
+    }
+
+    /// Answers the container GC: those of the UIDs asked about whose
+    /// content may go.
+    fn answer_gc(&self, request: crate::kuberuntime::gc::ContentRequest) {
+        let removable = request
+            .uids
+            .into_iter()
+            .filter(|u| PodUid::parse(u).is_some_and(|uid| self.content_removable(&uid)))
+            .collect();
+        let _ = request.reply.send(removable);
+    }
+
+    /// Forgets the cache entries of unknown pods, stops their sandboxes
+    /// (the container GC removes them), and removes their empty pod cgroups
+    /// and their directories.
     async fn housekeeping(&mut self) {
         if !self.seen.seen_all(&self.sources) {
             return;
         }
         self.delete_orphaned_mirrors();
-        // A pod is known while its source has it or its worker still works; a
-        // worker that finished (Done) for a pod its source removed keeps
-        // nothing alive (it never syncs again).
-        let known = |uid: &PodUid| {
-            self.pods.contains_key(uid)
-                || self
-                    .workers
-                    .state(uid)
-                    .is_some_and(|s| s != WorkerState::Done)
-        };
-        // A pod relist that was under way when a pod was forgotten writes its
-        // (empty) status again: entries of unknown pods go here (the kubelet's
-        // relist deletes the entry of a pod the runtime no longer lists).
+        let known = |uid: &PodUid| self.known(uid);
+        // The entries of unknown pods the runtime lists nothing of (a relist
+        // wrote them empty) go here, as the kubelet's relist deletes the
+        // entry of a pod the runtime no longer lists; while their stopped
+        // sandboxes and dead containers wait for the container GC they stay,
+        // so that the cache holds what the runtime has.
         for uid in self.cache.uids() {
-            if !known(&uid) {
+            if !known(&uid)
+                && self.cache.get(&uid).is_none_or(|e| {
+                    e.error.is_none()
+                        && e.status.sandboxes.is_empty()
+                        && e.status.containers.is_empty()
+                })
+            {
                 self.cache.delete(&uid);
             }
         }
-        // Pods whose sandbox could not be removed keep their directory.
+        // Pods whose sandbox could not be stopped keep their directory.
         let mut busy = HashSet::new();
         let mut listed = true;
         match self.cri.list_pod_sandboxes(None).await {
@@ -551,19 +593,12 @@ impl<S: PodSyncer> SyncLoop<S> {
                     else {
                         continue;
                     };
-                    if known(&uid) {
+                    if known(&uid) || s.state != v1::PodSandboxState::SandboxReady as i32 {
                         continue;
                     }
-                    info!(pod = %uid, sandbox = %s.id, "housekeeping: removing the sandbox of a pod that no longer exists");
-                    if s.state == v1::PodSandboxState::SandboxReady as i32
-                        && let Err(e) = self.cri.stop_pod_sandbox(&s.id).await
-                    {
+                    info!(pod = %uid, sandbox = %s.id, "housekeeping: stopping the sandbox of a pod that no longer exists");
+                    if let Err(e) = self.cri.stop_pod_sandbox(&s.id).await {
                         warn!(sandbox = %s.id, error = %e, "housekeeping: stop failed");
-                        busy.insert(uid);
-                        continue;
-                    }
-                    if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
-                        warn!(sandbox = %s.id, error = %e, "housekeeping: remove failed");
                         busy.insert(uid);
                     }
                 }
@@ -603,9 +638,16 @@ impl<S: PodSyncer> SyncLoop<S> {
         );
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probes = self.probe_results.take();
+        let mut gc_queries = self.gc_queries.take();
         loop {
             let probe = async {
                 match probes.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let gc_query = async {
+                match gc_queries.as_mut() {
                     Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 }
@@ -621,6 +663,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 }
                 Some(ev) = pleg.recv() => self.handle_pleg(ev),
                 Some(uid) = done.recv() => self.finished(uid),
+                Some(request) = gc_query => self.answer_gc(request),
                 _ = housekeeping.tick() => {
                     // Updates already forwarded are handled first, so that a
                     // pod its source has is never taken for an orphan.

@@ -69,18 +69,6 @@ const fn bug(
     }
 }
 
-/// A deleted static pod's exit code, which the harness can miss on
-/// evpleg's side (an open bug, in some runs).
-const fn removal_race(case: &'static str, field: &'static str) -> Known {
-    bug(
-        case,
-        field,
-        "keeps a deleted static pod's exited containers until its container GC (about a minute), so their exit codes stay in the runtime",
-        "removes the deleted pod's sandbox, and with it its containers, about 0.3 s after their death: the harness, polling containerd on a loaded machine, can miss the exited state (outcome timeout, no exit code); seen in prestop-graceful and readiness-delete (2 of 10 quick cases in a full test run), then in grace-kill and prestop-fails (whole-corpus runs): every case that deletes its pod",
-    )
-    .intermittent()
-}
-
 /// A deliberate difference in both modes.
 const fn deliberate(case: &'static str, field: &'static str, why: &'static str) -> Known {
     Known {
@@ -111,11 +99,6 @@ impl Known {
 /// difference, found by this harness (docs/fidelity.md lists each with both
 /// values).
 pub const KNOWN: &[Known] = &[
-    removal_race("*", "*: exit code at removal"),
-    removal_race("grace-kill", "outcome"),
-    removal_race("prestop-*", "outcome"),
-    removal_race("readiness-delete", "outcome"),
-    removal_race("delete-mid-init", "outcome"),
     bug(
         "*",
         "phases",

@@ -2,28 +2,35 @@
 //! (`kuberuntime_gc.go`), run every `--container-gc-period` (the kubelet's 1 min).
 //!
 //! * Dead containers (not running, created more than `--minimum-container-ttl-duration`
-//!   ago) are grouped by pod and container name; each group keeps its newest
+//!   ago) are grouped by pod and container name. A pod whose content may go
+//!   (the kubelet's `ShouldPodContentBeRemoved`: no source has it and its
+//!   worker has finished, once every source has sent its pods) loses them
+//!   all; every other group keeps its newest
 //!   `--maximum-dead-containers-per-container` (1), so the last termination of
 //!   every container stays for its status and restart count; then, when
 //!   `--maximum-dead-containers` is not negative, the node keeps at most that
 //!   many, oldest first out (each group keeping one while it can).
 //! * A pod's sandboxes that are not ready and hold no container are removed,
-//!   but for the newest of the pod.
+//!   but for the newest of a pod whose content stays.
 //! * A removed container's log file goes with it, when the path the runtime
 //!   reports is under `--pod-log-dir` (without `..`): a runtime's answer is
 //!   never a licence to remove a host file elsewhere.
 //!
-//! Differences: the kubelet's GC also removes everything of pods that were
-//! deleted; here the sync loop's housekeeping does that (it stops and removes
-//! the sandboxes of pods no source lists, which removes their containers), so
-//! this collector needs no knowledge of which pods exist and never removes a
-//! pod's last dead container or sandbox.
+//! So a deleted pod's exited containers and stopped sandbox stay until the
+//! next collection, as under the kubelet, whose `SyncTerminatedPod` leaves
+//! them "to be reclaimed in the background": their exit codes stay in the
+//! runtime meanwhile. Which pods' content may go is asked of the sync loop
+//! ([`ContentQuery`]), which alone knows the sources' pods and the workers.
+//! Differences: the kubelet also lets an evicted pod's content go while its
+//! API object exists, and removes older dead instances of a container at
+//! each of its deaths (`containerDeletor`); here only the collection does.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use evpleg_core::labels;
@@ -69,13 +76,48 @@ fn remove_oldest(unit: &mut Vec<Dead>, n: usize, out: &mut Vec<String>) {
     out.extend(unit.drain(keep..).map(|d| d.id));
 }
 
-/// Computes a collection from the runtime's lists at `now_ns` (Unix ns).
+/// A question to the sync loop: which of these pod UIDs' content may go.
+#[derive(Debug)]
+pub struct ContentRequest {
+    pub uids: Vec<String>,
+    pub reply: oneshot::Sender<HashSet<String>>,
+}
+
+/// The collector's side of the question ([`content_channel`]).
+#[derive(Clone, Debug)]
+pub struct ContentQuery(mpsc::Sender<ContentRequest>);
+
+/// The two ends: the collector asks on the first, the sync loop answers
+/// what it receives on the second.
+pub fn content_channel() -> (ContentQuery, mpsc::Receiver<ContentRequest>) {
+    let (tx, rx) = mpsc::channel(1);
+    (ContentQuery(tx), rx)
+}
+
+impl ContentQuery {
+    /// Those of `uids` whose content may go; none when the sync loop does
+    /// not answer (it stopped): nothing of a pod goes on a guess.
+    pub async fn removable(&self, uids: Vec<String>) -> HashSet<String> {
+        if uids.is_empty() {
+            return HashSet::new();
+        }
+        let (reply, answer) = oneshot::channel();
+        if self.0.send(ContentRequest { uids, reply }).await.is_err() {
+            return HashSet::new();
+        }
+        answer.await.unwrap_or_default()
+    }
+}
+
+/// Computes a collection from the runtime's lists at `now_ns` (Unix ns);
+/// `removable`: the pod UIDs whose content may go.
 /// Objects without the agent's pod UID label are not the agent's: untouched.
 pub fn plan(
     containers: &[v1::Container],
     sandboxes: &[v1::PodSandbox],
     policy: &GcPolicy,
     now_ns: i64,
+    removable: &HashSet<String>,
 ) -> GcPlan {
     let mut out = GcPlan::default();
     let newest_created = now_ns.saturating_sub(policy.min_age.as_nanos() as i64);
@@ -101,6 +143,13 @@ pub fn plan(
     for unit in units.values_mut() {
         unit.sort_by_key(|d| std::cmp::Reverse(d.created_at));
     }
+    // A pod whose content may go loses every dead container.
+    units.retain(|(pod, _), unit| {
+        if removable.contains(pod) {
+            out.containers.extend(unit.drain(..).map(|d| d.id));
+        }
+        !unit.is_empty()
+    });
     let per_unit = |units: &mut HashMap<_, Vec<Dead>>, keep: usize, out: &mut Vec<String>| {
         for unit in units.values_mut() {
             let n = unit.len().saturating_sub(keep);
@@ -141,9 +190,11 @@ pub fn plan(
             by_pod.entry(pod.as_str()).or_default().push(s);
         }
     }
-    for list in by_pod.values_mut() {
+    for (pod, list) in by_pod.iter_mut() {
         list.sort_by_key(|s| std::cmp::Reverse(s.created_at));
-        for s in list.iter().skip(1) {
+        // The newest stays while the pod's content does.
+        let keep = usize::from(!removable.contains(*pod));
+        for s in list.iter().skip(keep) {
             let active = s.state == v1::PodSandboxState::SandboxReady as i32
                 || holding.contains(s.id.as_str());
             if !active {
@@ -156,9 +207,31 @@ pub fn plan(
     out
 }
 
-/// One collection against the runtime: lists, plans, removes (logs first).
-/// Errors are logged per object; the next period tries again.
-pub async fn collect(cri: &CriClient, policy: &GcPolicy, log_dir: &Path, now_ns: i64) -> GcPlan {
+/// The pods with a dead container or a sandbox that is not ready: those
+/// whose content the collector asks about.
+fn with_dead_content(containers: &[v1::Container], sandboxes: &[v1::PodSandbox]) -> Vec<String> {
+    let dead_containers = containers
+        .iter()
+        .filter(|c| c.state != v1::ContainerState::ContainerRunning as i32)
+        .filter_map(|c| c.labels.get(labels::POD_UID));
+    let dead_sandboxes = sandboxes
+        .iter()
+        .filter(|s| s.state != v1::PodSandboxState::SandboxReady as i32)
+        .filter_map(|s| s.labels.get(labels::POD_UID));
+    let uids: std::collections::BTreeSet<&String> = dead_containers.chain(dead_sandboxes).collect();
+    uids.into_iter().cloned().collect()
+}
+
+/// One collection against the runtime: lists, asks which pods' content may
+/// go, plans, removes (logs first). Errors are logged per object; the next
+/// period tries again.
+pub async fn collect(
+    cri: &CriClient,
+    policy: &GcPolicy,
+    log_dir: &Path,
+    now_ns: i64,
+    pods: &ContentQuery,
+) -> GcPlan {
     let containers = match cri.list_containers(None).await {
         Ok(c) => c,
         Err(e) => {
@@ -173,7 +246,10 @@ pub async fn collect(cri: &CriClient, policy: &GcPolicy, log_dir: &Path, now_ns:
             return GcPlan::default();
         }
     };
-    let plan = plan(&containers, &sandboxes, policy, now_ns);
+    let removable = pods
+        .removable(with_dead_content(&containers, &sandboxes))
+        .await;
+    let plan = plan(&containers, &sandboxes, policy, now_ns, &removable);
     for id in &plan.containers {
         // The kubelet's removeContainerLog: the log file before the container.
         if let Ok(resp) = cri.container_status(id, false).await
@@ -235,6 +311,7 @@ pub async fn run(
     policy: GcPolicy,
     log_dir: PathBuf,
     period: Duration,
+    pods: ContentQuery,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(period);
@@ -247,7 +324,7 @@ pub async fn run(
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as i64);
-                collect(&cri, &policy, &log_dir, now).await;
+                collect(&cri, &policy, &log_dir, now, &pods).await;
             }
         }
     }
@@ -379,7 +456,7 @@ mod tests {
             (policy(0, 5, -1), vec![], vec![]),
         ];
         for (p, want_containers, want_sandboxes) in cases {
-            let got = plan(&containers, &sandboxes, &p, now);
+            let got = plan(&containers, &sandboxes, &p, now, &HashSet::new());
             assert_eq!(
                 (got.containers, got.sandboxes),
                 (
@@ -395,5 +472,69 @@ mod tests {
                 "{p:?}"
             );
         }
+    }
+
+    /// A pod whose content may go (deleted, its worker finished) loses
+    /// every dead container and every sandbox that is not ready, its newest
+    /// included; a running container and a ready sandbox stay, and so does
+    /// every other pod's newest dead instance.
+    #[test]
+    fn a_removable_pod_loses_all_its_dead_content() {
+        let (mut containers, mut sandboxes) = node();
+        containers.push(container("c1", "q", "app", "t1", false, 2));
+        sandboxes.push(sandbox("t2", "q", false, 3));
+        let policy = GcPolicy::default();
+        let now = 100 * S;
+        let kept = plan(&containers, &sandboxes, &policy, now, &HashSet::new());
+        assert_eq!(kept.containers, ["a1", "a2", "b1"]);
+        // t1 holds q's dead c1.
+        assert_eq!(kept.sandboxes, ["s1", "s2"]);
+        let q = HashSet::from(["q".to_owned()]);
+        let gone = plan(&containers, &sandboxes, &policy, now, &q);
+        assert_eq!(gone.containers, ["a1", "a2", "b1", "c1"]);
+        assert_eq!(gone.sandboxes, ["s1", "s2", "t1", "t2"]);
+        let p = HashSet::from(["p".to_owned()]);
+        let gone = plan(&containers, &sandboxes, &policy, now, &p);
+        // a4 runs: it and its ready sandbox s3 stay; q keeps c1 and t1.
+        assert_eq!(gone.containers, ["a1", "a2", "a3", "b1", "b2"]);
+        assert_eq!(gone.sandboxes, ["s1", "s2"]);
+        // Young containers stay even then.
+        let young = GcPolicy {
+            min_age: Duration::from_secs(99),
+            ..policy
+        };
+        let gone = plan(&containers, &sandboxes, &young, now, &q);
+        assert_eq!(gone.containers, Vec::<String>::new());
+        assert_eq!(gone.sandboxes, ["t2"]);
+    }
+
+    #[test]
+    fn the_pods_asked_about_have_dead_content() {
+        let (containers, sandboxes) = node();
+        let mut all = containers;
+        all.push(container("l1", "live", "app", "u1", true, 1));
+        let mut boxes = sandboxes;
+        boxes.push(sandbox("u1", "live", true, 1));
+        assert_eq!(with_dead_content(&all, &boxes), ["p", "q"]);
+    }
+
+    /// No answer (the sync loop stopped): nothing goes.
+    #[tokio::test]
+    async fn an_unanswered_question_removes_nothing() {
+        let (query, rx) = content_channel();
+        drop(rx);
+        assert!(query.removable(vec!["p".into()]).await.is_empty());
+        let (query, mut rx) = content_channel();
+        let answer = tokio::spawn(async move {
+            let req = rx.recv().await.expect("a request");
+            let _ = req
+                .reply
+                .send(req.uids.into_iter().filter(|u| u == "q").collect());
+        });
+        assert_eq!(
+            query.removable(vec!["p".into(), "q".into()]).await,
+            HashSet::from(["q".to_owned()])
+        );
+        answer.await.unwrap();
     }
 }

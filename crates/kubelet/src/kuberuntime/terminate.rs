@@ -2,10 +2,11 @@
 //! (`kubelet.go`) with `killPodWithSyncResult` (`kuberuntime_manager.go`): stop
 //! the containers with the grace period (StopContainer sends SIGTERM, then
 //! SIGKILL), stop the sandbox, publish the final status; once terminated, tear
-//! down the pod's volumes and remove its directory and cgroup, and the sandboxes of a pod that did not finish by its
-//! restart policy (it was removed); a finished pod keeps its dead containers
-//! until it is removed (then housekeeping removes them, as the kubelet's
-//! garbage collection of a deleted pod's content). Every stop gives the
+//! down the pod's volumes and remove its directory and cgroup. Its dead
+//! containers and stopped sandbox stay, as the kubelet's `SyncTerminatedPod`
+//! leaves them "to be reclaimed in the background": the container GC removes
+//! them once the pod is deleted ([`super::gc`]), and until then they tell a
+//! restarted agent how the pod ended. Every stop gives the
 //! container at least the kubelet's minimum grace period of 2 s between SIGTERM
 //! and SIGKILL. Every container is killed at once; sidecars run their preStop
 //! hooks at once too, then are stopped after the app containers, in reverse
@@ -286,10 +287,9 @@ impl KubeRuntime {
         _entry: CacheEntry,
     ) -> Result<(), SyncError> {
         let uid = pod_uid(&pod)?;
-        // A pod that finished by its restart policy keeps its dead containers
-        // and sandbox until it is removed (housekeeping) or collected: they are
-        // what tells a restarted agent that it finished (the kubelet removes a
-        // pod's content only once the pod is deleted).
+        // Whether it finished by its restart policy: then its per-pod memory
+        // (back-offs, reasons) stays with its dead containers; a pod that was
+        // removed or killed forgets it.
         let finished = match CriRuntime::new(self.cri.clone()).pod_status(&uid).await {
             Ok(status) => {
                 let backoff = lock(&self.backoff);
@@ -314,42 +314,23 @@ impl KubeRuntime {
         if let Err(e) = crate::network::hosts::remove_pod_dir(&self.node.root_dir, uid.as_str()) {
             warn!(pod = %uid, error = %e, "removing the pod's directory");
         }
-        if finished {
-            remove_pod_cgroups(
-                &self.node.cgroup_mounts,
-                self.node.cgroup_driver,
-                &pod,
-                &uid,
-            );
-            info!(pod = %uid, "pod finished: its dead containers stay until it is removed");
-            return Ok(());
-        }
-        let sandboxes = self
-            .cri
-            .list_pod_sandboxes(Some(v1::PodSandboxFilter {
-                label_selector: HashMap::from([(labels::POD_UID.to_owned(), uid.to_string())]),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| SyncError(e.to_string()))?;
-        for s in &sandboxes {
-            self.cri
-                .remove_pod_sandbox(&s.id)
-                .await
-                .map_err(|e| SyncError(e.to_string()))?;
-        }
+        // The kubelet's SyncTerminatedPod destroys the pod cgroup too.
         remove_pod_cgroups(
             &self.node.cgroup_mounts,
             self.node.cgroup_driver,
             &pod,
             &uid,
         );
+        if finished {
+            info!(pod = %uid, "pod finished: its dead containers stay until it is removed and collected");
+            return Ok(());
+        }
         lock(&self.backoff).forget(&uid);
         lock(&self.image_backoff).retain(|(p, _)| *p != uid);
         lock(&self.pull_errors).forget(&uid);
         lock(&self.reasons).forget(&uid);
         lock(&self.start_times).remove(&uid);
-        info!(pod = %uid, sandboxes = sandboxes.len(), "pod terminated: sandboxes and cgroup removed");
+        info!(pod = %uid, "pod terminated: its cgroup removed, its dead containers left to the container gc");
         Ok(())
     }
 }
