@@ -45,6 +45,21 @@ fn agent_requests(e: &E2e, name: &str) -> Vec<AuditRecord> {
         .collect()
 }
 
+/// The agent's requests about pod `name`, once the audit log holds its
+/// final delete (or after a bound): the API server writes a request's audit
+/// record as the request completes, so a watcher can see the pod gone a
+/// moment before the record is in the log.
+async fn agent_requests_after_final_delete(e: &E2e, name: &str) -> Vec<AuditRecord> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let requests = agent_requests(e, name);
+        if requests.iter().any(is_final_delete) || Instant::now() > deadline {
+            return requests;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A final delete: grace period 0.
 fn is_final_delete(r: &AuditRecord) -> bool {
     r.verb == "delete"
@@ -164,7 +179,8 @@ async fn an_orphaned_mirror_pod_is_deleted_after_an_agent_restart() {
         "orphaned mirror pod deleted {:?} after the restart",
         restarted.elapsed()
     );
-    let deletes: Vec<AuditRecord> = agent_requests(&e, &gone)
+    let deletes: Vec<AuditRecord> = agent_requests_after_final_delete(&e, &gone)
+        .await
         .into_iter()
         .filter(|r| r.verb == "delete")
         .collect();
@@ -215,7 +231,7 @@ async fn a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped() {
         .await;
     let took = requested.elapsed();
     eprintln!("deleted for good {took:?} after the graceful delete");
-    let requests = agent_requests(&e, "doomed");
+    let requests = agent_requests_after_final_delete(&e, "doomed").await;
     let final_deletes: Vec<usize> = requests
         .iter()
         .enumerate()
@@ -343,7 +359,7 @@ async fn a_pod_held_by_a_finalizer_is_stopped_and_deleted_once_released() {
             "{sandbox:?}"
         );
     }
-    let requests = agent_requests(&e, "held");
+    let requests = agent_requests_after_final_delete(&e, "held").await;
     let deletes: Vec<&AuditRecord> = requests.iter().filter(|r| is_final_delete(r)).collect();
     assert!(
         deletes.first().is_some_and(|d| d.code == 200),
