@@ -229,9 +229,17 @@ impl PodRuntime for CriRuntime {
             uid: Some(pod.clone()),
             ..PodStatus::default()
         };
-        // Newest sandbox first, as the kubelet orders them.
+        // Newest sandbox first, as the kubelet orders them; newest container
+        // first too (its `getPodContainerStatuses`): the order is the
+        // runtime's creation times, not its listing's, which varies.
         let mut sandboxes = sandboxes;
         sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        let mut containers = containers;
+        containers.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
         for s in &sandboxes {
             let Some(id) = ContainerId::parse(&s.id) else {
                 continue;
