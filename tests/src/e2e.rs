@@ -457,6 +457,27 @@ impl E2e {
         self.cri().pod_sandboxes(uid).await
     }
 
+    /// Waits (bounded by `bound`, polling every 50 ms) until the runtime
+    /// holds nothing of pod `uid`, neither sandbox nor container: a deleted
+    /// pod's content goes at the container GC's next period.
+    pub async fn wait_runtime_clean(&self, uid: &str, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let sandboxes = self.sandboxes(uid).await;
+            let containers = self.cri().pod_containers(uid).await;
+            if sandboxes.is_empty() && containers.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {uid}: not collected within {bound:?}: sandboxes {:?}, containers {:?}",
+                sandboxes.iter().map(|s| &s.id).collect::<Vec<_>>(),
+                containers.iter().map(|c| &c.id).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// How many times containerd was asked to run a sandbox for this pod UID
     /// (its log records every `RunPodSandbox`, also of sandboxes removed since).
     pub fn run_pod_sandbox_calls(&self, uid: &str) -> usize {

@@ -464,14 +464,7 @@ async fn a_static_pod_restored_with_the_same_uid_runs_again() {
     e.remove("back.yaml");
     e.wait_gone("back").await;
     // Stopped, then removed by the container GC (every second here).
-    let deadline = Instant::now() + DEADLINE;
-    while !e.sandboxes(&pod_uid).await.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox not collected within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    e.wait_runtime_clean(&pod_uid, DEADLINE).await;
     let restored = Instant::now();
     e.write("back.yaml", &yaml);
     // Running again in a new container (its first status may show the

@@ -435,19 +435,7 @@ async fn a_deleted_pod_s_content_waits_for_the_container_gc() {
     e.stop_agent().await;
     e.args.container_gc_period = std::time::Duration::from_millis(300);
     e.start_agent().await;
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let containers = runtime_containers(&e, &uid, "app").await;
-        let sandboxes = sandbox_ids(&e, &uid).await;
-        if containers.is_empty() && sandboxes.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not collected within {DEADLINE:?}: {containers:?} {sandboxes:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    e.wait_runtime_clean(&uid, DEADLINE).await;
     e.finish().await;
 }
 

@@ -193,18 +193,7 @@ e2e_test!(removing_the_manifest_stops_and_removes_the_pod, also_via_proxy via_pr
         );
         // The sandbox goes from the runtime at the container GC's next
         // period (every second here), and the pod cgroup from the host.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let sandboxes = list_sandboxes(e.cri()).await;
-            if !sandboxes.iter().any(|s| s.contains(&uid)) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sandbox of {uid} left after 10 s: {sandboxes:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        e.wait_runtime_clean(&uid, Duration::from_secs(10)).await;
         let cgroup =
             Path::new("/sys/fs/cgroup/unified/kubepods/besteffort").join(format!("pod{uid}"));
         let cgroup2 = Path::new("/sys/fs/cgroup/kubepods/besteffort").join(format!("pod{uid}"));
