@@ -7,7 +7,9 @@
 //!   worker has finished, once every source has sent its pods) loses them
 //!   all; every other group keeps its newest
 //!   `--maximum-dead-containers-per-container` (1), so the last termination of
-//!   every container stays for its status and restart count; then, when
+//!   every container stays for its status and restart count (a newest
+//!   instance created and not yet started does not count: it is about to
+//!   run, and the termination before it stays); then, when
 //!   `--maximum-dead-containers` is not negative, the node keeps at most that
 //!   many, oldest first out (each group keeping one while it can).
 //! * A pod's sandboxes that are not ready and hold no container are removed,
@@ -24,6 +26,11 @@
 //! Differences: the kubelet also lets an evicted pod's content go while its
 //! API object exists, and removes older dead instances of a container at
 //! each of its deaths (`containerDeletor`); here only the collection does.
+//! The kubelet's `evictableContainers` counts a container created and not
+//! yet started as the dead instance to keep, so a collection between a
+//! restart's CreateContainer and StartContainer removes the termination the
+//! status's `lastState` is read from; here that new container does not
+//! count.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
@@ -68,6 +75,8 @@ pub struct GcPlan {
 struct Dead {
     id: String,
     created_at: i64,
+    /// Created and never started.
+    created_only: bool,
 }
 
 /// Removes the oldest `n` of `unit` (sorted newest first) into `out`.
@@ -138,15 +147,21 @@ pub fn plan(
         units.entry((pod.clone(), name)).or_default().push(Dead {
             id: c.id.clone(),
             created_at: c.created_at,
+            created_only: c.state == v1::ContainerState::ContainerCreated as i32,
         });
     }
     for unit in units.values_mut() {
         unit.sort_by_key(|d| std::cmp::Reverse(d.created_at));
     }
-    // A pod whose content may go loses every dead container.
+    // A pod whose content may go loses every dead container. Another's
+    // newest instance, when it was created and not yet started, is the next
+    // one about to run, not a dead one: it stays and does not count, so that
+    // the last termination it follows stays too.
     units.retain(|(pod, _), unit| {
         if removable.contains(pod) {
             out.containers.extend(unit.drain(..).map(|d| d.id));
+        } else if unit.first().is_some_and(|d| d.created_only) {
+            unit.remove(0);
         }
         !unit.is_empty()
     });
@@ -506,6 +521,31 @@ mod tests {
         let gone = plan(&containers, &sandboxes, &young, now, &q);
         assert_eq!(gone.containers, Vec::<String>::new());
         assert_eq!(gone.sandboxes, ["t2"]);
+    }
+
+    /// A collection between a restart's CreateContainer and StartContainer:
+    /// the new instance, created and not started, does not take the place
+    /// of the last termination (lastState is read from it). An older
+    /// instance created and never started (a failed start) is dead.
+    #[test]
+    fn a_container_about_to_start_does_not_replace_the_last_termination() {
+        let created = |id, created_s| v1::Container {
+            state: v1::ContainerState::ContainerCreated as i32,
+            ..container(id, "r", "app", "w1", false, created_s)
+        };
+        let containers = vec![
+            container("r1", "r", "app", "w1", false, 10),
+            created("r2", 20),
+            container("r3", "r", "app", "w1", false, 30),
+            created("r4", 40),
+        ];
+        let sandboxes = vec![sandbox("w1", "r", true, 5)];
+        let policy = GcPolicy::default();
+        let got = plan(&containers, &sandboxes, &policy, 100 * S, &HashSet::new());
+        assert_eq!(got.containers, ["r1", "r2"]);
+        let r = HashSet::from(["r".to_owned()]);
+        let got = plan(&containers, &sandboxes, &policy, 100 * S, &r);
+        assert_eq!(got.containers, ["r1", "r2", "r3", "r4"]);
     }
 
     #[test]
