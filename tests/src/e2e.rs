@@ -489,9 +489,21 @@ impl E2e {
             .count()
     }
 
-    /// Waits (polling the store every 20 ms, bounded) until `check` holds.
+    /// Waits (polling the store every 20 ms, bounded by [`DEADLINE`]) until
+    /// `check` holds.
     pub async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + DEADLINE;
+        self.wait_for_within(name, what, DEADLINE, check).await
+    }
+
+    /// [`Self::wait_for`] bounded by `bound`.
+    pub async fn wait_for_within(
+        &self,
+        name: &str,
+        what: &str,
+        bound: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + bound;
         loop {
             if let Some(p) = self.pod(name)
                 && check(&p)
@@ -500,7 +512,7 @@ impl E2e {
             }
             assert!(
                 Instant::now() < deadline,
-                "pod {name}: {what} not seen within {DEADLINE:?}; last: {:#}",
+                "pod {name}: {what} not seen within {bound:?}; last: {:#}",
                 self.pod(name).unwrap_or(Value::Null)
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

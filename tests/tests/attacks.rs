@@ -12,6 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use evpleg_kubelet::pod_workers::retry;
 use evpleg_tests::e2e::*;
 use evpleg_tests::e2e_test;
 use serde_json::{Value, json};
@@ -19,6 +20,12 @@ use serde_json::{Value, json};
 /// Victim containers per pod, and pods: each victim's start is one attempt.
 const VICTIMS: usize = 8;
 const PODS: usize = 4;
+
+/// A victim whose subPath the race broke is refused, and its pod's sync is
+/// retried after the kubelet's error back-off (10 s plus up to 5 s of
+/// jitter): the wait for every victim of a pod is bounded by this many
+/// retries of its pod, not by the usual minute (which held 4).
+const RETRIES: u32 = 10;
 
 async fn exec(e: &E2e, pod: &Value, name: &str, script: &str) -> (i32, String) {
     let id = container(pod, name)["containerID"]
@@ -101,9 +108,12 @@ e2e_test!(a_subpath_swap_race_never_mounts_the_host, |e| Box::pin(
         let mut checked = 0;
         for p in 0..PODS {
             let pod = e
-                .wait_for(&format!("race{p}"), "every victim running", |pod| {
-                    victims.iter().all(|v| running(pod, v))
-                })
+                .wait_for_within(
+                    &format!("race{p}"),
+                    "every victim running",
+                    retry::go_jitter(retry::BACK_OFF_PERIOD, retry::BACK_OFF_JITTER, 1.0) * RETRIES,
+                    |pod| victims.iter().all(|v| running(pod, v)),
+                )
                 .await;
             for v in &victims {
                 let script =
