@@ -445,6 +445,17 @@ pub(crate) fn cri_sums_in(metrics: &str, name: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// The number of CRI calls so far, every operation, from the Prometheus text
+/// `metrics` whose histogram of their durations is `name` (its `_count`s).
+pub(crate) fn cri_calls_in(metrics: &str, name: &str) -> f64 {
+    let prefix = format!("{name}_count{{operation_type=\"");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| rest.split_once("\"} ")?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
 /// (start calls, other calls) between two scrapes, in ms.
 pub(crate) fn cri_delta(
     before: &BTreeMap<String, f64>,
@@ -666,5 +677,23 @@ mod tests {
         assert_eq!((start, other), (250.0, 1500.0));
         let agent = cri_sums_in(text, "evpleg_runtime_operations_duration_seconds");
         assert_eq!(agent, BTreeMap::from([("start_container".to_owned(), 9.0)]));
+    }
+
+    #[test]
+    fn cri_calls_are_counted_over_every_operation() {
+        let text = "# TYPE x histogram\n\
+            kubelet_runtime_operations_duration_seconds_count{operation_type=\"list_podsandbox\"} 12\n\
+            kubelet_runtime_operations_duration_seconds_count{operation_type=\"container_status\"} 30\n\
+            kubelet_runtime_operations_duration_seconds_sum{operation_type=\"container_status\"} 0.5\n\
+            evpleg_runtime_operations_duration_seconds_count{operation_type=\"list_containers\"} 7\n";
+        assert_eq!(
+            cri_calls_in(text, "kubelet_runtime_operations_duration_seconds"),
+            42.0
+        );
+        assert_eq!(
+            cri_calls_in(text, "evpleg_runtime_operations_duration_seconds"),
+            7.0
+        );
+        assert_eq!(cri_calls_in("", "evpleg_runtime_operations_duration_seconds"), 0.0);
     }
 }

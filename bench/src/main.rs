@@ -69,6 +69,13 @@ struct Cli {
     /// `--quick`). For checking a change quickly.
     #[arg(long, value_delimiter = ',')]
     scale_counts: Vec<usize>,
+    /// The node-idle part's pod counts (default 10,50,100; 4 with `--quick`).
+    #[arg(long, value_delimiter = ',')]
+    node_idle_counts: Vec<usize>,
+    /// The node-idle part's settling time in seconds once a count's pods run,
+    /// before its windows (default 10; 2 with `--quick`).
+    #[arg(long)]
+    node_idle_settle: Option<u64>,
 }
 
 /// The PLEG modes compared in-process: evpleg's kernel PLEG, the kubelet's two
@@ -283,7 +290,7 @@ fn main() -> Result<()> {
         .filter(|m| agent_modes.contains(m))
         .collect();
     if wanted("node-idle") && !node_idle_modes.is_empty() {
-        let plan = if cli.quick {
+        let mut plan = if cli.quick {
             node_idle::Plan {
                 counts: vec![4],
                 settle: Duration::from_secs(2),
@@ -294,10 +301,19 @@ fn main() -> Result<()> {
             node_idle::Plan {
                 counts: vec![10, 50, 100],
                 settle: Duration::from_secs(10),
-                windows: 3,
-                each: Duration::from_secs(10),
+                // 30 s: each window holds one of the shims' memory rounds.
+                windows: 2,
+                each: Duration::from_secs(30),
             }
         };
+        if !cli.node_idle_counts.is_empty() {
+            plan.counts.clone_from(&cli.node_idle_counts);
+            plan.counts.sort_unstable();
+            plan.counts.dedup();
+        }
+        if let Some(secs) = cli.node_idle_settle {
+            plan.settle = Duration::from_secs(secs);
+        }
         let (rows, failures) = rt.block_on(node_idle::run(&containerd, &node_idle_modes, &plan));
         results.node_idle = rows;
         results.notes.push(format!(

@@ -166,3 +166,28 @@ async fn a_refused_reopen_renames_the_file_back() {
     assert_eq!(names(t.path()), ["0.log"]);
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "live\n");
 }
+
+#[test]
+fn each_running_container_is_asked_for_its_log_path_once() {
+    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut paths = LogPaths::default();
+    // Round 1: both unknown; a's status fails, b has no log file.
+    let round = ids(&["a", "b"]);
+    assert_eq!(paths.unknown(&round), ["a", "b"]);
+    paths.learn("b", String::new());
+    assert_eq!(paths.get("b"), None);
+    // Round 2: a again (its status failed), b known; c new.
+    let round = ids(&["a", "b", "c"]);
+    assert_eq!(paths.unknown(&round), ["a", "c"]);
+    paths.learn("a", "/var/log/pods/p/a/0.log".into());
+    paths.learn("c", "/var/log/pods/p/c/0.log".into());
+    assert_eq!(paths.get("a"), Some(Path::new("/var/log/pods/p/a/0.log")));
+    // Round 3: nothing to ask; a stopped and is forgotten.
+    let round = ids(&["b", "c"]);
+    assert!(paths.unknown(&round).is_empty());
+    assert_eq!(paths.get("a"), None);
+    // Round 4: a's id running again (a restarted runtime reusing it) is
+    // asked again, not taken from memory.
+    let round = ids(&["a", "c"]);
+    assert_eq!(paths.unknown(&round), ["a"]);
+}
