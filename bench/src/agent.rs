@@ -694,6 +694,9 @@ mod tests {
             cri_calls_in(text, "evpleg_runtime_operations_duration_seconds"),
             7.0
         );
-        assert_eq!(cri_calls_in("", "evpleg_runtime_operations_duration_seconds"), 0.0);
+        assert_eq!(
+            cri_calls_in("", "evpleg_runtime_operations_duration_seconds"),
+            0.0
+        );
     }
 }

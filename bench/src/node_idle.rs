@@ -30,7 +30,6 @@ use serde_json::Value;
 use crate::agent::{AgentMode, app};
 use crate::idle::{cpu_seconds, rss_mib};
 use crate::kubelet::KubeletMode;
-use crate::stats::Spread;
 
 /// The modes measured: the agent's own PLEG and the 1.37 and 1.0 designs it
 /// models, and the stock kubelet's three ways.
@@ -76,7 +75,28 @@ pub struct Plan {
     pub each: Duration,
 }
 
-/// One mode at one pod count: each figure's spread over the windows.
+/// A figure over the windows: its mean, the figure over all the counted
+/// time (the windows are of equal length), and the lowest and highest window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Windows {
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Windows {
+    /// `None` for no window.
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let first = *values.first()?;
+        Some(Self {
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            min: values.iter().copied().fold(first, f64::min),
+            max: values.iter().copied().fold(first, f64::max),
+        })
+    }
+}
+
+/// One mode at one pod count: each figure over the windows.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeIdle {
     pub mode: String,
@@ -84,13 +104,13 @@ pub struct NodeIdle {
     /// Counted seconds (every window).
     pub seconds: f64,
     /// The agent or the kubelet, % of a core.
-    pub agent_cpu_pct: Spread,
+    pub agent_cpu_pct: Windows,
     /// The proxy in front of the runtime, when one runs.
-    pub proxy_cpu_pct: Option<Spread>,
-    pub containerd_cpu_pct: Spread,
-    pub shims_cpu_pct: Spread,
+    pub proxy_cpu_pct: Option<Windows>,
+    pub containerd_cpu_pct: Windows,
+    pub shims_cpu_pct: Windows,
     /// The agent's (the benchmark process's) or the kubelet's resident memory.
-    pub agent_rss_mib: Spread,
+    pub agent_rss_mib: Windows,
     /// The agent's or the kubelet's CRI calls a second over the windows (its
     /// `runtime_operations_duration_seconds` counts, scraped before the first
     /// window and after the last); `None` in results from before it was kept.
@@ -99,17 +119,17 @@ pub struct NodeIdle {
 }
 
 impl NodeIdle {
-    /// Agent (or kubelet), proxy and containerd: the sum of the medians,
+    /// Agent (or kubelet), proxy and containerd: the sum of the means,
     /// what the node agent costs with the runtime daemon it drives.
     pub fn agent_and_daemon_cpu_pct(&self) -> f64 {
-        self.agent_cpu_pct.median
-            + self.proxy_cpu_pct.as_ref().map_or(0.0, |p| p.median)
-            + self.containerd_cpu_pct.median
+        self.agent_cpu_pct.mean
+            + self.proxy_cpu_pct.as_ref().map_or(0.0, |p| p.mean)
+            + self.containerd_cpu_pct.mean
     }
 
-    /// Every process counted, the shims too: the sum of the medians.
+    /// Every process counted, the shims too: the sum of the means.
     pub fn total_cpu_pct(&self) -> f64 {
-        self.agent_and_daemon_cpu_pct() + self.shims_cpu_pct.median
+        self.agent_and_daemon_cpu_pct() + self.shims_cpu_pct.mean
     }
 }
 
@@ -245,7 +265,7 @@ async fn grow_and_measure(
             .zip(node.cri_calls().await)
             .map(|(before, after)| (after - before) / counted);
         let spread = |f: fn(&Window) -> f64| {
-            Spread::of(&windows.iter().map(f).collect::<Vec<_>>()).context("no window")
+            Windows::of(&windows.iter().map(f).collect::<Vec<_>>()).context("no window")
         };
         let row = NodeIdle {
             mode: mode.name().into(),
@@ -260,12 +280,12 @@ async fn grow_and_measure(
         };
         crate::progress(&format!(
             "  agent {:.3} %, proxy {:.3} %, containerd {:.3} %, {} shims {:.3} % of a core; RSS {:.1} MiB; {:.1} CRI calls/s",
-            row.agent_cpu_pct.median,
-            row.proxy_cpu_pct.as_ref().map_or(0.0, |p| p.median),
-            row.containerd_cpu_pct.median,
+            row.agent_cpu_pct.mean,
+            row.proxy_cpu_pct.as_ref().map_or(0.0, |p| p.mean),
+            row.containerd_cpu_pct.mean,
             shims.len(),
-            row.shims_cpu_pct.median,
-            row.agent_rss_mib.median,
+            row.shims_cpu_pct.mean,
+            row.agent_rss_mib.mean,
             row.cri_calls_per_s.unwrap_or(f64::NAN)
         ));
         rows.push(row);
@@ -386,14 +406,14 @@ pub fn render(rows: &[NodeIdle]) -> String {
     let _ = writeln!(out, "## Node idle: the whole node agent by pod count\n");
     let _ = writeln!(
         out,
-        "Medians over the windows (min-max), % of a core; see the note on node idle for the \
+        "Means over the windows, that is over all the counted time (the lowest and highest window), % of a core; see the note on node idle for the \
          method.\n"
     );
     let _ = writeln!(
         out,
         "| mode | pods | seconds | agent or kubelet | proxy | containerd | agent, proxy and containerd | shims | total | agent or kubelet RSS (MiB) | its CRI calls/s |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
-    let f = |s: &Spread| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max);
+    let f = |s: &Windows| format!("{:.3} ({:.3}-{:.3})", s.mean, s.min, s.max);
     for r in rows {
         let _ = writeln!(
             out,
@@ -407,7 +427,7 @@ pub fn render(rows: &[NodeIdle]) -> String {
             r.agent_and_daemon_cpu_pct(),
             f(&r.shims_cpu_pct),
             r.total_cpu_pct(),
-            r.agent_rss_mib.median,
+            r.agent_rss_mib.mean,
             r.cri_calls_per_s
                 .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"))
         );
@@ -420,16 +440,24 @@ pub fn render(rows: &[NodeIdle]) -> String {
 mod tests {
     use super::*;
 
-    fn s(median: f64) -> Spread {
-        Spread {
-            median,
-            min: median / 2.0,
-            max: median * 2.0,
+    fn s(mean: f64) -> Windows {
+        Windows {
+            mean,
+            min: mean / 2.0,
+            max: mean * 2.0,
         }
     }
 
     #[test]
-    fn the_total_sums_the_medians_of_every_process_counted() {
+    fn a_figure_over_the_windows_is_their_mean_not_the_lower_middle() {
+        let w = Windows::of(&[0.63, 0.415]).unwrap();
+        assert!((w.mean - 0.5225).abs() < 1e-12, "{w:?}");
+        assert_eq!((w.min, w.max), (0.415, 0.63));
+        assert_eq!(Windows::of(&[]), None);
+    }
+
+    #[test]
+    fn the_total_sums_the_means_of_every_process_counted() {
         let mut row = NodeIdle {
             mode: "kubelet-1.37-cri-proxy".into(),
             pods: 100,
