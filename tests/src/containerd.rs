@@ -1038,7 +1038,7 @@ fn wait_gone(pid: u32, bound: Duration) {
 }
 
 /// Mount points of every cgroup (v1) and cgroup2 hierarchy.
-fn cgroup_mounts() -> Vec<PathBuf> {
+pub(crate) fn cgroup_mounts() -> Vec<PathBuf> {
     let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
@@ -1059,7 +1059,7 @@ fn cgroup_mounts() -> Vec<PathBuf> {
 
 /// Removes the cgroup `rel` and everything below it from every hierarchy,
 /// killing processes still in them first.
-fn remove_cgroup_tree(mounts: &[PathBuf], rel: &str) {
+pub(crate) fn remove_cgroup_tree(mounts: &[PathBuf], rel: &str) {
     for mount in mounts {
         let top = mount.join(rel.trim_start_matches('/'));
         if !top.is_dir() {

@@ -571,25 +571,20 @@ impl Drop for E2e {
 }
 
 /// Removes the pod cgroups (`/kubepods/<qos>/pod<uid>`, every hierarchy) of
-/// these pods, once the runtime has removed their containers (RemovePodSandbox
-/// leaves them), then the QoS levels runc created for them when nothing else
-/// uses them now.
+/// these pods and everything below them (RemovePodSandbox leaves them),
+/// killing what is still in them: after a failed test, the containers of a
+/// shim the runtime's teardown had to kill. Then the QoS levels runc created
+/// for them, when nothing else uses them now.
 pub fn remove_pod_cgroups(uids: &[String]) {
-    let mounts: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-    roots.extend(mounts);
+    let mounts = crate::containerd::cgroup_mounts();
     for uid in uids {
-        for root in &roots {
-            for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
-                let _ = std::fs::remove_dir(root.join(qos).join(format!("pod{uid}")));
-            }
+        for qos in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            crate::containerd::remove_cgroup_tree(&mounts, &format!("{qos}/pod{uid}"));
         }
     }
-    for root in &roots {
+    for mount in &mounts {
         for qos in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
-            let _ = std::fs::remove_dir(root.join(qos));
+            let _ = std::fs::remove_dir(mount.join(qos));
         }
     }
 }
@@ -879,4 +874,52 @@ macro_rules! e2e_test {
             e.finish().await;
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// A failed test's leftover: a process in a container cgroup below its
+    /// pod cgroup. The teardown kills it and removes both cgroups (before, the
+    /// pod cgroup stayed, and the process ran on).
+    #[test]
+    fn a_pod_cgroup_with_a_process_left_in_it_is_emptied_and_removed() {
+        use std::os::unix::process::ExitStatusExt;
+        let test = "a_pod_cgroup_with_a_process_left_in_it_is_emptied_and_removed";
+        if !crate::runtime_available(test) {
+            return;
+        }
+        let v2 = evpleg_pleg::kernel::index::cgroup2_mount()
+            .unwrap()
+            .expect("a cgroup2 hierarchy");
+        let uid = format!("e2e-teardown-{}", std::process::id());
+        let container = v2.join(format!("kubepods/besteffort/pod{uid}/c1"));
+        std::fs::create_dir_all(&container).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        std::fs::write(container.join("cgroup.procs"), child.id().to_string()).unwrap();
+
+        super::remove_pod_cgroups(std::slice::from_ref(&uid));
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the leftover process still runs");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(
+            !container.parent().unwrap().exists(),
+            "the pod cgroup is left"
+        );
+    }
 }
