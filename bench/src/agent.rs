@@ -434,25 +434,26 @@ async fn cri_sums(agent: &Agent) -> BTreeMap<String, f64> {
 /// Prometheus text `metrics` whose histogram of them is `name` (the agent's
 /// `evpleg_...`, the kubelet's `kubelet_runtime_operations_duration_seconds`).
 pub(crate) fn cri_sums_in(metrics: &str, name: &str) -> BTreeMap<String, f64> {
-    let prefix = format!("{name}_sum{{operation_type=\"");
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix.as_str()))
-        .filter_map(|rest| {
-            let (op, value) = rest.split_once("\"} ")?;
-            Some((op.to_owned(), value.trim().parse().ok()?))
-        })
+    by_operation(metrics, &format!("{name}_sum"))
+        .map(|(op, v)| (op.to_owned(), v))
         .collect()
+}
+
+/// The `series{operation_type="<op>"} <value>` lines of `metrics`, as
+/// `(op, value)`.
+fn by_operation<'a>(metrics: &'a str, series: &str) -> impl Iterator<Item = (&'a str, f64)> {
+    let prefix = format!("{series}{{operation_type=\"");
+    metrics.lines().filter_map(move |l| {
+        let (op, value) = l.strip_prefix(prefix.as_str())?.split_once("\"} ")?;
+        Some((op, value.trim().parse().ok()?))
+    })
 }
 
 /// The number of CRI calls so far, every operation, from the Prometheus text
 /// `metrics` whose histogram of their durations is `name` (its `_count`s).
 pub(crate) fn cri_calls_in(metrics: &str, name: &str) -> f64 {
-    let prefix = format!("{name}_count{{operation_type=\"");
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix.as_str()))
-        .filter_map(|rest| rest.split_once("\"} ")?.1.trim().parse::<f64>().ok())
+    by_operation(metrics, &format!("{name}_count"))
+        .map(|(_, v)| v)
         .sum()
 }
 

@@ -264,18 +264,18 @@ async fn grow_and_measure(
         let cri_calls_per_s = calls_before
             .zip(node.cri_calls().await)
             .map(|(before, after)| (after - before) / counted);
-        let spread = |f: fn(&Window) -> f64| {
+        let over = |f: fn(&Window) -> f64| {
             Windows::of(&windows.iter().map(f).collect::<Vec<_>>()).context("no window")
         };
         let row = NodeIdle {
             mode: mode.name().into(),
             pods: n,
             seconds: (plan.each * plan.windows as u32).as_secs_f64(),
-            agent_cpu_pct: spread(|w| w.agent)?,
-            proxy_cpu_pct: proxy.map(|_| spread(|w| w.proxy)).transpose()?,
-            containerd_cpu_pct: spread(|w| w.containerd)?,
-            shims_cpu_pct: spread(|w| w.shims)?,
-            agent_rss_mib: spread(|w| w.rss_mib)?,
+            agent_cpu_pct: over(|w| w.agent)?,
+            proxy_cpu_pct: proxy.map(|_| over(|w| w.proxy)).transpose()?,
+            containerd_cpu_pct: over(|w| w.containerd)?,
+            shims_cpu_pct: over(|w| w.shims)?,
+            agent_rss_mib: over(|w| w.rss_mib)?,
             cri_calls_per_s,
         };
         crate::progress(&format!(

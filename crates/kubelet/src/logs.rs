@@ -27,7 +27,7 @@
 //! `TODO(#59998)`) was at 100 idle pods most of the agent's calls to the
 //! runtime (10 of 13 a second).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -198,7 +198,8 @@ impl LogPaths {
     /// Forgets the containers not in `running` (the round's listing) and
     /// returns those of them whose path is not known yet.
     pub fn unknown<'a>(&mut self, running: &'a [String]) -> Vec<&'a str> {
-        self.0.retain(|id, _| running.contains(id));
+        let live: HashSet<&str> = running.iter().map(String::as_str).collect();
+        self.0.retain(|id, _| live.contains(id.as_str()));
         running
             .iter()
             .filter(|id| !self.0.contains_key(*id))
