@@ -33,6 +33,22 @@ pub enum Layout {
     Docker,
 }
 
+impl Layout {
+    /// The levels above the pod's (or the container's, without a pod level),
+    /// which containers of other pods share.
+    fn shared_parts(self) -> Vec<String> {
+        let parts: &[&str] = match self {
+            Layout::Cgroupfs => &["kubepods", "besteffort"],
+            Layout::Systemd => &["kubepods.slice", "kubepods-besteffort.slice"],
+            Layout::SystemdBurstable => &["kubepods.slice", "kubepods-burstable.slice"],
+            Layout::SystemdGuaranteed => &["kubepods.slice"],
+            Layout::ContainerdNoParent => &["k8s.io"],
+            Layout::Docker => &["docker"],
+        };
+        parts.iter().map(|p| p.to_string()).collect()
+    }
+}
+
 /// Ancestors shared between tests of one process, with how many tests use them;
 /// the last user removes those this process created.
 fn shared() -> &'static Mutex<HashMap<PathBuf, (usize, bool)>> {
@@ -72,8 +88,9 @@ pub struct ContainerCgroup {
     mounts: Vec<PathBuf>,
     /// Directories this cgroup owns (the pod and container levels), per mount.
     owned: Vec<PathBuf>,
-    /// Shared ancestors registered in [`shared`].
-    shared: Vec<PathBuf>,
+    /// Its shared ancestors, held until the pod and container levels are
+    /// removed (a field: dropped after `drop` ran).
+    shared: SharedAncestors,
 }
 
 impl ContainerCgroup {
@@ -94,34 +111,22 @@ impl ContainerCgroup {
     }
 
     fn create(layout: Layout, v1_memory_too: bool, uid: &str, id: &str) -> Self {
-        let (shared_parts, owned_parts): (Vec<String>, Vec<String>) = match layout {
-            Layout::Cgroupfs => (
-                vec!["kubepods".into(), "besteffort".into()],
-                vec![format!("pod{uid}"), id.to_owned()],
-            ),
-            Layout::Systemd => (
-                vec!["kubepods.slice".into(), "kubepods-besteffort.slice".into()],
-                vec![
-                    format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
-                    format!("cri-containerd-{id}.scope"),
-                ],
-            ),
-            Layout::SystemdBurstable => (
-                vec!["kubepods.slice".into(), "kubepods-burstable.slice".into()],
-                vec![
-                    format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
-                    format!("cri-containerd-{id}.scope"),
-                ],
-            ),
-            Layout::SystemdGuaranteed => (
-                vec!["kubepods.slice".into()],
-                vec![
-                    format!("kubepods-pod{}.slice", uid.replace('-', "_")),
-                    format!("cri-containerd-{id}.scope"),
-                ],
-            ),
-            Layout::ContainerdNoParent => (vec!["k8s.io".into()], vec![id.to_owned()]),
-            Layout::Docker => (vec!["docker".into()], vec![id.to_owned()]),
+        let shared_parts = layout.shared_parts();
+        let owned_parts: Vec<String> = match layout {
+            Layout::Cgroupfs => vec![format!("pod{uid}"), id.to_owned()],
+            Layout::Systemd => vec![
+                format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
+                format!("cri-containerd-{id}.scope"),
+            ],
+            Layout::SystemdBurstable => vec![
+                format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+                format!("cri-containerd-{id}.scope"),
+            ],
+            Layout::SystemdGuaranteed => vec![
+                format!("kubepods-pod{}.slice", uid.replace('-', "_")),
+                format!("cri-containerd-{id}.scope"),
+            ],
+            Layout::ContainerdNoParent | Layout::Docker => vec![id.to_owned()],
         };
         let mut mounts = vec![cgroup2()];
         if v1_memory_too && let Some((_, mount)) = v1_memory() {
@@ -133,24 +138,10 @@ impl ContainerCgroup {
             path: format!("/{}/{}", shared_parts.join("/"), owned_parts.join("/")),
             mounts: mounts.clone(),
             owned: Vec::new(),
-            shared: Vec::new(),
+            shared: SharedAncestors(Vec::new()),
         };
         for mount in &mounts {
-            let mut dir = mount.clone();
-            {
-                let mut registry = shared().lock().unwrap_or_else(|e| e.into_inner());
-                for part in &shared_parts {
-                    dir.push(part);
-                    let entry = registry.entry(dir.clone()).or_insert((0, false));
-                    if entry.0 == 0 && !dir.exists() {
-                        fs::create_dir(&dir)
-                            .unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-                        entry.1 = true;
-                    }
-                    entry.0 += 1;
-                    cg.shared.push(dir.clone());
-                }
-            }
+            let mut dir = cg.shared.hold(mount, &shared_parts);
             for part in &owned_parts {
                 dir.push(part);
                 if !dir.exists() {
@@ -312,10 +303,52 @@ impl Drop for ContainerCgroup {
         for dir in owned {
             rmdir_retry(&dir);
         }
+    }
+}
+
+/// Shared ancestors of container cgroups (`/kubepods/besteffort`, ...) held
+/// while this lives: the first holder in the process creates what is missing,
+/// the last removes what this process created.
+#[derive(Debug)]
+pub struct SharedAncestors(Vec<PathBuf>);
+
+impl SharedAncestors {
+    /// `layout`'s shared ancestors in cgroup2. A kernel PLEG under test holds
+    /// the cgroupfs ones from before it starts, as a kubelet makes `/kubepods`
+    /// before any pod: otherwise a test's first cgroup makes the root, which
+    /// reaches the kernel filter only when its mkdir is read, and a process
+    /// run below it at once is (rightly) uncertain. A root made after the
+    /// start is its own test (`containers_below_a_root_made_while_the_reader_lagged_lose_nothing`).
+    pub fn of(layout: Layout) -> Self {
+        let mut held = Self(Vec::new());
+        held.hold(&cgroup2(), &layout.shared_parts());
+        held
+    }
+
+    /// Holds `parts` below `mount`, one below the other; returns the deepest.
+    fn hold(&mut self, mount: &Path, parts: &[String]) -> PathBuf {
         let mut registry = shared().lock().unwrap_or_else(|e| e.into_inner());
-        let mut shared = std::mem::take(&mut self.shared);
-        shared.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-        for dir in shared {
+        let mut dir = mount.to_path_buf();
+        for part in parts {
+            dir.push(part);
+            let entry = registry.entry(dir.clone()).or_insert((0, false));
+            if entry.0 == 0 && !dir.exists() {
+                fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                entry.1 = true;
+            }
+            entry.0 += 1;
+            self.0.push(dir.clone());
+        }
+        dir
+    }
+}
+
+impl Drop for SharedAncestors {
+    fn drop(&mut self) {
+        let mut registry = shared().lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = std::mem::take(&mut self.0);
+        held.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in held {
             if let Some(entry) = registry.get_mut(&dir) {
                 entry.0 -= 1;
                 if entry.0 == 0 {

@@ -6,8 +6,10 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cgroups::{Layout, SharedAncestors};
 use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent, RelistSignal};
 use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::relist_requests::RelistReason;
 use evpleg_pleg::kernel::{KernelPleg, KernelPlegConfig};
 use tokio::sync::mpsc;
 
@@ -23,6 +25,9 @@ pub struct PlegUnderTest {
     pending_events: Vec<PodLifecycleEvent>,
     runtime: tokio::runtime::Runtime,
     gate: Option<Arc<ReaderGate>>,
+    /// The kubelet's cgroupfs root, held from before the PLEG started
+    /// ([`SharedAncestors::of`]).
+    _root: SharedAncestors,
 }
 
 impl Drop for PlegUnderTest {
@@ -55,6 +60,7 @@ impl PlegUnderTest {
         gate: Option<Arc<ReaderGate>>,
         configure: impl FnOnce(&mut KernelPlegConfig),
     ) -> Self {
+        let root = SharedAncestors::of(Layout::Cgroupfs);
         let mut config = KernelPlegConfig::default();
         configure(&mut config);
         let (tx, events) = mpsc::channel(capacity);
@@ -81,6 +87,7 @@ impl PlegUnderTest {
             pending_events: Vec::new(),
             runtime,
             gate: kept_gate,
+            _root: root,
         }
     }
 
@@ -89,8 +96,9 @@ impl PlegUnderTest {
     pub fn event(&mut self, container_id: &str) -> PodLifecycleEvent {
         self.event_within(container_id, EVENT_TIMEOUT).unwrap_or_else(|| {
             panic!(
-                "no event for container {container_id} within {EVENT_TIMEOUT:?}; other events: {:?}",
-                self.pending_events
+                "no event for container {container_id} within {EVENT_TIMEOUT:?}; other events: {:?}; {}",
+                self.pending_events,
+                self.diagnosis()
             )
         })
     }
@@ -127,8 +135,39 @@ impl PlegUnderTest {
     /// The next event of `container_id`, which must be of `kind`.
     pub fn expect(&mut self, container_id: &str, kind: EventKind) -> PodLifecycleEvent {
         let e = self.event(container_id);
-        assert_eq!(e.kind, kind, "unexpected event for {container_id}: {e:?}");
+        assert_eq!(
+            e.kind,
+            kind,
+            "unexpected event for {container_id}: {e:?}; {}",
+            self.diagnosis()
+        );
         e
+    }
+
+    /// The PLEG's counters that say whether records were lost or left
+    /// unattributed, and which relists it asked for: for a failure's message.
+    pub fn diagnosis(&self) -> String {
+        let s = self.pleg.stats();
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let relists: Vec<String> = RelistReason::ALL
+            .iter()
+            .filter(|r| s.relist_requests.get(**r) > 0)
+            .map(|r| format!("{}: {}", r.as_str(), s.relist_requests.get(*r)))
+            .collect();
+        format!(
+            "pleg counters: records {}, kernel dropped {}, kernel missed {}, read errors {}, \
+             unattributed {}, rescans {}, hints {}, demoted {}, discarded {}, relist requests [{}]",
+            n(&s.records),
+            n(&s.kernel_dropped),
+            n(&s.kernel_missed),
+            n(&s.kernel_read_errors),
+            n(&s.unattributed),
+            n(&s.rescans),
+            n(&s.hints),
+            n(&s.demoted),
+            n(&s.discarded),
+            relists.join(", ")
+        )
     }
 
     /// Waits until a relist is requested; returns whether one was within `timeout`.
