@@ -662,6 +662,7 @@ impl<S: PodSyncer> WorkerLoop<S> {
         if let Some(e) = self.cache.newer_than_now(&self.uid, min_ns) {
             return e;
         }
+        let started = tokio::time::Instant::now();
         loop {
             self.relist_now();
             match tokio::time::timeout(
@@ -670,7 +671,11 @@ impl<S: PodSyncer> WorkerLoop<S> {
             )
             .await
             {
-                Ok(e) => return e,
+                Ok(e) => {
+                    debug!(pod = %self.uid, waited_ms = started.elapsed().as_millis() as u64,
+                           "pod status newer than the last sync");
+                    return e;
+                }
                 Err(_) => {
                     warn!(pod = %self.uid, wait_ms = self.config.cache_wait.as_millis() as u64,
                           "no pod status newer than the last sync yet; asking for a pod relist again");

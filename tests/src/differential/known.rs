@@ -110,7 +110,7 @@ pub const KNOWN: &[Known] = &[
         "*",
         "*: states seen",
         "serves each state in turn: `running` for a container that runs 1 s; `terminated` between a crash and CrashLoopBackOff; after the init containers, PodInitializing until the app container runs",
-        "often never serves `running` for a container that runs about 1 s (nor the crash's `terminated` before CrashLoopBackOff) with the whole corpus at once (its workers wait for their pod relists; pods due at once now share one listing). It served ContainerCreating after the init containers too, and a created container's ContainerCreating where the kubelet gives no reason: fixed (`status::generate`, the kubelet's default waiting reasons)",
+        "often never serves `running` for a container that runs about 1 s (nor the crash's `terminated` before CrashLoopBackOff) with the whole corpus at once (its workers wait for their pod relists: pods due at once share one listing and are inspected 8 at a time, which halved the longest wait, but the first relists after the corpus starts still take up to 1 s while containerd makes 48 sandboxes). It served ContainerCreating after the init containers too, and a created container's ContainerCreating where the kubelet gives no reason: fixed (`status::generate`, the kubelet's default waiting reasons)",
     )
     .intermittent(),
     bug(

@@ -23,6 +23,8 @@ struct MemRuntime {
     /// Each listing's scope, in order.
     lists: StdMutex<Vec<Option<PodUid>>>,
     fail_list: StdMutex<bool>,
+    /// Each inspection waits here until this many are under way.
+    rendezvous: StdMutex<Option<Arc<tokio::sync::Barrier>>>,
 }
 
 impl MemRuntime {
@@ -51,6 +53,10 @@ impl PodRuntime for MemRuntime {
 
     async fn pod_status(&self, pod: &PodUid) -> Result<PodStatus, RuntimeError> {
         self.status_calls.fetch_add(1, Ordering::Relaxed);
+        let rendezvous = self.rendezvous.lock().unwrap().clone();
+        if let Some(barrier) = rendezvous {
+            barrier.wait().await;
+        }
         if let Some(clock) = &*self.status_clock.lock().unwrap() {
             clock.advance(1_000_000);
         }
@@ -103,6 +109,52 @@ fn entry(pod: u8, c: u8, state: PlegState) -> RuntimeEntry {
         sandbox: false,
         state,
     }
+}
+
+/// A relist's inspections are under way together (issue #31: one after
+/// another, those of the 42 pods due at once when the whole fidelity corpus
+/// started took 2 s). Each inspection here waits until
+/// [`INSPECTIONS_AT_ONCE`] are under way: a full relist of twice that many
+/// changed pods, then a batch of on-demand pod relists, complete; inspected
+/// one after another, the first would wait for ever.
+#[tokio::test]
+async fn a_relist_inspects_its_pods_together() {
+    let mut f = fixture(100);
+    let n = INSPECTIONS_AT_ONCE as u8;
+    let pods: Vec<u8> = (1..=2 * n).collect();
+    f.runtime.set(
+        pods.iter()
+            .map(|&p| entry(p, p, PlegState::Running))
+            .collect(),
+    );
+    *f.runtime.rendezvous.lock().unwrap() =
+        Some(Arc::new(tokio::sync::Barrier::new(INSPECTIONS_AT_ONCE)));
+    let within = Duration::from_secs(10);
+    tokio::time::timeout(within, f.pleg.relist())
+        .await
+        .expect("a full relist's inspections one after another")
+        .expect("relist");
+    assert_eq!(
+        f.runtime.status_calls.load(Ordering::Relaxed),
+        u64::from(2 * n)
+    );
+    for &p in &pods {
+        assert!(f.cache.get(&uid(p)).is_some(), "pod {p} cached");
+    }
+    f.runtime.set(
+        pods.iter()
+            .map(|&p| entry(p, p, PlegState::Exited))
+            .collect(),
+    );
+    let batch = pods.iter().map(|&p| (uid(p), Inspect::Always)).collect();
+    let results = tokio::time::timeout(within, f.pleg.relist_pods(batch))
+        .await
+        .expect("a batch's inspections one after another");
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    assert_eq!(
+        f.runtime.status_calls.load(Ordering::Relaxed),
+        u64::from(4 * n)
+    );
 }
 
 struct Fixture {
