@@ -1205,11 +1205,11 @@ fn run_guest(
     initramfs: &Path,
     timeout: Duration,
 ) -> Result<GuestRun> {
-    let mut run = boot_guest(root, kernel, image, initramfs, timeout)?;
-    let console = fs::read_to_string(&run.console).unwrap_or_default();
+    let run = boot_guest(root, kernel, image, initramfs, timeout)?;
     if run.results.done.is_some() {
         return Ok(run);
     }
+    let console = fs::read_to_string(&run.console).unwrap_or_default();
     let Some(panic) = panicked_before_init(&console) else {
         return Ok(run);
     };
@@ -1222,7 +1222,6 @@ fn run_guest(
     ));
     let mut again = boot_guest(root, kernel, image, initramfs, timeout)?;
     again.took += run.took;
-    again.boot_panics.append(&mut run.boot_panics);
     again.boot_panics.push((panic, saved));
     Ok(again)
 }
