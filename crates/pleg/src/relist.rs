@@ -595,7 +595,8 @@ impl<R: PodRuntime> RelistPleg<R> {
                 (uid, inspect)
             })
             .collect();
-        let mut inspections = inspect_all(&self.runtime, &self.clock, self.to_inspect(&pods)).await;
+        let wanted = self.to_inspect(pods.iter().map(|(uid, inspect)| (uid, *inspect)));
+        let mut inspections = inspect_all(&self.runtime, &self.clock, wanted).await;
         let mut needs_reinspection = HashSet::new();
         for (uid, inspect) in &pods {
             let inspection = inspections.remove(uid);
@@ -641,7 +642,9 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// time. A failure is written to the cache as the pod's error and the pod is
     /// tried again with back-off (at most [`RETRY_MAX`]).
     pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<(), RuntimeError> {
-        let mut results = self.relist_pods(vec![(uid.clone(), Inspect::Always)]).await;
+        let mut results = self
+            .relist_pods(vec![(uid.clone(), Inspect::Always)], "pod relist")
+            .await;
         results.pop().map_or(Ok(()), |(_, result)| result)
     }
 
@@ -651,9 +654,11 @@ impl<R: PodRuntime> RelistPleg<R> {
     /// (issue #31: with the whole fidelity corpus at once, one listing per pod
     /// queued the workers' relists for seconds). Each pod keeps the listing's
     /// timestamp, taken before it, and its own inspection and its own stamp.
+    /// `what` names the batch in the debug line that times it.
     async fn relist_pods(
         &mut self,
         pods: Vec<(PodUid, Inspect)>,
+        what: &'static str,
     ) -> Vec<(PodUid, Result<(), RuntimeError>)> {
         let timestamp = self.clock.now_ns();
         let listed = match pods.as_slice() {
@@ -681,12 +686,8 @@ impl<R: PodRuntime> RelistPleg<R> {
                 (uid, listed)
             })
             .collect();
-        let wanted: Vec<(PodUid, Inspect)> = listed
-            .iter()
-            .map(|(uid, l)| (uid.clone(), l.inspect))
-            .collect();
-        let mut inspections =
-            inspect_all(&self.runtime, &self.clock, self.to_inspect(&wanted)).await;
+        let wanted = self.to_inspect(listed.iter().map(|(uid, l)| (uid, l.inspect)));
+        let mut inspections = inspect_all(&self.runtime, &self.clock, wanted).await;
         for (uid, l) in listed {
             let inspection = inspections.remove(&uid);
             let result = self.finish_listed(&uid, l, timestamp, inspection).await;
@@ -694,13 +695,18 @@ impl<R: PodRuntime> RelistPleg<R> {
         }
         self.records
             .retain(|_, r| r.old.is_some() || r.current.is_some());
+        debug!(
+            pods = results.len(),
+            took_ms = self.clock.now_ns().saturating_sub(timestamp) / 1_000_000,
+            "{what}"
+        );
         results
     }
 
     /// Those of `pods` that [`Self::process_pod`] will inspect: a listing
     /// that changed, or asked regardless; not a pod the runtime no longer has.
-    fn to_inspect(&self, pods: &[(PodUid, Inspect)]) -> Vec<PodUid> {
-        pods.iter()
+    fn to_inspect<'a>(&self, pods: impl IntoIterator<Item = (&'a PodUid, Inspect)>) -> Vec<PodUid> {
+        pods.into_iter()
             .filter(|(uid, inspect)| {
                 self.records.get(uid).is_some_and(|r| {
                     r.current.is_some() && (*inspect != Inspect::OnChange || r.changed())
@@ -1177,15 +1183,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             };
             batch.push((uid.clone(), inspect));
         }
-        let (pods, started) = (batch.len(), Instant::now());
-        let results = self.relist_pods(batch).await;
-        if pods > 0 {
-            debug!(
-                pods,
-                took_ms = started.elapsed().as_millis() as u64,
-                "pod re-checks"
-            );
-        }
+        let results = self.relist_pods(batch, "pod re-checks").await;
         for ((uid, result), (_, r)) in results.into_iter().zip(due) {
             if let Some(next) = self.recheck.get_mut(&uid) {
                 // Keep the back-off counting and the hint's bound across re-checks.
@@ -1255,18 +1253,10 @@ impl<R: PodRuntime> RelistPleg<R> {
             }
             batch.push((uid, Inspect::Always));
         }
-        let (pods, started) = (batch.len(), Instant::now());
-        for (uid, result) in self.relist_pods(batch).await {
+        for (uid, result) in self.relist_pods(batch, "on-demand pod relists").await {
             if let Err(e) = result {
                 warn!(pod = %uid, error = %e, "on-demand relist failed; retrying");
             }
-        }
-        if pods > 0 {
-            debug!(
-                pods,
-                took_ms = started.elapsed().as_millis() as u64,
-                "on-demand pod relists"
-            );
         }
     }
 

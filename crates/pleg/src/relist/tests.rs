@@ -147,7 +147,7 @@ async fn a_relist_inspects_its_pods_together() {
             .collect(),
     );
     let batch = pods.iter().map(|&p| (uid(p), Inspect::Always)).collect();
-    let results = tokio::time::timeout(within, f.pleg.relist_pods(batch))
+    let results = tokio::time::timeout(within, f.pleg.relist_pods(batch, "test batch"))
         .await
         .expect("a batch's inspections one after another");
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
