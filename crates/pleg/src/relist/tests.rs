@@ -641,8 +641,18 @@ async fn each_pod_is_stamped_with_its_own_inspection_time() {
     let list_start = f.clock.now_ns() + 1_000_000;
     f.relist().await;
     let observed = f.cache.get(&uid(1)).unwrap().observed_ns;
-    assert!(observed >= list_start, "{observed} < {list_start}");
+    // Taken just before the inspection (which moves this clock 1 ms), not
+    // after it: a worker's call made while the runtime answered must not look
+    // older than the snapshot (contract clause 8).
+    assert_eq!(observed, list_start, "stamped before its inspection");
     assert_eq!(f.cache.global_ns(), list_start, "global time is the list's");
+    // A pod relist's inspection too.
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    let before = f.clock.now_ns();
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    let observed = f.cache.get(&uid(1)).unwrap().observed_ns;
+    assert_eq!(observed, before, "a pod relist's stamp");
+    assert!(f.clock.now_ns() > before, "the inspection moved the clock");
 }
 
 #[tokio::test]
