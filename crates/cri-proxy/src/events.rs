@@ -28,12 +28,25 @@
 //! stage yet (a CREATED or DELETED of another client's call, a death the
 //! kernel missed), and every event, whatever its source, is served at most
 //! once per container and stage.
+//!
+//! Where it differs in order: containerd reads each event's payload before
+//! the next event's; here each pod has its queue ([`pod_queue`]): a pod's
+//! events in the order they came, different pods' payload reads at once, so
+//! one pod's slow read does not hold another pod's death. Every input (PLEG
+//! events, calls, the runtime's stream) goes through its pod's queue, so the
+//! merge's "served once" holds as it did one event at a time.
+
+mod payload;
+pub mod pod_queue;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -48,6 +61,8 @@ use evpleg_core::clock::{monotonic_to_unix_ns, wall_clock_ns};
 use evpleg_core::ids::ContainerId;
 use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
 use evpleg_cri::CriClient;
+pub use payload::{PayloadSource, Read};
+use pod_queue::PodQueues;
 
 use v1::ContainerEventType as T;
 
@@ -113,12 +128,61 @@ pub struct Events {
     pub clock: SharedClock,
     /// Unix ns when the proxy started.
     pub start_wall_ns: i64,
+    /// Where payloads are read (the runtime, `cri`, but in unit tests).
+    source: Arc<dyn PayloadSource>,
     known: Known,
     /// `--merge-runtime-events`: what was served, per id ([`super::merge`]).
     served: Option<Served>,
     /// The kernel path, restarted after a death: a new PLEG's first relist
     /// reports every container again, which is no event.
     path: Option<Arc<super::kernel_path::KernelPath>>,
+    /// Work per pod, in order ([`pod_queue`]).
+    queues: PodQueues<Work>,
+    /// The payload reads in flight, one per pod at most.
+    reads: Reads,
+}
+
+/// One piece of the event task's work, queued on its pod.
+#[derive(Debug)]
+enum Work {
+    /// A PLEG event (its overlay entry made on arrival).
+    Pleg(PodLifecycleEvent),
+    /// A CreateContainer or RunPodSandbox through the proxy.
+    Created { id: String, sandbox: bool, at: i64 },
+    /// A removal through the proxy (its DELETED).
+    Removed { id: String, sandbox: bool, at: i64 },
+    /// An event of the runtime's own stream.
+    Runtime(Box<v1::ContainerEventResponse>),
+}
+
+/// An event whose payload is being read, and what is laid on it once read.
+#[derive(Clone, Debug, PartialEq)]
+struct Job {
+    id: String,
+    t: T,
+    sandbox: bool,
+    created_at: i64,
+    /// A kernel start: the container shown running since the exec
+    /// ([`started_on`]).
+    started_on: bool,
+    /// A sandbox's death: shown not ready ([`sandbox_stopped`]).
+    sandbox_stopped: bool,
+    /// A relist's report: not served if it happened before the proxy (or
+    /// its PLEG) started ([`Events::before_start`]).
+    check_before_start: bool,
+}
+
+/// A read done: its pod's key, its event and what was read.
+type Done = (String, Job, Read);
+
+/// The reads in flight.
+#[derive(Default)]
+struct Reads(FuturesUnordered<BoxFuture<'static, Done>>);
+
+impl std::fmt::Debug for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reads({} in flight)", self.0.len())
+    }
 }
 
 /// What one PLEG event becomes: the type, the id, whether it is a sandbox.
@@ -144,6 +208,7 @@ impl Events {
         clock: SharedClock,
     ) -> Self {
         Self {
+            source: Arc::new(cri.clone()),
             cri,
             hub,
             overlay,
@@ -153,6 +218,8 @@ impl Events {
             known: Known::default(),
             served: None,
             path: None,
+            queues: PodQueues::default(),
+            reads: Reads::default(),
         }
     }
 
@@ -166,6 +233,12 @@ impl Events {
     /// what was served ([`super::merge`]).
     pub fn merging(mut self) -> Self {
         self.served = Some(Served::default());
+        self
+    }
+
+    /// Reads payloads from `source` instead of the runtime (tests).
+    pub fn reading_from(mut self, source: Arc<dyn PayloadSource>) -> Self {
+        self.source = source;
         self
     }
 
@@ -196,8 +269,9 @@ impl Events {
         decision == Decision::Pass
     }
 
-    /// Serves events until `shutdown` or until the PLEG ends; `runtime`:
-    /// the runtime's own stream, with `--merge-runtime-events`.
+    /// Serves events until `shutdown` or until the PLEG ends (the work
+    /// taken by then is finished); `runtime`: the runtime's own stream, with
+    /// `--merge-runtime-events`.
     pub async fn run(
         mut self,
         mut pleg: mpsc::Receiver<PodLifecycleEvent>,
@@ -214,24 +288,114 @@ impl Events {
             };
             tokio::select! {
                 ev = pleg.recv() => match ev {
-                    Some(ev) => self.pleg_event(ev).await,
+                    Some(ev) => self.pleg_event(ev),
                     None => break,
                 },
-                Some(call) = calls.recv() => self.call(call).await,
+                Some(call) = calls.recv() => self.call(call),
                 ev = from_runtime => match ev {
                     Some(ev) => self.runtime_event(ev),
                     // The runtime has no stream (its follower ended).
                     None => runtime = None,
                 },
-                () = shutdown.cancelled() => break,
+                Some(done) = self.reads.0.next(), if !self.reads.0.is_empty() => self.read_done(done),
+                () = shutdown.cancelled() => {
+                    self.hub.close();
+                    return;
+                }
             }
+        }
+        while let Some(done) = self.reads.0.next().await {
+            self.read_done(done);
         }
         self.hub.close();
     }
 
-    /// An event of the runtime's own stream: passed on when the proxy has not
-    /// served its stage yet, with pending kernel deaths laid on its payload.
-    fn runtime_event(&mut self, mut ev: v1::ContainerEventResponse) {
+    /// The pod `id` belongs to, as the queues key it: a sandbox is its own;
+    /// a container's known sandbox, else the container itself.
+    fn key_of(&self, id: &str, sandbox: bool) -> String {
+        if sandbox {
+            return id.to_owned();
+        }
+        self.known
+            .sandbox_of
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_owned())
+    }
+
+    /// Queues `work` on pod `key` and runs what of the pod may run.
+    fn queue(&mut self, key: String, work: Work) {
+        self.queues.push(&key, work);
+        self.drain(&key);
+    }
+
+    /// Runs pod `key`'s queued work until a payload read is in flight.
+    fn drain(&mut self, key: &str) {
+        while let Some(work) = self.queues.next(key) {
+            if let Some(job) = self.start(work) {
+                let sandbox = if job.sandbox {
+                    Some(job.id.clone())
+                } else {
+                    self.known.sandbox_of.get(&job.id).cloned()
+                };
+                let read = self.source.read(job.id.clone(), sandbox);
+                let owned = key.to_owned();
+                self.reads
+                    .0
+                    .push(Box::pin(async move { (owned, job, read.await) }));
+                self.queues.reading(key);
+                break;
+            }
+        }
+    }
+
+    /// A read done: its event finished and sent, then the pod's next work.
+    fn read_done(&mut self, (key, job, read): Done) {
+        self.finish(job, read);
+        self.queues.read_done(&key);
+        self.drain(&key);
+    }
+
+    /// Begins one piece of work: done at once (`None`), or the event whose
+    /// payload is to be read.
+    fn start(&mut self, work: Work) -> Option<Job> {
+        match work {
+            Work::Runtime(ev) => {
+                self.runtime_event_now(*ev);
+                None
+            }
+            Work::Pleg(ev) => self.pleg_job(ev),
+            Work::Created { id, sandbox, at } => self
+                .admit(&id, T::ContainerCreatedEvent, Origin::Proxy)
+                .then(|| Job::plain(id, T::ContainerCreatedEvent, sandbox, at)),
+            Work::Removed { id, sandbox, at } => {
+                if !self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy)
+                    || !self.known.mark_deleted(&id)
+                {
+                    return None;
+                }
+                if let Some(c) = ContainerId::parse(&id) {
+                    self.overlay.forget(&c);
+                    self.overlay.forget_sandbox(&c);
+                }
+                Some(Job::plain(id, T::ContainerDeletedEvent, sandbox, at))
+            }
+        }
+    }
+
+    /// An event of the runtime's own stream, queued on its pod.
+    fn runtime_event(&mut self, ev: v1::ContainerEventResponse) {
+        let key = match &ev.pod_sandbox_status {
+            Some(s) if !s.id.is_empty() => s.id.clone(),
+            _ => self.key_of(&ev.container_id, false),
+        };
+        self.queue(key, Work::Runtime(Box::new(ev)));
+    }
+
+    /// An event of the runtime's own stream, at its turn: passed on when the
+    /// proxy has not served its stage yet, with pending kernel deaths laid
+    /// on its payload.
+    fn runtime_event_now(&mut self, mut ev: v1::ContainerEventResponse) {
         let t = ev.container_event_type();
         let id = ev.container_id.clone();
         if !self.admit(&id, t, Origin::Runtime) {
@@ -266,14 +430,16 @@ impl Events {
         self.send(ev);
     }
 
-    async fn pleg_event(&mut self, ev: PodLifecycleEvent) {
-        let Some((t, sandbox)) = event_type(ev.kind) else {
+    /// A PLEG event: a kernel death is laid on the overlay at once (every
+    /// answer from now on shows it, whatever waits), then the event is
+    /// queued on its pod.
+    fn pleg_event(&mut self, ev: PodLifecycleEvent) {
+        let Some((_, sandbox)) = event_type(ev.kind) else {
             return;
         };
         let Some(id) = ev.container_id.clone() else {
             return;
         };
-        let admitted = self.admit(id.as_str(), t, Origin::Proxy);
         if ev.kind == EventKind::ContainerDied
             && ev.source == EventSource::Kernel
             && let Some(exit) = ev.exit
@@ -290,47 +456,59 @@ impl Events {
             self.overlay.sandbox_died(id.clone());
             self.confirm(id.clone(), Pending::Sandbox { at_ns: ev.at_ns });
         }
-        if !admitted {
-            return;
+        let key = self.key_of(id.as_str(), sandbox);
+        self.queue(key, Work::Pleg(ev));
+    }
+
+    /// A PLEG event at its turn: the event to read a payload for, if served.
+    fn pleg_job(&mut self, ev: PodLifecycleEvent) -> Option<Job> {
+        let (t, sandbox) = event_type(ev.kind)?;
+        let id = ev.container_id?;
+        if !self.admit(id.as_str(), t, Origin::Proxy) {
+            return None;
         }
         if t == T::ContainerDeletedEvent {
             if !self.known.mark_deleted(id.as_str()) {
-                return;
+                return None;
             }
             self.overlay.forget(&id);
             self.overlay.forget_sandbox(&id);
         }
-        let created_at = monotonic_to_unix_ns(ev.at_ns);
-        let mut resp = self.payload(id.as_str(), t, sandbox, created_at).await;
-        if ev.source == EventSource::Kernel && ev.kind == EventKind::ContainerStarted {
-            started_on(&mut resp, created_at);
-        }
-        if ev.kind == EventKind::SandboxDied {
-            sandbox_stopped(&mut resp);
-        }
-        if ev.source != EventSource::Kernel && self.before_start(&resp, t) {
-            debug!(id = %id, kind = ?ev.kind, "a transition from before the proxy started");
-            return;
-        }
-        self.send(resp);
+        let kernel = ev.source == EventSource::Kernel;
+        Some(Job {
+            id: id.as_str().to_owned(),
+            t,
+            sandbox,
+            created_at: monotonic_to_unix_ns(ev.at_ns),
+            started_on: kernel && ev.kind == EventKind::ContainerStarted,
+            sandbox_stopped: ev.kind == EventKind::SandboxDied,
+            check_before_start: !kernel,
+        })
     }
 
-    async fn call(&mut self, call: Call) {
-        let now = wall_clock_ns();
+    /// A call through the proxy that makes events, queued on its pod.
+    fn call(&mut self, call: Call) {
+        let at = wall_clock_ns();
         match call {
             Call::Created { id, sandbox } => {
                 if let Some(s) = &sandbox {
                     self.known.sandbox_of.insert(id.clone(), s.clone());
                 }
-                if !self.admit(&id, T::ContainerCreatedEvent, Origin::Proxy) {
-                    return;
-                }
-                let resp = self
-                    .payload(&id, T::ContainerCreatedEvent, sandbox.is_none(), now)
-                    .await;
-                self.send(resp);
+                let key = self.key_of(&id, sandbox.is_none());
+                let sandbox = sandbox.is_none();
+                self.queue(key, Work::Created { id, sandbox, at });
             }
-            Call::Removed { id, sandbox: None } => self.removed(&id, false, now).await,
+            Call::Removed { id, sandbox: None } => {
+                let key = self.key_of(&id, false);
+                self.queue(
+                    key,
+                    Work::Removed {
+                        id,
+                        sandbox: false,
+                        at,
+                    },
+                );
+            }
             Call::Removed {
                 id,
                 sandbox: Some(removed),
@@ -342,27 +520,21 @@ impl Events {
                 }
                 for c in containers {
                     self.known.sandbox_of.insert(c.clone(), id.clone());
-                    self.removed(&c, false, now).await;
+                    let work = Work::Removed {
+                        id: c,
+                        sandbox: false,
+                        at,
+                    };
+                    self.queue(id.clone(), work);
                 }
-                self.removed(&id, true, now).await;
+                let work = Work::Removed {
+                    id: id.clone(),
+                    sandbox: true,
+                    at,
+                };
+                self.queue(id, work);
             }
         }
-    }
-
-    /// The DELETED of a removal through the proxy, once per id.
-    async fn removed(&mut self, id: &str, sandbox: bool, now: i64) {
-        if !self.admit(id, T::ContainerDeletedEvent, Origin::Proxy) || !self.known.mark_deleted(id)
-        {
-            return;
-        }
-        if let Some(c) = ContainerId::parse(id) {
-            self.overlay.forget(&c);
-            self.overlay.forget_sandbox(&c);
-        }
-        let resp = self
-            .payload(id, T::ContainerDeletedEvent, sandbox, now)
-            .await;
-        self.send(resp);
     }
 
     /// Checks a pending overlay entry until the runtime agrees ([`confirm`]).
@@ -411,48 +583,47 @@ impl Events {
         at > 0 && at < since
     }
 
-    /// The event with the pod's state as the runtime reports it now, kernel
-    /// deaths laid on containers it still reports running.
-    async fn payload(
-        &mut self,
-        id: &str,
-        t: T,
-        sandbox: bool,
-        created_at: i64,
-    ) -> v1::ContainerEventResponse {
-        let sandbox_id = if sandbox {
-            Some(id.to_owned())
-        } else {
-            self.sandbox_of(id).await
-        };
+    /// A read done: the event with the pod's state as read, kernel deaths
+    /// laid on containers the runtime still reported running, then sent
+    /// unless it is a relist's report of something from before the start.
+    fn finish(&mut self, job: Job, read: Read) {
+        let mut resp = self.payload(&job, read);
+        if job.started_on {
+            started_on(&mut resp, job.created_at);
+        }
+        if job.sandbox_stopped {
+            sandbox_stopped(&mut resp);
+        }
+        if job.check_before_start && self.before_start(&resp, job.t) {
+            debug!(id = %job.id, event = job.t.as_str_name(), "a transition from before the proxy started");
+            return;
+        }
+        self.send(resp);
+    }
+
+    /// The event of `job` with the pod's state as `read`, the overlay's
+    /// deaths laid on it; the ids read remembered.
+    fn payload(&mut self, job: &Job, read: Read) -> v1::ContainerEventResponse {
         let mut resp = v1::ContainerEventResponse {
-            container_id: id.to_owned(),
-            container_event_type: t as i32,
-            created_at,
+            container_id: job.id.clone(),
+            container_event_type: job.t as i32,
+            created_at: job.created_at,
             ..Default::default()
         };
-        let Some(sandbox_id) = sandbox_id else {
+        let Some(sandbox_id) = read.sandbox_id else {
             warn!(
-                id,
+                id = %job.id,
                 "no pod sandbox found for the event's container: sent without its pod's state"
             );
             return resp;
         };
-        // The sandbox's status and the pod's containers are asked at once,
-        // then every container's status at once: the calls do not depend on
-        // each other, and an event waits for all of them (the 1.26-1.36
-        // Evented PLEG takes the payload as the pod's status).
-        let filter = v1::ContainerFilter {
-            pod_sandbox_id: sandbox_id.clone(),
-            ..Default::default()
-        };
-        let (sandbox_status, listed) = tokio::join!(
-            self.cri.pod_sandbox_status(&sandbox_id, false),
-            self.cri.list_containers(Some(filter))
-        );
-        resp.pod_sandbox_status = match sandbox_status {
-            Ok(r) => {
-                let s = r.status;
+        if !job.sandbox {
+            self.known
+                .sandbox_of
+                .insert(job.id.clone(), sandbox_id.clone());
+        }
+        resp.pod_sandbox_status = match read.sandbox_status {
+            Ok(s) => {
                 if let Some(s) = &s {
                     self.known.sandboxes.insert(sandbox_id.clone(), s.clone());
                 }
@@ -467,52 +638,43 @@ impl Events {
                 })
             }
         };
-        let listed = listed.unwrap_or_else(|e| {
+        let containers = read.containers.unwrap_or_else(|e| {
             warn!(sandbox = %sandbox_id, error = %e, "listing a pod's containers for an event");
             Vec::new()
         });
-        let statuses = futures::future::join_all(
-            listed
-                .iter()
-                .map(|c| self.cri.container_status(&c.id, false)),
-        )
-        .await;
-        for (c, status) in listed.iter().zip(statuses) {
-            self.known
-                .sandbox_of
-                .insert(c.id.clone(), sandbox_id.clone());
+        for (id, status) in containers {
+            self.known.sandbox_of.insert(id.clone(), sandbox_id.clone());
             match status {
-                Ok(r) => {
-                    let mut s = r.status.unwrap_or_default();
+                Ok(mut s) => {
                     self.overlay.status(&mut s);
                     resp.containers_statuses.push(s);
                 }
-                Err(e) => debug!(id = %c.id, error = %e, "container status for an event"),
+                Err(e) => debug!(id = %id, error = %e, "container status for an event"),
             }
         }
-        if t == T::ContainerDeletedEvent {
-            self.known.sandbox_of.remove(id);
-            if sandbox {
-                self.known.sandboxes.remove(id);
-                self.known.sandbox_of.retain(|_, s| s != id);
+        if job.t == T::ContainerDeletedEvent {
+            self.known.sandbox_of.remove(&job.id);
+            if job.sandbox {
+                self.known.sandboxes.remove(&job.id);
+                self.known.sandbox_of.retain(|_, s| *s != job.id);
             }
         }
         resp
     }
+}
 
-    /// The sandbox of container `id`: remembered, else asked.
-    async fn sandbox_of(&mut self, id: &str) -> Option<String> {
-        if let Some(s) = self.known.sandbox_of.get(id) {
-            return Some(s.clone());
+impl Job {
+    /// An event of a call: nothing laid on its payload.
+    fn plain(id: String, t: T, sandbox: bool, created_at: i64) -> Self {
+        Self {
+            id,
+            t,
+            sandbox,
+            created_at,
+            started_on: false,
+            sandbox_stopped: false,
+            check_before_start: false,
         }
-        let filter = v1::ContainerFilter {
-            id: id.to_owned(),
-            ..Default::default()
-        };
-        let c = self.cri.list_containers(Some(filter)).await.ok()?;
-        let s = c.first()?.pod_sandbox_id.clone();
-        self.known.sandbox_of.insert(id.to_owned(), s.clone());
-        Some(s)
     }
 }
 
@@ -809,5 +971,138 @@ mod tests {
         let before = exited.clone();
         started_on(&mut exited, 42);
         assert_eq!(exited, before);
+    }
+    /// Payloads read at once, except those of the sandboxes a test gates:
+    /// each pod's sandbox ready, its listed containers exited.
+    #[derive(Debug, Default)]
+    struct Gated {
+        /// sandbox -> its containers.
+        pods: HashMap<String, Vec<String>>,
+        /// sandbox -> its gate (reads wait for a permit).
+        gates: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    }
+
+    impl PayloadSource for Gated {
+        fn read(&self, id: String, sandbox: Option<String>) -> BoxFuture<'static, Read> {
+            let sandbox = sandbox.or_else(|| {
+                self.pods
+                    .iter()
+                    .find(|(_, cs)| cs.contains(&id))
+                    .map(|(s, _)| s.clone())
+            });
+            let gate = sandbox
+                .as_ref()
+                .and_then(|s| self.gates.lock().unwrap().get(s).cloned());
+            let containers = sandbox
+                .as_ref()
+                .and_then(|s| self.pods.get(s))
+                .cloned()
+                .unwrap_or_default();
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.acquire().await.expect("gate open").forget();
+                }
+                let status = |c: &String| v1::ContainerStatus {
+                    id: c.clone(),
+                    state: v1::ContainerState::ContainerExited as i32,
+                    ..Default::default()
+                };
+                Read {
+                    sandbox_status: Ok(sandbox.clone().map(|id| v1::PodSandboxStatus {
+                        id,
+                        state: v1::PodSandboxState::SandboxReady as i32,
+                        ..Default::default()
+                    })),
+                    containers: Ok(containers
+                        .iter()
+                        .map(|c| (c.clone(), Ok(status(c))))
+                        .collect()),
+                    sandbox_id: sandbox,
+                }
+            })
+        }
+    }
+
+    fn event(kind: EventKind, id: &str) -> PodLifecycleEvent {
+        PodLifecycleEvent {
+            pod_uid: None,
+            kind,
+            container_id: ContainerId::parse(id),
+            at_ns: 1,
+            source: EventSource::Relist,
+            exit: None,
+            pid: None,
+        }
+    }
+
+    /// The next event served to `sub`, as (type, id).
+    async fn served(sub: &mut super::grpc::Body) -> (T, String) {
+        use http_body_util::BodyExt;
+        let frame = tokio::time::timeout(Duration::from_secs(5), sub.frame())
+            .await
+            .expect("an event within 5 s")
+            .expect("the stream goes on")
+            .expect("a frame");
+        let data = frame.into_data().expect("a data frame");
+        let ev: v1::ContainerEventResponse = super::grpc::unary(&data).expect("an event message");
+        (ev.container_event_type(), ev.container_id)
+    }
+
+    /// Issue #30: one pod's slow payload read held every other pod's events
+    /// (the benchmark behind the proxy: p99 56 ms queued). A read of pod A
+    /// held at its gate: pod B's death is served meanwhile, A's second death
+    /// waits for its first, and A's are then served in order.
+    #[tokio::test]
+    async fn a_slow_read_holds_only_its_own_pods_events() {
+        let (a, a1, a2) = ("a".repeat(64), "1".repeat(64), "2".repeat(64));
+        let (b, b1) = ("b".repeat(64), "3".repeat(64));
+        let gated = Arc::new(Gated {
+            pods: HashMap::from([
+                (a.clone(), vec![a1.clone(), a2.clone()]),
+                (b.clone(), vec![b1.clone()]),
+            ]),
+            gates: Default::default(),
+        });
+        let stats = Arc::new(ProxyStats::default());
+        let hub = Hub::new(64, stats.clone());
+        let mut sub = hub.subscribe();
+        let cri = CriClient::connect_unchecked("unix:///nonexistent/cri.sock", Default::default())
+            .await
+            .expect("a lazy client");
+        let mut events = Events::new(
+            cri,
+            hub,
+            Arc::new(Overlay::default()),
+            stats,
+            Arc::new(evpleg_core::clock::MonotonicClock),
+        )
+        .reading_from(gated.clone());
+        // The sandboxes' starts make their containers known.
+        for s in [&a, &b] {
+            events.pleg_event(event(EventKind::SandboxStarted, s));
+            let done = events.reads.0.next().await.expect("a read");
+            events.read_done(done);
+            assert_eq!(
+                served(&mut sub).await,
+                (T::ContainerStartedEvent, s.clone())
+            );
+        }
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        gated.gates.lock().unwrap().insert(a.clone(), gate.clone());
+        events.pleg_event(event(EventKind::ContainerDied, &a1));
+        events.pleg_event(event(EventKind::ContainerDied, &a2));
+        events.pleg_event(event(EventKind::ContainerDied, &b1));
+        // A's first read and B's are in flight; A's second waits its turn.
+        assert_eq!((events.reads.0.len(), events.queues.waiting()), (2, 1));
+        let done = events.reads.0.next().await.expect("B's read, A's held");
+        events.read_done(done);
+        assert_eq!(served(&mut sub).await, (T::ContainerStoppedEvent, b1));
+        gate.add_permits(2);
+        for c in [a1, a2] {
+            let done = events.reads.0.next().await.expect("A's reads, in turn");
+            events.read_done(done);
+            assert_eq!(served(&mut sub).await, (T::ContainerStoppedEvent, c));
+        }
+        assert_eq!((events.reads.0.len(), events.queues.waiting()), (0, 0));
     }
 }
