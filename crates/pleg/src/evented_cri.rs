@@ -18,20 +18,30 @@
 //!
 //! This task reads the stream in both; what an event does is the design's.
 //!
-//! # What it reproduces from the kubelet (1.37)
+//! # What it reproduces from the kubelet (1.37.2, `pkg/kubelet/pleg/evented.go`)
 //!
 //! - The redesign's contract: a STOPPED event is a hint that triggers a relist
-//!   of one pod, the generic relist always runs, the stream is reconnected
-//!   forever with a capped exponential backoff with jitter, and drops are
-//!   counted.
-//! - The pod is found as the kubelet's `evented.go` finds it, from the event's
-//!   `pod_sandbox_status`; here by its `io.kubernetes.pod.uid` label (then the
+//!   of one pod, the generic relist always runs.
+//! - `watchEventsChannel`: a stream that fails or ends is opened again at
+//!   once, without a back-off; every failure counts, over the task's whole
+//!   life (the count is never reset, not even by a stream that delivered
+//!   events for hours), and at [`MAX_STREAM_RETRIES`] (the kubelet's
+//!   `eventedPlegMaxStreamRetries`, 5) the fast path is off until the agent
+//!   restarts: warned, `fallen_back` in [`EventedCriStats`], the relist goes
+//!   on. A runtime without the stream (containerd 1.6 answers
+//!   `Unimplemented`) uses up the five at once, as it does the kubelet's;
+//!   so does a runtime restart whose socket is away for the next four
+//!   attempts.
+//! - `processCRIEvents`: an event without a sandbox status (or without its
+//!   metadata) is dropped, counted in `unattributed` (the kubelet logs an
+//!   error).
+//! - The pod is found from the event's `pod_sandbox_status`; the kubelet reads
+//!   its `metadata.uid`, here its `io.kubernetes.pod.uid` label (then the
 //!   labels of `containers_statuses`), the label [`evpleg_cri::runtime::CriRuntime`]
 //!   attributes objects by. For pods the kubelet (or evpleg) created the label
 //!   and `metadata.uid` are the same value. An event whose sandbox status is
 //!   there but has no such label is not about a pod of this agent (the relist
-//!   ignores such objects too) and is ignored; an event that names no pod at all
-//!   asks for a full relist ([`RelistSignal`]).
+//!   ignores such objects too) and is ignored.
 //! - A broken event path degrades to relisting and never makes the node
 //!   unhealthy by itself: health stays the relist's ("pleg was last seen
 //!   active ..."), the stream's state is only reported in [`EventedCriStats`].
@@ -40,10 +50,6 @@
 //!
 //! - `--relist-period` overrides the 1 s (the tests set a long one to see the
 //!   event path alone).
-//! - Runtimes without the stream (Debian bookworm's containerd 1.6.20 answers
-//!   `Unimplemented`) are logged once and probed again only every
-//!   [`EventedCriConfig::unimplemented_retry`] (a runtime upgrade restarts it),
-//!   never in a busy loop; the 1 s relist carries the mode meanwhile.
 //! - Events missed while the stream was down are not replayed by the runtime:
 //!   once a new stream has subscribed after an outage (its call has been
 //!   pending for [`EventedCriConfig::subscribed_after`], or it opened), a full
@@ -55,7 +61,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -65,19 +70,11 @@ use evpleg_core::clock::SharedClock;
 use evpleg_core::ids::PodUid;
 use evpleg_core::labels;
 use evpleg_core::lifecycle::RelistSignal;
-use evpleg_cri::{BackoffConfig, CriClient, CriError};
+use evpleg_cri::{CriClient, CriError};
 
-/// Timing of the stream's reconnection.
+/// Timing of the stream's resubscription.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EventedCriConfig {
-    /// Delays between attempts after a failure: 200 ms doubling up to 30 s,
-    /// +-20 % jitter so that agents restarted with their runtime spread out.
-    pub backoff: BackoffConfig,
-    /// The delay after an `Unimplemented` answer (+-20 % jitter): 5 min.
-    pub unimplemented_retry: Duration,
-    /// A stream that lived this long, or delivered an event, counts as healthy:
-    /// the backoff starts again from its base after it breaks.
-    pub healthy_after: Duration,
     /// A new stream whose call has neither failed nor opened after this long is
     /// taken as subscribed (containerd's headers come only with an event): the
     /// full relist that covers an outage's lost events runs then.
@@ -87,14 +84,6 @@ pub struct EventedCriConfig {
 impl Default for EventedCriConfig {
     fn default() -> Self {
         Self {
-            backoff: BackoffConfig {
-                base: Duration::from_millis(200),
-                max: Duration::from_secs(30),
-                multiplier: 2.0,
-                jitter: 0.2,
-            },
-            unimplemented_retry: Duration::from_secs(300),
-            healthy_after: Duration::from_secs(10),
             subscribed_after: Duration::from_millis(100),
         }
     }
@@ -112,7 +101,8 @@ pub struct EventedCriStats {
     pub events: AtomicU64,
     /// On-demand pod relists requested from events.
     pub pod_relists: AtomicU64,
-    /// Events that named no pod: a full relist was requested for each.
+    /// 1.37: events without a sandbox status, dropped as the kubelet drops
+    /// them.
     pub unattributed: AtomicU64,
     /// Events about objects without the pod UID label (not this agent's).
     pub foreign: AtomicU64,
@@ -128,8 +118,9 @@ pub struct EventedCriStats {
     /// The 1.26-1.36 design: events whose payload the cache did not take (it
     /// held a newer status).
     pub stale: AtomicU64,
-    /// The 1.26-1.36 design gave up the stream after its failures and the
-    /// relist is back at the generic period.
+    /// The stream was given up after [`MAX_STREAM_RETRIES`] failures: the
+    /// 1.26-1.36 design's relist is back at the generic period; 1.37's fast
+    /// path is off (its relist goes on).
     pub fallen_back: AtomicBool,
     /// Monotonic ns (the agent's clock) of the last event, 0 before the first.
     pub last_event_ns: AtomicU64,
@@ -157,8 +148,8 @@ pub enum Hint {
     /// 1.26-1.36: the payload was stored as the pod's status and these
     /// events sent (or the cache held a newer status: stored nothing).
     Payload(Taken),
-    /// The pod is unknown: a full relist was requested.
-    FullRelist,
+    /// 1.37: no sandbox status: dropped, as the kubelet drops it.
+    Dropped,
     /// Not about a pod of this agent.
     Foreign,
 }
@@ -218,13 +209,8 @@ pub struct EventedCri {
 /// How one stream ended.
 enum Ended {
     Shutdown,
-    /// It failed or ended; `healthy` when it had been up long enough or
-    /// delivered events (the backoff restarts from its base).
-    Broken {
-        healthy: bool,
-        error: Option<CriError>,
-    },
-    Unimplemented(CriError),
+    /// It failed (the runtime's error) or ended (`None`).
+    Broken(Option<CriError>),
 }
 
 impl EventedCri {
@@ -274,6 +260,21 @@ impl EventedCri {
                 }
             };
         }
+        // `processCRIEvents`: no sandbox status (or no metadata in it), no
+        // event.
+        if event
+            .pod_sandbox_status
+            .as_ref()
+            .and_then(|s| s.metadata.as_ref())
+            .is_none()
+        {
+            self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
+            debug!(
+                container = event.container_id,
+                "cri event without a sandbox status: dropped, as the kubelet drops it"
+            );
+            return Hint::Dropped;
+        }
         let stopped =
             event.container_event_type == v1::ContainerEventType::ContainerStoppedEvent as i32;
         match pod {
@@ -286,120 +287,85 @@ impl EventedCri {
                 self.stats.pod_relists.fetch_add(1, Ordering::Relaxed);
                 Hint::Pod(uid)
             }
-            EventPod::Unknown => {
-                self.stats.unattributed.fetch_add(1, Ordering::Relaxed);
-                self.relist.request("cri event without a pod uid");
-                Hint::FullRelist
-            }
-            EventPod::Foreign => {
+            // A sandbox status with metadata and without the label: not a
+            // pod of this agent.
+            EventPod::Unknown | EventPod::Foreign => {
                 self.stats.foreign.fetch_add(1, Ordering::Relaxed);
                 Hint::Foreign
             }
         }
     }
 
-    /// 1.26-1.36 after a failed stream (`watchEventsChannel`): a forced full
-    /// relist, and at [`MAX_STREAM_RETRIES`] failures the fallback. Returns
-    /// whether the stream is to be opened again (at once, as the kubelet).
-    fn payload_failed(&self, attempts: &mut u32) -> bool {
-        let Design::Payload(sink) = &self.design else {
-            return true;
-        };
+    /// After a failed stream (`watchEventsChannel`): 1.26-1.36 forces a full
+    /// relist; at [`MAX_STREAM_RETRIES`] failures over the task's life the
+    /// stream is given up (1.26-1.36 falls back to the generic period, 1.37
+    /// turns its fast path off). Returns whether the stream is to be opened
+    /// again (at once, as the kubelet).
+    fn failed(&self, attempts: &mut u32) -> bool {
         *attempts += 1;
-        self.relist
-            .request("cri event stream failed (evented pleg 1.26-1.36)");
+        if matches!(self.design, Design::Payload(_)) {
+            self.relist
+                .request("cri event stream failed (evented pleg 1.26-1.36)");
+        }
         if *attempts < MAX_STREAM_RETRIES {
             return true;
         }
-        warn!(
-            attempts = *attempts,
-            "evented pleg (1.26-1.36): falling back to the generic relist every {}s for good",
-            super::relist::GENERIC_PERIOD.as_secs()
-        );
-        sink.fall_back();
+        match &self.design {
+            Design::Payload(sink) => {
+                warn!(
+                    attempts = *attempts,
+                    "evented pleg (1.26-1.36): falling back to the generic relist every {}s for good",
+                    super::relist::GENERIC_PERIOD.as_secs()
+                );
+                sink.fall_back();
+            }
+            Design::Hints => warn!(
+                attempts = *attempts,
+                "evented pleg (1.37): disabling the container-termination fast path after exhausting \
+                 the event stream's retries, as the kubelet does; the relist goes on"
+            ),
+        }
         self.stats.fallen_back.store(true, Ordering::Relaxed);
         false
     }
 
-    /// Runs until `shutdown`: opens the stream, passes its events on, and opens
-    /// it again after every failure: 1.37 forever, with backoff; 1.26-1.36 at
-    /// once, until its fallback (then the task idles until `shutdown`).
+    /// Runs until `shutdown`: opens the stream, passes its events on, and
+    /// opens it again at once after every failure until [`Self::failed`]
+    /// gives it up (then the task idles until `shutdown`: its end would fail
+    /// the agent's health).
     pub async fn run(self, shutdown: CancellationToken) {
-        if matches!(self.design, Design::Payload(_)) {
-            let mut attempts = 0;
-            let mut resync = false;
-            info!("evented pleg (1.26-1.36): consuming GetContainerEvents");
-            loop {
-                match self.one_stream(&shutdown, &mut resync).await {
-                    Ended::Shutdown => break,
-                    Ended::Unimplemented(e) | Ended::Broken { error: Some(e), .. } => {
-                        debug!(error = %e, "GetContainerEvents failed");
-                    }
-                    Ended::Broken { error: None, .. } => {}
-                }
-                if !self.payload_failed(&mut attempts) {
-                    shutdown.cancelled().await;
-                    break;
-                }
-            }
-            self.stats.connected.store(false, Ordering::Relaxed);
-            return;
-        }
-        let mut backoff = evpleg_cri::Backoff::new(self.config.backoff);
-        let mut logged_unimplemented = false;
-        let mut outage_logged = false;
-        // A full relist is owed once the next stream subscribes.
+        let mut attempts = 0;
+        // A full relist is owed once the next stream subscribes (1.37).
         let mut resync = false;
-        info!("evented-cri pleg: consuming GetContainerEvents");
+        let hints = matches!(self.design, Design::Hints);
+        info!(
+            design = if hints { "1.37" } else { "1.26-1.36" },
+            "evented pleg: consuming GetContainerEvents"
+        );
         loop {
-            let delay = match self.one_stream(&shutdown, &mut resync).await {
+            match self.one_stream(&shutdown, &mut resync).await {
                 Ended::Shutdown => break,
-                Ended::Unimplemented(e) => {
-                    if !logged_unimplemented {
-                        warn!(error = %e, retry_s = self.config.unimplemented_retry.as_secs(),
-                              "the runtime does not implement GetContainerEvents (containerd before 1.7): \
-                               evented-cri keeps relisting and probes the stream again rarely");
-                        logged_unimplemented = true;
-                    } else {
-                        debug!(error = %e, "GetContainerEvents still unimplemented");
-                    }
-                    jittered(self.config.unimplemented_retry, self.config.backoff.jitter)
-                }
-                Ended::Broken { healthy, error } => {
-                    // Events from now until the next stream subscribes are lost.
-                    resync = true;
-                    if healthy {
-                        backoff = evpleg_cri::Backoff::new(self.config.backoff);
-                        outage_logged = false;
-                    }
-                    let delay = backoff.next_delay();
+                Ended::Broken(error) => {
                     let error = error
                         .map(|e| e.to_string())
                         .unwrap_or_else(|| "the stream ended".into());
-                    if outage_logged {
-                        debug!(
-                            error,
-                            ?delay,
-                            "GetContainerEvents: still failing; trying again"
-                        );
-                    } else {
-                        warn!(
-                            error,
-                            ?delay,
-                            "GetContainerEvents stream lost; reconnecting (relisting meanwhile)"
-                        );
-                        outage_logged = true;
-                    }
-                    delay
+                    warn!(
+                        error,
+                        attempt = attempts + 1,
+                        max = MAX_STREAM_RETRIES,
+                        "GetContainerEvents failed; opening it again at once (relisting meanwhile)"
+                    );
                 }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(delay) => {}
+            }
+            // Events from now until the next stream subscribes are lost.
+            resync = hints;
+            if !self.failed(&mut attempts) {
+                shutdown.cancelled().await;
+                break;
             }
         }
         self.stats.connected.store(false, Ordering::Relaxed);
-        info!("evented-cri pleg stopped");
+        info!("evented pleg stopped");
     }
 
     /// After an outage, once the new stream has subscribed: a full relist, for
@@ -416,7 +382,6 @@ impl EventedCri {
     /// a full relist is owed once it has subscribed.
     async fn one_stream(&self, shutdown: &CancellationToken, resync: &mut bool) -> Ended {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        let opened_at = Instant::now();
         // Resolves when the runtime sends the response headers: containerd does
         // that only with the first event, hence this task of its own.
         let call = self.client.get_container_events();
@@ -435,23 +400,16 @@ impl EventedCri {
                 self.resync(resync);
                 s
             }
-            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-                self.stats.unimplemented.fetch_add(1, Ordering::Relaxed);
-                return Ended::Unimplemented(e);
-            }
             Err(e) => {
+                if e.code() == Some(tonic::Code::Unimplemented) {
+                    self.stats.unimplemented.fetch_add(1, Ordering::Relaxed);
+                }
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                // Waited long for the headers: the connection was fine.
-                let healthy = opened_at.elapsed() >= self.config.healthy_after;
-                return Ended::Broken {
-                    healthy,
-                    error: Some(e),
-                };
+                return Ended::Broken(Some(e));
             }
         };
         self.stats.streams.fetch_add(1, Ordering::Relaxed);
         self.stats.connected.store(true, Ordering::Relaxed);
-        let mut delivered = false;
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return Ended::Shutdown,
@@ -459,7 +417,6 @@ impl EventedCri {
             };
             match next {
                 Ok(Some(event)) => {
-                    delivered = true;
                     let age_ns =
                         evpleg_core::clock::wall_clock_ns().saturating_sub(event.created_at);
                     self.stats
@@ -471,40 +428,21 @@ impl EventedCri {
                 Ok(None) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
                     self.stats.connected.store(false, Ordering::Relaxed);
-                    let healthy = delivered || opened_at.elapsed() >= self.config.healthy_after;
-                    return Ended::Broken {
-                        healthy,
-                        error: None,
-                    };
+                    return Ended::Broken(None);
                 }
                 Err(status) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
                     self.stats.connected.store(false, Ordering::Relaxed);
-                    let healthy = delivered || opened_at.elapsed() >= self.config.healthy_after;
                     let error = CriError::from_status(
                         "GetContainerEvents",
                         evpleg_cri::Target::Runtime(Arc::from(self.client.endpoint())),
                         &status,
                     );
-                    return Ended::Broken {
-                        healthy,
-                        error: Some(error),
-                    };
+                    return Ended::Broken(Some(error));
                 }
             }
         }
     }
-}
-
-/// `d` spread by a uniform factor in `[1 - jitter, 1 + jitter]`.
-fn jittered(d: Duration, jitter: f64) -> Duration {
-    let jitter = jitter.clamp(0.0, 0.99);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    let unit = f64::from(nanos % 1_000_000) / 1_000_000.0;
-    d.mul_f64(1.0 - jitter + 2.0 * jitter * unit)
 }
 
 #[cfg(test)]
@@ -616,8 +554,19 @@ mod tests {
             (&taken[0].0, taken[0].1.at_ns, taken[0].1.watch),
             (&uid, 5, crate::on_demand::Watch::Once)
         );
-        assert_eq!(evented.handle(&event(None, vec![])), Hint::FullRelist);
-        assert_eq!(evented.relist.count(), 1);
+        // No sandbox status, or one without metadata: dropped, as the
+        // kubelet's processCRIEvents drops it (a full relist before).
+        let labelled = container(&[(labels::POD_UID, UID)]);
+        assert_eq!(evented.handle(&event(None, vec![labelled])), Hint::Dropped);
+        let no_metadata = v1::PodSandboxStatus {
+            metadata: None,
+            ..sandbox(&[(labels::POD_UID, UID)])
+        };
+        assert_eq!(
+            evented.handle(&event(Some(no_metadata), vec![])),
+            Hint::Dropped
+        );
+        assert_eq!((evented.relist.count(), rx.take().len()), (0, 0));
         assert_eq!(
             evented.handle(&event(Some(sandbox(&[])), vec![])),
             Hint::Foreign
@@ -631,7 +580,7 @@ mod tests {
                 get(&s.unattributed),
                 get(&s.foreign),
             ),
-            (3, 1, 1, 1)
+            (4, 1, 2, 1)
         );
         assert_eq!(get(&s.last_event_ns), 5);
     }
@@ -660,12 +609,8 @@ mod tests {
                 "{kind:?}"
             );
         }
-        // Naming no pod: only a STOPPED asks for a full relist.
-        let mut started = event(None, vec![]);
-        started.container_event_type = T::ContainerStartedEvent as i32;
-        assert_eq!(evented.handle(&started), Hint::LatencyOnly);
         assert_eq!(evented.relist.count(), 0);
-        assert_eq!(evented.stats.events.load(Ordering::Relaxed), 5);
+        assert_eq!(evented.stats.events.load(Ordering::Relaxed), 4);
     }
 
     /// 1.26-1.36 with no runtime at all: each failure forces a full relist,
@@ -713,41 +658,42 @@ mod tests {
             .unwrap();
     }
 
-    /// No runtime at all: the task keeps trying with growing delays, never in a
-    /// busy loop, and stops on shutdown.
+    /// 1.37 with no runtime at all, as the kubelet's `watchEventsChannel`:
+    /// the stream is opened again at once after each failure, no back-off;
+    /// at the fifth the fast path is off for good (no sixth attempt, no full
+    /// relist forced), and the task idles until shutdown.
     #[tokio::test(start_paused = true)]
-    async fn a_missing_runtime_is_retried_with_capped_backoff() {
+    async fn the_hint_design_gives_up_the_stream_after_five_failures() {
         let (evented, _rx) = fixture().await;
         let stats = evented.stats.clone();
+        let relist = evented.relist.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(evented.run(shutdown.clone()));
-        // Connecting to a missing socket fails at once; the delays are 200 ms,
-        // 400 ms, 800 ms, ... (+-20 %), capped at 30 s.
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        let connects = stats.connects.load(Ordering::Relaxed);
-        assert!((5..=12).contains(&connects), "{connects} attempts in 60 s");
-        assert_eq!(stats.failures.load(Ordering::Relaxed), connects);
+        // Paused time that never advances while this loop only yields: the
+        // five attempts come at once (a back-off would sleep, and the loop
+        // would run out of turns), and there is no sixth.
+        let mut turns = 0;
+        while !stats.fallen_back.load(Ordering::Relaxed) {
+            let connects = stats.connects.load(Ordering::Relaxed);
+            assert!(connects <= 5, "a sixth attempt: {stats:?}");
+            turns += 1;
+            assert!(
+                turns < 100_000,
+                "did not give up the stream at once: {stats:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((get(&stats.connects), get(&stats.failures)), (5, 5));
+        assert_eq!(relist.count(), 0, "the 1 s relist goes on: nothing forced");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(get(&stats.connects), 5, "no sixth attempt");
         assert!(!stats.connected.load(Ordering::Relaxed));
-        assert_eq!(
-            stats.resync_relists.load(Ordering::Relaxed),
-            0,
-            "no stream was ever up"
-        );
+        assert!(!task.is_finished());
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(1), task)
             .await
             .unwrap()
             .unwrap();
-    }
-
-    #[test]
-    fn jitter_stays_within_bounds() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_secs(10), 0.2);
-            assert!(
-                d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
-                "{d:?}"
-            );
-        }
     }
 }
