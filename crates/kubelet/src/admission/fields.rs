@@ -10,7 +10,11 @@
 //! manager ([`evpleg_volume`]); any other type (`nfs`, `iscsi`, ...) is
 //! refused naming the volume and its type (`spec.volumes[data].nfs`), as are
 //! the projected sources `clusterTrustBundle` and `podCertificate`, a
-//! mount's `subPathExpr` and `recursiveReadOnly`, and `volumeDevices`.
+//! mount's `subPathExpr` and `recursiveReadOnly`, and `volumeDevices`. So
+//! are what the kubelet's eviction manager would enforce (an
+//! `ephemeral-storage` limit, an on-disk emptyDir's `sizeLimit`: the agent
+//! has no eviction manager), an emptyDir medium other than disk and
+//! `Memory`, and `env[].valueFrom.fileKeyRef`.
 //!
 //! `lifecycle.stopSignal` is refused because the CRI has no place for it: it is
 //! `ContainerConfig.stop_signal` from cri-api v0.33 on, the vendored
@@ -146,6 +150,18 @@ fn volume(v: &Volume, out: &mut Vec<String>) {
             out.push(format!("spec.volumes[{}].{kind}", v.name));
         }
     }
+    if let Some(e) = &v.empty_dir {
+        match e.medium.as_deref().unwrap_or("") {
+            // On disk a sizeLimit is the kubelet's eviction manager's to
+            // enforce, which the agent does not have; a Memory one is the
+            // tmpfs's size.
+            "" if e.size_limit.is_some() => {
+                out.push(format!("spec.volumes[{}].emptyDir.sizeLimit", v.name));
+            }
+            "" | "Memory" => {}
+            medium => out.push(format!("spec.volumes[{}].emptyDir.medium={medium}", v.name)),
+        }
+    }
     let sources = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
     for (i, s) in sources.enumerate() {
         for (present, field) in [
@@ -199,9 +215,25 @@ fn container(c: &Container, path: &str, probed: bool, out: &mut Vec<String>) {
         );
     }
     set(non_empty(&c.volume_devices), "volumeDevices");
+    for e in c.env.iter().flatten() {
+        set(
+            e.value_from
+                .as_ref()
+                .is_some_and(|f| f.file_key_ref.is_some()),
+            &format!("env[{}].valueFrom.fileKeyRef", e.name),
+        );
+    }
     set(non_empty(&c.restart_policy_rules), "restartPolicyRules");
     if let Some(r) = &c.resources {
         set(non_empty(&r.claims), "resources.claims");
+        // Enforced by the kubelet's eviction manager, which the agent does
+        // not have (a request is admission's, and is checked).
+        set(
+            r.limits
+                .as_ref()
+                .is_some_and(|l| l.contains_key("ephemeral-storage")),
+            "resources.limits[ephemeral-storage]",
+        );
         let names: std::collections::BTreeSet<&String> = r
             .requests
             .iter()
@@ -286,7 +318,7 @@ mod tests {
                 "volumeMounts": [{"name": "e", "mountPath": "/e", "subPath": "x", "readOnly": true,
                                   "mountPropagation": "HostToContainer", "recursiveReadOnly": "Disabled"}],
                 "terminationMessagePath": "/tmp/done", "terminationMessagePolicy": "FallbackToLogsOnError",
-                "resources": {"requests": {"cpu": "1", "memory": "1Mi"}},
+                "resources": {"requests": {"cpu": "1", "memory": "1Mi", "ephemeral-storage": "1Gi"}},
                 "securityContext": {"privileged": false, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
                                     "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
                                     "procMount": "Default", "seccompProfile": {"type": "Unconfined"}}
@@ -334,7 +366,30 @@ mod tests {
                 .extend(extra.as_object().unwrap().clone());
             assert_eq!(unsupported(&pod(spec)), vec![field.to_owned()], "{field}");
         }
+        let volumes = [
+            (
+                serde_json::json!({"name": "d", "emptyDir": {"sizeLimit": "1Gi"}}),
+                "spec.volumes[d].emptyDir.sizeLimit",
+            ),
+            (
+                serde_json::json!({"name": "h", "emptyDir": {"medium": "HugePages-2Mi"}}),
+                "spec.volumes[h].emptyDir.medium=HugePages-2Mi",
+            ),
+        ];
+        for (v, field) in volumes {
+            let spec =
+                serde_json::json!({"volumes": [v], "containers": [{"name": "app", "image": "i"}]});
+            assert_eq!(unsupported(&pod(spec)), vec![field.to_owned()], "{field}");
+        }
         let containers = [
+            (
+                serde_json::json!({"env": [{"name": "F", "valueFrom": {"fileKeyRef": {"volumeName": "v", "path": "p", "key": "k"}}}]}),
+                "env[F].valueFrom.fileKeyRef",
+            ),
+            (
+                serde_json::json!({"resources": {"requests": {"ephemeral-storage": "1Gi"}, "limits": {"ephemeral-storage": "1Gi"}}}),
+                "resources.limits[ephemeral-storage]",
+            ),
             (
                 serde_json::json!({"lifecycle": {"stopSignal": "SIGUSR1"}}),
                 "lifecycle.stopSignal",
