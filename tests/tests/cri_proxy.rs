@@ -250,6 +250,18 @@ fn stopped_events_carry_the_exit_code_and_the_overlay_shows_it_at_once() {
             let payload = status_of(&stopped, &id);
             assert!(exited(payload), "{payload:?}");
             assert_eq!(payload.exit_code, code, "{payload:?}");
+            // The kubelet 1.37 reads only this of a STOPPED (its pod to
+            // relist) and drops an event without it.
+            let uid = stopped
+                .pod_sandbox_status
+                .as_ref()
+                .and_then(|s| s.metadata.as_ref())
+                .map(|m| m.uid.clone());
+            assert_eq!(
+                uid,
+                Some(pod.uid.clone()),
+                "{name}: the STOPPED's sandbox uid"
+            );
             assert!(
                 stopped.created_at > 0
                     && stopped.created_at <= payload.finished_at.max(stopped.created_at)

@@ -150,6 +150,76 @@ e2e_test!(a_new_sandbox_continues_the_restart_count, |e| Box::pin(
     }
 ));
 
+// A new sandbox runs every init container again, from the first, before the
+// app (issue #27, item 2: the kubelet's `purgeInitContainers` and
+// `computeInitContainerActions`): the old sandbox's init containers are removed
+// before it, and the app's exited instance does not count as initialised (the
+// app ran beside init1 before the fix, init2 was skipped).
+e2e_test!(a_new_sandbox_runs_the_init_containers_again_in_order, |e| {
+    Box::pin(async move {
+        let init = |name: &str| {
+            format!("    - name: {name}\n      image: {IMAGE}\n      command: [\"true\"]\n")
+        };
+        let inits = format!("  initContainers:\n{}{}", init("init1"), init("init2"));
+        e.write(
+            "reinit.yaml",
+            &manifest("reinit", "Always", "sleep 600", &inits),
+        );
+        let running = |p: &Value| container(p, "app")["state"]["running"].is_object();
+        let pod = e.wait_for("reinit", "running", running).await;
+        let uid = uid_of(&pod);
+        let first = container(&pod, "app")["containerID"].clone();
+        let old = kill_sandbox(e, &uid).await;
+        e.wait_for("reinit", "running again in a new sandbox", |p| {
+            running(p) && container(p, "app")["containerID"] != first
+        })
+        .await;
+        let filter = v1::ContainerFilter {
+            label_selector: HashMap::from([(evpleg_core::labels::POD_UID.to_owned(), uid.clone())]),
+            ..Default::default()
+        };
+        let all = e
+            .cri()
+            .client()
+            .await
+            .list_containers(Some(filter))
+            .await
+            .expect("ListContainers");
+        let name = |c: &v1::Container| {
+            c.metadata
+                .as_ref()
+                .map_or("", |m| m.name.as_str())
+                .to_owned()
+        };
+        let left: Vec<String> = all
+            .iter()
+            .filter(|c| c.pod_sandbox_id == old && name(c).starts_with("init"))
+            .map(name)
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the old sandbox's init containers purged: {left:?}"
+        );
+        let created = |n: &str| -> Vec<(i64, i32)> {
+            all.iter()
+                .filter(|c| c.pod_sandbox_id != old && name(c) == n)
+                .map(|c| (c.created_at, c.state))
+                .collect()
+        };
+        let (init1, init2, app) = (created("init1"), created("init2"), created("app"));
+        let exited = v1::ContainerState::ContainerExited as i32;
+        assert!(
+            init1.len() == 1 && init2.len() == 1 && app.len() == 1,
+            "one of each in the new sandbox: {init1:?} {init2:?} {app:?}"
+        );
+        assert_eq!((init1[0].1, init2[0].1), (exited, exited));
+        assert!(
+            init1[0].0 < init2[0].0 && init2[0].0 < app[0].0,
+            "init1, init2, then the app: {init1:?} {init2:?} {app:?}"
+        );
+    })
+});
+
 // A restartPolicy: Never pod whose sandbox died after its container ran gets no
 // new sandbox: it is done (Failed), its container never runs again.
 e2e_test!(a_never_pod_whose_sandbox_died_is_not_started_again, |e| {
