@@ -430,6 +430,35 @@ mod tests {
         ContainerStatus::new(id, name, ContainerState::Running, EventSource::Relist)
     }
 
+    /// `StopLivenessAndStartup` (#27, item 10): a terminating pod's liveness
+    /// and startup workers of its `spec.containers` stop; readiness goes on,
+    /// and so do a sidecar's probes.
+    #[test]
+    fn termination_stops_liveness_and_startup_of_the_app_containers_only() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "uid": "a".repeat(32)},
+            "spec": {"initContainers": [{"name": "side", "restartPolicy": "Always"}],
+                     "containers": [{"name": "app"}]}
+        }))
+        .unwrap();
+        let uid = PodUid::parse(&"a".repeat(32)).unwrap();
+        let (results, _changed) = Results::new();
+        results.stop_liveness_and_startup(&uid, &pod);
+        let rows = [
+            ("app", ProbeKind::Liveness, true),
+            ("app", ProbeKind::Startup, true),
+            ("app", ProbeKind::Readiness, false),
+            ("side", ProbeKind::Liveness, false),
+            ("side", ProbeKind::Startup, false),
+        ];
+        for (name, kind, stopped) in rows {
+            assert_eq!(
+                results.is_stopped(&uid, name, kind),
+                stopped,
+                "{name} {kind:?}"
+            );
+        }
+    }
     #[test]
     fn failed_liveness_and_startup_probes_kill_and_restart_per_policy() {
         let uid = PodUid::parse(&"a".repeat(32)).unwrap();
