@@ -310,16 +310,19 @@ impl Events {
         self.hub.close();
     }
 
-    /// The pod `id` belongs to, as the queues key it: a sandbox is its own;
-    /// a container's known sandbox, else the container itself.
-    fn key_of(&self, id: &str, sandbox: bool) -> String {
+    /// The sandbox of `id` as far as the proxy knows: a sandbox is its own,
+    /// a container's is remembered (or not yet known).
+    fn known_sandbox(&self, id: &str, sandbox: bool) -> Option<String> {
         if sandbox {
-            return id.to_owned();
+            return Some(id.to_owned());
         }
-        self.known
-            .sandbox_of
-            .get(id)
-            .cloned()
+        self.known.sandbox_of.get(id).cloned()
+    }
+
+    /// The pod `id` belongs to, as the queues key it: its known sandbox,
+    /// else the container itself.
+    fn key_of(&self, id: &str, sandbox: bool) -> String {
+        self.known_sandbox(id, sandbox)
             .unwrap_or_else(|| id.to_owned())
     }
 
@@ -333,11 +336,7 @@ impl Events {
     fn drain(&mut self, key: &str) {
         while let Some(work) = self.queues.next(key) {
             if let Some(job) = self.start(work) {
-                let sandbox = if job.sandbox {
-                    Some(job.id.clone())
-                } else {
-                    self.known.sandbox_of.get(&job.id).cloned()
-                };
+                let sandbox = self.known_sandbox(&job.id, job.sandbox);
                 let read = self.source.read(job.id.clone(), sandbox);
                 let owned = key.to_owned();
                 self.reads
@@ -369,18 +368,23 @@ impl Events {
                 .admit(&id, T::ContainerCreatedEvent, Origin::Proxy)
                 .then(|| Job::plain(id, T::ContainerCreatedEvent, sandbox, at)),
             Work::Removed { id, sandbox, at } => {
-                if !self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy)
-                    || !self.known.mark_deleted(&id)
-                {
-                    return None;
-                }
-                if let Some(c) = ContainerId::parse(&id) {
-                    self.overlay.forget(&c);
-                    self.overlay.forget_sandbox(&c);
-                }
-                Some(Job::plain(id, T::ContainerDeletedEvent, sandbox, at))
+                (self.admit(&id, T::ContainerDeletedEvent, Origin::Proxy) && self.deleted(&id))
+                    .then(|| Job::plain(id, T::ContainerDeletedEvent, sandbox, at))
             }
         }
+    }
+
+    /// The proxy's own DELETED of `id`, once: remembered as deleted and its
+    /// overlay entries dropped; false when it was served already.
+    fn deleted(&mut self, id: &str) -> bool {
+        if !self.known.mark_deleted(id) {
+            return false;
+        }
+        if let Some(c) = ContainerId::parse(id) {
+            self.overlay.forget(&c);
+            self.overlay.forget_sandbox(&c);
+        }
+        true
     }
 
     /// An event of the runtime's own stream, queued on its pod.
@@ -467,12 +471,8 @@ impl Events {
         if !self.admit(id.as_str(), t, Origin::Proxy) {
             return None;
         }
-        if t == T::ContainerDeletedEvent {
-            if !self.known.mark_deleted(id.as_str()) {
-                return None;
-            }
-            self.overlay.forget(&id);
-            self.overlay.forget_sandbox(&id);
+        if t == T::ContainerDeletedEvent && !self.deleted(id.as_str()) {
+            return None;
         }
         let kernel = ev.source == EventSource::Kernel;
         Some(Job {

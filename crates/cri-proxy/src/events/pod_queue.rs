@@ -56,14 +56,15 @@ impl<W> Default for PodQueues<W> {
 impl<W> PodQueues<W> {
     /// Queues `work` for pod `key`, behind its earlier work.
     pub fn push(&mut self, key: &str, work: W) {
-        self.pods
-            .entry(key.to_owned())
-            .or_insert_with(|| Pod {
-                state: PodState::Idle,
-                waiting: VecDeque::new(),
-            })
-            .waiting
-            .push_back(work);
+        self.pod(key).waiting.push_back(work);
+    }
+
+    /// Pod `key`'s entry, made idle and empty if it had none.
+    fn pod(&mut self, key: &str) -> &mut Pod<W> {
+        self.pods.entry(key.to_owned()).or_insert_with(|| Pod {
+            state: PodState::Idle,
+            waiting: VecDeque::new(),
+        })
     }
 
     /// The next work of pod `key`, if the pod is idle and has some; a pod
@@ -83,13 +84,7 @@ impl<W> PodQueues<W> {
     /// Pod `key`'s payload read began: its later work waits for
     /// [`Self::read_done`].
     pub fn reading(&mut self, key: &str) {
-        self.pods
-            .entry(key.to_owned())
-            .or_insert_with(|| Pod {
-                state: PodState::Idle,
-                waiting: VecDeque::new(),
-            })
-            .state = PodState::Reading;
+        self.pod(key).state = PodState::Reading;
     }
 
     /// Pod `key`'s read is done (its event handled): its next work may
