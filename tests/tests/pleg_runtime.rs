@@ -606,6 +606,11 @@ fn evented_cri_with_containerd_16_degrades_to_relisting() {
             (5, 5),
             "five attempts, each answered Unimplemented, then no more: {stats:?}"
         );
+        assert_eq!(
+            get(&stats.failures),
+            0,
+            "counted once, as unimplemented: {stats:?}"
+        );
         assert!(stats.fallen_back.load(Ordering::Relaxed), "{stats:?}");
         assert_eq!((get(&stats.streams), get(&stats.events)), (0, 0));
         assert!(

@@ -154,7 +154,14 @@ impl Collector for EventedCollector {
             "evented_pleg_connection_success_count",
             "The number of times a streaming client was obtained to receive CRI Events",
             s.streams.load(Ordering::Relaxed),
-        )
+        )?;
+        let given_up = ConstGauge::new(i64::from(s.fallen_back.load(Ordering::Relaxed)));
+        given_up.encode(encoder.encode_descriptor(
+            "evented_pleg_stream_given_up",
+            "1 once the CRI event stream was given up after its 5 failures (the kubelet's eventedPlegMaxStreamRetries): the relist alone reports from then on",
+            None,
+            given_up.metric_type(),
+        )?)
     }
 }
 
@@ -704,6 +711,37 @@ mod tests {
         let text = Metrics::new(None, None).with_events(rec.stats()).render();
         assert!(
             text.contains("evpleg_lifecycle_handler_http_fallbacks_total 2\n"),
+            "{text}"
+        );
+    }
+
+    /// The event stream's counters: an `Unimplemented` answer counts once in
+    /// the error count, and a stream given up shows (issue #30).
+    #[test]
+    fn the_event_streams_errors_and_its_end_are_exported() {
+        let stats = Arc::new(evpleg_pleg::evented_cri::EventedCriStats::default());
+        let render = || {
+            let mut registry = Registry::with_prefix("evpleg");
+            registry.register_collector(Box::new(EventedCollector(stats.clone())));
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        let text = render();
+        assert!(
+            text.contains("evpleg_evented_pleg_stream_given_up 0\n"),
+            "{text}"
+        );
+        stats.failures.store(3, Ordering::Relaxed);
+        stats.unimplemented.store(2, Ordering::Relaxed);
+        stats.fallen_back.store(true, Ordering::Relaxed);
+        let text = render();
+        assert!(
+            text.contains("evpleg_evented_pleg_connection_error_count_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evpleg_evented_pleg_stream_given_up 1\n"),
             "{text}"
         );
     }

@@ -106,7 +106,8 @@ pub struct EventedCriStats {
     pub unattributed: AtomicU64,
     /// Events about objects without the pod UID label (not this agent's).
     pub foreign: AtomicU64,
-    /// Failed attempts and broken or ended streams.
+    /// Failed attempts and broken or ended streams (an attempt answered
+    /// `Unimplemented` is counted in `unimplemented` instead).
     pub failures: AtomicU64,
     /// Attempts the runtime answered with `Unimplemented`.
     pub unimplemented: AtomicU64,
@@ -401,10 +402,14 @@ impl EventedCri {
                 s
             }
             Err(e) => {
-                if e.code() == Some(tonic::Code::Unimplemented) {
-                    self.stats.unimplemented.fetch_add(1, Ordering::Relaxed);
-                }
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                // Counted once: `unimplemented` or `failures` (the metric
+                // `evented_pleg_connection_error_count` is their sum).
+                let counter = if e.code() == Some(tonic::Code::Unimplemented) {
+                    &self.stats.unimplemented
+                } else {
+                    &self.stats.failures
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
                 return Ended::Broken(Some(e));
             }
         };
