@@ -259,6 +259,17 @@ impl Running {
     /// Starts the agent in `mode`; `tag` names its directory among the
     /// run's (a repetition's number, a part's name).
     pub async fn start(containerd: &Containerd, mode: AgentMode, tag: &str) -> Result<Self> {
+        Self::start_against(containerd, mode, tag, None).await
+    }
+
+    /// As [`Self::start`], with `kubeconfig` (when given) the API server it
+    /// registers its Node with and takes its pods from.
+    pub async fn start_against(
+        containerd: &Containerd,
+        mode: AgentMode,
+        tag: &str,
+        kubeconfig: Option<&std::path::Path>,
+    ) -> Result<Self> {
         let flag = mode.flag().context("not an agent mode")?;
         let manifests = manifest_dir(containerd.base(), mode, tag);
         let base = manifests.parent().context("manifest dir")?.to_owned();
@@ -275,7 +286,7 @@ impl Running {
             }
             AgentMode::Pleg(_) | AgentMode::Kubelet(_) => containerd.endpoint(),
         };
-        let args = RunArgs::try_parse_from([
+        let mut argv = vec![
             "evpleg",
             "--pleg",
             flag,
@@ -289,7 +300,11 @@ impl Running {
             "127.0.0.1:0",
             "--pod-log-dir",
             logs.to_str().context("utf-8 path")?,
-        ])?;
+        ];
+        if let Some(k) = kubeconfig {
+            argv.extend(["--kubeconfig", k.to_str().context("utf-8 path")?]);
+        }
+        let args = RunArgs::try_parse_from(argv)?;
         let agent = match Agent::start(&args).await {
             Ok(agent) => agent,
             Err(e) => {

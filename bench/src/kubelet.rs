@@ -106,6 +106,17 @@ impl Running {
     /// Starts the kubelet in `mode`; `tag` names its directory among the
     /// run's (a repetition's number, a part's name).
     pub async fn start(containerd: &Containerd, mode: KubeletMode, tag: &str) -> Result<Self> {
+        Self::start_against(containerd, mode, tag, None).await
+    }
+
+    /// As [`Self::start`], with `kubeconfig` (when given) the API server it
+    /// registers its Node with and takes its pods from.
+    pub async fn start_against(
+        containerd: &Containerd,
+        mode: KubeletMode,
+        tag: &str,
+        kubeconfig: Option<&std::path::Path>,
+    ) -> Result<Self> {
         // Short: the kubelet's unix sockets below it (its pod-resources
         // endpoint) must fit in 108 bytes.
         let short = match mode {
@@ -133,7 +144,7 @@ impl Running {
             evented_pleg: mode != KubeletMode::Generic,
             cgroups: KubeletCgroups::ContainerdNamespace,
         };
-        match StockKubelet::start(&base, &opts).await {
+        match StockKubelet::start_against(&base, &opts, kubeconfig).await {
             Ok(kubelet) => Ok(Self {
                 kubelet,
                 proxy,

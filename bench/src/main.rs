@@ -8,6 +8,7 @@
 //! (containerd, images, cgroups) and root, none of which `xtask` should carry.
 
 mod agent;
+mod api;
 mod death;
 mod fake_cri;
 mod floor;
@@ -52,8 +53,8 @@ struct Cli {
     /// The command line to print in the report.
     #[arg(long, default_value = "cargo xtask bench")]
     command: String,
-    /// Only these parts (death, agent, scale, churn, idle, node-idle, tax,
-    /// runtime-load, relist-cost, memory); all by default. For checking a change quickly; the report then
+    /// Only these parts (death, agent, api, scale, churn, idle, node-idle,
+    /// tax, runtime-load, relist-cost, memory); all by default. For checking a change quickly; the report then
     /// lacks the others.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -241,6 +242,31 @@ fn main() -> Result<()> {
             window,
             &mut results,
         )?;
+    }
+    let api_modes: Vec<agent::AgentMode> = api::MODES
+        .into_iter()
+        .filter(|m| agent_modes.contains(m))
+        .collect();
+    if wanted("api") && !api_modes.is_empty() {
+        match evpleg_tests::control_plane::binary("kube-apiserver")
+            .and(evpleg_tests::control_plane::binary("etcd"))
+        {
+            Ok(_) => {
+                progress(&format!(
+                    "api: {} modes, a warm-up and {reps} repetitions of {n} API pods, then \
+                     killed; interleaved",
+                    api_modes.len()
+                ));
+                let rows = rt.block_on(api::run(&containerd, &api_modes, reps, n, window))?;
+                results.latency.extend(rows);
+                results.notes.push(api::NOTE.to_owned());
+            }
+            Err(e) => {
+                let note = format!("The API status rows were left out: {e}.");
+                progress(&note);
+                results.notes.push(note);
+            }
+        }
     }
     if wanted("scale") {
         let (counts, secs): (&[usize], f64) = if cli.quick {

@@ -776,10 +776,18 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          released at random times over a window; `killed`, the main process killed with \
          SIGKILL from the host at random times; `churn`, containers started at a steady \
          rate that exit by themselves; `agent-killed`, static pods of the full agent killed \
-         from the host at random times (see the notes).\n"
+         from the host at random times; `api-killed`, API pods on the real kube-apiserver \
+         killed from the host, `api-status` the status as a watch on the API server first \
+         shows it (see the notes).\n"
     );
     targets(&mut out, r);
-    for workload in ["self-exit", "killed", "churn", "agent-killed"] {
+    for workload in [
+        "self-exit",
+        "killed",
+        "churn",
+        "agent-killed",
+        crate::api::WORKLOAD,
+    ] {
         if !r.latency.iter().any(|l| l.workload == workload) {
             continue;
         }

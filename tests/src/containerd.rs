@@ -12,6 +12,11 @@
 //! shims and containers, unmounts what is mounted under the base directory,
 //! removes the cgroups this instance's pods used and removes the base directory.
 //! See `/work/shared/notes/cri-runtime.md` for why the configuration is as it is.
+//!
+//! The runtime matrix (docs/stock-kubelet.md): with `EVPLEG_TEST_CONTAINERD`
+//! naming another `containerd` binary (`cargo xtask test --containerd 2` sets it
+//! to the containerd 2.x that setup builds), [`Containerd::start`] runs that one,
+//! so the whole suite runs on it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -43,6 +48,9 @@ pub const PAUSE_IMAGE: &str = "localhost/pause:local";
 pub const CRI_NAMESPACE: &str = "k8s.io";
 
 const CONTAINERD: &str = "/usr/bin/containerd";
+/// Variable naming the `containerd` binary [`Containerd::start`] runs instead of
+/// Debian's (its shim and `ctr` are taken from its directory when there).
+pub const CONTAINERD_VAR: &str = "EVPLEG_TEST_CONTAINERD";
 const CTR: &str = "/usr/bin/ctr";
 const RUNC: &str = "/usr/sbin/runc";
 /// umoci, which builds the images.
@@ -195,6 +203,12 @@ impl Containerd {
     /// Builds the images if needed, starts a private containerd, waits until it
     /// answers CRI `Version` and imports the images.
     pub fn start() -> Result<Containerd> {
+        Self::start_with(&default_binary())
+    }
+
+    /// [`start`](Self::start) with Debian's containerd, whatever
+    /// `$EVPLEG_TEST_CONTAINERD` says.
+    pub fn start_debian() -> Result<Containerd> {
         Self::start_with(Path::new(CONTAINERD))
     }
 
@@ -209,7 +223,7 @@ impl Containerd {
     /// [`start`](Self::start) with this CNI configuration ([`CniSetup::Broken`]:
     /// every pod network setup fails).
     pub fn start_with_cni(cni: &CniSetup) -> Result<Containerd> {
-        Self::start_full(Path::new(CONTAINERD), cni)
+        Self::start_full(&default_binary(), cni)
     }
 
     fn start_full(binary: &Path, cni: &CniSetup) -> Result<Containerd> {
@@ -744,6 +758,15 @@ impl Containerd {
 impl Drop for Containerd {
     fn drop(&mut self) {
         self.teardown();
+    }
+}
+
+/// The `containerd` of [`Containerd::start`]: `$EVPLEG_TEST_CONTAINERD`, or
+/// Debian's.
+pub fn default_binary() -> PathBuf {
+    match std::env::var_os(CONTAINERD_VAR) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => PathBuf::from(CONTAINERD),
     }
 }
 

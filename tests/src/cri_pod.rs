@@ -46,6 +46,13 @@ pub fn start_containerd() -> Containerd {
     Containerd::start().unwrap_or_else(|e| panic!("containerd harness: {e}"))
 }
 
+/// Debian's containerd 1.6 whatever `$EVPLEG_TEST_CONTAINERD` says, for the
+/// tests of what 1.6 lacks (a `GetContainerEvents` stream).
+pub fn start_containerd_16() -> Containerd {
+    init_test_logging();
+    Containerd::start_debian().unwrap_or_else(|e| panic!("containerd 1.6 harness: {e}"))
+}
+
 /// containerd 1.7, or `None` (skipped with the reason printed) when it cannot
 /// be fetched outside CI.
 pub fn start_containerd_17(test: &str) -> Option<Containerd> {

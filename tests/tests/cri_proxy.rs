@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use evpleg_cri::CriClient;
 use evpleg_cri_api::v1;
-use evpleg_tests::cri_pod::{TestPod, WAIT, exited, run_container, run_sandbox, start_containerd};
+use evpleg_tests::cri_pod::{
+    TestPod, WAIT, exited, run_container, run_sandbox, start_containerd, start_containerd_16,
+};
 use evpleg_tests::cri_proxy::{
     Subscription, metric, metric_sum, never_reading_subscriber, proxy, raw_unary, runtime_exited,
     status, status_of, wait_metrics,
@@ -988,11 +990,12 @@ fn answers_the_proxy_writes_end_their_stream_as_the_runtime_ended_them() {
                 }),
             ),
             // Forwarded untouched: it kept its code before the fix too.
+            // (Not StopContainer: containerd 2 stops an unknown container
+            // without an error, as the CRI asks of a stop.)
             (
-                "RuntimeService/StopContainer",
-                frame(&v1::StopContainerRequest {
+                "RuntimeService/StartContainer",
+                frame(&v1::StartContainerRequest {
                     container_id: unknown.clone(),
-                    timeout: 1,
                 }),
             ),
         ];
@@ -1376,7 +1379,9 @@ fn crictl_reads_the_same_codes_and_messages_through_the_proxy() {
         (vec!["version"], None),
         (vec!["inspect", &unknown], Some("code = NotFound")),
         (vec!["inspectp", &unknown], Some("code = NotFound")),
-        (vec!["stop", &unknown], Some("code = NotFound")),
+        // Not `stop`: containerd 2 stops an unknown container without an
+        // error, as the CRI asks of a stop.
+        (vec!["start", &unknown], Some("code = NotFound")),
         (
             vec!["create", &sandbox, &container_json, &pod_json],
             Some("rpc error: code = "),
@@ -1434,7 +1439,7 @@ fn a_proxy_whose_kernel_path_cannot_load_passes_every_call_through_and_retries()
         return;
     }
     let _serial = serial();
-    let containerd = start_containerd();
+    let containerd = start_containerd_16();
     let pod = TestPod::new(&containerd, "passthrough");
     let object = containerd.base().join("late.bpf.o");
     std::fs::write(&object, b"not an eBPF object").expect("the bad object");
@@ -1597,6 +1602,56 @@ fn a_kernel_path_that_dies_falls_back_to_pass_through_and_comes_back() {
         pod.release("after");
         let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
         assert_eq!(status_of(&stopped, &id).exit_code, 6);
+        proxy.stop().await;
+    });
+}
+
+/// With `--merge-runtime-events` (containerd 1.7), a kernel path that dies
+/// leaves its subscribers their stream: the runtime's own stream goes on
+/// feeding it, so a kubelet 1.37 keeps its fast path without spending one
+/// of the five stream failures it allows over its life. A container that
+/// exits in pass-through has its STOPPED, with its exit code, on the stream
+/// subscribed before the death. Before this, the stream ended UNAVAILABLE
+/// (as without the merge: `a_kernel_path_that_dies_falls_back...`).
+#[test]
+fn merged_with_the_runtimes_stream_a_kernel_path_death_keeps_the_subscribers() {
+    let test = "merged_a_kernel_path_death_keeps_the_subscribers";
+    if !evpleg_tests::privileged(test) {
+        return;
+    }
+    let _serial = serial();
+    let Some(containerd) = evpleg_tests::cri_pod::start_containerd_17(test) else {
+        return;
+    };
+    let pod = TestPod::new(&containerd, "kept");
+    runtime().block_on(async {
+        let (proxy, through) = proxy(&containerd, &["--merge-runtime-events"]).await;
+        let mut events = Subscription::new(&through).await;
+        let sandbox = run_sandbox(&through, &pod).await;
+        let id = run_container(
+            &through,
+            &pod,
+            &sandbox,
+            &pod.waiting_container_exiting("app", 5),
+        )
+        .await;
+        events.wait(&id, T::ContainerStartedEvent).await;
+        wait_metrics(proxy.http_addr, "the runtime's stream followed", |m| {
+            metric(m, "evpleg_cri_proxy_runtime_events_total") >= 1.0
+        })
+        .await;
+        proxy.kernel().with_pleg(|p| {
+            p.and_then(|p| p.kernel.as_ref())
+                .expect("the kernel pleg runs")
+                .fail_reader_for_test()
+        });
+        wait_metrics(proxy.http_addr, "the path's loss counted", |m| {
+            metric(m, "evpleg_cri_proxy_kernel_path_losses_total") == 1.0
+        })
+        .await;
+        pod.release("app");
+        let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
+        assert_eq!(status_of(&stopped, &id).exit_code, 5);
         proxy.stop().await;
     });
 }

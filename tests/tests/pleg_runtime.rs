@@ -578,7 +578,7 @@ fn evented_cri_with_containerd_16_degrades_to_relisting() {
     if !privileged("evented_cri_with_containerd_16_degrades_to_relisting") {
         return;
     }
-    let containerd = start_containerd();
+    let containerd = start_containerd_16();
     let rt = tokio_runtime();
     let pod = TestPod::new(&containerd, "evented16");
     rt.block_on(async {

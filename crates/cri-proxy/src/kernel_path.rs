@@ -18,6 +18,13 @@
 //! stream lose it when the path dies (their stream ends `UNAVAILABLE`, and a
 //! kubelet subscribes again, to the runtime's stream). A subscriber of the
 //! runtime's stream stays on it after the kernel path is back.
+//!
+//! With `--merge-runtime-events` and the runtime's stream open
+//! ([`RuntimeStream`]), the proxy's stream is complete without the kernel:
+//! its subscribers keep it when the path dies, and a new one is served it in
+//! pass-through too. That spares a kubelet 1.37 one of the five stream
+//! failures it allows over its life (docs/cri-proxy.md). The streams end
+//! only when both sources are gone.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::hub::Hub;
+use crate::merge::RuntimeStream;
 use crate::stats::ProxyStats;
 
 /// The back-off of the kernel path's restarts: 1 s, doubling, at most 60 s,
@@ -92,7 +100,10 @@ impl KernelPath {
 
     /// Whether the kernel path runs (else: pass-through).
     pub fn serving(&self) -> bool {
-        self.serving.load(Ordering::Acquire)
+        // SeqCst, as the runtime stream's flag: when both sources fail at
+        // once, one of the two sides sees the other's failure and ends the
+        // subscribers' streams ([`crate::merge::RuntimeStream`]).
+        self.serving.load(Ordering::SeqCst)
     }
 
     pub fn state(&self) -> PathState {
@@ -169,7 +180,7 @@ impl KernelPath {
 
     /// Into pass-through after a death; returns the dead PLEG to stop.
     fn lose(&self, reason: String, stats: &ProxyStats, now_ns: u64) -> Option<Pleg> {
-        self.serving.store(false, Ordering::Release);
+        self.serving.store(false, Ordering::SeqCst);
         stats.pass_through.set(1);
         stats.kernel_path_losses.inc();
         warn!(%reason, "serving the cri in pass-through, restarting the kernel path with a back-off");
@@ -192,12 +203,14 @@ impl KernelPath {
 }
 
 /// Watches the kernel path until `shutdown`: a running one for its death
-/// (then pass-through: its subscribers' streams end, it is stopped), a
-/// stopped one started again after the back-off's next delay.
+/// (then pass-through: it is stopped, and its subscribers' streams end
+/// unless the runtime's own stream is merged and open, `runtime`), a stopped
+/// one started again after the back-off's next delay.
 pub async fn supervise(
     path: Arc<KernelPath>,
     start: Box<dyn Fn() -> Result<Pleg, PlegError> + Send + Sync>,
     hub: Arc<Hub>,
+    runtime: Arc<RuntimeStream>,
     stats: Arc<ProxyStats>,
     clock: evpleg_core::clock::SharedClock,
     shutdown: CancellationToken,
@@ -215,10 +228,15 @@ pub async fn supervise(
                     break reason;
                 }
             };
-            // Subscribers of the kernel's stream subscribe again, to the
-            // runtime's.
-            hub.close();
-            if let Some(dead) = path.lose(reason, &stats, clock.now_ns()) {
+            let dead = path.lose(reason, &stats, clock.now_ns());
+            // With the runtime's stream merged, the proxy's goes on from it;
+            // else its subscribers subscribe again, to the runtime's.
+            if runtime.is_open() {
+                info!("the runtime's merged stream goes on: event subscribers keep their streams");
+            } else {
+                hub.close();
+            }
+            if let Some(dead) = dead {
                 dead.stop().await;
             }
         }

@@ -151,10 +151,12 @@ impl CriProxy {
         let overlay = Arc::new(overlay::Overlay::default());
         let (calls_tx, calls_rx) = mpsc::channel(CALL_QUEUE);
         let shutdown = CancellationToken::new();
+        let runtime_stream = Arc::new(merge::RuntimeStream::default());
         let mut tasks = vec![tokio::spawn(kernel_path::supervise(
             kernel.clone(),
             start_pleg,
             hub.clone(),
+            runtime_stream.clone(),
             stats.clone(),
             clock.clone(),
             shutdown.clone(),
@@ -174,6 +176,9 @@ impl CriProxy {
                 cri.clone(),
                 tx,
                 stats.clone(),
+                runtime_stream.clone(),
+                kernel.clone(),
+                hub.clone(),
                 shutdown.clone(),
             )));
             Some(rx)
@@ -195,6 +200,7 @@ impl CriProxy {
             stats: stats.clone(),
             cri: cri.clone(),
             kernel: kernel.clone(),
+            runtime_stream,
         });
         tasks.push(tokio::spawn(server::serve(
             listener,

@@ -33,6 +33,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use evpleg_cri_api::v1;
@@ -40,6 +41,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::hub::Hub;
+use super::kernel_path::KernelPath;
 use super::stats::ProxyStats;
 use evpleg_cri::CriClient;
 
@@ -186,6 +189,27 @@ impl Served {
     }
 }
 
+/// Whether the runtime's own stream is open and merged. While it is, the
+/// proxy's stream is complete without the kernel path: its subscribers keep
+/// it when the kernel path dies ([`super::kernel_path::supervise`]) and a
+/// subscriber in pass-through is served it ([`super::server`]). When it
+/// breaks while the kernel path does not run, the subscribers' streams end
+/// ([`follow`]), as at the kernel path's death without the merge.
+#[derive(Debug, Default)]
+pub struct RuntimeStream(AtomicBool);
+
+impl RuntimeStream {
+    pub fn is_open(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// SeqCst with the kernel path's `serving`: of a kernel path dying and
+    /// this stream breaking at once, one side sees the other's.
+    fn set(&self, open: bool) {
+        self.0.store(open, Ordering::SeqCst);
+    }
+}
+
 /// First and longest wait before subscribing again.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -193,11 +217,16 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Subscribes to the runtime's own stream and hands each event to `tx` until
 /// `shutdown`; a broken stream is subscribed again (100 ms doubling to 5 s).
 /// A runtime without a stream (UNIMPLEMENTED: containerd 1.6) ends it, with
-/// a warning: there is nothing to merge.
+/// a warning: there is nothing to merge. `open` says whether the stream is
+/// open; when it breaks while the kernel path does not run, the hub's
+/// subscribers' streams end.
 pub async fn follow(
     cri: CriClient,
     tx: mpsc::Sender<v1::ContainerEventResponse>,
     stats: Arc<ProxyStats>,
+    open: Arc<RuntimeStream>,
+    kernel: Arc<KernelPath>,
+    hub: Arc<Hub>,
     shutdown: CancellationToken,
 ) {
     let mut wait = RETRY_FIRST;
@@ -212,9 +241,10 @@ pub async fn follow(
         let error = match opened {
             Ok(mut stream) => {
                 info!("merging the runtime's own event stream");
+                open.set(true);
                 outage_logged = false;
                 wait = RETRY_FIRST;
-                loop {
+                let broke = loop {
                     let next = tokio::select! {
                         m = stream.message() => m,
                         () = shutdown.cancelled() => return,
@@ -229,7 +259,16 @@ pub async fn follow(
                         Ok(None) => break "the runtime ended its stream".to_owned(),
                         Err(e) => break e.to_string(),
                     }
+                };
+                open.set(false);
+                if !kernel.serving() {
+                    warn!(
+                        error = broke,
+                        "the runtime's stream broke while the kernel path does not run: event subscribers' streams end"
+                    );
+                    hub.close();
                 }
+                broke
             }
             Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
                 warn!(error = %e,

@@ -12,7 +12,8 @@
 //! While the kernel path does not run ([`super::kernel_path`]) every call is
 //! forwarded untouched, GetContainerEvents included: the runtime's own
 //! stream, or its error, worded as the proxy's when it is `Unimplemented`
-//! (containerd 1.6 has no stream).
+//! (containerd 1.6 has no stream). With the runtime's stream merged and open
+//! ([`super::merge::RuntimeStream`]) GetContainerEvents stays the proxy's.
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,7 @@ use super::forward::{ForwardError, Unary, Upstream, read_body};
 use super::grpc::{self, Body};
 use super::hub::Hub;
 use super::kernel_path::{KernelPath, PathState};
+use super::merge::RuntimeStream;
 use super::overlay::{Overlay, Seen};
 use super::stats::{Method, ProxyStats};
 
@@ -112,6 +114,9 @@ pub struct Service {
     pub cri: CriClient,
     /// Whether the kernel path runs; else every call passes through.
     pub kernel: Arc<KernelPath>,
+    /// Whether the runtime's own stream is merged and open: then
+    /// GetContainerEvents is the proxy's own in pass-through too.
+    pub runtime_stream: Arc<RuntimeStream>,
 }
 
 /// How long connections may take to finish at shutdown (an event stream's
@@ -182,8 +187,12 @@ impl Service {
         let path = req.uri().path().to_owned();
         let method = grpc::cri_method(&path).unwrap_or("other").to_owned();
         let answer = match method.as_str() {
+            "RuntimeService/GetContainerEvents"
+                if self.kernel.serving() || self.runtime_stream.is_open() =>
+            {
+                return Ok(self.subscribe());
+            }
             _ if !self.kernel.serving() => self.passed_through(&method, req).await,
-            "RuntimeService/GetContainerEvents" => return Ok(self.subscribe()),
             "RuntimeService/ListContainers"
             | "RuntimeService/ContainerStatus"
             | "RuntimeService/PodSandboxStatus"
