@@ -360,17 +360,50 @@ async fn behind_the_proxy_the_stock_kubelet_ends_the_pods_as_directly_against_th
         .filter(|c| PROXY_SCENARIOS.contains(&c.name.as_str()))
         .collect();
     assert_eq!(cases.len(), PROXY_SCENARIOS.len());
+    same_behind_the_proxy(&containerd, &cases, &[false, true]).await;
+}
+
+/// Issue #30, the whole corpus (`cargo xtask fidelity --proxy`): the stock
+/// kubelet with the `EventedPLEG` gate behind `evpleg cri-proxy`, against the
+/// real API server, ends every manifest's pod as it does directly, but for
+/// the fields that are timing between two runs of the same kubelet
+/// ([`timing`]). `EVPLEG_FIDELITY_CASES=a,b` only the manifests named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the whole corpus behind the proxy: cargo xtask fidelity --proxy"]
+async fn whole_corpus_behind_the_proxy() {
+    let test = "whole_corpus_behind_the_proxy";
+    let Some(containerd) = runnable(test) else {
+        return;
+    };
+    if !control_plane::available(test) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut cases = differential::corpus(&differential::corpus_dir()).expect("the corpus");
+    let picked = std::env::var("EVPLEG_FIDELITY_CASES").unwrap_or_default();
+    if !picked.is_empty() {
+        let names: Vec<&str> = picked.split(',').map(str::trim).collect();
+        cases.retain(|c| names.contains(&c.name.as_str()));
+        assert_eq!(cases.len(), names.len(), "EVPLEG_FIDELITY_CASES: {picked}");
+    }
+    same_behind_the_proxy(&containerd, &cases, &[true]).await;
+}
+
+/// Runs `cases` under the stock kubelet directly, then behind the proxy with
+/// each `evented` setting, against the real API server; fails on any
+/// difference but [`timing`].
+async fn same_behind_the_proxy(containerd: &Path, cases: &[Case], evented: &[bool]) {
     let cp = ControlPlane::shared().await;
-    let direct = differential::run_side(Side::Kubelet, &containerd, &cases, Some(&cp))
+    let direct = differential::run_side(Side::Kubelet, containerd, cases, Some(&cp))
         .await
         .unwrap_or_else(|e| panic!("directly: {e}"));
     let mut failures = Vec::new();
-    for evented in [false, true] {
+    for &evented in evented {
         let side = Side::KubeletBehindProxy { evented };
-        let proxied = differential::run_side(side, &containerd, &cases, Some(&cp))
+        let proxied = differential::run_side(side, containerd, cases, Some(&cp))
             .await
             .unwrap_or_else(|e| panic!("{side:?}: {e}"));
-        for c in report::compare(Mode::Api, &cases, &direct, &proxied) {
+        for c in report::compare(Mode::Api, cases, &direct, &proxied) {
             for d in c.differences.iter().filter(|d| !timing(&d.field)) {
                 failures.push(format!(
                     "{side:?} {} {}: directly {} behind the proxy {}",
@@ -381,6 +414,11 @@ async fn behind_the_proxy_the_stock_kubelet_ends_the_pods_as_directly_against_th
             assert!(fields > 5, "{side:?} {}: {fields} fields compared", c.case);
         }
     }
+    eprintln!(
+        "{} manifests compared directly and behind the proxy, {} differences",
+        cases.len(),
+        failures.len()
+    );
     assert!(
         failures.is_empty(),
         "behind the proxy, the stock kubelet's pods ended otherwise:\n{}",

@@ -51,12 +51,18 @@ const PULLED: &str = "returns image reference";
 const FAILED: &str = "failed";
 
 /// Containers named `name` that containerd created (its log records every
-/// `CreateContainer`, also of containers removed since).
+/// `CreateContainer`, also of containers removed since). The metadata is
+/// printed `Name:app,` by containerd 1.x and `name:"app"` (the protobuf text
+/// format, with a space it may add at random) by containerd 2.
 fn creates(e: &E2e, name: &str) -> usize {
+    let (one, two) = (format!("Name:{name},"), format!("name:\"{name}\""));
     e.runtime_log()
         .lines()
-        .filter(|l| l.contains("CreateContainer within sandbox"))
-        .filter(|l| l.contains(&format!("Name:{name},")) && l.contains("returns container id"))
+        .filter(|l| {
+            l.contains("CreateContainer within sandbox") && l.contains("returns container id")
+        })
+        .map(|l| l.replace(['\\', ' '], ""))
+        .filter(|l| l.contains(&one) || l.contains(&two))
         .count()
 }
 
@@ -458,9 +464,12 @@ async fn pull_secrets_give_the_registry_credentials() {
             })
             .await;
         let (_, message) = waiting_api(&p).expect("waiting");
+        // containerd 1.x words the refusal "401 Unauthorized", 2.x "no
+        // basic auth credentials"; the agent passes it on as it is.
         assert!(
             message.starts_with(&format!("failed to pull and unpack image {image:?}"))
-                && message.contains("401 Unauthorized"),
+                && (message.contains("401 Unauthorized")
+                    || message.contains("authorization failed: no basic auth credentials")),
             "{name}: {message}"
         );
     }

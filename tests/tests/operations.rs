@@ -172,6 +172,18 @@ async fn every_documented_metric_is_served_and_every_served_one_documented() {
     e.write("done.yaml", &manifest("done", "Never", "exit 0", volume));
     e.wait_for("done", "Succeeded", |p| p["status"]["phase"] == "Succeeded")
         .await;
+    // A runtime call that fails (a pull from a registry that cannot exist):
+    // the error counter has a sample. Before, the test leaned on containerd
+    // 1.6 refusing the event stream, which containerd 2 serves.
+    e.write(
+        "absent.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: absent\nspec:\n  hostNetwork: true\n  containers:\n    - name: app\n      image: evpleg.invalid/absent:none\n      imagePullPolicy: IfNotPresent\n",
+    );
+    e.wait_for("absent", "the pull failed", |p| {
+        let reason = &p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"];
+        reason == "ErrImagePull" || reason == "ImagePullBackOff"
+    })
+    .await;
     // A CSI driver registered: the plugin watcher's gauge and the CSI client's
     // histogram (its NodeGetInfo) have samples.
     let base = e.args.root_dir.parent().expect("the harness's base dir");

@@ -184,7 +184,11 @@ fn generic_relist_reports_start_exit_and_removal() {
 // ---- (c) containerd restarted -----------------------------------------------------------
 
 /// containerd is stopped, a container exits while it is down, containerd comes
-/// back: the relist resumes and reports the exit with its code.
+/// back: the relist resumes and reports the exit with the runtime's code: 7 on
+/// containerd 1.x; containerd 2 deletes the exited task as a leaked shim's at
+/// its start and reports 255 `Unknown` (the generic relist, as the kubelet,
+/// takes the runtime's word; `ebpf` mode keeps the kernel's code:
+/// `ebpf_keeps_the_kernels_exit_where_containerd_2_lost_it`).
 #[test]
 fn relist_survives_a_containerd_restart_without_losing_an_exit() {
     if !privileged("relist_survives_a_containerd_restart_without_losing_an_exit") {
@@ -234,7 +238,13 @@ fn relist_survives_a_containerd_restart_without_losing_an_exit() {
         let died = events.wait(&id, EventKind::ContainerDied).await;
         assert_eq!(died.pod_uid, Some(pod.pod_uid()));
         let c = wait_cached(&pleg, &pod.pod_uid(), &id, "exited", |c| c.state == ContainerState::Exited).await;
-        assert_exited_7(&c);
+        let version = client.version().await.expect("Version").runtime_version;
+        let want = if version.trim_start_matches('v').starts_with("2.") {
+            (255, "Unknown")
+        } else {
+            (7, "Error")
+        };
+        assert_eq!((c.exit_code, c.reason.as_str()), (Some(want.0), want.1), "containerd {version}: {c:?}");
         eprintln!(
             "after the restart: ContainerDied {:?} after containerd went down; {} relists failed while it was down",
             down.elapsed(),
@@ -249,6 +259,79 @@ fn relist_survives_a_containerd_restart_without_losing_an_exit() {
         }
         healthy(&pleg);
         assert_eq!(events.count(&id, EventKind::ContainerDied), 1);
+        pleg.stop().await;
+    });
+}
+
+/// containerd 2 (built by `cargo xtask setup`) is stopped, a container exits
+/// 7 while it is down, containerd comes back and, having deleted the exited
+/// task with its status (a leaked shim's, at its start), reports 255
+/// `Unknown`. In `ebpf` mode the kernel saw the main process exit 7, a
+/// certain death: the cache keeps 7 over the runtime's lost exit, where the
+/// kubelet (and the generic relist) show 255. Fails without the rule
+/// (`ContainerStatus::exit_unknown` in the relist's merge): 255.
+#[test]
+fn ebpf_keeps_the_kernels_exit_where_containerd_2_lost_it() {
+    let test = "ebpf_keeps_the_kernels_exit_where_containerd_2_lost_it";
+    if !privileged(test) {
+        return;
+    }
+    let binary = match evpleg_tests::go_tools::binary("containerd") {
+        Ok(path) => path,
+        Err(e) => return evpleg_tests::skip(test, &e.to_string()),
+    };
+    evpleg_tests::containerd::init_test_logging();
+    let mut containerd = evpleg_tests::containerd::Containerd::start_with(&binary)
+        .unwrap_or_else(|e| panic!("containerd 2 harness: {e}"));
+    let rt = tokio_runtime();
+    let pod = TestPod::new(&containerd, "lost7");
+    let client = rt.block_on(containerd.client());
+    let (pleg, mut events) =
+        rt.block_on(async { start_pleg(PlegMode::Ebpf, &client, Some(Duration::from_secs(1))) });
+    let id = rt.block_on(async {
+        let sandbox = run_sandbox(&client, &pod).await;
+        let id = run_container(&client, &pod, &sandbox, &pod.waiting_container("app")).await;
+        events.wait(&id, EventKind::ContainerStarted).await;
+        // A complete snapshot holds it running: the kernel's death is laid
+        // on it (before one, a death waits for the pod's relist).
+        wait_cached(&pleg, &pod.pod_uid(), &id, "running", |c| {
+            c.state == ContainerState::Running
+        })
+        .await;
+        id
+    });
+    containerd.stop();
+    pod.release("app");
+    rt.block_on(async {
+        let died = events.wait(&id, EventKind::ContainerDied).await;
+        assert_eq!(died.source, EventSource::Kernel, "{died:?}");
+    });
+    containerd.restart().unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let client = containerd.client().await;
+        // The premise: containerd 2 lost the exit.
+        let lost = wait_container_status(&client, &id, "exited", |s| {
+            s.state == v1::ContainerState::ContainerExited as i32
+        })
+        .await;
+        assert_eq!(
+            (lost.exit_code, lost.reason.as_str()),
+            (255, "Unknown"),
+            "{lost:?}"
+        );
+        // A relist after the restart confirmed the death...
+        let deadline = Instant::now() + WAIT;
+        while pleg.relist_stats.confirmed.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "no relist confirmed the death");
+            tokio::time::sleep(POLL).await;
+        }
+        // ...and the cache holds the kernel's code.
+        let c = cached(&pleg, &pod.pod_uid(), &id).expect("cached");
+        assert_eq!(
+            (c.state, c.exit_code, c.reason.as_str()),
+            (ContainerState::Exited, Some(7), "Error"),
+            "{c:?}"
+        );
         pleg.stop().await;
     });
 }

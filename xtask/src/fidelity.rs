@@ -8,7 +8,9 @@
 //! release profile (the agent as a node runs it, as `cargo xtask bench
 //! --release` measures it), the quick subsets with the tests' profile. Needs root, the stock kubelet, etcd and
 //! kube-apiserver (`cargo xtask setup` builds them) and containerd 1.7
-//! (fetched by the tests' harness).
+//! (fetched by the tests' harness). `--proxy` instead runs the whole corpus
+//! under the stock kubelet directly and behind `evpleg cri-proxy` (issue
+//! #30), and fails on any difference that is not timing.
 
 use std::path::Path;
 
@@ -17,8 +19,28 @@ use anyhow::Result;
 use crate::util;
 
 /// Builds the eBPF object, then runs the comparison and writes its report.
-pub fn run(root: &Path, quick: bool) -> Result<()> {
+pub fn run(root: &Path, quick: bool, proxy: bool) -> Result<()> {
     crate::build_ebpf(root)?;
+    if proxy {
+        util::step(
+            "the corpus under the stock kubelet directly and behind evpleg cri-proxy, against the API server",
+        );
+        let mut cmd = util::cargo(root);
+        cmd.args([
+            "test",
+            "-p",
+            "evpleg-tests",
+            "--test",
+            "fidelity_diff",
+            "--release",
+            "--",
+            "whole_corpus_behind_the_proxy",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ]);
+        return util::run(&mut cmd);
+    }
     // `--quick`: both quick tests (static and API), by their common prefix.
     let (test, out) = if quick {
         (

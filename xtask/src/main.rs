@@ -112,6 +112,11 @@ enum Command {
         /// in target/fidelity-quick.md.
         #[arg(long)]
         quick: bool,
+        /// Instead: the whole corpus under the stock kubelet directly and
+        /// behind `evpleg cri-proxy` with its Evented PLEG, against the API
+        /// server; fails on any difference that is not timing.
+        #[arg(long, conflicts_with = "quick")]
+        proxy: bool,
     },
 }
 
@@ -147,9 +152,9 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             bench(&root, quick, release, out)
         }
-        Command::Fidelity { quick } => {
+        Command::Fidelity { quick, proxy } => {
             setup::run(&root)?;
-            fidelity::run(&root, quick)
+            fidelity::run(&root, quick, proxy)
         }
         Command::Matrix {
             kernels,

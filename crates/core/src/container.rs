@@ -79,6 +79,18 @@ impl ContainerStatus {
     }
 
     /// Applies a kernel-observed exit: exited, exit code, finish time, reason.
+    /// The runtime reports the container exited without knowing how:
+    /// containerd's `unknownExitCode` 255 with reason `Unknown`, given to a
+    /// container whose task it no longer finds (containerd 2 deletes the task
+    /// of a container that exited while containerd was down, its exit status
+    /// with it). The kubelet shows that as it is; a certain kernel exit is kept
+    /// instead (docs/pleg.md).
+    pub fn exit_unknown(&self) -> bool {
+        self.state == ContainerState::Exited
+            && self.exit_code == Some(UNKNOWN_EXIT_CODE)
+            && self.reason == UNKNOWN_EXIT_REASON
+    }
+
     pub fn apply_exit(&mut self, exit: &ExitStatus, finished_at_unix_ns: i64) {
         self.state = ContainerState::Exited;
         self.exit_code = Some(exit.code);
@@ -88,6 +100,11 @@ impl ContainerStatus {
         self.source = EventSource::Kernel;
     }
 }
+
+/// containerd's exit code and reason for an exit it lost
+/// ([`ContainerStatus::exit_unknown`]).
+pub const UNKNOWN_EXIT_CODE: i32 = 255;
+pub const UNKNOWN_EXIT_REASON: &str = "Unknown";
 
 /// The kubelet's termination reasons: OOMKilled, Completed (code 0), Error.
 pub fn exit_reason(exit: &ExitStatus) -> &'static str {

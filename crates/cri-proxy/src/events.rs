@@ -299,7 +299,7 @@ impl Events {
                 },
                 Some(done) = self.reads.0.next(), if !self.reads.0.is_empty() => self.read_done(done),
                 () = shutdown.cancelled() => {
-                    self.hub.close();
+                    self.hub.close(super::hub::STOPPING);
                     return;
                 }
             }
@@ -307,7 +307,7 @@ impl Events {
         while let Some(done) = self.reads.0.next().await {
             self.read_done(done);
         }
-        self.hub.close();
+        self.hub.close(super::hub::STOPPING);
     }
 
     /// The sandbox of `id` as far as the proxy knows: a sandbox is its own,

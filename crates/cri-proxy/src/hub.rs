@@ -16,6 +16,9 @@ use tracing::{info, warn};
 use super::grpc::{self, Body, BoxError};
 use super::stats::ProxyStats;
 
+/// The end of every stream when the proxy stops.
+pub const STOPPING: &str = "the cri proxy is stopping";
+
 /// Why a stream ended, for its trailers.
 type Ending = Arc<Mutex<Option<(u32, String)>>>;
 
@@ -116,7 +119,7 @@ impl Hub {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .take()
-                            .unwrap_or((grpc::UNAVAILABLE, "the cri proxy is stopping".into()));
+                            .unwrap_or((grpc::UNAVAILABLE, STOPPING.into()));
                         let trailers = grpc::trailers(code, &msg);
                         // Ends after the trailers; the guard is dropped then.
                         drop(leave);
@@ -153,10 +156,13 @@ impl Hub {
         });
     }
 
-    /// Ends every stream (UNAVAILABLE: the proxy stops).
-    pub fn close(&self) {
+    /// Ends every stream with UNAVAILABLE and `why` (the proxy stops, or
+    /// its event sources are gone): the subscribers subscribe again.
+    pub fn close(&self, why: &str) {
         let mut inner = self.lock();
-        for _ in inner.subscribers.drain(..) {
+        for s in inner.subscribers.drain(..) {
+            *s.ending.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((grpc::UNAVAILABLE, why.to_owned()));
             self.stats.subscribers.dec();
         }
     }
@@ -209,11 +215,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn closing_ends_every_stream_unavailable() {
+    async fn closing_ends_every_stream_unavailable_with_the_reason() {
         let hub = Hub::new(4, stats());
-        let mut s = hub.subscribe();
-        hub.close();
-        let t = s.frame().await.unwrap().unwrap().into_trailers().unwrap();
-        assert_eq!(t["grpc-status"], "14");
+        let (mut a, mut b) = (hub.subscribe(), hub.subscribe());
+        hub.close("sources-gone");
+        for s in [&mut a, &mut b] {
+            let t = s.frame().await.unwrap().unwrap().into_trailers().unwrap();
+            assert_eq!(t["grpc-status"], "14");
+            assert_eq!(t["grpc-message"], "sources-gone");
+        }
+        assert_eq!(hub.len(), 0);
     }
 }

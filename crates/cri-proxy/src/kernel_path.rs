@@ -234,7 +234,9 @@ pub async fn supervise(
             if runtime.is_open() {
                 info!("the runtime's merged stream goes on: event subscribers keep their streams");
             } else {
-                hub.close();
+                hub.close(
+                    "the kernel path died and the runtime has no merged stream: subscribe again",
+                );
             }
             if let Some(dead) = dead {
                 dead.stop().await;

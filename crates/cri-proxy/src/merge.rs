@@ -266,7 +266,7 @@ pub async fn follow(
                         error = broke,
                         "the runtime's stream broke while the kernel path does not run: event subscribers' streams end"
                     );
-                    hub.close();
+                    hub.close("the runtime's stream broke while the kernel path does not run: subscribe again");
                 }
                 broke
             }

@@ -1095,9 +1095,19 @@ impl<R: PodRuntime> RelistPleg<R> {
                 continue;
             };
             if let Some(runtime_code) = runtime_exited {
+                // The runtime lost the exit (containerd 2 after a restart:
+                // 255 `Unknown`): the kernel's certain one is kept, at every
+                // relist, where the kubelet would show 255.
+                let lost = status.container_mut(&id).filter(|c| c.exit_unknown());
+                let lost = lost
+                    .map(|c| c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns)))
+                    .is_some();
                 if self.cache.confirm_exit(&id) {
                     self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
-                    if runtime_code.is_some_and(|c| c != exit.status.code) {
+                    if lost {
+                        info!(container = %id, kernel = exit.status.code,
+                              "the runtime lost the exit (255 Unknown); the kernel's is kept");
+                    } else if runtime_code.is_some_and(|c| c != exit.status.code) {
                         recoded = true;
                         warn!(container = %id, kernel = exit.status.code, runtime = ?runtime_code,
                               "runtime and kernel disagree on the exit code; the runtime's is kept");

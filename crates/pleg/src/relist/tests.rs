@@ -25,6 +25,9 @@ struct MemRuntime {
     fail_list: StdMutex<bool>,
     /// Each inspection waits here until this many are under way.
     rendezvous: StdMutex<Option<Arc<tokio::sync::Barrier>>>,
+    /// Exited containers are reported as containerd reports an exit it lost
+    /// (255, `Unknown`), not with code 7.
+    lost_exits: StdMutex<bool>,
 }
 
 impl MemRuntime {
@@ -78,6 +81,10 @@ impl PodRuntime for MemRuntime {
                 let mut c = ContainerStatus::new(e.id.clone(), "app", state, EventSource::Relist);
                 if state == ContainerState::Exited {
                     c.exit_code = Some(7);
+                    if *self.lost_exits.lock().unwrap() {
+                        c.exit_code = Some(evpleg_core::container::UNKNOWN_EXIT_CODE);
+                        c.reason = evpleg_core::container::UNKNOWN_EXIT_REASON.into();
+                    }
                 }
                 if state == ContainerState::Running {
                     // The runtime's record of the main pid: 1000 + the id's byte.
@@ -392,6 +399,63 @@ async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() 
     );
     assert!(f.cache.kernel_exit(&cid(1)).is_none());
     assert!(f.kernel.is_empty());
+}
+
+/// containerd 2 deletes the task of a container that exited while it was
+/// down and then reports the exit as 255 `Unknown` (its `restart.go`; found
+/// running the suites on containerd 2.4.2). A certain kernel exit is kept
+/// over that, at every relist, and is no disagreement: the workers are not
+/// woken to read a code the runtime does not have. Without the rule the
+/// cache shows 255.
+#[tokio::test]
+async fn a_kernel_exit_is_kept_where_the_runtime_lost_it() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let exit = ExitStatus::from_wait_status(0x300, false);
+    let at = f.clock.now_ns();
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: exit,
+            at_ns: at,
+        },
+    );
+    f.kernel.record(&cid(1), PlegState::Exited, at);
+    *f.runtime.lost_exits.lock().unwrap() = true;
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    for _ in 0..2 {
+        f.clock.advance(1_000_000);
+        f.pleg.relist_pod(&uid(1)).await.unwrap();
+        let c = f
+            .cache
+            .get(&uid(1))
+            .unwrap()
+            .status
+            .container(&cid(1))
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (c.state, c.exit_code, c.reason.as_str(), c.source),
+            (
+                ContainerState::Exited,
+                Some(3),
+                "Error",
+                EventSource::Kernel
+            )
+        );
+        // The kernel's time (the conversion to wall time moves by ns).
+        let kernel_finish = evpleg_core::clock::monotonic_to_unix_ns(at);
+        let finished = c.finished_at.expect("a finish time");
+        assert!(
+            (finished - kernel_finish).abs() < 1_000_000,
+            "{finished} vs {kernel_finish}"
+        );
+    }
+    assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
+    assert!(!f.pleg.has_rechecks());
+    assert_eq!(f.drain(), vec![], "no disagreement to wake the workers for");
 }
 
 #[tokio::test]
