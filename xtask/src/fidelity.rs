@@ -10,7 +10,8 @@
 //! kube-apiserver (`cargo xtask setup` builds them) and containerd 1.7
 //! (fetched by the tests' harness). `--proxy` instead runs the whole corpus
 //! under the stock kubelet directly and behind `evpleg cri-proxy` (issue
-//! #30), and fails on any difference that is not timing.
+//! #30), with the tests' profile (no agent runs in it), and fails on any
+//! difference that is not timing.
 
 use std::path::Path;
 
@@ -32,7 +33,6 @@ pub fn run(root: &Path, quick: bool, proxy: bool) -> Result<()> {
             "evpleg-tests",
             "--test",
             "fidelity_diff",
-            "--release",
             "--",
             "whole_corpus_behind_the_proxy",
             "--exact",
