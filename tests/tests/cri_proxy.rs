@@ -1561,21 +1561,13 @@ fn a_kernel_path_that_dies_falls_back_to_pass_through_and_comes_back() {
         let (proxy, through) = proxy(&containerd, &[]).await;
         assert!(proxy.kernel().serving());
         let mut events = Subscription::new(&through).await;
-        proxy.kernel().with_pleg(|p| {
-            p.and_then(|p| p.kernel.as_ref())
-                .expect("the kernel pleg runs")
-                .fail_reader_for_test()
-        });
+        let scrape = kill_kernel_path(&proxy).await;
         let ended = events.ended().await;
         assert_eq!(
             ended.map(|s| s.code()),
             Some(tonic::Code::Unavailable),
             "the subscriber's stream ends so that it subscribes again"
         );
-        let scrape = wait_metrics(proxy.http_addr, "the path's loss counted", |m| {
-            metric(m, "evpleg_cri_proxy_kernel_path_losses_total") == 1.0
-        })
-        .await;
         // Counted with the switch, at least 0.8 s before the first retry.
         assert_eq!(metric(&scrape, "evpleg_cri_proxy_pass_through"), 1.0);
         // Calls go on meanwhile (pass-through, or the path back already).
@@ -1640,18 +1632,24 @@ fn merged_with_the_runtimes_stream_a_kernel_path_death_keeps_the_subscribers() {
             metric(m, "evpleg_cri_proxy_runtime_events_total") >= 1.0
         })
         .await;
-        proxy.kernel().with_pleg(|p| {
-            p.and_then(|p| p.kernel.as_ref())
-                .expect("the kernel pleg runs")
-                .fail_reader_for_test()
-        });
-        wait_metrics(proxy.http_addr, "the path's loss counted", |m| {
-            metric(m, "evpleg_cri_proxy_kernel_path_losses_total") == 1.0
-        })
-        .await;
+        kill_kernel_path(&proxy).await;
         pod.release("app");
         let stopped = events.wait(&id, T::ContainerStoppedEvent).await;
         assert_eq!(status_of(&stopped, &id).exit_code, 5);
         proxy.stop().await;
     });
+}
+
+/// Fails the proxy's kernel path (the PLEG's test hook stops its reader) and
+/// waits until the proxy counted the loss; returns that scrape.
+async fn kill_kernel_path(proxy: &evpleg::cri_proxy::CriProxy) -> String {
+    proxy.kernel().with_pleg(|p| {
+        p.and_then(|p| p.kernel.as_ref())
+            .expect("the kernel pleg runs")
+            .fail_reader_for_test()
+    });
+    wait_metrics(proxy.http_addr, "the path's loss counted", |m| {
+        metric(m, "evpleg_cri_proxy_kernel_path_losses_total") == 1.0
+    })
+    .await
 }
