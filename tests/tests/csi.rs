@@ -6,8 +6,11 @@
 //! staged (the PV only), published, visible in the container, and
 //! unpublished and unstaged when the pod is deleted, their directories gone;
 //! a driver error is FailedMount with the pod ContainerCreating, retried
-//! until the driver recovers. Privileged: skipped with a reason without
-//! root/BTF/the eBPF object, a failure under `CI=true`.
+//! until the driver recovers. Against the real kube-apiserver (issue #30):
+//! the claims and PVs created as the admin, bound as the PV controller
+//! would bind them, read by the agent through the Node authorizer.
+//! Privileged: skipped with a reason without root/BTF/the eBPF object, a
+//! failure under `CI=true`.
 
 use evpleg_tests::csi_driver::fixtures::*;
 use evpleg_tests::csi_driver::{Call, CsiDriverProcess, DRIVER_NAME, mounts};
@@ -15,6 +18,13 @@ use evpleg_tests::e2e::*;
 use serde_json::{Value, json};
 
 const DRIVER_BIN: &str = env!("CARGO_BIN_EXE_evpleg-csi-driver");
+
+/// The harness with the real API server, the agent as `system:node:`: it
+/// reads the claims and PVs of its pods through the Node authorizer.
+/// Callers check [`evpleg_tests::control_plane::available`] first.
+async fn start(name: &str) -> E2e {
+    E2e::start_with_control_plane(name, &[]).await
+}
 
 fn start_driver(e: &E2e, extra: &[&str]) -> CsiDriverProcess {
     start_named(e, DRIVER_NAME, extra)
@@ -39,11 +49,11 @@ fn start_named(e: &E2e, name: &str, extra: &[&str]) -> CsiDriverProcess {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_registers_through_the_plugin_socket_directory() {
     let name = "a_driver_registers_through_the_plugin_socket_directory";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let mut e = E2e::start_with(name, true, &[]).await;
+    let mut e = start(name).await;
     let mut d = start_driver(&e, &[]);
     let calls = wait_calls(&d, "registered", registered).await;
     let order: Vec<&str> = calls.iter().map(|c| c.method.as_str()).collect();
@@ -134,17 +144,15 @@ async fn a_driver_registers_through_the_plugin_socket_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_and_pvc_volumes_are_staged_published_visible_and_undone() {
     let name = "inline_and_pvc_volumes_are_staged_published_visible_and_undone";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
+    let e = start(name).await;
     let d = start_driver(&e, &[]);
     wait_calls(&d, "registered", registered).await;
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    let pod = e.api().add_pod(csi_pod("vols"));
+    create_claim(&e, "vols").await;
+    let pod = e.create_pod(&csi_pod("vols")).await;
     let pod_uid = uid(&pod);
     e.wait_api("vols", "Running", running).await;
     let p = paths(&e.args.root_dir, &pod_uid);
@@ -293,14 +301,12 @@ fn failed_publish(c: &Call) -> bool {
 /// PV failing with `message`, and API pod `pod` using the claim, once two
 /// publishes failed (a retry): the harness, the driver and the pod's UID.
 async fn failing_publish(name: &str, message: &str, pod: &str) -> (E2e, CsiDriverProcess, String) {
-    let e = E2e::start_with(name, true, &[]).await;
+    let e = start(name).await;
     let d = start_driver(&e, &[]);
     wait_calls(&d, "registered", registered).await;
     d.inject_error(PV_HANDLE, "NodePublishVolume", message);
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    let pod_uid = uid(&e.api().add_pod(csi_pod(pod)));
+    create_claim(&e, pod).await;
+    let pod_uid = uid(&e.create_pod(&csi_pod(pod)).await);
     wait_calls(&d, "two failed publishes (a retry)", |c| {
         c.iter().filter(|c| failed_publish(c)).count() >= 2
     })
@@ -314,7 +320,7 @@ async fn failing_publish(name: &str, message: &str, pod: &str) -> (E2e, CsiDrive
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_error_is_failed_mount_and_retried() {
     let name = "a_driver_error_is_failed_mount_and_retried";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -347,7 +353,10 @@ async fn a_driver_error_is_failed_mount_and_retried() {
         c.iter().filter(|c| failed_publish(c)).count() >= 3
     })
     .await;
-    let api_pod = e.api().pod("default", "failing").expect("the pod");
+    let api_pod = e
+        .wait_real("default", "failing", "the pod", |p| p.is_some())
+        .await
+        .expect("the pod");
     assert_eq!(waiting(&api_pod).as_deref(), Some("ContainerCreating"));
     assert!(
         e.sandboxes(&pod_uid).await.is_empty(),
@@ -386,17 +395,15 @@ async fn a_driver_error_is_failed_mount_and_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_without_stage_unstage_is_published_unstaged() {
     let name = "a_driver_without_stage_unstage_is_published_unstaged";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
+    let e = start(name).await;
     let d = start_driver(&e, &["--no-stage"]);
     wait_calls(&d, "registered", registered).await;
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    let pod = e.api().add_pod(csi_pod("nostage"));
+    create_claim(&e, "nostage").await;
+    let pod = e.create_pod(&csi_pod("nostage")).await;
     let pod_uid = uid(&pod);
     e.wait_api("nostage", "Running", running).await;
     let p = paths(&e.args.root_dir, &pod_uid);
@@ -450,7 +457,7 @@ async fn a_driver_without_stage_unstage_is_published_unstaged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncertain_publish_is_undone_when_the_pod_goes() {
     let name = "an_uncertain_publish_is_undone_when_the_pod_goes";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -493,15 +500,13 @@ async fn an_uncertain_publish_is_undone_when_the_pod_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_waits_for_its_driver_to_register() {
     let name = "a_pod_waits_for_its_driver_to_register";
-    if !evpleg_tests::privileged(name) {
+    if !evpleg_tests::privileged(name) || !evpleg_tests::control_plane::available(name) {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let e = E2e::start_with(name, true, &[]).await;
-    let (pv, pvc) = pv_and_claim();
-    e.api().add_pv(pv);
-    e.api().add_pvc(pvc);
-    e.api().add_pod(csi_pod("early"));
+    let e = start(name).await;
+    create_claim(&e, "early").await;
+    e.create_pod(&csi_pod("early")).await;
     let event = wait_event(&e, "early", "FailedMount").await;
     let message = event["message"].as_str().unwrap_or_default();
     assert!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -59,34 +59,71 @@ pub fn registered(calls: &[Call]) -> bool {
         .any(|c| c.method == "NotifyRegistrationStatus" && c.registered == Some(true))
 }
 
-pub fn pv_and_claim() -> (PersistentVolume, PersistentVolumeClaim) {
-    let pv = json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "pv-1"},
+/// Creates, in the real API server (as the admin), the claim `claim-<pod>`
+/// and the PV `pv-<pod>` of the CSI volume [`PV_HANDLE`], bound to each other
+/// as the PV controller would bind them (no controller manager runs here:
+/// the claim's `volumeName`, the PV's `claimRef` with the claim's UID, both
+/// statuses `Bound`). Names of their own per pod: a claim once used keeps the
+/// API server's `kubernetes.io/pvc-protection` finalizer, which only the
+/// controller manager would remove.
+pub async fn create_claim(e: &E2e, pod: &str) {
+    let client = e.kube().await;
+    let (claim, volume) = (format!("claim-{pod}"), format!("pv-{pod}"));
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim, "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": volume,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .expect("a PVC");
+    let made = pvcs
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap_or_else(|err| panic!("create PVC {claim}: {err}"));
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume},
         "spec": {
             "capacity": {"storage": "1Gi"},
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "default", "name": "claim-1", "uid": "claim-1-uid"},
-            "csi": {"driver": DRIVER_NAME, "volumeHandle": PV_HANDLE, "volumeAttributes": {"kind": "persistent"}},
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "default",
+                         "name": claim, "uid": made.metadata.uid},
+            "csi": {"driver": DRIVER_NAME, "volumeHandle": PV_HANDLE,
+                    "volumeAttributes": {"kind": "persistent"}},
         },
-        "status": {"phase": "Bound"},
-    });
-    let pvc = json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim-1", "namespace": "default", "uid": "claim-1-uid"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
-    });
-    (
-        serde_json::from_value(pv).expect("a PV"),
-        serde_json::from_value(pvc).expect("a PVC"),
+    }))
+    .expect("a PV");
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    pvs.create(&PostParams::default(), &pv)
+        .await
+        .unwrap_or_else(|err| panic!("create PV {volume}: {err}"));
+    let bound = |extra: serde_json::Value| {
+        let mut status = json!({"phase": "Bound"});
+        status
+            .as_object_mut()
+            .expect("an object")
+            .extend(extra.as_object().cloned().unwrap_or_default());
+        json!({"status": status})
+    };
+    pvs.patch_status(
+        &volume,
+        &PatchParams::default(),
+        &Patch::Merge(bound(json!({}))),
     )
+    .await
+    .unwrap_or_else(|err| panic!("bind PV {volume}: {err}"));
+    pvcs.patch_status(
+        &claim,
+        &PatchParams::default(),
+        &Patch::Merge(bound(json!({"accessModes": ["ReadWriteOnce"],
+                                   "capacity": {"storage": "1Gi"}}))),
+    )
+    .await
+    .unwrap_or_else(|err| panic!("bind PVC {claim}: {err}"));
 }
 
 /// A pod with an inline ephemeral CSI volume, a read-only one, and the
-/// claim; its container writes into the two writable ones and reports
+/// claim `claim-<name>` ([`create_claim`]); its container writes into the two writable ones and reports
 /// whether the read-only one refused a write.
 pub fn csi_pod(name: &str) -> Pod {
     let script = "cat /inline/volume-id > /data/seen-inline && echo from-pod > /inline/from-pod \
@@ -102,7 +139,7 @@ pub fn csi_pod(name: &str) -> Pod {
             "volumes": [
                 {"name": "inline", "csi": {"driver": DRIVER_NAME, "volumeAttributes": {"size": "1Mi"}}},
                 {"name": "ro", "csi": {"driver": DRIVER_NAME, "readOnly": true}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "claim-1"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": format!("claim-{name}")}},
             ],
             "containers": [{
                 "name": "app", "image": IMAGE, "command": ["sh", "-c", script],
@@ -126,16 +163,11 @@ pub fn uid(p: &Pod) -> String {
 }
 
 pub async fn delete(e: &E2e, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(e.api().kube_client(), "default");
+    let pods: Api<Pod> = Api::namespaced(e.kube().await, "default");
     pods.delete(name, &DeleteParams::default())
         .await
         .expect("graceful delete");
-    e.api()
-        .wait_for_pods(&format!("{name} deleted for good"), DEADLINE, |pods| {
-            !pods
-                .iter()
-                .any(|p| p.metadata.name.as_deref() == Some(name))
-        })
+    e.wait_real("default", name, "deleted for good", |p| p.is_none())
         .await;
 }
 
