@@ -41,7 +41,7 @@ use stats::{Percentiles, Summary};
 #[derive(Parser, Debug)]
 #[command(about = "evpleg's PLEG latency and cost benchmark")]
 struct Cli {
-    /// A short run (under 2 minutes): fewer repetitions and containers.
+    /// A short run: fewer repetitions and containers.
     #[arg(long)]
     quick: bool,
     /// Where `docs/benchmarks.md` and `bench/results/` are written.

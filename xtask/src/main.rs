@@ -91,7 +91,7 @@ enum Command {
     /// The PLEG benchmark: every mode against the same containerd; writes
     /// docs/benchmarks.md and bench/results/ (needs root).
     Bench {
-        /// A short run (under 2 minutes); written under target/bench-quick unless
+        /// A short run (fewer repetitions and pods); written under target/bench-quick unless
         /// `--out` says otherwise.
         #[arg(long)]
         quick: bool,

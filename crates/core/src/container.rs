@@ -78,7 +78,6 @@ impl ContainerStatus {
         }
     }
 
-    /// Applies a kernel-observed exit: exited, exit code, finish time, reason.
     /// The runtime reports the container exited without knowing how:
     /// containerd's `unknownExitCode` 255 with reason `Unknown`, given to a
     /// container whose task it no longer finds (containerd 2 deletes the task
@@ -91,6 +90,7 @@ impl ContainerStatus {
             && self.reason == UNKNOWN_EXIT_REASON
     }
 
+    /// Applies a kernel-observed exit: exited, exit code, finish time, reason.
     pub fn apply_exit(&mut self, exit: &ExitStatus, finished_at_unix_ns: i64) {
         self.state = ContainerState::Exited;
         self.exit_code = Some(exit.code);

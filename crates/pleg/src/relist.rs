@@ -1098,10 +1098,13 @@ impl<R: PodRuntime> RelistPleg<R> {
                 // The runtime lost the exit (containerd 2 after a restart:
                 // 255 `Unknown`): the kernel's certain one is kept, at every
                 // relist, where the kubelet would show 255.
-                let lost = status.container_mut(&id).filter(|c| c.exit_unknown());
-                let lost = lost
-                    .map(|c| c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns)))
-                    .is_some();
+                let lost = match status.container_mut(&id) {
+                    Some(c) if c.exit_unknown() => {
+                        c.apply_exit(&exit.status, monotonic_to_unix_ns(exit.at_ns));
+                        true
+                    }
+                    _ => false,
+                };
                 if self.cache.confirm_exit(&id) {
                     self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
                     if lost {
