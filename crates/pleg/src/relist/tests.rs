@@ -412,17 +412,9 @@ async fn a_kernel_exit_is_kept_where_the_runtime_lost_it() {
     let mut f = fixture(100);
     f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
     f.relist().await;
-    let exit = ExitStatus::from_wait_status(0x300, false);
     let at = f.clock.now_ns();
-    f.cache.record_exit(
-        &uid(1),
-        &cid(1),
-        KernelExit {
-            status: exit,
-            at_ns: at,
-        },
-    );
-    f.kernel.record(&cid(1), PlegState::Exited, at);
+    // The kernel saw the exit (code 3).
+    kernel_death(&f, false);
     *f.runtime.lost_exits.lock().unwrap() = true;
     f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
     for _ in 0..2 {
