@@ -203,6 +203,16 @@ impl Fixture {
         self.drain()
     }
 
+    /// Container 1 of pod 1 as the cache holds it.
+    fn cached(&self) -> ContainerStatus {
+        let entry = self.cache.get(&uid(1)).expect("pod 1 cached");
+        entry
+            .status
+            .container(&cid(1))
+            .expect("container 1")
+            .clone()
+    }
+
     fn drain(&mut self) -> Vec<(EventKind, Option<ContainerId>)> {
         let mut out = Vec::new();
         while let Ok(e) = self.rx.try_recv() {
@@ -362,14 +372,7 @@ async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() 
     f.kernel.record(&cid(1), PlegState::Exited, at);
     f.clock.advance(1_000_000);
     f.pleg.relist_pod(&uid(1)).await.unwrap();
-    let c = f
-        .cache
-        .get(&uid(1))
-        .unwrap()
-        .status
-        .container(&cid(1))
-        .unwrap()
-        .clone();
+    let c = f.cached();
     assert_eq!(
         (c.state, c.exit_code),
         (ContainerState::Exited, Some(3)),
@@ -420,14 +423,7 @@ async fn a_kernel_exit_is_kept_where_the_runtime_lost_it() {
     for _ in 0..2 {
         f.clock.advance(1_000_000);
         f.pleg.relist_pod(&uid(1)).await.unwrap();
-        let c = f
-            .cache
-            .get(&uid(1))
-            .unwrap()
-            .status
-            .container(&cid(1))
-            .unwrap()
-            .clone();
+        let c = f.cached();
         assert_eq!(
             (c.state, c.exit_code, c.reason.as_str(), c.source),
             (
@@ -468,14 +464,7 @@ async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
         .record(&cid(1), PlegState::Exited, f.clock.now_ns());
     f.clock.advance(CONFIRM_BOUND.as_nanos() as u64 + 1);
     f.pleg.relist_pod(&uid(1)).await.unwrap();
-    let c = f
-        .cache
-        .get(&uid(1))
-        .unwrap()
-        .status
-        .container(&cid(1))
-        .unwrap()
-        .clone();
+    let c = f.cached();
     assert_eq!(c.state, ContainerState::Running, "the runtime wins");
     assert_eq!(f.pleg.stats().contradictions.load(Ordering::Relaxed), 1);
     assert!(
@@ -498,14 +487,7 @@ async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
         f.relist().await,
         vec![(EventKind::ContainerDied, Some(cid(1)))]
     );
-    let c = f
-        .cache
-        .get(&uid(1))
-        .unwrap()
-        .status
-        .container(&cid(1))
-        .unwrap()
-        .clone();
+    let c = f.cached();
     assert_eq!((c.exit_code, c.source), (Some(7), EventSource::Relist));
 }
 
@@ -622,14 +604,7 @@ async fn a_change_to_unknown_inspects_the_pod_without_an_event() {
     f.runtime.set(vec![entry(1, 1, PlegState::Unknown)]);
     assert_eq!(f.relist().await, vec![]);
     assert_eq!(f.runtime.status_calls.load(Ordering::Relaxed), calls + 1);
-    let c = f
-        .cache
-        .get(&uid(1))
-        .unwrap()
-        .status
-        .container(&cid(1))
-        .unwrap()
-        .clone();
+    let c = f.cached();
     assert_eq!(c.state, ContainerState::Unknown, "the cache learns Unknown");
 }
 
