@@ -13,11 +13,12 @@
 //! * no worker syncs before the PLEG's first complete relist has filled the
 //!   cache (the kubelet's workers block on the cache's global time);
 //! * before each sync the worker waits for a pod status cache entry newer than
-//!   the end of its previous sync (the kubelet's `GetNewerThan`), and never syncs
-//!   on an older one; an entry holding an inspection error is a failed sync
-//!   ("error determining status"), retried with back-off;
-//! * after every sync, successful or not, it asks the PLEG to relist the pod at
-//!   once (the kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
+//!   the end of its last sync that called the runtime or failed (the kubelet's
+//!   `GetNewerThan`), and never syncs on an older one; an entry holding an
+//!   inspection error is a failed sync ("error determining status"), retried
+//!   with back-off;
+//! * after such a sync it asks the PLEG to relist the pod at once (the
+//!   kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
 //! * errors back off as the kubelet's `completeWork`: 10 to 15 s after any
 //!   failed sync, 1 to 1.5 s when the network is not ready ([`retry`]); a
 //!   sync may ask to be requeued (a container in CrashLoopBackOff) and every
@@ -36,6 +37,13 @@
 //! the sync loop's housekeeping). The kubelet's wait is released by its next 1 s
 //! relist; here the worker asks for a pod relist whenever the cache has nothing
 //! newer, and again every `cache_wait` while it still waits ([`WorkerConfig`]).
+//! The kubelet's `lastSyncTime` is the end of every sync, and its `postSync`
+//! asks a relist only after a successful sync with `SyncResults`; here a sync
+//! that called nothing (a steady pod's resync, a wait in CrashLoopBackOff)
+//! moves neither, so the next one may act on the same view: it is still newer
+//! than the worker's own last runtime calls, and with the kernel PLEG no
+//! periodic relist would otherwise renew it (a steady node makes no CRI call
+//! per pod per resync).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -67,6 +75,15 @@ pub struct SyncResult {
     pub requeue_after: Option<Duration>,
     /// The sync changed the runtime: relist the pod now.
     pub did_runtime_work: bool,
+}
+
+/// What a worker keeps of a successful sync.
+struct Synced {
+    /// Sync again after this (`None`: at the periodic resync).
+    after: Option<Duration>,
+    /// The sync called the runtime (a terminating or terminated pod's always
+    /// may): its end is the worker's new floor, and the pod is relisted.
+    called_runtime: bool,
 }
 
 /// A failed sync; the worker retries with back-off.
@@ -511,7 +528,7 @@ impl<S: PodSyncer> WorkerLoop<S> {
             let entry = self.newer_than(last_sync_ns).await;
             evpleg_pleg::stages::worker_sync(&entry);
             let started = tokio::time::Instant::now();
-            let outcome: Result<Option<Duration>, SyncError> = match &entry.error {
+            let outcome: Result<Synced, SyncError> = match &entry.error {
                 // The kubelet refuses to sync on a status it could not determine.
                 Some(e) => Err(SyncError(format!("error determining status: {e}"))),
                 None => self.sync(state, pod, entry, grace).await,
@@ -530,11 +547,15 @@ impl<S: PodSyncer> WorkerLoop<S> {
             // The kubelet's lastSyncTime: the *end* of this sync, taken before the
             // relist is asked for, so that the relist's observation is newer. The
             // next sync waits for it: it never acts on a view from before its own
-            // runtime calls.
-            last_sync_ns = self.clock.now_ns();
-            self.relist_now();
+            // runtime calls. A sync that called nothing (a resync of a steady
+            // pod, a wait in CrashLoopBackOff) leaves both alone, as the
+            // kubelet's `postSync` asks no relist without `SyncResults`.
+            if outcome.as_ref().map_or(true, |s| s.called_runtime) {
+                last_sync_ns = self.clock.now_ns();
+                self.relist_now();
+            }
             let delay = match outcome {
-                Ok(after) => {
+                Ok(Synced { after, .. }) => {
                     retry = retry.succeeded();
                     after.unwrap_or(self.config.resync).min(self.config.resync)
                 }
@@ -624,24 +645,32 @@ impl<S: PodSyncer> WorkerLoop<S> {
         pod: Arc<Pod>,
         entry: CacheEntry,
         grace: i64,
-    ) -> Result<Option<Duration>, SyncError> {
+    ) -> Result<Synced, SyncError> {
+        let synced = |after| Synced {
+            after,
+            called_runtime: true,
+        };
         match state {
             WorkerState::Sync => {
                 let r = self.syncer.sync_pod(pod, entry).await?;
-                if r.terminal {
+                let after = if r.terminal {
                     let mut s = lock(&self.shared);
                     if s.state == WorkerState::Sync {
                         s.state = WorkerState::Terminating;
                     }
-                    Ok(Some(Duration::ZERO))
+                    Some(Duration::ZERO)
                 } else {
-                    Ok(r.requeue_after)
-                }
+                    r.requeue_after
+                };
+                Ok(Synced {
+                    after,
+                    called_runtime: r.did_runtime_work,
+                })
             }
             WorkerState::Terminating => {
                 self.syncer.sync_terminating_pod(pod, entry, grace).await?;
                 lock(&self.shared).state = WorkerState::Terminated;
-                Ok(Some(Duration::ZERO))
+                Ok(synced(Some(Duration::ZERO)))
             }
             WorkerState::Terminated => {
                 self.syncer.sync_terminated_pod(pod, entry).await?;
@@ -649,9 +678,9 @@ impl<S: PodSyncer> WorkerLoop<S> {
                 lock(&self.finished).insert(self.uid.clone());
                 self.release_static_name();
                 let _ = self.done.send(self.uid.clone());
-                Ok(None)
+                Ok(synced(None))
             }
-            WorkerState::Done => Ok(None),
+            WorkerState::Done => Ok(synced(None)),
         }
     }
 
@@ -703,6 +732,8 @@ mod tests {
         calls: Mutex<Vec<(String, String)>>,
         terminal_after: AtomicU32,
         fail_next: AtomicU32,
+        /// Its syncs call no runtime (a steady pod).
+        idle: std::sync::atomic::AtomicBool,
         notify: Notify,
     }
 
@@ -743,7 +774,8 @@ mod tests {
             }
             Ok(SyncResult {
                 terminal,
-                ..SyncResult::default()
+                requeue_after: None,
+                did_runtime_work: !self.idle.load(Ordering::SeqCst),
             })
         }
 
@@ -1206,6 +1238,41 @@ mod tests {
             .unwrap();
         assert_eq!(rec.calls().last().unwrap().1, "v2");
         w.shutdown();
+    }
+
+    /// The floor moves with the runtime calls: a sync that called the runtime
+    /// is followed by one pod relist and the next sync waits for it; a steady
+    /// pod's resyncs call nothing, ask nothing of the PLEG, and act on the
+    /// view taken after the last calls.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_sync_that_called_the_runtime_asks_for_a_relist() {
+        for (idle, relists_per_resync) in [(false, 1), (true, 0)] {
+            let rec = Arc::new(Recorder::default());
+            let pleg = FakePleg::new();
+            pleg.spawn(true);
+            let (w, _done) = workers_configured(rec.clone(), &pleg, Duration::from_secs(60));
+            w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+                .await
+                .unwrap();
+            rec.idle.store(idle, Ordering::SeqCst);
+            settle().await;
+            let asked = pleg.requests.load(Ordering::SeqCst);
+            // Three resyncs.
+            for _ in 0..3 {
+                tokio::time::timeout(Duration::from_secs(61), rec.notify.notified())
+                    .await
+                    .unwrap();
+                settle().await;
+            }
+            assert_eq!(rec.calls().len(), 4, "idle {idle}: {:?}", rec.calls());
+            assert_eq!(
+                pleg.requests.load(Ordering::SeqCst) - asked,
+                3 * relists_per_resync,
+                "pod relists asked over three resyncs, idle {idle}"
+            );
+            w.shutdown();
+        }
     }
 
     #[tokio::test(start_paused = true)]
