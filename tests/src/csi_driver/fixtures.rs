@@ -97,29 +97,15 @@ pub async fn create_claim(e: &E2e, pod: &str) {
     pvs.create(&PostParams::default(), &pv)
         .await
         .unwrap_or_else(|err| panic!("create PV {volume}: {err}"));
-    let bound = |extra: serde_json::Value| {
-        let mut status = json!({"phase": "Bound"});
-        status
-            .as_object_mut()
-            .expect("an object")
-            .extend(extra.as_object().cloned().unwrap_or_default());
-        json!({"status": status})
-    };
-    pvs.patch_status(
-        &volume,
-        &PatchParams::default(),
-        &Patch::Merge(bound(json!({}))),
-    )
-    .await
-    .unwrap_or_else(|err| panic!("bind PV {volume}: {err}"));
-    pvcs.patch_status(
-        &claim,
-        &PatchParams::default(),
-        &Patch::Merge(bound(json!({"accessModes": ["ReadWriteOnce"],
-                                   "capacity": {"storage": "1Gi"}}))),
-    )
-    .await
-    .unwrap_or_else(|err| panic!("bind PVC {claim}: {err}"));
+    let pv_bound = json!({"status": {"phase": "Bound"}});
+    pvs.patch_status(&volume, &PatchParams::default(), &Patch::Merge(pv_bound))
+        .await
+        .unwrap_or_else(|err| panic!("bind PV {volume}: {err}"));
+    let claim_bound = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
+                                        "capacity": {"storage": "1Gi"}}});
+    pvcs.patch_status(&claim, &PatchParams::default(), &Patch::Merge(claim_bound))
+        .await
+        .unwrap_or_else(|err| panic!("bind PVC {claim}: {err}"));
 }
 
 /// A pod with an inline ephemeral CSI volume, a read-only one, and the
