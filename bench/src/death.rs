@@ -11,8 +11,7 @@ use evpleg_core::clock::monotonic_ns;
 use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
 use evpleg_cri::CriClient;
 use evpleg_pleg::kernel::KernelPlegConfig;
-use evpleg_pleg::kernel::event::KernelEvent;
-use evpleg_pleg::stages::Stage;
+use evpleg_pleg::stages::{Stage, StageRecord};
 use evpleg_pleg::{Pleg, PlegMode};
 use evpleg_tests::containerd::Containerd;
 use evpleg_tests::cri_pod::{ExitClock, TestPod, run_container, run_sandbox, verbose_pid};
@@ -89,7 +88,7 @@ struct Target {
     pid: u32,
 }
 
-/// The exit records a tap or the bare reader saw: (pid, kernel ns, read ns).
+/// The exit records the bare reader saw: (pid, kernel ns, read ns).
 type Reads = Arc<Mutex<Vec<ExitRead>>>;
 
 /// The observer running for the repetitions of one mode.
@@ -113,12 +112,11 @@ impl std::fmt::Debug for Running {
 impl Running {
     /// Starts the observer (inside a tokio runtime).
     pub fn start(observer: Observer, client: &CriClient) -> anyhow::Result<Self> {
-        let reads: Reads = Arc::new(Mutex::new(Vec::new()));
         let mut this = Self {
             observer,
             pleg: None,
             events: None,
-            reads: reads.clone(),
+            reads: Reads::default(),
             clock: None,
             floor: None,
         };
@@ -126,17 +124,11 @@ impl Running {
             // Started by each repetition, once its sandbox made /kubepods.
             Observer::Floor => {}
             Observer::Pleg(mode) => {
-                let mut kernel = KernelPlegConfig::default();
-                if mode == PlegMode::Ebpf {
-                    kernel.tap = Some(Arc::new(move |ev: &KernelEvent, delay: u64| {
-                        if let KernelEvent::Exit(e) = ev {
-                            let read = e.at_ns + delay;
-                            if let Ok(mut r) = reads.lock() {
-                                r.push((e.process.pid, e.at_ns, read));
-                            }
-                        }
-                    }));
-                } else {
+                // No record tap in `ebpf` mode: the PLEG's own stage log
+                // times its reads ([`exit_read`]), so nothing of the
+                // benchmark runs in the path it measures.
+                let kernel = KernelPlegConfig::default();
+                if mode != PlegMode::Ebpf {
                     this.clock = Some(ExitClock::start());
                 }
                 let (tx, rx) = mpsc::channel(1000);
@@ -165,6 +157,11 @@ impl Running {
         self.reads.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let _ = client.stop_pod_sandbox(sandbox).await;
         let _ = client.remove_pod_sandbox(sandbox).await;
+    }
+
+    /// The PLEG's stage log in `ebpf` mode (it times the reads there).
+    fn stage_log(&self) -> Option<Vec<StageRecord>> {
+        (self.observer == Observer::Pleg(PlegMode::Ebpf)).then(crate::stages::snapshot)
     }
 
     fn floor_reads(&self) -> Vec<ExitRead> {
@@ -305,8 +302,9 @@ pub async fn repetition(
     } else {
         running.floor_reads()
     };
+    let log = running.stage_log();
     for t in &targets {
-        let read = floor_reads.iter().rev().find(|r| r.0 == t.pid).copied();
+        let read = exit_read(&floor_reads, log.as_deref(), t);
         let kernel_ns = match (&mut running.clock, read) {
             (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
             (None, Some((_, k, _))) => Some(k),
@@ -338,6 +336,16 @@ pub async fn repetition(
     }
     running.end_repetition(client, &sandbox).await;
     out
+}
+
+/// When the kernel saw `t` exit and the reader read the record (ns): from the
+/// bare reader's records (by pid) or, given the `ebpf` PLEG's stage log, from
+/// its `kernel` and `read` records (by container id).
+fn exit_read(reads: &[ExitRead], log: Option<&[StageRecord]>, t: &Target) -> Option<ExitRead> {
+    match log {
+        Some(log) => crate::stages::exit_read(&t.id, log).map(|(k, r)| (t.pid, k, r)),
+        None => reads.iter().rev().find(|r| r.0 == t.pid).copied(),
+    }
 }
 
 /// When the runtime says container `id` exited (Unix ns: the shim's time), once
@@ -430,9 +438,10 @@ pub async fn churn(
     }
     let (_pod, targets) = starter.await.expect("the starter task");
     let reads = running.floor_reads();
+    let log = running.stage_log();
     let mut out = RepSamples::default();
     for t in &targets {
-        let read = reads.iter().rev().find(|r| r.0 == t.pid).copied();
+        let read = exit_read(&reads, log.as_deref(), t);
         if let Some((_, k, r)) = read {
             out.reader_us.push(r.saturating_sub(k) as f64 / 1000.0);
         }

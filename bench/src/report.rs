@@ -757,8 +757,8 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          Latencies start at the kernel's exit \
          timestamp (`bpf_ktime_get_ns` in the `sched_process_exit` record, CLOCK_MONOTONIC): \
          in `ebpf` mode the PLEG's own record, in the other modes a kernel PLEG run alongside \
-         as a stopwatch. Stages (from the agent's opt-in stage log, `evpleg_pleg::stages`, \
-         and the record tap): `reader` the record read by the ring-buffer thread, \
+         as a stopwatch. Stages (from the agent's opt-in stage log, `evpleg_pleg::stages`; \
+         the benchmark puts no tap in the path it measures): `reader` the record read by the ring-buffer thread, \
          `attributed` decoded and attributed to a container by the tracker, `cached` the \
          death laid on the pod's snapshot in the cache, `delivered` the ContainerDied taken \
          by the pod workers' channel (the PLEG event), `event` that event taken from the \

@@ -74,6 +74,19 @@ pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>
     (out, missing)
 }
 
+/// Container `id`'s first kernel exit and the first ring-buffer read at or
+/// after it (ns), if the log holds both.
+pub fn exit_read(id: &str, records: &[StageRecord]) -> Option<(u64, u64)> {
+    let key = stages::key_of(id)?;
+    let mine = || records.iter().filter(move |r| r.key == key);
+    let kernel = mine().find(|r| r.stage == Stage::Kernel)?.at_ns;
+    let read = mine()
+        .filter(|r| r.stage == Stage::Read && r.at_ns >= kernel)
+        .map(|r| r.at_ns)
+        .min()?;
+    Some((kernel, read))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +119,25 @@ mod tests {
                 (Stage::WorkerSync, vec![299.0]),
             ]
         );
+    }
+
+    #[test]
+    fn exit_read_pairs_the_kernels_exit_with_the_first_read_after_it() {
+        let id = format!("00000000000000aa{}", "0".repeat(48));
+        let rec = |stage, key, at_ns| StageRecord { stage, key, at_ns };
+        let records = [
+            rec(Stage::Read, 0xaa, 900),
+            rec(Stage::Read, 0xbb, 1_100),
+            rec(Stage::Kernel, 0xaa, 1_000),
+            rec(Stage::Read, 0xaa, 1_300),
+            rec(Stage::Read, 0xaa, 1_200),
+        ];
+        assert_eq!(exit_read(&id, &records), Some((1_000, 1_200)));
+        assert_eq!(
+            exit_read(&id, &records[..3]),
+            None,
+            "no read after the exit"
+        );
+        assert_eq!(exit_read("zz", &records), None, "not a container id");
     }
 }
