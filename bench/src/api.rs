@@ -87,6 +87,7 @@ pub async fn run(
     let mut series: Vec<ModeSeries> = modes.iter().map(|_| ModeSeries::default()).collect();
     for rep in 0..=reps {
         for k in 0..modes.len() {
+            crate::interrupt::check()?;
             let i = (k + rep) % modes.len();
             let (samples, lost) =
                 repetition(containerd, &cp, &kubeconfig, modes[i], rep, n, window).await?;

@@ -13,6 +13,7 @@ mod death;
 mod fake_cri;
 mod floor;
 mod idle;
+mod interrupt;
 mod kubelet;
 mod memory;
 mod node_idle;
@@ -172,9 +173,10 @@ fn main() -> Result<()> {
     // mode must face the same runtime.
     let binary = evpleg_tests::containerd::fetch_containerd_17()
         .context("containerd 1.7 (for the CRI event stream)")?;
+    let rt = evpleg_tests::cri_pod::tokio_runtime();
+    interrupt::watch(&rt).context("watching SIGINT and SIGTERM")?;
     progress(&format!("starting containerd {}", binary.display()));
     let containerd = evpleg_tests::containerd::Containerd::start_with(&binary)?;
-    let rt = evpleg_tests::cri_pod::tokio_runtime();
     let client = rt.block_on(containerd.client());
     let version = rt.block_on(client.version())?.runtime_version;
     let mut results = Results {
@@ -205,6 +207,7 @@ fn main() -> Result<()> {
     .into_iter()
     .filter(|o| mode_wanted(o.name()))
     .collect();
+    interrupt::check()?;
     if wanted("death") && !observers.is_empty() {
         death_latency(
             &rt,
@@ -232,6 +235,7 @@ fn main() -> Result<()> {
         results.notes.push(note);
         agent_modes.retain(|m| !matches!(m, agent::AgentMode::Kubelet(_)));
     }
+    interrupt::check()?;
     if wanted("agent") && !agent_modes.is_empty() {
         full_agent(
             &rt,
@@ -247,6 +251,7 @@ fn main() -> Result<()> {
         .into_iter()
         .filter(|m| agent_modes.contains(m))
         .collect();
+    interrupt::check()?;
     if wanted("api") && !api_modes.is_empty() {
         match evpleg_tests::control_plane::binary("kube-apiserver")
             .and(evpleg_tests::control_plane::binary("etcd"))
@@ -268,6 +273,7 @@ fn main() -> Result<()> {
             }
         }
     }
+    interrupt::check()?;
     if wanted("scale") {
         let (counts, secs): (&[usize], f64) = if cli.quick {
             (&[300], 0.2)
@@ -305,9 +311,11 @@ fn main() -> Result<()> {
             scale::VICTIMS_MAX
         ));
     }
+    interrupt::check()?;
     if wanted("churn") {
         churn(&rt, &containerd, &client, cli.quick, &mut results)?;
     }
+    interrupt::check()?;
     if wanted("idle") {
         idle_cost(&rt, &containerd, &client, cli.quick, &mut results)?;
     }
@@ -315,6 +323,7 @@ fn main() -> Result<()> {
         .into_iter()
         .filter(|m| agent_modes.contains(m))
         .collect();
+    interrupt::check()?;
     if wanted("node-idle") && !node_idle_modes.is_empty() {
         let mut plan = if cli.quick {
             node_idle::Plan {
@@ -351,6 +360,7 @@ fn main() -> Result<()> {
         ));
         results.notes.extend(failures);
     }
+    interrupt::check()?;
     operator_parts(&rt, &containerd, &client, cli.quick, &wanted, &mut results)?;
     drop(client);
     drop(rt);
@@ -407,6 +417,7 @@ fn death_latency(
         .collect();
     for rep in 0..=reps {
         for k in 0..observers.len() {
+            interrupt::check()?;
             let o = (k + rep) % observers.len();
             let observer = observers[o];
             for (w, &workload) in workloads.iter().enumerate() {
@@ -486,6 +497,7 @@ fn full_agent(
         modes.iter().map(|m| agent::AgentSeries::new(*m)).collect();
     for rep in 0..=reps {
         for k in 0..modes.len() {
+            interrupt::check()?;
             let s = &mut series[(k + rep) % modes.len()];
             let line = rt.block_on(agent::repetition(containerd, s, rep, n, window))?;
             progress(&format!("  {}, {}: {line}", s.mode.name(), rep_label(rep)));
@@ -530,6 +542,7 @@ fn churn(
         lifetime.as_millis()
     ));
     for mode in PLEG_MODES {
+        interrupt::check()?;
         let observer = Observer::Pleg(mode);
         progress(&format!(
             "churn: {} at {rate} containers/s for {} s",
@@ -605,6 +618,7 @@ fn idle_cost(
         let baseline = (n == *counts.last().expect("counts")).then_some(None);
         let modes = PLEG_MODES.map(Some).into_iter().chain(baseline);
         for mode in modes {
+            interrupt::check()?;
             let name = mode.map_or("baseline", |m| Observer::Pleg(m).name());
             progress(&format!(
                 "idle cost: {name} with {n} containers, {windows} windows of {:.1} s",
@@ -647,6 +661,7 @@ fn operator_parts(
     wanted: &dyn Fn(&str) -> bool,
     results: &mut Results,
 ) -> Result<()> {
+    interrupt::check()?;
     if wanted("tax") {
         let (counts, pairs, processes): (&[usize], usize, usize) = if quick {
             (&[0, 100], 2, 500)
@@ -655,6 +670,7 @@ fn operator_parts(
         };
         results.operator.tax = Some(tax::run(rt, counts, pairs, processes)?);
     }
+    interrupt::check()?;
     if wanted("runtime-load") {
         let duration = Duration::from_secs(if quick { 4 } else { 60 });
         results.operator.runtime_load = Some(rt.block_on(runtime_load::run(
@@ -665,6 +681,7 @@ fn operator_parts(
             Duration::from_millis(500),
         ))?);
     }
+    interrupt::check()?;
     if wanted("relist-cost") {
         let (counts, kills, window): (&[usize], usize, u64) = if quick {
             (&[10], 3, 3)
@@ -678,6 +695,7 @@ fn operator_parts(
             Duration::from_secs(window),
         ))?);
     }
+    interrupt::check()?;
     if wanted("memory") {
         let counts: &[usize] = if quick { &[10] } else { &[10, 50, 100] };
         results.operator.memory = Some(rt.block_on(memory::run(containerd, client, counts))?);

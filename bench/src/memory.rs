@@ -30,6 +30,8 @@ const SETTLE: Duration = Duration::from_secs(3);
 /// Errors of the memory measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
+    #[error(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
     #[error("starting the measured child {exe}: {source}")]
     Spawn { exe: String, source: std::io::Error },
     #[error("the measured child (pid {pid}, {mode}) was not ready within {secs} s")]
@@ -222,6 +224,7 @@ pub async fn run(
     let mut pods = crate::idle::IdlePods::new();
     let endpoint = containerd.endpoint();
     for &n in counts {
+        crate::interrupt::check()?;
         crate::progress(&format!("memory: starting containers up to {n}"));
         pods.grow_to(containerd, client, n).await;
         for mode in [

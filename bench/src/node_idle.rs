@@ -211,6 +211,10 @@ pub async fn run(
 ) -> (Vec<NodeIdle>, Vec<String>) {
     let (mut rows, mut failures) = (Vec::new(), Vec::new());
     for &mode in modes {
+        if crate::interrupt::check().is_err() {
+            // The caller checks again and stops the run.
+            break;
+        }
         if let Err(e) = one_mode(containerd, mode, plan, &mut rows).await {
             let note = format!("Node idle, {}: failed: {e:#}", mode.name());
             crate::progress(&note);
@@ -244,6 +248,7 @@ async fn grow_and_measure(
     let socket = containerd.socket().display().to_string();
     let mut added = 0;
     for &n in &plan.counts {
+        crate::interrupt::check()?;
         crate::progress(&format!("node idle: {} with {n} pods", mode.name()));
         while added < n {
             node.add_pod(&format!("idle{added}"))?;
@@ -258,6 +263,7 @@ async fn grow_and_measure(
         let counted = Instant::now();
         let mut windows = Vec::new();
         for _ in 0..plan.windows {
+            crate::interrupt::check()?;
             windows.push(window(agent, proxy, containerd_pid, &shims, plan.each).await);
         }
         let counted = counted.elapsed().as_secs_f64();

@@ -32,6 +32,8 @@ use crate::stats::{Percentiles, Spread};
 /// Errors of the relist-cost measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum RelistCostError {
+    #[error(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
     #[error("connecting a cri client to {endpoint}: {message}")]
     Connect { endpoint: String, message: String },
     #[error("starting the {mode} pleg: {message}")]
@@ -261,6 +263,7 @@ pub async fn run(
     let before = mem_available_kib().unwrap_or(0);
     let result = async {
         for &want in counts {
+            crate::interrupt::check()?;
             let have = real.0.len();
             let now = mem_available_kib().unwrap_or(0);
             let per_pod = if have > 0 {

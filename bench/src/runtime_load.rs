@@ -57,6 +57,8 @@ const CALLS: [&str; 20] = [
 /// Errors of the runtime-load measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeLoadError {
+    #[error(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
     #[error("connecting the pleg's own cri client to {endpoint}: {message}")]
     Connect { endpoint: String, message: String },
     #[error("starting the {mode} pleg: {message}")]
@@ -256,6 +258,7 @@ pub async fn run(
         modes: Vec::new(),
     };
     for mode in [PlegMode::Ebpf, PlegMode::EventedCri, PlegMode::Generic] {
+        crate::interrupt::check()?;
         crate::progress(&format!(
             "runtime load: {} under churn, {rate} containers/s for {} s",
             crate::death::Observer::Pleg(mode).name(),

@@ -544,6 +544,7 @@ pub async fn run(
     let client = CriClient::connect(&fake.endpoint(), CriClientConfig::default()).await?;
     let mut out = ScaleResults::default();
     for &n in counts {
+        crate::interrupt::check()?;
         // Up to FULL_PIPELINE_MAX the whole PLEG over the fake runtime (its first
         // relist inspects every pod: minutes at 10 000 in the dev build); above,
         // the kernel path alone (reader, decoder, tracker).
@@ -602,6 +603,7 @@ pub async fn run(
             }
         };
         for &rate in rates {
+            crate::interrupt::check()?;
             // The phase's victims, beside the idle cgroups (which stay alive:
             // the kernel path keeps knowing all of them).
             let count = victims_for(rate, secs);

@@ -38,6 +38,8 @@ const TRUE: &str = "/bin/true";
 /// Errors of the node-tax measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum TaxError {
+    #[error(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
     #[error("spawning {TRUE} (process {index} of a block): {source}")]
     Spawn {
         index: usize,
@@ -307,6 +309,7 @@ pub fn run(
         };
         let mut blocks = Vec::new();
         for pair in 0..pairs {
+            crate::interrupt::check()?;
             // Alternate which side goes first, so that a drift of the machine
             // does not favour one.
             let order = if pair % 2 == 0 {
