@@ -21,8 +21,10 @@
 //!   kubelet's PLEGOnDemandRelist), so that wait ends in milliseconds;
 //! * errors back off as the kubelet's `completeWork`: 10 to 15 s after any
 //!   failed sync, 1 to 1.5 s when the network is not ready ([`retry`]); a
-//!   sync may ask to be requeued (a container in CrashLoopBackOff) and every
-//!   worker resyncs periodically;
+//!   sync whose container waits in CrashLoopBackOff is requeued at the
+//!   back-off's expiry plus up to half of the wait at random (the kubelet's
+//!   back-off error, `MinBackoffExpiration` and `wait.Jitter` 0.5), one
+//!   waiting for a deadline at it, and every worker resyncs periodically;
 //! * a kill's grace period is never below 1 s (`calculateEffectiveGracePeriod`:
 //!   a pod deleted with grace 0 still gives its preStop hooks 1 s);
 //! * static pods with the same full name start one at a time, a new version
@@ -71,8 +73,12 @@ use static_pods::StaticPods;
 pub struct SyncResult {
     /// The pod reached a terminal phase: terminate it.
     pub terminal: bool,
-    /// Sync again after this (a container waiting in CrashLoopBackOff).
+    /// Sync again after this (the pod's active deadline).
     pub requeue_after: Option<Duration>,
+    /// The earliest CrashLoopBackOff expiry of a container waiting in it (the
+    /// kubelet's `MinBackoffExpiration`): the worker syncs again then, plus
+    /// the kubelet's jitter.
+    pub backoff: Option<Duration>,
     /// The sync changed the runtime: relist the pod now.
     pub did_runtime_work: bool,
 }
@@ -660,7 +666,16 @@ impl<S: PodSyncer> WorkerLoop<S> {
                     }
                     Some(Duration::ZERO)
                 } else {
-                    r.requeue_after
+                    // `completeWork` after a back-off error: the expiry (at
+                    // most a resync) plus up to half of it at random.
+                    let backoff = r.backoff.map(|b| {
+                        retry::go_jitter(
+                            b.min(self.config.resync),
+                            retry::BACK_OFF_JITTER,
+                            retry::random_unit(),
+                        )
+                    });
+                    r.requeue_after.into_iter().chain(backoff).min()
                 };
                 Ok(Synced {
                     after,
@@ -734,6 +749,8 @@ mod tests {
         fail_next: AtomicU32,
         /// Its syncs call no runtime (a steady pod).
         idle: std::sync::atomic::AtomicBool,
+        /// Its syncs find a container waiting this long in CrashLoopBackOff.
+        backoff: Mutex<Option<Duration>>,
         notify: Notify,
     }
 
@@ -775,6 +792,7 @@ mod tests {
             Ok(SyncResult {
                 terminal,
                 requeue_after: None,
+                backoff: *lock(&self.backoff),
                 did_runtime_work: !self.idle.load(Ordering::SeqCst),
             })
         }
@@ -1273,6 +1291,43 @@ mod tests {
             );
             w.shutdown();
         }
+    }
+
+    /// A container waiting in CrashLoopBackOff: the worker syncs again at the
+    /// back-off's expiry plus up to half of it at random, as the kubelet's
+    /// `completeWork` requeues a back-off error (`wait.Jitter` 0.5). Without
+    /// the jitter every wait is exactly the back-off.
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_loop_back_off_requeues_at_its_expiry_with_the_kubelets_jitter() {
+        let rec = Arc::new(Recorder::default());
+        rec.idle.store(true, Ordering::SeqCst);
+        *lock(&rec.backoff) = Some(Duration::from_secs(1));
+        let pleg = FakePleg::new();
+        pleg.spawn(true);
+        let (w, _done) = workers_configured(rec.clone(), &pleg, Duration::from_secs(60));
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        let mut last = tokio::time::Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..20 {
+            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+                .await
+                .unwrap();
+            let now = tokio::time::Instant::now();
+            waits.push(now - last);
+            last = now;
+        }
+        let (shortest, longest) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+        assert!(*shortest >= Duration::from_secs(1), "{waits:?}");
+        assert!(*longest <= Duration::from_millis(1500), "{waits:?}");
+        // Twenty draws all under 1.05 s: one chance in 10^20.
+        assert!(
+            *longest > Duration::from_millis(1050),
+            "no jitter: {waits:?}"
+        );
+        w.shutdown();
     }
 
     #[tokio::test(start_paused = true)]

@@ -197,12 +197,8 @@ impl KubeRuntime {
         Ok(SyncResult {
             terminal: false,
             // The kubelet's `ShouldSync`: back when the deadline comes.
-            requeue_after: actions
-                .backoff
-                .iter()
-                .map(|w| w.retry_in)
-                .chain(deadline)
-                .min(),
+            requeue_after: deadline,
+            backoff: actions.backoff.iter().map(|w| w.retry_in).min(),
             did_runtime_work: actions.does_runtime_work(),
         })
     }
