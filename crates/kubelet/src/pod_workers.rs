@@ -1258,6 +1258,21 @@ mod tests {
         w.shutdown();
     }
 
+    /// Workers on `pleg` (its first relist done, a resync a minute) whose
+    /// pod `v1` has synced once.
+    async fn synced_once(
+        rec: &Arc<Recorder>,
+        pleg: &FakePleg,
+    ) -> (PodWorkers<Recorder>, mpsc::UnboundedReceiver<PodUid>) {
+        pleg.spawn(true);
+        let (w, done) = workers_configured(rec.clone(), pleg, Duration::from_secs(60));
+        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
+        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
+            .await
+            .unwrap();
+        (w, done)
+    }
+
     /// The floor moves with the runtime calls: a sync that called the runtime
     /// is followed by one pod relist and the next sync waits for it; a steady
     /// pod's resyncs call nothing, ask nothing of the PLEG, and act on the
@@ -1267,12 +1282,7 @@ mod tests {
         for (idle, relists_per_resync) in [(false, 1), (true, 0)] {
             let rec = Arc::new(Recorder::default());
             let pleg = FakePleg::new();
-            pleg.spawn(true);
-            let (w, _done) = workers_configured(rec.clone(), &pleg, Duration::from_secs(60));
-            w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
-            tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
-                .await
-                .unwrap();
+            let (w, _done) = synced_once(&rec, &pleg).await;
             rec.idle.store(idle, Ordering::SeqCst);
             settle().await;
             let asked = pleg.requests.load(Ordering::SeqCst);
@@ -1303,12 +1313,7 @@ mod tests {
         rec.idle.store(true, Ordering::SeqCst);
         *lock(&rec.backoff) = Some(Duration::from_secs(1));
         let pleg = FakePleg::new();
-        pleg.spawn(true);
-        let (w, _done) = workers_configured(rec.clone(), &pleg, Duration::from_secs(60));
-        w.update_pod(&uid(), pod("v1", None), UpdateType::Create);
-        tokio::time::timeout(Duration::from_secs(5), rec.notify.notified())
-            .await
-            .unwrap();
+        let (w, _done) = synced_once(&rec, &pleg).await;
         let mut last = tokio::time::Instant::now();
         let mut waits = Vec::new();
         for _ in 0..20 {
