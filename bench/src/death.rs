@@ -4,7 +4,7 @@
 //! ContainerDied event.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use evpleg_core::clock::monotonic_ns;
@@ -88,15 +88,11 @@ struct Target {
     pid: u32,
 }
 
-/// The exit records the bare reader saw: (pid, kernel ns, read ns).
-type Reads = Arc<Mutex<Vec<ExitRead>>>;
-
 /// The observer running for the repetitions of one mode.
 pub struct Running {
     observer: Observer,
     pleg: Option<Pleg>,
     events: Option<mpsc::Receiver<PodLifecycleEvent>>,
-    reads: Reads,
     clock: Option<ExitClock>,
     floor: Option<BareReader>,
 }
@@ -116,7 +112,6 @@ impl Running {
             observer,
             pleg: None,
             events: None,
-            reads: Reads::default(),
             clock: None,
             floor: None,
         };
@@ -144,17 +139,13 @@ impl Running {
             p.stop().await;
         }
         if let Some(f) = self.floor.take() {
-            let reads = f.stop();
-            self.reads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(reads);
+            // Its reads are taken by the repetition that stops it.
+            drop(f.stop());
         }
     }
 
-    /// Ends a repetition: its reads are forgotten, its sandbox removed.
+    /// Ends a repetition: its sandbox removed.
     async fn end_repetition(&self, client: &CriClient, sandbox: &str) {
-        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let _ = client.stop_pod_sandbox(sandbox).await;
         let _ = client.remove_pod_sandbox(sandbox).await;
     }
@@ -162,12 +153,6 @@ impl Running {
     /// The PLEG's stage log in `ebpf` mode (it times the reads there).
     fn stage_log(&self) -> Option<Vec<StageRecord>> {
         (self.observer == Observer::Pleg(PlegMode::Ebpf)).then(crate::stages::snapshot)
-    }
-
-    fn floor_reads(&self) -> Vec<ExitRead> {
-        // The bare reader keeps its records on its thread until it stops: it is
-        // stopped and started again around each repetition by the caller.
-        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -297,11 +282,13 @@ pub async fn repetition(
     }
     // The kernel's side.
     let mut out = RepSamples::default();
-    let floor_reads = if let Some(f) = running.floor.take() {
-        f.stop()
-    } else {
-        running.floor_reads()
-    };
+    // The bare reader keeps its records on its thread until it stops: it is
+    // started again by the next repetition.
+    let floor_reads = running
+        .floor
+        .take()
+        .map(BareReader::stop)
+        .unwrap_or_default();
     let log = running.stage_log();
     for t in &targets {
         let read = exit_read(&floor_reads, log.as_deref(), t);
@@ -437,11 +424,11 @@ pub async fn churn(
         }
     }
     let (_pod, targets) = starter.await.expect("the starter task");
-    let reads = running.floor_reads();
+    // A pleg runs the churn: no bare reader's records.
     let log = running.stage_log();
     let mut out = RepSamples::default();
     for t in &targets {
-        let read = exit_read(&reads, log.as_deref(), t);
+        let read = exit_read(&[], log.as_deref(), t);
         if let Some((_, k, r)) = read {
             out.reader_us.push(r.saturating_sub(k) as f64 / 1000.0);
         }

@@ -51,21 +51,12 @@ pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>
             missing += 1;
             continue;
         };
-        let Some(kernel) = recs
-            .iter()
-            .find(|r| r.stage == Stage::Kernel)
-            .map(|r| r.at_ns)
-        else {
+        let Some(kernel) = first_kernel(recs.iter().copied()) else {
             missing += 1;
             continue;
         };
         for (stage, samples) in &mut out {
-            if let Some(at) = recs
-                .iter()
-                .filter(|r| r.stage == *stage && r.at_ns >= kernel)
-                .map(|r| r.at_ns)
-                .min()
-            {
+            if let Some(at) = first_after(recs.iter().copied(), *stage, kernel) {
                 samples.push((at - kernel) as f64 / 1000.0);
             }
         }
@@ -79,12 +70,25 @@ pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>
 pub fn exit_read(id: &str, records: &[StageRecord]) -> Option<(u64, u64)> {
     let key = stages::key_of(id)?;
     let mine = || records.iter().filter(move |r| r.key == key);
-    let kernel = mine().find(|r| r.stage == Stage::Kernel)?.at_ns;
-    let read = mine()
-        .filter(|r| r.stage == Stage::Read && r.at_ns >= kernel)
+    let kernel = first_kernel(mine())?;
+    Some((kernel, first_after(mine(), Stage::Read, kernel)?))
+}
+
+/// The first kernel exit among one container's records.
+fn first_kernel<'a>(mut recs: impl Iterator<Item = &'a StageRecord>) -> Option<u64> {
+    recs.find(|r| r.stage == Stage::Kernel).map(|r| r.at_ns)
+}
+
+/// The earliest record of `stage` at or after `kernel` among one
+/// container's records.
+fn first_after<'a>(
+    recs: impl Iterator<Item = &'a StageRecord>,
+    stage: Stage,
+    kernel: u64,
+) -> Option<u64> {
+    recs.filter(|r| r.stage == stage && r.at_ns >= kernel)
         .map(|r| r.at_ns)
-        .min()?;
-    Some((kernel, read))
+        .min()
 }
 
 #[cfg(test)]
