@@ -372,6 +372,36 @@ e2e_test!(crash_loop_back_off_has_a_stable_message, |e| Box::pin(
             "{periods:?} after {:?}",
             started.elapsed()
         );
+        // As the kubelet's reason cache: the status of the sync that finds a
+        // crash shows the container terminated; CrashLoopBackOff (the exit
+        // then in lastState) only from the next sync's (its status is
+        // generated before SyncPod, which records the back-off).
+        let terminated_id = |p: &Value, key: &str| {
+            container(p, "app")[key]["terminated"]["containerID"]
+                .as_str()
+                .map(str::to_owned)
+        };
+        // Each exit (its container's id) and the state the app had in the
+        // first status that showed it.
+        let mut first_shown: Vec<(String, &str)> = Vec::new();
+        for p in &history.seen {
+            let shown = [
+                (terminated_id(p, "state"), "terminated"),
+                (
+                    terminated_id(p, "lastState"),
+                    waiting_reason(p).unwrap_or("running"),
+                ),
+            ];
+            for (id, how) in shown {
+                if let Some(id) = id.filter(|id| !first_shown.iter().any(|(s, _)| s == id)) {
+                    first_shown.push((id, how));
+                }
+            }
+        }
+        assert!(
+            first_shown.len() >= 4 && first_shown.iter().all(|(_, how)| *how == "terminated"),
+            "each exit as first shown: {first_shown:?}"
+        );
     }
 ));
 

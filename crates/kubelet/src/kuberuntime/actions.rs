@@ -44,7 +44,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use sha2::{Digest, Sha256};
 
-use super::backoff::{BackoffKey, CrashBackoff, InBackoff, go_duration};
+use super::backoff::{BackoffKey, CrashBackoff, go_duration};
 use evpleg_core::container::{ContainerState, ContainerStatus, PodStatus, SandboxState};
 use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::EventSource;
@@ -127,6 +127,12 @@ pub struct PodActions {
     pub kill: Vec<Kill>,
     /// Containers waiting in CrashLoopBackOff.
     pub backoff: Vec<Waiting>,
+    /// A container whose back-off is over by the kernel's death time, whose
+    /// death the runtime has not reported yet: look again in this long
+    /// ([`KERNEL_DEATH_RECHECK`]). Not a back-off: nothing in the status or
+    /// the events says so (the kubelet, seeing the runtime's `finishedAt`
+    /// only, would restart it, or find it in back-off, a few ms later).
+    pub recheck: Option<Duration>,
     pub terminal: Option<Terminal>,
 }
 
@@ -290,25 +296,22 @@ pub fn compute_pod_actions_probed(
         }
         let finished = s.finished_at.unwrap_or(0);
         let key = backoff_key(uid, c);
-        let waiting = backoff.in_backoff(&key, finished, now_unix_ns).or_else(|| {
-            // Over when measured from the kernel's death time, which precedes
-            // the runtime's `finishedAt` (the kubelet's start point) by the
-            // runtime's reaping: wait for the runtime's report (the pod is
-            // relisted at once to confirm the death), so that no restart
-            // comes before the back-off measured from `finishedAt`.
-            (s.source == EventSource::Kernel)
-                .then(|| backoff.period(&key, finished))
-                .flatten()
-                .map(|period| InBackoff {
-                    period,
-                    left: KERNEL_DEATH_RECHECK,
-                })
-        });
-        match waiting {
+        // Over when measured from the kernel's death time, which precedes
+        // the runtime's `finishedAt` (the kubelet's start point) by the
+        // runtime's reaping: wait for the runtime's report (the pod is
+        // relisted at once to confirm the death), so that no restart comes
+        // before the back-off measured from `finishedAt`.
+        match backoff.in_backoff(&key, finished, now_unix_ns) {
+            None if s.source == EventSource::Kernel
+                && backoff.period(&key, finished).is_some() =>
+            {
+                actions.recheck = Some(KERNEL_DEATH_RECHECK);
+                true
+            }
             Some(b) => {
                 actions.backoff.push(Waiting {
                     name: c.name.clone(),
-                    reason: "CrashLoopBackOff".into(),
+                    reason: super::reasons::CRASH_LOOP_BACK_OFF.into(),
                     message: format!(
                         "back-off {} restarting failed container={} pod={}",
                         go_duration(b.period),
@@ -738,21 +741,23 @@ mod tests {
     /// runtime's `finishedAt` (the kubelet's `doBackOff`): an exit only the
     /// kernel has reported yet (its time precedes the runtime's) waits for
     /// the runtime's report once its back-off is over by the kernel's time;
-    /// a first restart (no back-off yet) does not wait. (source, entry, ms
-    /// after the finish) -> started, waiting left ms.
+    /// a first restart (no back-off yet) does not wait. That wait is a
+    /// re-check, not a CrashLoopBackOff: the kubelet, seeing the runtime's
+    /// time only, would not show one. (source, entry, ms after the finish)
+    /// -> started, back-off left ms, re-check in ms.
     #[test]
     fn a_kernel_reported_death_restarts_only_once_the_runtime_reported_it() {
         let p = pod("Always", &[], &["app"]);
         let spec = &p.spec.as_ref().unwrap().containers[0];
         let ms = 1_000_000i64;
         let cases = [
-            (EventSource::Relist, true, 500, false, Some(500)),
-            (EventSource::Relist, true, 1_000, true, None),
-            (EventSource::Kernel, true, 500, false, Some(500)),
-            (EventSource::Kernel, true, 1_000, false, Some(50)),
-            (EventSource::Kernel, false, 10, true, None),
+            (EventSource::Relist, true, 500, false, Some(500), None),
+            (EventSource::Relist, true, 1_000, true, None, None),
+            (EventSource::Kernel, true, 500, false, Some(500), None),
+            (EventSource::Kernel, true, 1_000, false, None, Some(50)),
+            (EventSource::Kernel, false, 10, true, None, None),
         ];
-        for (source, entry, after, started, left) in cases {
+        for (source, entry, after, started, left, recheck) in cases {
             let mut b = CrashBackoff::crash_loop(Duration::from_secs(1), Duration::from_secs(1));
             if entry {
                 b.restarting(
@@ -768,8 +773,13 @@ mod tests {
             let got = (
                 !a.start.is_empty(),
                 a.backoff.first().map(|w| w.retry_in.as_millis() as i64),
+                a.recheck.map(|r| r.as_millis() as i64),
             );
-            assert_eq!(got, (started, left), "{source:?} entry={entry} +{after} ms");
+            assert_eq!(
+                got,
+                (started, left, recheck),
+                "{source:?} entry={entry} +{after} ms"
+            );
         }
     }
 

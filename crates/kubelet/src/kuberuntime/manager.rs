@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::actions::{PodActions, Terminal};
+use super::actions::Terminal;
 use super::backoff::{CrashBackoff, ImagePullBackoff};
 use super::reasons::ReasonCache;
 use crate::pod_workers::{PodSyncer, SyncError, SyncResult};
@@ -170,16 +170,11 @@ impl KubeRuntime {
         pod: &Arc<Pod>,
         uid: &PodUid,
         status: &PodStatus,
-        actions: &PodActions,
         terminal: Option<Terminal>,
     ) {
-        // This sync's back-offs first, then the last start errors of the others.
-        let mut waiting = actions.backoff.clone();
-        for w in lock(&self.reasons).waiting(uid) {
-            if !waiting.iter().any(|b| b.name == w.name) {
-                waiting.push(w);
-            }
-        }
+        // What the syncs before this one recorded: their start errors and
+        // back-offs ([`super::reasons`]).
+        let waiting = lock(&self.reasons).waiting(uid);
         let previous = self
             .status
             .get_pod_status(uid)

@@ -4,8 +4,13 @@
 //! The last start error of each container, keyed by pod UID and container name,
 //! is the container's waiting reason and message until it starts: ErrImagePull,
 //! ImagePullBackOff, ErrImageNeverPull, ImageInspectError, InvalidImageName,
-//! CreateContainerConfigError, CreateContainerError, RunContainerError; and
-//! ContainerCreating with the error of a sandbox that could not be created.
+//! CreateContainerConfigError, CreateContainerError, RunContainerError,
+//! CrashLoopBackOff (`doBackOff`'s error); and ContainerCreating with the
+//! error of a sandbox that could not be created.
+//! As the kubelet's, the cache is filled by a sync and read by the status of
+//! the next one (its status is generated before SyncPod): a container a sync
+//! finds crashed and in back-off shows `terminated` in that sync's status and
+//! `CrashLoopBackOff` from the next.
 //! Differences: a map forgotten with the pod instead of the kubelet's LRU of
 //! 1 000 entries.
 
@@ -22,6 +27,8 @@ pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
 pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
 pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
 pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+/// A container waiting in its restart back-off ([`super::backoff`]).
+pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
 /// Not an error of the container: its pod's sandbox could not be created
 /// ([`super::sync`]; the kubelet's reason, with the error as the message).
 pub const CONTAINER_CREATING: &str = "ContainerCreating";
@@ -69,6 +76,14 @@ impl ReasonCache {
     pub fn update(&mut self, pod: &PodUid, container: &str, error: StartError) {
         self.entries
             .insert((pod.clone(), container.to_owned()), error);
+    }
+
+    /// The containers this sync found in CrashLoopBackOff (the kubelet's
+    /// `doBackOff` fails their start with it).
+    pub fn back_off(&mut self, pod: &PodUid, waiting: &[Waiting]) {
+        for w in waiting {
+            self.update(pod, &w.name, StartError::new(CRASH_LOOP_BACK_OFF, &w.message));
+        }
     }
 
     /// The container started: its error is over.

@@ -52,12 +52,10 @@ impl KubeRuntime {
                 crate::active_deadline::REASON,
                 crate::active_deadline::MESSAGE.to_owned(),
             );
-            let none = super::actions::PodActions::default();
             self.publish(
                 &pod,
                 &uid,
                 &entry.status,
-                &none,
                 Some(super::actions::Terminal::Failed),
             );
             return Ok(SyncResult {
@@ -72,7 +70,7 @@ impl KubeRuntime {
             })
         };
         crate::prober::probe_kills(&pod, &entry.status, &self.probes, &mut actions);
-        self.publish(&pod, &uid, &entry.status, &actions, actions.terminal);
+        self.publish(&pod, &uid, &entry.status, actions.terminal);
         if actions.terminal.is_some() {
             return Ok(SyncResult {
                 terminal: true,
@@ -82,6 +80,7 @@ impl KubeRuntime {
         // As the kubelet's SyncPod: the volumes first (WaitForAttachAndMount).
         self.wait_for_volumes(&pod, &uid).await?;
         kubelet_events::crash_loop_back_off(&self.events, &pod, &uid, &actions.backoff);
+        lock(&self.reasons).back_off(&uid, &actions.backoff);
         let grace = spec_grace_seconds(&pod);
         if actions.kill_pod {
             kubelet_events::sandbox_changed(&self.events, &pod);
@@ -198,7 +197,12 @@ impl KubeRuntime {
             terminal: false,
             // The kubelet's `ShouldSync`: back when the deadline comes.
             requeue_after: deadline,
-            backoff: actions.backoff.iter().map(|w| w.retry_in).min(),
+            backoff: actions
+                .backoff
+                .iter()
+                .map(|w| w.retry_in)
+                .chain(actions.recheck)
+                .min(),
             did_runtime_work: actions.does_runtime_work(),
         })
     }

@@ -21,7 +21,7 @@ use evpleg_cri_api::v1;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
-use super::actions::{PodActions, Terminal, compute_pod_actions, is_sidecar, latest};
+use super::actions::{Terminal, compute_pod_actions, is_sidecar, latest};
 use super::cgroups::remove_pod_cgroups;
 use super::ordering::TerminationOrdering;
 use crate::events as kubelet_events;
@@ -276,8 +276,7 @@ impl KubeRuntime {
         } else {
             Terminal::Failed
         };
-        let actions = PodActions::default();
-        self.publish(&pod, &uid, &status, &actions, Some(terminal));
+        self.publish(&pod, &uid, &status, Some(terminal));
         Ok(())
     }
 
