@@ -1,6 +1,8 @@
 //! A CRI interceptor: an HTTP/2 proxy on its own unix socket in front of a
 //! runtime's socket. Every gRPC call is counted by method (the last part of
-//! `/runtime.v1.RuntimeService/StopContainer`) and forwarded unchanged by
+//! `/runtime.v1.RuntimeService/StopContainer`; a `ContainerStatus` or
+//! `PodSandboxStatus` asked `verbose` also as `ContainerStatus verbose`, its
+//! request read whole to tell) and forwarded unchanged by
 //! `evpleg cri-proxy`'s forwarder ([`evpleg_cri_proxy::forward::Upstream`]):
 //! headers, streamed bodies and trailers pass through as they are. A test
 //! points a client at [`CriInterceptor::endpoint`] and then reads which calls
@@ -18,6 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use evpleg_cri_api::v1;
 use evpleg_cri_proxy::forward::Upstream;
 use evpleg_cri_proxy::grpc;
 use hyper::body::Incoming;
@@ -60,6 +63,40 @@ type Failing = Arc<Mutex<BTreeMap<String, u32>>>;
 
 /// How long a held call waits at most for the hold to be lifted.
 pub const HOLD_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The status calls whose `verbose` flag is counted.
+const VERBOSE_COUNTED: [&str; 2] = ["ContainerStatus", "PodSandboxStatus"];
+
+/// Forwards a status call read whole, counting it as `<method> verbose` when
+/// it asks `verbose` (both requests carry it as field 2).
+async fn forward_counting_verbose(
+    upstream: &Upstream,
+    req: hyper::Request<Incoming>,
+    method: &str,
+    calls: &Calls,
+) -> Result<hyper::Response<grpc::Body>, evpleg_cri_proxy::forward::ForwardError> {
+    use http_body_util::BodyExt;
+    let (head, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let verbose = match method {
+        "ContainerStatus" => grpc::unary::<v1::ContainerStatusRequest>(&body).map(|r| r.verbose),
+        _ => grpc::unary::<v1::PodSandboxStatusRequest>(&body).map(|r| r.verbose),
+    };
+    if verbose == Some(true) {
+        *lock(calls).entry(format!("{method} verbose")).or_default() += 1;
+    }
+    let resp = upstream
+        .send(hyper::Request::from_parts(
+            head,
+            grpc::body(Some(body), None),
+        ))
+        .await?;
+    Ok(resp.map(|b| b.map_err(grpc::BoxError::from).boxed()))
+}
 
 /// A running interceptor; stopped on drop.
 #[derive(Debug)]
@@ -218,7 +255,7 @@ async fn proxy(
                 })
             }
         });
-        let upstream = upstream.clone();
+        let (upstream, calls) = (upstream.clone(), calls.clone());
         async move {
             if fails {
                 let message = format!("cri interceptor: {method} failed: ttrpc: closed");
@@ -229,7 +266,12 @@ async fn proxy(
             {
                 return Ok(refused);
             }
-            Ok::<_, std::convert::Infallible>(upstream.forward(req).await.unwrap_or_else(|e| {
+            let forwarded = if VERBOSE_COUNTED.contains(&method.as_str()) {
+                forward_counting_verbose(&upstream, req, &method, &calls).await
+            } else {
+                upstream.forward(req).await
+            };
+            Ok::<_, std::convert::Infallible>(forwarded.unwrap_or_else(|e| {
                 grpc::error_response(grpc::UNAVAILABLE, &format!("cri interceptor: {e}"))
             }))
         }

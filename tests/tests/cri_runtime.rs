@@ -538,3 +538,85 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
         assert_eq!(calls, 0, "then remembered");
     });
 }
+
+/// A live container's or sandbox's pid comes from a `verbose` status, which
+/// costs containerd the spec and, for a sandbox, a call to its shim: it is
+/// asked once, then remembered (a pid never changes) while the container or
+/// sandbox lives, and a dead one is not asked verbose (issue #31: asked at
+/// every inspection, the pod relists queued for seconds while containerd
+/// started the fidelity corpus's shims).
+#[test]
+fn a_live_container_s_pid_is_asked_verbose_once() {
+    use evpleg_core::runtime::PodRuntime;
+    use evpleg_cri::runtime::CriRuntime;
+    use evpleg_tests::cri_interceptor::CriInterceptor;
+    use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
+    if !runtime_available("a_live_container_s_pid_is_asked_verbose_once") {
+        return;
+    }
+    let containerd = start_containerd();
+    let pod = TestPod::new(&containerd, "verbose-once");
+    let rt = tokio_runtime();
+    rt.block_on(async {
+        let icpt = CriInterceptor::start(containerd.socket(), containerd.base().join("icpt.sock"))
+            .expect("the CRI interceptor");
+        let client = evpleg_cri::CriClient::connect(
+            &icpt.endpoint(),
+            evpleg_cri::CriClientConfig::default(),
+        )
+        .await
+        .expect("connect through the interceptor");
+        let sandbox = run_sandbox(&client, &pod).await;
+        let live = run_container(&client, &pod, &sandbox, &pod.waiting_container("live")).await;
+        let uid = pod.pod_uid();
+        let runtime = CriRuntime::new(client.clone());
+        let verbose = || {
+            let calls = icpt.calls();
+            let n = |m: &str| calls.get(m).copied().unwrap_or(0);
+            (
+                n("ContainerStatus verbose"),
+                n("PodSandboxStatus verbose"),
+                n("ContainerStatus") + n("PodSandboxStatus"),
+            )
+        };
+        let inspect = || async {
+            let before = verbose();
+            let status = runtime.pod_status(&uid).await.expect("pod status");
+            let after = verbose();
+            let pids = (
+                status
+                    .containers
+                    .iter()
+                    .map(|c| c.pid.is_some())
+                    .collect::<Vec<_>>(),
+                status
+                    .sandboxes
+                    .iter()
+                    .map(|s| s.pid.is_some())
+                    .collect::<Vec<_>>(),
+            );
+            let asked = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+            (pids, asked)
+        };
+        // (container pids, sandbox pids), (verbose ContainerStatus, verbose
+        // PodSandboxStatus, status calls).
+        let live_pids = (vec![true], vec![true]);
+        assert_eq!(inspect().await, (live_pids.clone(), (1, 1, 2)), "first");
+        assert_eq!(
+            inspect().await,
+            (live_pids.clone(), (0, 0, 2)),
+            "remembered"
+        );
+        assert_eq!(inspect().await, (live_pids, (0, 0, 2)), "still remembered");
+        pod.release("live");
+        wait_container_status(&client, &live, "exited", |s| {
+            s.state() == v1::ContainerState::ContainerExited
+        })
+        .await;
+        assert_eq!(
+            inspect().await,
+            ((vec![false], vec![true]), (0, 0, 2)),
+            "an exited container has no pid and is not asked verbose"
+        );
+    });
+}

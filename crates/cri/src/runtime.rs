@@ -14,7 +14,13 @@
 //!
 //! Where it differs from `GetPodStatus`: statuses are asked `verbose` (for the
 //! main process's pid) only of containers and sandboxes the listing shows
-//! alive; the kubelet asks none verbose. And with
+//! alive, and only until their pid is known (a container's or sandbox's pid
+//! never changes; it is remembered while the container or sandbox lives);
+//! the kubelet asks none verbose. A verbose status costs the runtime the
+//! spec and, for a sandbox, a call to its shim (containerd's
+//! `toCRISandboxInfo`: `task.Status`): asked at every inspection, it made
+//! the pod relists queue for seconds while containerd started the whole
+//! fidelity corpus's shims (issue #31). And with
 //! [`CriRuntime::remembering_exited`] (ebpf mode) an exited container's
 //! status, which the runtime never changes again, is read once and then
 //! remembered while the container is listed exited: a pod's inspection costs a
@@ -22,7 +28,7 @@
 //! 120 dead containers made every start and death cost 121 `ContainerStatus`
 //! calls). The kubelet reads them all at every inspection.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use evpleg_cri_api::v1;
@@ -52,6 +58,9 @@ pub struct CriRuntime {
     /// The statuses of exited containers, by pod and container id, when
     /// remembering them ([`Self::remembering_exited`]).
     exited: Option<Arc<Mutex<ExitedStatuses>>>,
+    /// The pids of live containers and sandboxes, by id, from their first
+    /// verbose status.
+    pids: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 /// Exited containers' statuses, by pod and container id.
@@ -63,6 +72,7 @@ impl CriRuntime {
             client,
             unlabelled: false,
             exited: None,
+            pids: Arc::default(),
         }
     }
 
@@ -75,6 +85,24 @@ impl CriRuntime {
     pub fn remembering_exited(mut self) -> Self {
         self.exited = Some(Arc::default());
         self
+    }
+
+    fn pids(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.pids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pid of live container or sandbox `id`, if remembered.
+    fn known_pid(&self, id: &str) -> Option<u32> {
+        self.pids().get(id).copied()
+    }
+
+    /// `id`'s pid from its verbose status's `info`, remembered while it lives.
+    fn learn_pid(&self, id: &str, info: &HashMap<String, String>) -> Option<u32> {
+        let pid = pid_from_info(info);
+        if let Some(pid) = pid {
+            self.pids().insert(id.to_owned(), pid);
+        }
+        pid
     }
 
     fn remembered(&self) -> Option<std::sync::MutexGuard<'_, ExitedStatuses>> {
@@ -215,10 +243,17 @@ impl PodRuntime for CriRuntime {
                 state: container_state(c.state).into(),
             });
         }
-        if pod.is_none()
-            && let Some(mut remembered) = self.remembered()
-        {
-            remembered.retain(|uid, _| out.iter().any(|e| &e.pod == uid));
+        if pod.is_none() {
+            // Only what lives keeps its pid.
+            let live: HashSet<&str> = out
+                .iter()
+                .filter(|e| e.state == PlegState::Running)
+                .map(|e| e.id.as_str())
+                .collect();
+            self.pids().retain(|id, _| live.contains(id.as_str()));
+            if let Some(mut remembered) = self.remembered() {
+                remembered.retain(|uid, _| out.iter().any(|e| &e.pod == uid));
+            }
         }
         Ok(out)
     }
@@ -245,7 +280,12 @@ impl PodRuntime for CriRuntime {
                 continue;
             };
             let ready = s.state == v1::PodSandboxState::SandboxReady as i32;
-            let resp = match self.client.pod_sandbox_status(&s.id, ready).await {
+            if !ready {
+                self.pids().remove(&s.id);
+            }
+            let known = ready.then(|| self.known_pid(&s.id)).flatten();
+            let verbose = ready && known.is_none();
+            let resp = match self.client.pod_sandbox_status(&s.id, verbose).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
@@ -262,9 +302,11 @@ impl PodRuntime for CriRuntime {
             if status.sandboxes.is_empty() && st.state == v1::PodSandboxState::SandboxReady as i32 {
                 status.ips = sandbox_ips(Some(&st));
             }
-            status
-                .sandboxes
-                .push(sandbox_status(id, &st, pid_from_info(&resp.info)));
+            status.sandboxes.push(sandbox_status(
+                id,
+                &st,
+                known.or_else(|| self.learn_pid(&s.id, &resp.info)),
+            ));
         }
         // Taken out while the pod is inspected; put back with what it holds
         // now (an inspection that fails forgets it: the next one reads all).
@@ -279,16 +321,20 @@ impl PodRuntime for CriRuntime {
                 exited.insert(c.id.clone(), s);
                 continue;
             }
-            // Verbose (the pid) only for a container that may be alive: one
-            // listed exited stays exited.
-            let resp = match self.client.container_status(&c.id, !listed_exited).await {
+            // Verbose (the pid) only for a container that may be alive and
+            // whose pid is not known: one listed exited stays exited.
+            let known = (!listed_exited).then(|| self.known_pid(&c.id)).flatten();
+            let verbose = !listed_exited && known.is_none();
+            let resp = match self.client.container_status(&c.id, verbose).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
             };
             if let Some(mut s) = resp.status.as_ref().and_then(convert_container_status) {
                 if s.state == ContainerState::Running {
-                    s.pid = pid_from_info(&resp.info);
+                    s.pid = known.or_else(|| self.learn_pid(&c.id, &resp.info));
+                } else {
+                    self.pids().remove(&c.id);
                 }
                 if remembered.is_some() && s.state == ContainerState::Exited {
                     exited.insert(c.id.clone(), s.clone());
