@@ -34,7 +34,11 @@ impl Killable {
             .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
         let mut child = Command::new(program)
             .args(args)
-            .env("RUST_LOG", "info")
+            // The harness's filter when set (a debug run), else info.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(err)
@@ -77,6 +81,22 @@ impl Killable {
     /// SIGKILL, and the process reaped.
     pub fn kill9(mut self) {
         self.kill_now();
+    }
+
+    /// SIGTERM (a graceful stop), and the process reaped; SIGKILL if it has
+    /// not exited within `bound`. Whether it exited by itself.
+    pub fn stop(mut self, bound: Duration) -> bool {
+        // SAFETY: plain syscall on our child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + bound;
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill_now();
+        false
     }
 
     fn kill_now(&mut self) {

@@ -577,7 +577,7 @@ evictionHard:
 
 /// One HTTP/1.1 GET: the body of a 200 answer, or `None` when the peer is
 /// not (yet) there or answers otherwise; bounded at 5 s.
-async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+pub(crate) async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
     use http_body_util::BodyExt;
     tokio::time::timeout(Duration::from_secs(5), async {
         let stream = tokio::net::TcpStream::connect(addr).await.ok()?;

@@ -27,7 +27,7 @@ use crate::control_plane::ControlPlane;
 pub fn node_name(side: Side) -> &'static str {
     match side {
         Side::Kubelet => "fidelity-kubelet",
-        Side::Evpleg => "fidelity-evpleg",
+        Side::Evpleg { .. } => "fidelity-evpleg",
         Side::KubeletBehindProxy { evented: false } => "fidelity-proxy",
         Side::KubeletBehindProxy { evented: true } => "fidelity-proxy-evented",
     }

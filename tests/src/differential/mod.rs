@@ -259,8 +259,11 @@ pub fn corpus_dir() -> PathBuf {
 pub enum Side {
     /// The stock kubelet on containerd directly (its generic PLEG).
     Kubelet,
-    /// `evpleg run`.
-    Evpleg,
+    /// `evpleg run`, in a process of its own: `program` is the
+    /// `evpleg-killable` build of the binary's `main`
+    /// (`CARGO_BIN_EXE_evpleg-killable`, which only this package's tests
+    /// can name).
+    Evpleg { program: &'static str },
     /// The stock kubelet with its CRI endpoint at `evpleg cri-proxy` in front
     /// of containerd, with or without the `EventedPLEG` gate (issue #30).
     KubeletBehindProxy { evented: bool },

@@ -3,14 +3,15 @@
 //! pods from a manifest directory or from the API server ([`super::api`]).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use clap::Parser;
 use serde_json::Value;
 
 use super::{Case, DifferentialError, NODE, Side, act, api};
 use crate::containerd::Containerd;
 use crate::control_plane::ControlPlane;
+use crate::killable::Killable;
 use crate::stock_kubelet::{KubeletOptions, StockKubelet};
 
 /// A running node of one side on its own containerd.
@@ -19,11 +20,16 @@ pub(super) enum Runner {
     /// The agent (`None` only while it restarts), its manifest directory,
     /// and the flags it was started with (to start it again,
     /// [`act::Act::RestartNode`]).
-    Evpleg(
-        Option<evpleg::agent::Agent>,
-        PathBuf,
-        Box<evpleg::config::RunArgs>,
-    ),
+    /// `evpleg run` in a process of its own, as a node runs it (with its
+    /// own runtime threads, not the harness's), with its manifest
+    /// directory, its flags and its log file.
+    Evpleg {
+        agent: Option<Killable>,
+        program: &'static str,
+        manifests: PathBuf,
+        args: Vec<String>,
+        log: PathBuf,
+    },
 }
 
 /// A node and where its pods come from.
@@ -71,7 +77,7 @@ impl Node {
                         .await?;
                 Runner::Kubelet(kubelet, proxy.map(Box::new))
             }
-            Side::Evpleg => {
+            Side::Evpleg { program } => {
                 let base = containerd.base();
                 let manifests = base.join("agent-manifests");
                 std::fs::create_dir_all(&manifests).map_err(|source| DifferentialError::Io {
@@ -80,8 +86,8 @@ impl Node {
                     source,
                 })?;
                 let s = |p: PathBuf| p.display().to_string();
-                let mut argv = vec![
-                    "evpleg".to_owned(),
+                let mut args = vec![
+                    "run".to_owned(),
                     "--manifest-dir".into(),
                     s(manifests.clone()),
                     "--node-name".into(),
@@ -100,15 +106,18 @@ impl Node {
                     "1s".into(),
                 ];
                 if let Some(k) = kubeconfig {
-                    argv.push("--kubeconfig".into());
-                    argv.push(s(k));
+                    args.push("--kubeconfig".into());
+                    args.push(s(k));
                 }
-                let args = evpleg::config::RunArgs::try_parse_from(argv)
-                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
-                let agent = evpleg::agent::Agent::start(&args)
-                    .await
-                    .map_err(|e| DifferentialError::Agent(e.to_string()))?;
-                Runner::Evpleg(Some(agent), manifests, Box::new(args))
+                let log = base.join("agent.log");
+                let agent = spawn_agent(program, &args, &log).await?;
+                Runner::Evpleg {
+                    agent: Some(agent),
+                    program,
+                    manifests,
+                    args,
+                    log,
+                }
             }
         };
         Ok(Self {
@@ -134,7 +143,7 @@ impl Node {
         }
         match &*self.runner.lock().await {
             Runner::Kubelet(k, _) => k.write(&file, yaml),
-            Runner::Evpleg(_, dir, _) => {
+            Runner::Evpleg { manifests: dir, .. } => {
                 let tmp = dir.join(format!(".{file}.tmp"));
                 std::fs::write(&tmp, yaml).expect("write manifest");
                 std::fs::rename(&tmp, dir.join(&file)).expect("rename manifest");
@@ -151,7 +160,7 @@ impl Node {
         let file = format!("{case}.yaml");
         match &*self.runner.lock().await {
             Runner::Kubelet(k, _) => k.remove(&file),
-            Runner::Evpleg(_, dir, _) => {
+            Runner::Evpleg { manifests: dir, .. } => {
                 std::fs::remove_file(dir.join(file)).expect("remove manifest")
             }
         }
@@ -188,14 +197,17 @@ impl Node {
         let mut runner = self.runner.lock().await;
         match &mut *runner {
             Runner::Kubelet(k, _) => k.restart().await?,
-            Runner::Evpleg(agent, _, args) => {
+            Runner::Evpleg {
+                agent,
+                program,
+                args,
+                log,
+                ..
+            } => {
                 if let Some(old) = agent.take() {
-                    old.stop().await;
+                    stop_agent(old).await;
                 }
-                let started = evpleg::agent::Agent::start(args)
-                    .await
-                    .map_err(|e| DifferentialError::Agent(format!("restart: {e}")))?;
-                *agent = Some(started);
+                *agent = Some(spawn_agent(program, args, log).await?);
             }
         }
         Ok(())
@@ -208,7 +220,13 @@ impl Node {
         }
         let list = match &*self.runner.lock().await {
             Runner::Kubelet(k, _) => k.pods().await.unwrap_or(Value::Null),
-            Runner::Evpleg(a, _, _) => a.as_ref().map_or(Value::Null, |a| a.local.pod_list()),
+            Runner::Evpleg { agent, .. } => match agent {
+                Some(a) => crate::stock_kubelet::get(a.addr, "/pods")
+                    .await
+                    .and_then(|body| serde_json::from_str(&body).ok())
+                    .unwrap_or(Value::Null),
+                None => Value::Null,
+            },
         };
         list["items"]
             .as_array()
@@ -229,12 +247,41 @@ impl Node {
                 drop(proxy);
                 root
             }
-            Runner::Evpleg(a, _, _) => {
-                if let Some(a) = a {
-                    a.stop().await;
+            Runner::Evpleg { agent, log, .. } => {
+                if let Some(a) = agent {
+                    stop_agent(a).await;
                 }
+                // Its log with the harness's, as a test's output is kept.
+                eprintln!(
+                    "the agent's log {}:\n{}",
+                    log.display(),
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
                 None
             }
         }
     }
+}
+
+/// How long the agent has to stop on SIGTERM (its pods' statuses flushed)
+/// before it is killed.
+const AGENT_STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// Starts `evpleg run` with `args` (`program`: the `evpleg-killable` build of
+/// the binary's `main`), its log appended to `log`.
+async fn spawn_agent(
+    program: &'static str,
+    args: &[String],
+    log: &Path,
+) -> Result<Killable, DifferentialError> {
+    let (args, log) = (args.to_vec(), log.to_owned());
+    tokio::task::spawn_blocking(move || Killable::spawn(Path::new(program), &args, &log))
+        .await
+        .map_err(|e| DifferentialError::Agent(format!("start: {e}")))
+}
+
+/// Stops the agent as a node's is stopped (SIGTERM), SIGKILL past
+/// [`AGENT_STOP_BOUND`].
+async fn stop_agent(agent: Killable) {
+    let _ = tokio::task::spawn_blocking(move || agent.stop(AGENT_STOP_BOUND)).await;
 }

@@ -63,7 +63,7 @@ pub fn compare(
                     differences.push(Difference {
                         case: case.name.clone(),
                         field: name.clone(),
-                        known: known::lookup(mode, &case.name, name),
+                        known: known::lookup(mode, &case.name, name, &kv, &ev),
                         kubelet: kv,
                         evpleg: ev,
                     });
@@ -205,9 +205,9 @@ pub fn markdown(runs: &[(Mode, Vec<Comparison>, Vec<&'static Known>)], header: &
         };
         let _ = writeln!(
             out,
-            "| `{}` | `{}` | {:?} | {verdict} | {} | {} | {} |",
+            "| `{}` | {} | {:?} | {verdict} | {} | {} | {} |",
             k.case,
-            k.field,
+            k.field_shown(),
             k.modes,
             kubelet.replace('|', "\\|"),
             evpleg.replace('|', "\\|"),

@@ -302,9 +302,7 @@ pub fn compute_pod_actions_probed(
         // relisted at once to confirm the death), so that no restart comes
         // before the back-off measured from `finishedAt`.
         match backoff.in_backoff(&key, finished, now_unix_ns) {
-            None if s.source == EventSource::Kernel
-                && backoff.period(&key, finished).is_some() =>
-            {
+            None if s.source == EventSource::Kernel && backoff.period(&key, finished).is_some() => {
                 actions.recheck = Some(KERNEL_DEATH_RECHECK);
                 true
             }

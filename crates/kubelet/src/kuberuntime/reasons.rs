@@ -82,7 +82,11 @@ impl ReasonCache {
     /// `doBackOff` fails their start with it).
     pub fn back_off(&mut self, pod: &PodUid, waiting: &[Waiting]) {
         for w in waiting {
-            self.update(pod, &w.name, StartError::new(CRASH_LOOP_BACK_OFF, &w.message));
+            self.update(
+                pod,
+                &w.name,
+                StartError::new(CRASH_LOOP_BACK_OFF, &w.message),
+            );
         }
     }
 
