@@ -227,6 +227,28 @@ fn known_patterns_and_tolerances() {
             "{field}: {kubelet} against {evpleg}"
         );
     }
+    // The two rows of a field are counted apart in the report.
+    let (more, less) = (
+        known::lookup(s, "x", "app: states seen", &j(completed), &j(running)),
+        known::lookup(s, "x", "app: states seen", &j(running), &j(completed)),
+    );
+    assert!(!known::same_row(
+        more.expect("deliberate"),
+        less.expect("bug")
+    ));
+    // A death's event is the deliberate row, also in a case with a row of
+    // its own.
+    assert!(matches!(
+        known::lookup(
+            a,
+            "sidecar-restarts",
+            "event ContainerDied",
+            &n,
+            &j(r#"["x"]"#)
+        )
+        .map(|k| k.verdict),
+        Some(known::Verdict::Deliberate(_))
+    ));
     let bound = differential::record::RESTART_WAIT_TOLERANCE_MS;
     let (a, b) = (serde_json::json!(1_000), serde_json::json!(1_000 + bound));
     assert!(differential::record::same("app: restart wait ms", &a, &b));

@@ -198,6 +198,12 @@ pub const KNOWN: &[Known] = &[
         intermittent: false,
         when: None,
     },
+    deliberate(
+        "*",
+        "event ContainerDied",
+        "evpleg reports each container death its kernel PLEG saw, with its exit code and how long before the runtime reported it (docs/pod-lifecycle.md, its events table); the kubelet has no such event",
+    )
+    .only(Modes::Api),
     // Timing that goes the kernel PLEG's way: before the rows of the bugs
     // that go the other way.
     deliberate("*", "*: states seen", SEEN_AT_ONCE).when(When::EvplegSawMore),
@@ -310,12 +316,6 @@ pub const KNOWN: &[Known] = &[
     )
     .only(Modes::Api)
     .intermittent(),
-    deliberate(
-        "*",
-        "event ContainerDied",
-        "evpleg reports each container death its kernel PLEG saw, with its exit code and how long before the runtime reported it (docs/pod-lifecycle.md, its events table); the kubelet has no such event",
-    )
-    .only(Modes::Api),
     bug(
         "*",
         "condition PodReadyToStartContainers",
@@ -405,9 +405,9 @@ pub fn case_matches(pattern: &str, case: &str) -> bool {
 }
 
 /// Whether row `k` is the same row as `other` (the table has no two rows of
-/// the same case, field and modes).
+/// the same case, field, modes and way).
 pub fn same_row(k: &Known, other: &Known) -> bool {
-    k.case == other.case && k.field == other.field && k.modes == other.modes
+    k.case == other.case && k.field == other.field && k.modes == other.modes && k.when == other.when
 }
 
 /// The rows of the table a run should have matched and did not: rows of
