@@ -430,6 +430,26 @@ fn the_harness_cleans_up_after_a_panicking_test() {
     );
 }
 
+/// A CRI interceptor in front of `containerd`, which counts the calls, and
+/// a client through it.
+async fn intercepted(
+    containerd: &Containerd,
+) -> (
+    evpleg_tests::cri_interceptor::CriInterceptor,
+    evpleg_cri::CriClient,
+) {
+    let icpt = evpleg_tests::cri_interceptor::CriInterceptor::start(
+        containerd.socket(),
+        containerd.base().join("icpt.sock"),
+    )
+    .expect("the CRI interceptor");
+    let client =
+        evpleg_cri::CriClient::connect(&icpt.endpoint(), evpleg_cri::CriClientConfig::default())
+            .await
+            .expect("connect through the interceptor");
+    (icpt, client)
+}
+
 /// ebpf mode's runtime (`CriRuntime::remembering_exited`) reads an exited
 /// container's status once: a pod's next inspection asks only its live
 /// containers (issue #29), serves the same status, and forgets a container
@@ -440,7 +460,6 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
     use evpleg_core::container::{ContainerState, PodStatus};
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::CriRuntime;
-    use evpleg_tests::cri_interceptor::CriInterceptor;
     use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
     if !runtime_available("an_exited_container_s_status_is_read_once_when_remembered") {
         return;
@@ -449,14 +468,7 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
     let pod = TestPod::new(&containerd, "remembered");
     let rt = tokio_runtime();
     rt.block_on(async {
-        let icpt = CriInterceptor::start(containerd.socket(), containerd.base().join("icpt.sock"))
-            .expect("the CRI interceptor");
-        let client = evpleg_cri::CriClient::connect(
-            &icpt.endpoint(),
-            evpleg_cri::CriClientConfig::default(),
-        )
-        .await
-        .expect("connect through the interceptor");
+        let (icpt, client) = intercepted(&containerd).await;
         let sandbox = run_sandbox(&client, &pod).await;
         let done = run_container(
             &client,
@@ -549,7 +561,6 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
 fn a_live_container_s_pid_is_asked_verbose_once() {
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::CriRuntime;
-    use evpleg_tests::cri_interceptor::CriInterceptor;
     use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
     if !runtime_available("a_live_container_s_pid_is_asked_verbose_once") {
         return;
@@ -558,14 +569,7 @@ fn a_live_container_s_pid_is_asked_verbose_once() {
     let pod = TestPod::new(&containerd, "verbose-once");
     let rt = tokio_runtime();
     rt.block_on(async {
-        let icpt = CriInterceptor::start(containerd.socket(), containerd.base().join("icpt.sock"))
-            .expect("the CRI interceptor");
-        let client = evpleg_cri::CriClient::connect(
-            &icpt.endpoint(),
-            evpleg_cri::CriClientConfig::default(),
-        )
-        .await
-        .expect("connect through the interceptor");
+        let (icpt, client) = intercepted(&containerd).await;
         let sandbox = run_sandbox(&client, &pod).await;
         let live = run_container(&client, &pod, &sandbox, &pod.waiting_container("live")).await;
         let uid = pod.pod_uid();
