@@ -362,8 +362,7 @@ impl StockKubelet {
 
     /// Its `/pods` now, `None` when it does not answer.
     pub async fn pods(&self) -> Option<Value> {
-        let body = get(self.read_only, "/pods").await?;
-        serde_json::from_str(&body).ok()
+        pods_at(self.read_only).await
     }
 
     /// Its `/metrics` now (the read-only port serves them), `None` when it
@@ -575,9 +574,16 @@ evictionHard:
     )
 }
 
+/// The `/pods` a kubelet's port at `addr` serves (the stock kubelet's
+/// read-only one, evpleg's own), `None` when it does not answer.
+pub(crate) async fn pods_at(addr: std::net::SocketAddr) -> Option<Value> {
+    let body = get(addr, "/pods").await?;
+    serde_json::from_str(&body).ok()
+}
+
 /// One HTTP/1.1 GET: the body of a 200 answer, or `None` when the peer is
 /// not (yet) there or answers otherwise; bounded at 5 s.
-pub(crate) async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
     use http_body_util::BodyExt;
     tokio::time::timeout(Duration::from_secs(5), async {
         let stream = tokio::net::TcpStream::connect(addr).await.ok()?;

@@ -91,9 +91,16 @@ impl CriRuntime {
         self.pids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The pid of live container or sandbox `id`, if remembered.
-    fn known_pid(&self, id: &str) -> Option<u32> {
-        self.pids().get(id).copied()
+    /// The remembered pid of container or sandbox `id` when its listing
+    /// shows it `alive`; a dead one's is forgotten.
+    fn known_pid(&self, id: &str, alive: bool) -> Option<u32> {
+        let mut pids = self.pids();
+        if alive {
+            pids.get(id).copied()
+        } else {
+            pids.remove(id);
+            None
+        }
     }
 
     /// `id`'s pid from its verbose status's `info`, remembered while it lives.
@@ -280,10 +287,7 @@ impl PodRuntime for CriRuntime {
                 continue;
             };
             let ready = s.state == v1::PodSandboxState::SandboxReady as i32;
-            if !ready {
-                self.pids().remove(&s.id);
-            }
-            let known = ready.then(|| self.known_pid(&s.id)).flatten();
+            let known = self.known_pid(&s.id, ready);
             let verbose = ready && known.is_none();
             let resp = match self.client.pod_sandbox_status(&s.id, verbose).await {
                 Ok(r) => r,
@@ -323,7 +327,7 @@ impl PodRuntime for CriRuntime {
             }
             // Verbose (the pid) only for a container that may be alive and
             // whose pid is not known: one listed exited stays exited.
-            let known = (!listed_exited).then(|| self.known_pid(&c.id)).flatten();
+            let known = self.known_pid(&c.id, !listed_exited);
             let verbose = !listed_exited && known.is_none();
             let resp = match self.client.container_status(&c.id, verbose).await {
                 Ok(r) => r,

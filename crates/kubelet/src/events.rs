@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::kuberuntime::actions::{Waiting, format_pod};
 use crate::kuberuntime::backoff::go_duration;
 use crate::kuberuntime::reasons::{
-    ERR_IMAGE_NEVER_PULL as WAIT_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR,
-    IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, StartError,
+    CRASH_LOOP_BACK_OFF, ERR_IMAGE_NEVER_PULL as WAIT_NEVER_PULL, ERR_IMAGE_PULL,
+    IMAGE_INSPECT_ERROR, IMAGE_PULL_BACKOFF, INVALID_IMAGE_NAME, StartError,
 };
 use evpleg_core::ids::PodUid;
 use evpleg_core::lifecycle::ExitStatus;
@@ -115,7 +115,7 @@ pub fn started(rec: &Recorder, pod: &Pod, container: &str) {
 
 /// `doBackOff`: a container waiting in CrashLoopBackOff, at each sync.
 pub fn crash_loop_back_off(rec: &Recorder, pod: &Pod, uid: &PodUid, waiting: &[Waiting]) {
-    for w in waiting.iter().filter(|w| w.reason == "CrashLoopBackOff") {
+    for w in waiting.iter().filter(|w| w.reason == CRASH_LOOP_BACK_OFF) {
         let message = format!(
             "Back-off restarting failed container {} in pod {}",
             w.name,

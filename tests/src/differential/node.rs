@@ -221,9 +221,8 @@ impl Node {
         let list = match &*self.runner.lock().await {
             Runner::Kubelet(k, _) => k.pods().await.unwrap_or(Value::Null),
             Runner::Evpleg { agent, .. } => match agent {
-                Some(a) => crate::stock_kubelet::get(a.addr, "/pods")
+                Some(a) => crate::stock_kubelet::pods_at(a.addr)
                     .await
-                    .and_then(|body| serde_json::from_str(&body).ok())
                     .unwrap_or(Value::Null),
                 None => Value::Null,
             },
