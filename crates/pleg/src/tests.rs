@@ -38,7 +38,7 @@ const PODS: u8 = 3;
 /// 40-630 ms here): past the confirmation bound, so that contradictions happen,
 /// and within the last follow-up relist after a loss, the lag the contract
 /// covers for a lost record.
-const RUNTIME_LAG: Duration = Duration::from_millis(2200);
+const RUNTIME_LAG: Duration = Duration::from_millis(5200);
 /// Room in the pod workers' channel: small, so that it fills.
 const CHANNEL: usize = 4;
 
@@ -501,7 +501,9 @@ impl Model {
     async fn settle(&mut self) {
         self.apply(&Step::Deliver { count: usize::MAX }).await;
         self.apply(&Step::CatchUp).await;
-        let steps = (CONFIRM_BOUND + LOSS_FOLLOW_UPS[2]).as_millis() as u64 / 20 + 20;
+        let steps = (CONFIRM_BOUND + LOSS_FOLLOW_UPS[LOSS_FOLLOW_UPS.len() - 1]).as_millis() as u64
+            / 20
+            + 20;
         for _ in 0..steps {
             self.drain();
             self.apply(&Step::Advance {

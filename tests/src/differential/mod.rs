@@ -80,7 +80,12 @@ pub enum Mode {
 /// When a case's status is final for the comparison.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Until {
-    /// The phase is Succeeded or Failed.
+    /// The phase is Succeeded or Failed and the pod's sandbox is stopped
+    /// (no `PodReadyToStartContainers` True): the final status is in. The
+    /// phase alone came as much as 3 s before the sandbox's stop on evpleg's
+    /// side (the kernel PLEG reports the last death at once, and
+    /// containerd's StopPodSandbox waits for its own lagging exit handling),
+    /// so a case ended with a status not yet final on one side or the other.
     Terminal,
     /// Some container restarted at least this many times.
     Restarts(u64),
@@ -122,7 +127,13 @@ impl Until {
     fn holds(&self, pod: &Value, seen_for: Duration) -> bool {
         let status = &pod["status"];
         match self {
-            Self::Terminal => matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")),
+            Self::Terminal => {
+                let sandbox_ready = status["conditions"].as_array().is_some_and(|l| {
+                    l.iter()
+                        .any(|c| c["type"] == "PodReadyToStartContainers" && c["status"] == "True")
+                });
+                matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")) && !sandbox_ready
+            }
             Self::Restarts(n) => ["initContainerStatuses", "containerStatuses"]
                 .iter()
                 .flat_map(|k| status[k].as_array().into_iter().flatten())

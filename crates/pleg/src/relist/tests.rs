@@ -446,6 +446,44 @@ async fn a_kernel_exit_is_kept_where_the_runtime_lost_it() {
     assert_eq!(f.drain(), vec![], "no disagreement to wake the workers for");
 }
 
+/// containerd reported exits up to 3.5 s after the kernel with the whole
+/// fidelity corpus at once on 2 cores (issue #31): a death it reports that
+/// late is confirmed, not contradicted (the 2 s bound before forgot it and
+/// the cache showed the dead container running again).
+#[tokio::test]
+async fn a_death_the_runtime_reports_3_5_s_late_is_confirmed() {
+    let mut f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    f.relist().await;
+    let at = f.clock.now_ns();
+    f.cache.record_exit(
+        &uid(1),
+        &cid(1),
+        KernelExit {
+            status: ExitStatus::from_wait_status(0x300, false),
+            at_ns: at,
+        },
+    );
+    f.kernel.record(&cid(1), PlegState::Exited, at);
+    for _ in 0..7 {
+        f.clock.advance(500_000_000);
+        f.pleg.relist_pod(&uid(1)).await.unwrap();
+        let c = f.cached();
+        assert_eq!(
+            (c.state, c.exit_code),
+            (ContainerState::Exited, Some(3)),
+            "the kernel's death stands {} ms after it",
+            (f.clock.now_ns() - at) / 1_000_000
+        );
+    }
+    f.runtime.set(vec![entry(1, 1, PlegState::Exited)]);
+    f.clock.advance(1_000_000);
+    f.pleg.relist_pod(&uid(1)).await.unwrap();
+    assert_eq!(f.pleg.stats().contradictions.load(Ordering::Relaxed), 0);
+    assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
+    assert_eq!(f.cached().state, ContainerState::Exited);
+}
+
 #[tokio::test]
 async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
     let mut f = fixture(100);

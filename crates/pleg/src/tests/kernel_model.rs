@@ -702,7 +702,9 @@ impl KernelModel {
             self.apply(&KStep::Deliver { count: usize::MAX }).await?;
         }
         self.m.apply(&Step::CatchUp).await;
-        let steps = (CONFIRM_BOUND + LOSS_FOLLOW_UPS[2]).as_millis() as u64 / 20 + 20;
+        let steps = (CONFIRM_BOUND + LOSS_FOLLOW_UPS[LOSS_FOLLOW_UPS.len() - 1]).as_millis() as u64
+            / 20
+            + 20;
         for _ in 0..steps {
             self.m.drain();
             for pod in 0..PODS {
