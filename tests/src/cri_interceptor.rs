@@ -7,7 +7,8 @@
 //! headers, streamed bodies and trailers pass through as they are. A test
 //! points a client at [`CriInterceptor::endpoint`] and then reads which calls
 //! it made ([`CriInterceptor::calls`], [`CriInterceptor::mutating_calls`]).
-//! A method can be held ([`CriInterceptor::hold`]): its calls are counted on
+//! A method (or `<method> verbose`: its verbose calls only) can be held
+//! ([`CriInterceptor::hold`]): its calls are counted on
 //! arrival and then never reach the runtime (each waits until the hold is
 //! lifted, at most [`HOLD_BOUND`], and fails `UNAVAILABLE`), as when the
 //! client dies between two calls (`tests/faults.rs`); or paused
@@ -67,13 +68,33 @@ pub const HOLD_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
 /// The status calls whose `verbose` flag is counted.
 const VERBOSE_COUNTED: [&str; 2] = ["ContainerStatus", "PodSandboxStatus"];
 
+/// Waits while `key` (a method, or `<method> verbose`) is held or paused, at
+/// most [`HOLD_BOUND`]: a held call's refusal, `None` to go on.
+async fn wait_if_held(held: &Held, key: &str) -> Option<hyper::Response<grpc::Body>> {
+    let is_held = || {
+        held.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+    };
+    let paused = is_held()?;
+    let deadline = tokio::time::Instant::now() + HOLD_BOUND;
+    while tokio::time::Instant::now() < deadline && is_held().is_some() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (!paused)
+        .then(|| grpc::error_response(grpc::UNAVAILABLE, &format!("cri interceptor: {key} held")))
+}
+
 /// Forwards a status call read whole, counting it as `<method> verbose` when
-/// it asks `verbose` (both requests carry it as field 2).
+/// it asks `verbose` (both requests carry it as field 2); a hold or pause of
+/// `<method> verbose` holds those calls only.
 async fn forward_counting_verbose(
     upstream: &Upstream,
     req: hyper::Request<Incoming>,
     method: &str,
     calls: &Calls,
+    held: &Held,
 ) -> Result<hyper::Response<grpc::Body>, evpleg_cri_proxy::forward::ForwardError> {
     use http_body_util::BodyExt;
     let (head, body) = req.into_parts();
@@ -87,7 +108,11 @@ async fn forward_counting_verbose(
         _ => grpc::unary::<v1::PodSandboxStatusRequest>(&body).map(|r| r.verbose),
     };
     if verbose == Some(true) {
-        *lock(calls).entry(format!("{method} verbose")).or_default() += 1;
+        let key = format!("{method} verbose");
+        *lock(calls).entry(key.clone()).or_default() += 1;
+        if let Some(refused) = wait_if_held(held, &key).await {
+            return Ok(refused);
+        }
     }
     let resp = upstream
         .send(hyper::Request::from_parts(
@@ -230,44 +255,17 @@ async fn proxy(
             .filter(|n| **n > 0)
             .map(|n| *n -= 1)
             .is_some();
-        let paused = held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&method)
-            .copied();
-        let wait = paused.map(|paused| {
-            let (held, method) = (held.clone(), method.clone());
-            async move {
-                let deadline = tokio::time::Instant::now() + HOLD_BOUND;
-                while tokio::time::Instant::now() < deadline
-                    && held
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .contains_key(&method)
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-                (!paused).then(|| {
-                    grpc::error_response(
-                        grpc::UNAVAILABLE,
-                        &format!("cri interceptor: {method} held"),
-                    )
-                })
-            }
-        });
-        let (upstream, calls) = (upstream.clone(), calls.clone());
+        let (upstream, calls, held) = (upstream.clone(), calls.clone(), held.clone());
         async move {
             if fails {
                 let message = format!("cri interceptor: {method} failed: ttrpc: closed");
                 return Ok(grpc::error_response(UNKNOWN, &message));
             }
-            if let Some(wait) = wait
-                && let Some(refused) = wait.await
-            {
+            if let Some(refused) = wait_if_held(&held, &method).await {
                 return Ok(refused);
             }
             let forwarded = if VERBOSE_COUNTED.contains(&method.as_str()) {
-                forward_counting_verbose(&upstream, req, &method, &calls).await
+                forward_counting_verbose(&upstream, req, &method, &calls, &held).await
             } else {
                 upstream.forward(req).await
             };

@@ -20,7 +20,14 @@
 //! spec and, for a sandbox, a call to its shim (containerd's
 //! `toCRISandboxInfo`: `task.Status`): asked at every inspection, it made
 //! the pod relists queue for seconds while containerd started the whole
-//! fidelity corpus's shims (issue #31). And with
+//! fidelity corpus's shims (issue #31). That call waits for any task the
+//! pod's shim is creating (the runc shim holds its lock through `runc
+//! create`, hooks included; containerd 1.7 runs one shim per pod): a sandbox
+//! is therefore not asked verbose while a container of its pod is listed
+//! Created (its StartContainer may be creating the task), nor longer than
+//! [`SANDBOX_VERBOSE_WAIT`] (then it is asked again, not verbose); its pid
+//! is learned at a later inspection. One such wait held a relist batch of
+//! 22 pods for 1.7 s, and the workers waiting for it, in a fidelity run. And with
 //! [`CriRuntime::remembering_exited`] (ebpf mode) an exited container's
 //! status, which the runtime never changes again, is read once and then
 //! remembered while the container is listed exited: a pod's inspection costs a
@@ -42,6 +49,12 @@ use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::labels;
 use evpleg_core::lifecycle::EventSource;
 use evpleg_core::runtime::{PlegState, PodRuntime, RuntimeEntry, RuntimeError};
+
+/// How long a verbose `PodSandboxStatus` may take before the sandbox is
+/// asked again without `verbose` (the module's doc says why): longer than
+/// containerd takes to answer one under the whole fidelity corpus (tens of
+/// milliseconds), far shorter than a task's creation under load (seconds).
+pub const SANDBOX_VERBOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl From<CriError> for RuntimeError {
     fn from(e: CriError) -> Self {
@@ -110,6 +123,26 @@ impl CriRuntime {
             self.pids().insert(id.to_owned(), pid);
         }
         pid
+    }
+
+    /// `PodSandboxStatus`; a `verbose` one that takes longer than
+    /// [`SANDBOX_VERBOSE_WAIT`] is given up and the sandbox asked again
+    /// without it.
+    async fn sandbox_status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<v1::PodSandboxStatusResponse, CriError> {
+        if verbose
+            && let Ok(answer) = tokio::time::timeout(
+                SANDBOX_VERBOSE_WAIT,
+                self.client.pod_sandbox_status(id, true),
+            )
+            .await
+        {
+            return answer;
+        }
+        self.client.pod_sandbox_status(id, false).await
     }
 
     fn remembered(&self) -> Option<std::sync::MutexGuard<'_, ExitedStatuses>> {
@@ -282,14 +315,18 @@ impl PodRuntime for CriRuntime {
                 .cmp(&a.created_at)
                 .then_with(|| a.id.cmp(&b.id))
         });
+        // A task may be being created in the pod's shim.
+        let creating = containers
+            .iter()
+            .any(|c| c.state == v1::ContainerState::ContainerCreated as i32);
         for s in &sandboxes {
             let Some(id) = ContainerId::parse(&s.id) else {
                 continue;
             };
             let ready = s.state == v1::PodSandboxState::SandboxReady as i32;
             let known = self.known_pid(&s.id, ready);
-            let verbose = ready && known.is_none();
-            let resp = match self.client.pod_sandbox_status(&s.id, verbose).await {
+            let verbose = ready && known.is_none() && !creating;
+            let resp = match self.sandbox_status(&s.id, verbose).await {
                 Ok(r) => r,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
