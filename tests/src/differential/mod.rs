@@ -475,7 +475,7 @@ async fn poll_statuses(
 ) {
     while polling.load(Ordering::Relaxed) {
         let pods = node.pods().await;
-        let now = Instant::now();
+        let (now, at_ns) = (Instant::now(), now_ns());
         {
             let mut records = lock(&records);
             for (pod_name, pod) in &pods {
@@ -484,7 +484,7 @@ async fn poll_statuses(
                         continue;
                     }
                     rec.first_seen.get_or_insert(now);
-                    rec.observe(pod);
+                    rec.observe(pod, at_ns);
                 }
             }
         }

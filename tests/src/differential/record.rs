@@ -17,6 +17,17 @@
 //! reason, the distinct `type fieldPath: message` (messages normalised by
 //! [`super::api::normalise`]; how often an event repeated is timing and not
 //! compared). Timestamps, ids and IPs are not compared.
+//!
+//! A state shown stale is not a state seen: a container `running` first seen
+//! more than [`STALE_MS`] after the runtime's end of that container, and the
+//! pod's phase `Running` seen only when none of its containers ran (by the
+//! runtime's start and end, with the same slack). The kubelet's relist (1 s)
+//! and containerd's lagging exit reports (up to 3.5 s under the whole
+//! corpus) show a dead container running for seconds, where the kernel PLEG
+//! reports the death at once: counted, those displays made evpleg look as if
+//! it had missed a run it reported truly (issue #31). A state shown while it
+//! held still counts on both sides, so a start evpleg reports late is still
+//! a difference.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +41,10 @@ use super::Case;
 pub const RESTART_WAIT_TOLERANCE_MS: i64 = 1_500;
 /// Tolerance on a container's end after its pod's manifest was removed.
 pub const TERMINATION_TOLERANCE_MS: i64 = 700;
+/// How long after a container's end (the runtime's) a `running` shown for it
+/// still counts as seen: the statuses are polled every 50 ms, and a status
+/// reaches the API server some milliseconds after it was made.
+pub const STALE_MS: i64 = 250;
 
 /// One container attempt as the runtime showed it.
 #[derive(Debug, Clone, Default)]
@@ -66,6 +81,11 @@ pub struct Record {
     pub frozen: bool,
     /// Its events, in API mode.
     pub events: Option<Vec<super::api::Seen>>,
+    /// Each container `running` first seen: (name, container id, when, wall
+    /// clock ns), in the order seen.
+    running_seen: Vec<(String, String, i64)>,
+    /// When the phase was seen `Running` (wall clock ns).
+    running_phase_at: Vec<i64>,
 }
 
 fn push_distinct(list: &mut Vec<String>, item: String) {
@@ -91,17 +111,31 @@ fn statuses(pod: &Value) -> Vec<&Value> {
 }
 
 impl Record {
-    /// Takes one polled status of the pod.
-    pub fn observe(&mut self, pod: &Value) {
+    /// Takes one polled status of the pod, seen at `at_ns` (wall clock).
+    pub fn observe(&mut self, pod: &Value, at_ns: i64) {
         if self.frozen {
             return;
         }
         if let Some(phase) = pod["status"]["phase"].as_str() {
             push_distinct(&mut self.phases, phase.to_owned());
+            if phase == "Running" {
+                self.running_phase_at.push(at_ns);
+            }
         }
         for c in statuses(pod) {
             let name = c["name"].as_str().unwrap_or("").to_owned();
             let (kind, detail) = state_of(&c["state"]);
+            if kind == "running" {
+                let id = c["containerID"].as_str().unwrap_or("");
+                let id = id.rsplit("://").next().unwrap_or(id).to_owned();
+                if !self
+                    .running_seen
+                    .iter()
+                    .any(|(n, i, _)| *n == name && *i == id)
+                {
+                    self.running_seen.push((name.clone(), id, at_ns));
+                }
+            }
             let reason = detail["reason"].as_str().unwrap_or("");
             let entry = if reason.is_empty() {
                 kind
@@ -118,7 +152,7 @@ impl Record {
         let mut f = BTreeMap::new();
         let status = &self.last["status"];
         f.insert("outcome".into(), json!(self.outcome));
-        f.insert("phases".into(), json!(self.phases));
+        f.insert("phases".into(), json!(self.phases_held()));
         f.insert(
             "pod reason, message".into(),
             json!([status["reason"], status["message"]]),
@@ -157,6 +191,10 @@ impl Record {
             );
         }
         for (name, seq) in &self.states {
+            let seq: Vec<&String> = seq
+                .iter()
+                .filter(|s| *s != "running" || self.ran_when_seen(name))
+                .collect();
             f.insert(format!("{name}: states seen"), json!(seq));
         }
         f.insert("start order".into(), json!(self.start_order()));
@@ -182,6 +220,37 @@ impl Record {
             }
         }
         f
+    }
+
+    /// Whether container `name` was seen `running` while one of its
+    /// attempts ran: first seen before its end (the runtime's) plus
+    /// [`STALE_MS`], or for an attempt the runtime was not seen to end.
+    fn ran_when_seen(&self, name: &str) -> bool {
+        self.running_seen
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .any(|(_, id, at)| match self.attempts.get(id) {
+                Some(a) if a.finished_ns > 0 => *at <= a.finished_ns + STALE_MS * 1_000_000,
+                _ => true,
+            })
+    }
+
+    /// The phases seen, `Running` only if it was seen while a container of
+    /// the pod ran (by the runtime's start and end, with [`STALE_MS`]).
+    fn phases_held(&self) -> Vec<&String> {
+        let slack = STALE_MS * 1_000_000;
+        let ran_at = |at: i64| {
+            self.attempts.values().any(|a| {
+                a.started_ns > 0
+                    && a.started_ns <= at + slack
+                    && (a.finished_ns <= 0 || at <= a.finished_ns + slack)
+            })
+        };
+        let held = self.running_phase_at.iter().any(|at| ran_at(*at));
+        self.phases
+            .iter()
+            .filter(|p| *p != "Running" || held)
+            .collect()
     }
 
     /// Container names in the order their first attempts were created.
@@ -244,5 +313,74 @@ pub fn same(field: &str, a: &Value, b: &Value) -> bool {
     match (a.as_i64(), b.as_i64()) {
         (Some(x), Some(y)) => (x - y).abs() <= tolerance,
         _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i64 = 1_000_000;
+
+    fn case() -> Case {
+        Case {
+            name: "c".into(),
+            about: String::new(),
+            yaml: String::new(),
+            until: super::super::Until::Terminal,
+            quick: false,
+            delete: false,
+            api_quick: false,
+            modes: Vec::new(),
+            act: None,
+        }
+    }
+
+    fn status(phase: &str, state: Value) -> Value {
+        json!({"status": {"phase": phase, "containerStatuses": [
+            {"name": "app", "containerID": "containerd://abc", "state": state}
+        ]}})
+    }
+
+    /// A container that ran from 1 s to 2 s: `running` first shown at `at`.
+    fn seen(at: i64) -> (Value, Value) {
+        let mut r = Record::default();
+        r.attempts.insert(
+            "abc".into(),
+            Attempt {
+                name: "app".into(),
+                started_ns: 1_000 * MS,
+                finished_ns: 2_000 * MS,
+                state: 2,
+                ..Attempt::default()
+            },
+        );
+        r.observe(&status("Pending", json!({"waiting": {}})), 500 * MS);
+        r.observe(&status("Running", json!({"running": {}})), at);
+        r.observe(
+            &status("Succeeded", json!({"terminated": {"reason": "Completed"}})),
+            at + 100 * MS,
+        );
+        let f = r.fields(&case());
+        (f["app: states seen"].clone(), f["phases"].clone())
+    }
+
+    #[test]
+    fn a_state_shown_after_it_ended_is_not_a_state_seen() {
+        let held = (
+            json!(["waiting", "running", "terminated:Completed"]),
+            json!(["Pending", "Running", "Succeeded"]),
+        );
+        let stale = (
+            json!(["waiting", "terminated:Completed"]),
+            json!(["Pending", "Succeeded"]),
+        );
+        assert_eq!(seen(1_500 * MS), held, "shown while it ran");
+        assert_eq!(seen(2_000 * MS + STALE_MS * MS), held, "within the slack");
+        assert_eq!(
+            seen(2_001 * MS + STALE_MS * MS),
+            stale,
+            "shown after it ended"
+        );
     }
 }
