@@ -27,7 +27,8 @@
 //! reports the death at once: counted, those displays made evpleg look as if
 //! it had missed a run it reported truly (issue #31). A state shown while it
 //! held still counts on both sides, so a start evpleg reports late is still
-//! a difference.
+//! a difference. A run shorter than [`STALE_MS`] shows `running` by chance
+//! on either side and does not count as one.
 
 use std::collections::BTreeMap;
 
@@ -224,13 +225,19 @@ impl Record {
 
     /// Whether container `name` was seen `running` while one of its
     /// attempts ran: first seen before its end (the runtime's) plus
-    /// [`STALE_MS`], or for an attempt the runtime was not seen to end.
+    /// [`STALE_MS`], or for an attempt the runtime was not seen to end. An
+    /// attempt that ran shorter than [`STALE_MS`] does not count: either side
+    /// shows it `running` or not by chance (the runtime's listing lags its
+    /// exit, the poll comes every 50 ms).
     fn ran_when_seen(&self, name: &str) -> bool {
+        let slack = STALE_MS * 1_000_000;
         self.running_seen
             .iter()
             .filter(|(n, _, _)| n == name)
             .any(|(_, id, at)| match self.attempts.get(id) {
-                Some(a) if a.finished_ns > 0 => *at <= a.finished_ns + STALE_MS * 1_000_000,
+                Some(a) if a.finished_ns > 0 => {
+                    a.finished_ns - a.started_ns >= slack && *at <= a.finished_ns + slack
+                }
                 _ => true,
             })
     }
@@ -382,5 +389,23 @@ mod tests {
             stale,
             "shown after it ended"
         );
+    }
+
+    #[test]
+    fn a_run_shorter_than_the_slack_is_not_a_running_seen() {
+        let mut r = Record::default();
+        r.attempts.insert(
+            "abc".into(),
+            Attempt {
+                name: "app".into(),
+                started_ns: 1_000 * MS,
+                finished_ns: 1_000 * MS + STALE_MS * MS - 1,
+                state: 2,
+                ..Attempt::default()
+            },
+        );
+        r.observe(&status("Running", json!({"running": {}})), 1_001 * MS);
+        let f = r.fields(&case());
+        assert_eq!(f["app: states seen"], json!([]));
     }
 }

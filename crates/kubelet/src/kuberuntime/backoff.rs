@@ -114,13 +114,6 @@ impl<K: Hash + Eq> Backoff<K> {
         })
     }
 
-    /// The back-off that applies to the container that finished at
-    /// `finished_ns`, over or not: its entry's, unless it expired.
-    pub fn period(&self, key: &K, finished_ns: i64) -> Option<Duration> {
-        let e = self.entries.get(key)?;
-        (!self.expired(e, finished_ns)).then_some(e.backoff)
-    }
-
     /// Records, at `now_ns`, the decision to restart the container that
     /// finished at `finished_ns` (the kubelet's `Next(id, eventTime)`): the
     /// next wait doubles, up to the cap, or starts over when the last decision
