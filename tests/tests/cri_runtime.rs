@@ -450,6 +450,24 @@ async fn intercepted(
     (icpt, client)
 }
 
+/// `test`'s containerd, a pod named `pod` on it and a runtime to drive them;
+/// `None` (the test skips) without a runtime to run on.
+fn pod_on_containerd(
+    test: &str,
+    pod: &str,
+) -> Option<(
+    Containerd,
+    evpleg_tests::cri_pod::TestPod,
+    tokio::runtime::Runtime,
+)> {
+    if !runtime_available(test) {
+        return None;
+    }
+    let containerd = start_containerd();
+    let pod = evpleg_tests::cri_pod::TestPod::new(&containerd, pod);
+    Some((containerd, pod, tokio_runtime()))
+}
+
 /// ebpf mode's runtime (`CriRuntime::remembering_exited`) reads an exited
 /// container's status once: a pod's next inspection asks only its live
 /// containers (issue #29), serves the same status, and forgets a container
@@ -460,13 +478,13 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
     use evpleg_core::container::{ContainerState, PodStatus};
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::CriRuntime;
-    use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
-    if !runtime_available("an_exited_container_s_status_is_read_once_when_remembered") {
+    use evpleg_tests::cri_pod::{run_container, run_sandbox};
+    let Some((containerd, pod, rt)) = pod_on_containerd(
+        "an_exited_container_s_status_is_read_once_when_remembered",
+        "remembered",
+    ) else {
         return;
-    }
-    let containerd = start_containerd();
-    let pod = TestPod::new(&containerd, "remembered");
-    let rt = tokio_runtime();
+    };
     rt.block_on(async {
         let (icpt, client) = intercepted(&containerd).await;
         let sandbox = run_sandbox(&client, &pod).await;
@@ -561,13 +579,13 @@ fn an_exited_container_s_status_is_read_once_when_remembered() {
 fn a_live_container_s_pid_is_asked_verbose_once() {
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::CriRuntime;
-    use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
-    if !runtime_available("a_live_container_s_pid_is_asked_verbose_once") {
+    use evpleg_tests::cri_pod::{run_container, run_sandbox};
+    let Some((containerd, pod, rt)) = pod_on_containerd(
+        "a_live_container_s_pid_is_asked_verbose_once",
+        "verbose-once",
+    ) else {
         return;
-    }
-    let containerd = start_containerd();
-    let pod = TestPod::new(&containerd, "verbose-once");
-    let rt = tokio_runtime();
+    };
     rt.block_on(async {
         let (icpt, client) = intercepted(&containerd).await;
         let sandbox = run_sandbox(&client, &pod).await;
@@ -636,14 +654,13 @@ fn a_sandbox_is_not_asked_verbose_while_its_pod_creates_a_task() {
     use evpleg_core::container::ContainerState;
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::CriRuntime;
-    use evpleg_tests::cri_pod::TestPod;
     use evpleg_tests::oci_hooks;
-    if !runtime_available("a_sandbox_is_not_asked_verbose_while_its_pod_creates_a_task") {
+    let Some((containerd, pod, rt)) = pod_on_containerd(
+        "a_sandbox_is_not_asked_verbose_while_its_pod_creates_a_task",
+        "creating",
+    ) else {
         return;
-    }
-    let containerd = start_containerd();
-    let pod = TestPod::new(&containerd, "creating");
-    let rt = tokio_runtime();
+    };
     rt.block_on(async {
         let (icpt, client) = intercepted(&containerd).await;
         let sandbox = client
@@ -722,13 +739,13 @@ fn a_sandbox_is_not_asked_verbose_while_its_pod_creates_a_task() {
 fn a_slow_verbose_sandbox_status_is_asked_again_without_verbose() {
     use evpleg_core::runtime::PodRuntime;
     use evpleg_cri::runtime::{CriRuntime, SANDBOX_VERBOSE_WAIT};
-    use evpleg_tests::cri_pod::{TestPod, run_container, run_sandbox};
-    if !runtime_available("a_slow_verbose_sandbox_status_is_asked_again_without_verbose") {
+    use evpleg_tests::cri_pod::{run_container, run_sandbox};
+    let Some((containerd, pod, rt)) = pod_on_containerd(
+        "a_slow_verbose_sandbox_status_is_asked_again_without_verbose",
+        "slow-verbose",
+    ) else {
         return;
-    }
-    let containerd = start_containerd();
-    let pod = TestPod::new(&containerd, "slow-verbose");
-    let rt = tokio_runtime();
+    };
     rt.block_on(async {
         let (icpt, client) = intercepted(&containerd).await;
         let sandbox = run_sandbox(&client, &pod).await;

@@ -349,19 +349,26 @@ mod tests {
         ]}})
     }
 
-    /// A container that ran from 1 s to 2 s: `running` first shown at `at`.
-    fn seen(at: i64) -> (Value, Value) {
+    /// A record of container `app` (id `abc`) that ran from `started` to
+    /// `finished` (ns).
+    fn ran(started: i64, finished: i64) -> Record {
         let mut r = Record::default();
         r.attempts.insert(
             "abc".into(),
             Attempt {
                 name: "app".into(),
-                started_ns: 1_000 * MS,
-                finished_ns: 2_000 * MS,
+                started_ns: started,
+                finished_ns: finished,
                 state: 2,
                 ..Attempt::default()
             },
         );
+        r
+    }
+
+    /// A container that ran from 1 s to 2 s: `running` first shown at `at`.
+    fn seen(at: i64) -> (Value, Value) {
+        let mut r = ran(1_000 * MS, 2_000 * MS);
         r.observe(&status("Pending", json!({"waiting": {}})), 500 * MS);
         r.observe(&status("Running", json!({"running": {}})), at);
         r.observe(
@@ -393,17 +400,7 @@ mod tests {
 
     #[test]
     fn a_run_shorter_than_the_slack_is_not_a_running_seen() {
-        let mut r = Record::default();
-        r.attempts.insert(
-            "abc".into(),
-            Attempt {
-                name: "app".into(),
-                started_ns: 1_000 * MS,
-                finished_ns: 1_000 * MS + STALE_MS * MS - 1,
-                state: 2,
-                ..Attempt::default()
-            },
-        );
+        let mut r = ran(1_000 * MS, 1_000 * MS + STALE_MS * MS - 1);
         r.observe(&status("Running", json!({"running": {}})), 1_001 * MS);
         let f = r.fields(&case());
         assert_eq!(f["app: states seen"], json!([]));

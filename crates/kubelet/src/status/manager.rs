@@ -19,9 +19,13 @@
 //! once: the first one handed in (or the API server's) is kept. Once a pod's
 //! worker finished ([`StatusManager::pod_finished`]) and the pod is being deleted
 //! with a terminal status written, the manager deletes it for good through
-//! [`StatusWriter::delete`] and forgets it (the kubelet's `canBeDeleted` path).
+//! [`StatusWriter::delete`] and forgets it (the kubelet's `canBeDeleted` path),
+//! once: a late `pod_finished` for a pod deleted for good (an update of the pod
+//! from its source, queued before the deletion) does not queue a second
+//! delete (it did, found by `fidelity::a_gracefully_deleted_api_pod_is_deleted_once_its_containers_stopped`
+//! in CI: the second answered 404).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +47,9 @@ pub const MAX_IN_FLIGHT: usize = 32;
 const RETRY_MAX: Duration = Duration::from_secs(10);
 /// At shutdown, pending statuses are written for at most this long.
 pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
+/// How many pods deleted for good are remembered, so that none is deleted
+/// twice (a UID is never reused; the oldest are forgotten).
+const DELETED_KEPT: usize = 1024;
 
 /// What is done for one pod.
 #[derive(Debug)]
@@ -94,6 +101,8 @@ pub struct StatusStats {
 #[derive(Debug, Default)]
 pub struct StatusManager {
     entries: Mutex<HashMap<PodUid, Entry>>,
+    /// The last [`DELETED_KEPT`] pods deleted for good, oldest first.
+    deleted: Mutex<VecDeque<PodUid>>,
     /// Pods the agent is ending on its own (preempted for a critical pod):
     /// the status their every sync publishes says so.
     evictions: Mutex<HashMap<PodUid, Eviction>>,
@@ -300,7 +309,9 @@ impl StatusManager {
                 e.finished = true;
                 e.pod = pod;
             }
-            None if pod.metadata.deletion_timestamp.is_some() => {
+            None if pod.metadata.deletion_timestamp.is_some()
+                && !lock(&self.deleted).contains(uid) =>
+            {
                 let status = pod.status.clone().unwrap_or_default();
                 entries.insert(
                     uid.clone(),
@@ -533,6 +544,11 @@ impl StatusManager {
                 info!(pod = name, namespace, %uid, "pod terminated and deleted from the API server");
                 stats.deleted += 1;
                 entries.remove(&uid);
+                let mut deleted = lock(&self.deleted);
+                if deleted.len() == DELETED_KEPT {
+                    deleted.pop_front();
+                }
+                deleted.push_back(uid);
             }
             (op, Err(err)) if retry => {
                 let delay = e.retry_delay;
@@ -866,6 +882,27 @@ mod tests {
         assert_eq!(w.wait_for(3).await, ["write Failed", "delete", "forget"]);
         assert!(!m.knows(&uid()));
         assert_eq!(m.stats().deleted, 1);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A `pod_finished` after the pod was deleted for good (an update from
+    /// its source queued before the deletion) queues no second delete.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_deleted_for_good_is_not_deleted_again() {
+        let m = Arc::new(StatusManager::new());
+        let w = Arc::new(Ops::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(m.clone().run(w.clone(), shutdown.clone()));
+        let pod = deleting_pod(Some("Running"));
+        m.set_pod_status(&uid(), pod.clone(), status("Succeeded"));
+        m.pod_finished(&uid(), pod.clone());
+        assert_eq!(w.wait_for(3).await, ["write Succeeded", "delete", "forget"]);
+        m.pod_finished(&uid(), pod);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(w.ops(), ["write Succeeded", "delete", "forget"]);
+        assert_eq!(m.stats().deleted, 1);
+        assert!(!m.knows(&uid()));
         shutdown.cancel();
         task.await.unwrap();
     }
