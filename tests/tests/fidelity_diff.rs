@@ -461,7 +461,7 @@ async fn behind_the_proxy_the_stock_kubelet_ends_the_pods_as_directly_against_th
         .filter(|c| PROXY_SCENARIOS.contains(&c.name.as_str()))
         .collect();
     assert_eq!(cases.len(), PROXY_SCENARIOS.len());
-    same_behind_the_proxy(&containerd, &cases, &[false, true], timing).await;
+    same_behind_the_proxy(&containerd, &cases, &[false, true], |d| timing(&d.field)).await;
 }
 
 /// Issue #30, the whole corpus (`cargo xtask fidelity --proxy`): the stock
@@ -510,9 +510,15 @@ async fn whole_corpus_behind_the_proxy() {
 /// a restart wait shorter behind the proxy (1.3 s against 3.2 s). (A finished
 /// pod's `PodReadyToStartContainers` differed too, in 3 of 48 cases of a
 /// run, while a case ended 2 s after its phase only: it now ends once the
-/// sandbox is stopped, [`differential::Until::Terminal`].)
-fn between_runs(field: &str) -> bool {
-    timing(field)
+/// sandbox is stopped, [`differential::Until::Terminal`].) And what the
+/// harness itself causes (a `Harness` row of the known table): the order the
+/// corpus's API pods reach the node, which gave admission-resources's
+/// rejection `used: 250` directly and `used: 0` behind the proxy in a run of
+/// 2026-12-05.
+fn between_runs(d: &report::Difference) -> bool {
+    let field = d.field.as_str();
+    matches!(d.known.map(|k| k.verdict), Some(known::Verdict::Harness(_)))
+        || timing(field)
         || field.ends_with(": restart wait ms")
         || field.ends_with(": end after removal ms")
         || field == "event Unhealthy"
@@ -525,7 +531,7 @@ async fn same_behind_the_proxy(
     containerd: &Path,
     cases: &[Case],
     evented: &[bool],
-    tolerated: fn(&str) -> bool,
+    tolerated: fn(&report::Difference) -> bool,
 ) {
     let cp = ControlPlane::shared().await;
     let direct = differential::run_side(Side::Kubelet, containerd, cases, Some(&cp))
@@ -538,13 +544,13 @@ async fn same_behind_the_proxy(
             .await
             .unwrap_or_else(|e| panic!("{side:?}: {e}"));
         for c in report::compare(Mode::Api, cases, &direct, &proxied) {
-            for d in c.differences.iter().filter(|d| tolerated(&d.field)) {
+            for d in c.differences.iter().filter(|d| tolerated(d)) {
                 eprintln!(
                     "tolerated: {side:?} {} {}: directly {} behind the proxy {}",
                     d.case, d.field, d.kubelet, d.evpleg
                 );
             }
-            for d in c.differences.iter().filter(|d| !tolerated(&d.field)) {
+            for d in c.differences.iter().filter(|d| !tolerated(d)) {
                 failures.push(format!(
                     "{side:?} {} {}: directly {} behind the proxy {}",
                     d.case, d.field, d.kubelet, d.evpleg
