@@ -308,23 +308,23 @@ pub fn compute_pod_actions_probed(
         }
         let finished = s.finished_at.unwrap_or(0);
         let key = backoff_key(uid, c);
-        // Over when measured from the kernel's death time, which precedes
-        // the runtime's `finishedAt` (the kubelet's start point) by the
-        // runtime's reaping: wait for the runtime's report (the pod is
-        // relisted at once to confirm the death), so that no restart comes
-        // before the back-off measured from `finishedAt`.
-        let reaped = finished.saturating_add(REAP_SLACK.as_nanos() as i64);
-        match backoff.in_backoff(&key, finished, now_unix_ns) {
-            None if s.source == EventSource::Kernel => {
-                match backoff.in_backoff(&key, reaped, now_unix_ns) {
-                    Some(b) => {
-                        actions.recheck = Some(b.left.min(KERNEL_DEATH_RECHECK));
-                        true
-                    }
-                    None => false,
-                }
+        // A death only the kernel has reported has the kernel's time, which
+        // precedes the runtime's `finishedAt` (the kubelet's start point) by
+        // the shim's reaping: once its back-off is over by that time, it is
+        // re-checked until the runtime reports it (the pod is relisted at
+        // once) or `REAP_SLACK` has passed as well.
+        let unreaped = (s.source == EventSource::Kernel)
+            .then(|| {
+                let reaped = finished.saturating_add(REAP_SLACK.as_nanos() as i64);
+                backoff.in_backoff(&key, reaped, now_unix_ns)
+            })
+            .flatten();
+        match (backoff.in_backoff(&key, finished, now_unix_ns), unreaped) {
+            (None, Some(b)) => {
+                actions.recheck = Some(b.left.min(KERNEL_DEATH_RECHECK));
+                true
             }
-            Some(b) => {
+            (Some(b), _) => {
                 actions.backoff.push(Waiting {
                     name: c.name.clone(),
                     reason: super::reasons::CRASH_LOOP_BACK_OFF.into(),
@@ -338,7 +338,7 @@ pub fn compute_pod_actions_probed(
                 });
                 true
             }
-            None => false,
+            (None, None) => false,
         }
     };
 
