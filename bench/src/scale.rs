@@ -631,6 +631,7 @@ pub async fn run(
             let counters0 = under.counters();
             // The CPU window is the loaded window: from just before the first
             // kill to just after the last.
+            crate::progress(&format!("  killing {count} at {rate:.0}/s"));
             let (r0, p0, runs0) = thread_sched(READER);
             let t0 = Instant::now();
             let (achieved, held) = kill_window(&mut victims, &fake, &which, rate, offset);

@@ -12,6 +12,7 @@ use evpleg_core::clock::monotonic_ns;
 use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{EventKind, EventSource};
 use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::reader::LAZY_BOUND;
 use evpleg_pleg::kernel::relist_requests::RelistReason;
 use evpleg_pleg::kernel::rescan::RESCAN_MIN_INTERVAL;
 use evpleg_pleg::kernel::{KernelHealth, RuntimeContainer, RuntimeView};
@@ -403,8 +404,22 @@ fn process_started_before_the_agent_reports_its_exit_code() {
         return;
     }
     let cg = ContainerCgroup::new(Layout::Cgroupfs);
-    let mut child = waiting_shell(&cg);
-    // The shell has exec'd once it is in the cgroup and its /proc/<pid>/exe is sh.
+    let mut child = started_shell(&cg);
+    let mut pleg = PlegUnderTest::start(|_| {});
+    // Learned by the start-up scan with its process running, the main process is
+    // uncertain (its exit would be a PodSync hint) until the runtime's pid
+    // confirms it; the view is applied before any later record.
+    pleg.pleg.reconcile(running_view(&cg, child.id()));
+    assert_eq!(release(&mut child), Some(5));
+    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(5));
+    assert_eq!(died.pid, Some(child.id()));
+}
+
+/// A waiting shell in `cg`, returned once it has exec'd (it is in the cgroup
+/// and its /proc/<pid>/exe is sh).
+fn started_shell(cg: &ContainerCgroup) -> std::process::Child {
+    let child = waiting_shell(cg);
     let exe = std::path::Path::new("/proc")
         .join(child.id().to_string())
         .join("exe");
@@ -420,12 +435,13 @@ fn process_started_before_the_agent_reports_its_exit_code() {
         assert!(Instant::now() < deadline, "the shell never started");
         std::thread::yield_now();
     }
-    let mut pleg = PlegUnderTest::start(|_| {});
-    // Learned by the start-up scan with its process running, the main process is
-    // uncertain (its exit would be a PodSync hint) until the runtime's pid
-    // confirms it; the view is applied before any later record.
+    child
+}
+
+/// The runtime's view of `cg`'s container running as `pid`.
+fn running_view(cg: &ContainerCgroup, pid: u32) -> RuntimeView {
     let pod = PodUid::parse(&cg.pod_uid).expect("pod uid");
-    pleg.pleg.reconcile(RuntimeView {
+    RuntimeView {
         listed_at_ns: monotonic_ns(),
         scope: Some(pod.clone()),
         containers: vec![RuntimeContainer {
@@ -433,14 +449,50 @@ fn process_started_before_the_agent_reports_its_exit_code() {
             pod,
             sandbox: false,
             running: true,
-            pid: Some(child.id()),
+            pid: Some(pid),
             contradicted: false,
         }],
-    });
+    }
+}
+
+/// A view is a lazy command: the reader is not woken for it when it looks
+/// at its commands within `LAZY_BOUND` anyway (records came recently). An
+/// idle reader sleeps 5 s between passes: it must be woken, and the view
+/// applied at once. Fails if lazy commands never wake the reader (the view
+/// waits for the 5 s pass).
+#[test]
+fn a_view_sent_to_an_idle_reader_is_applied_at_once() {
+    if !privileged("a_view_sent_to_an_idle_reader_is_applied_at_once") {
+        return;
+    }
+    let cg = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut child = started_shell(&cg);
+    let pleg = PlegUnderTest::start(|_| {});
+    let stats = pleg.pleg.stats().clone();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    // Idle: a pass of the reader's loop was made (its heartbeat is set), then
+    // none for twice its busy poll (passes come at least that often while
+    // records came recently), so it is in its 5 s wait, with more than
+    // `LAZY_BOUND` of it left.
+    let idle = 2 * LAZY_BOUND.as_nanos() as u64;
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while load(&stats.heartbeat_ns) == 0
+        || monotonic_ns().saturating_sub(load(&stats.heartbeat_ns)) < idle
+    {
+        assert!(Instant::now() < deadline, "the reader never went idle");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let confirmed = load(&stats.confirmed);
+    let sent = Instant::now();
+    pleg.pleg.reconcile(running_view(&cg, child.id()));
+    while load(&stats.confirmed) == confirmed {
+        assert!(
+            sent.elapsed() < Duration::from_secs(1),
+            "the view sent to an idle reader was not applied within 1 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(release(&mut child), Some(5));
-    let died = pleg.expect(&cg.container_id, EventKind::ContainerDied);
-    assert_eq!(died.exit.map(|e| e.code), Some(5));
-    assert_eq!(died.pid, Some(child.id()));
 }
 
 /// A wave of pod relists each listing a running container whose cgroup the

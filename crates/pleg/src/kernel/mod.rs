@@ -177,6 +177,7 @@ pub struct KernelPleg {
     stats: Arc<KernelStats>,
     commands: std_mpsc::Sender<Command>,
     wake: Arc<reader::Wake>,
+    deadline: Arc<reader::Deadline>,
     offsets: evpleg_events::KernelOffsets,
     health: Arc<HealthCell>,
     /// When the reader was started (CLOCK_MONOTONIC ns): its first heartbeat
@@ -256,6 +257,7 @@ impl KernelPleg {
         let health = Arc::new(HealthCell::default());
         let (commands, command_rx) = std_mpsc::channel();
         let wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
+        let deadline = Arc::new(reader::Deadline::default());
         let helper_wake = Arc::new(reader::Wake::new().map_err(KernelPlegError::Wake)?);
         let helper_stop = Arc::new(AtomicBool::new(false));
         let merge = match &events {
@@ -289,6 +291,7 @@ impl KernelPleg {
             realtime_budget: config.realtime_budget,
             tap: config.tap,
             wake: wake.clone(),
+            deadline: deadline.clone(),
             offload,
         };
         let thread = match std::thread::Builder::new()
@@ -311,6 +314,7 @@ impl KernelPleg {
             stats,
             commands,
             wake,
+            deadline,
             offsets,
             health,
             started_ns: monotonic_ns(),
@@ -335,7 +339,8 @@ impl KernelPleg {
     /// Hands the runtime's view to the tracker. The runtime's pids are checked
     /// against `/proc` here, on the caller's thread (start time, cgroup); the
     /// tracker applies the result on the reader thread before the next record it
-    /// handles. Never blocks on the reader.
+    /// handles, and within [`reader::LAZY_BOUND`] (the reader is woken for it
+    /// only when its wait ends later). Never blocks on the reader.
     pub fn reconcile(&self, view: RuntimeView) {
         self.reconcile_with(view, &ProcFs);
     }
@@ -343,7 +348,12 @@ impl KernelPleg {
     /// [`KernelPleg::reconcile`] with another `/proc` (tests give a made-up
     /// one).
     pub fn reconcile_with(&self, view: RuntimeView, procs: &dyn ProcSource) {
-        self.send(Command::Reconcile(proc::resolve(view, procs)));
+        let _ = self
+            .commands
+            .send(Command::Reconcile(proc::resolve(view, procs)));
+        if self.deadline.wake_needed(monotonic_ns()) {
+            self.wake.wake();
+        }
     }
 
     /// Whether the reader thread runs, or since when and why it does not.

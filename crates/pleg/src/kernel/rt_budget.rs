@@ -9,9 +9,13 @@
 //! SCHED_OTHER until the window ends, then goes back to SCHED_FIFO. It keeps
 //! reading meanwhile, at normal priority: nothing is lost, events are only
 //! later. Each drop is counted (`evpleg_pleg_kernel_rt_throttled_total`).
-//! The reader checks after every [`CHECK_EVERY`] records and every pass of its
-//! loop, so a window's real-time CPU is at most the budget plus one check's
-//! worth of records.
+//! The reader samples its CPU time once [`CHECK_EVERY`] records were handled
+//! since the last sample (counted across the passes of its loop) and at the
+//! first pass after a window ends ([`RtBudget::sample_due`]), so a window's
+//! real-time CPU is at most the budget plus one check's worth of records. A
+//! pass with fewer records reads no clock: CLOCK_THREAD_CPUTIME_ID is a
+//! syscall, and one per wake-up was a tenth of the reader's CPU at 1 000
+//! exits/s (issue #29).
 //!
 //! [`RtBudget`] is the decision alone, a pure state machine over (now, CPU
 //! time) samples.
@@ -88,6 +92,15 @@ impl RtBudget {
         Switch::Stay
     }
 
+    /// Whether the reader samples its CPU time now, at CLOCK_MONOTONIC
+    /// `now_ns`, having handled `records` records since the last sample: once
+    /// [`CHECK_EVERY`] records went by, or the window ended (a throttled one
+    /// switches back then).
+    pub fn sample_due(&self, now_ns: u64, records: usize) -> bool {
+        records >= CHECK_EVERY
+            || now_ns.saturating_sub(self.window_start_ns) >= self.config.window.as_nanos() as u64
+    }
+
     /// When a throttled window ends (the reader's wait is cut to it, so it
     /// is back at SCHED_FIFO before it sleeps past it); `None` when not
     /// throttled.
@@ -127,6 +140,24 @@ mod tests {
         for (i, &(now, cpu, switch, until)) in rows.iter().enumerate() {
             assert_eq!(b.check(now * MS, cpu * MS), switch, "row {i}");
             assert_eq!(b.throttled_until_ns(), until.map(|u| u * MS), "row {i}");
+        }
+    }
+
+    /// Each row: (now ms, records since the last sample, due). The window
+    /// started at 1 000 ms.
+    #[test]
+    fn a_sample_is_due_after_a_check_s_records_or_at_the_window_s_end() {
+        let b = RtBudget::new(RtBudgetConfig::default(), 1000 * MS, 0);
+        let rows: &[(u64, usize, bool)] = &[
+            (1001, 1, false), // a wake-up with one record: no clock read
+            (1050, CHECK_EVERY - 1, false),
+            (1050, CHECK_EVERY, true), // a check's worth, over several passes
+            (1099, 0, false),
+            (1100, 0, true), // the window ended: a new one starts
+            (5000, 1, true), // the first wake-up after a long sleep
+        ];
+        for (i, &(now, records, due)) in rows.iter().enumerate() {
+            assert_eq!(b.sample_due(now * MS, records), due, "row {i}");
         }
     }
 
