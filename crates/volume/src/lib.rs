@@ -201,15 +201,17 @@ impl VolumeManager {
         }
     }
 
-    /// The reconciler's loop, until `shutdown`: a pass every
-    /// [`reconciler::PERIOD`] and on every change of the states.
+    /// The reconciler's loop, until `shutdown`: a pass on every change of the
+    /// states, at the end of an operation's back-off, and every
+    /// [`reconciler::IDLE_PERIOD`] otherwise ([`reconciler::wait_after`]).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut rx = self.shared.changes.subscribe();
         loop {
-            reconciler::pass(&self.shared);
+            let backoff_end = reconciler::pass(&self.shared);
+            let wait = reconciler::wait_after(backoff_end, tokio::time::Instant::now());
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(reconciler::PERIOD) => {}
+                () = tokio::time::sleep(wait) => {}
                 _ = rx.changed() => {}
             }
         }

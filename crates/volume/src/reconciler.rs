@@ -27,8 +27,23 @@ use super::state::{DeviceMountState, DeviceMountTransition, PodMountState, PodMo
 use evpleg_core::ids::PodUid;
 use evpleg_record::EventType;
 
-/// The kubelet's reconciler period.
+/// The kubelet's reconciler period: here the shortest wait between two
+/// passes that no change asked for.
 pub const PERIOD: Duration = Duration::from_millis(100);
+/// The longest: with no operation backing off, a pass finds work only after
+/// a change of the states (a pod's volumes desired or not, an operation
+/// finished), and each change starts a pass at once. The kubelet's pass every
+/// 100 ms was a tenth of an idle agent's CPU at 100 pods with no volumes
+/// (issue #29); this one is a safety net.
+pub const IDLE_PERIOD: Duration = Duration::from_secs(2);
+
+/// How long the loop waits for a change after a pass, given the end of the
+/// earliest back-off still running ([`pass`]'s answer).
+pub fn wait_after(backoff_end: Option<Instant>, now: Instant) -> Duration {
+    backoff_end
+        .map_or(IDLE_PERIOD, |at| at.saturating_duration_since(now))
+        .clamp(PERIOD, IDLE_PERIOD)
+}
 /// The kubelet's operation back-off: initial and cap.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(122);
@@ -172,6 +187,15 @@ impl Pending {
         }
     }
 
+    /// The end of the earliest back-off after `now`.
+    fn next_end(&self, now: Instant) -> Option<Instant> {
+        self.backoff
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
+    }
+
     /// Whether an operation of the pod is running.
     pub fn pod_running(&self, uid: &PodUid) -> bool {
         self.running.iter().any(|k| k.1.as_ref() == Some(uid))
@@ -198,9 +222,12 @@ struct Job {
 }
 
 /// One reconciler pass: plans under the lock and spawns the operations.
-pub(super) fn pass(shared: &Arc<Shared>) {
+/// One pass: plans and starts the operations due. Returns the end of the
+/// earliest back-off still running, when a pass has work again without a
+/// change (an operation started now says so by a change when it ends).
+pub(super) fn pass(shared: &Arc<Shared>) -> Option<Instant> {
     let now = Instant::now();
-    let jobs = {
+    let (jobs, backoff_end) = {
         let mut w = shared.lock();
         let wants: Vec<Want> = w
             .desired
@@ -232,12 +259,13 @@ pub(super) fn pass(shared: &Arc<Shared>) {
             w.pending.running.insert(job.op.key());
             jobs.push(job);
         }
-        jobs
+        (jobs, w.pending.next_end(now))
     };
     for job in jobs {
         let shared = shared.clone();
         tokio::spawn(async move { run(shared, job).await });
     }
+    backoff_end
 }
 
 fn job_for(shared: &Shared, w: &super::Worlds, op: Operation) -> Option<Job> {

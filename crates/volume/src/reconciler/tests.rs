@@ -297,3 +297,37 @@ fn busy_operations_wait() {
     pending.forget_pod(&p("a1"));
     assert!(!pending.busy(&key, now));
 }
+
+/// After a pass, the loop waits for a change at most until the earliest
+/// back-off ends, never less than the kubelet's period, never more than the
+/// idle period (nothing backing off).
+#[test]
+fn the_loop_waits_for_a_change_until_a_back_off_ends() {
+    let now = Instant::now();
+    let ms = Duration::from_millis;
+    let rows: &[(Option<Duration>, Duration)] = &[
+        (None, IDLE_PERIOD),      // nothing backing off
+        (Some(ms(500)), ms(500)), // a first failure's back-off
+        (Some(ms(20)), PERIOD),   // never sooner than the kubelet's period
+        (Some(ms(0)), PERIOD),    // just over
+        (Some(ms(60_000)), IDLE_PERIOD),
+    ];
+    for (i, &(end, wait)) in rows.iter().enumerate() {
+        assert_eq!(wait_after(end.map(|d| now + d), now), wait, "row {i}");
+    }
+    let mut pending = Pending::default();
+    assert_eq!(pending.next_end(now), None);
+    let key = OpKey(v("e"), Some(p("a1")));
+    pending.running.insert(key.clone());
+    pending.finished(&key, false, now);
+    let other = OpKey(v("f"), Some(p("a1")));
+    pending.running.insert(other.clone());
+    pending.finished(&other, false, now - ms(400));
+    assert_eq!(
+        pending.next_end(now),
+        Some(now + ms(100)),
+        "the earliest, still to come"
+    );
+    assert_eq!(pending.next_end(now + ms(100)), Some(now + BACKOFF_INITIAL));
+    assert_eq!(pending.next_end(now + BACKOFF_INITIAL), None, "all over");
+}
