@@ -12,7 +12,7 @@
 //! generic relist's cost at the same count. Every cgroup and process made here
 //! is removed when [`Cgroups`] is dropped, also on error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -330,19 +330,35 @@ struct Counters {
     discarded: u64,
     relists: u64,
     pod_relists: u64,
+    /// The kernel path's: events sent, the tracker's hints (uncertain deaths,
+    /// cgroups gone first), mains corrected, deaths contradicted, containers
+    /// demoted, merges handed to the helper thread.
+    kernel_events: u64,
+    kernel_hints: u64,
+    corrected: u64,
+    contradicted: u64,
+    demoted: u64,
+    handoffs: u64,
 }
 
 impl Counters {
     fn since(&self, before: &Counters) -> String {
         format!(
             "meanwhile: merge deferred {}, hints {}, discarded {}; kernel unattributed {}, \
-             rescans {}, discarded {}; full relists {}, pod relists {}",
+             rescans {}, discarded {}, events {}, hints {}, corrected {}, contradicted {}, \
+             demoted {}, handed off {}; full relists {}, pod relists {}",
             self.deferred - before.deferred,
             self.hints - before.hints,
             self.merge_discarded - before.merge_discarded,
             self.unattributed - before.unattributed,
             self.rescans - before.rescans,
             self.discarded - before.discarded,
+            self.kernel_events - before.kernel_events,
+            self.kernel_hints - before.kernel_hints,
+            self.corrected - before.corrected,
+            self.contradicted - before.contradicted,
+            self.demoted - before.demoted,
+            self.handoffs - before.handoffs,
             self.relists - before.relists,
             self.pod_relists - before.pod_relists
         )
@@ -384,6 +400,12 @@ impl Under {
             c.unattributed = k.unattributed.load(Ordering::Relaxed);
             c.rescans = k.rescans.load(Ordering::Relaxed);
             c.discarded = k.discarded.load(Ordering::Relaxed);
+            c.kernel_events = k.events.load(Ordering::Relaxed);
+            c.kernel_hints = k.hints.load(Ordering::Relaxed);
+            c.corrected = k.corrected.load(Ordering::Relaxed);
+            c.contradicted = k.contradicted.load(Ordering::Relaxed);
+            c.demoted = k.demoted.load(Ordering::Relaxed);
+            c.handoffs = k.handoffs.load(Ordering::Relaxed);
         }
         c
     }
@@ -511,12 +533,14 @@ async fn deaths(
     bound: Duration,
 ) -> HashMap<String, (EventSource, Instant)> {
     let mut seen = HashMap::new();
+    // Hashed: a search of every id for each death is quadratic in them.
+    let ids: HashSet<&str> = ids.iter().copied().collect();
     let deadline = tokio::time::Instant::now() + bound;
     while seen.len() < ids.len() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(e)) if e.kind == EventKind::ContainerDied => {
                 if let Some(c) = &e.container_id
-                    && ids.contains(&c.as_str())
+                    && ids.contains(c.as_str())
                 {
                     seen.entry(c.as_str().to_owned())
                         .or_insert((e.source, Instant::now()));
@@ -693,6 +717,7 @@ pub async fn run(
                 r.reader_cpu_pct,
                 r.reader_runs_per_death.unwrap_or(f64::NAN)
             ));
+            crate::progress(&format!("    {}", under.counters().since(&counters0)));
             out.rates.push(r);
             if full {
                 fake.pods.set(cg.fake_pods());

@@ -145,21 +145,19 @@ impl ContainerIndex {
     pub fn retain_scoped(
         &mut self,
         pod: &PodUid,
-        containers: &HashSet<&ContainerId>,
+        containers: &[ContainerId],
         mut keep: impl FnMut(&IndexEntry) -> bool,
     ) -> usize {
-        let mut visit: Vec<u64> = self
-            .by_pod
-            .get(pod)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default();
-        for c in containers {
-            visit.extend(self.by_container.get(*c).into_iter().flatten());
-        }
+        let serving = containers.iter().flat_map(|c| self.by_container.get(c));
+        let doomed: Vec<u64> = (self.by_pod.get(pod).into_iter().chain(serving))
+            .flatten()
+            .copied()
+            .filter(|id| self.entries.get(id).is_some_and(|e| !keep(e)))
+            .collect();
         let mut removed = 0;
-        for id in visit {
-            if self.entries.get(&id).is_some_and(|e| !keep(e)) {
-                let old = self.entries.remove(&id).expect("just seen");
+        for id in doomed {
+            // An entry both of the pod and of a container is listed twice.
+            if let Some(old) = self.entries.remove(&id) {
                 unlink(&mut self.by_pod, &mut self.by_container, id, &old);
                 removed += 1;
             }

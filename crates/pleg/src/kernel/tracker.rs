@@ -221,6 +221,45 @@ fn link(by_pod: &mut HashMap<PodUid, HashSet<ContainerId>>, pod: &PodUid, id: &C
     by_pod.entry(pod.clone()).or_default().insert(id.clone());
 }
 
+/// Containers forgotten with their cgroup, with when, expired in the order they
+/// were removed: expiring costs what expires, not what is kept (at 1 000
+/// deaths a second, ten seconds' worth are kept and a pod's view comes after
+/// each death).
+#[derive(Debug, Default)]
+struct Removed {
+    at: HashMap<ContainerId, u64>,
+    order: VecDeque<(u64, ContainerId)>,
+}
+
+impl Removed {
+    fn insert(&mut self, id: ContainerId, at_ns: u64) {
+        self.order.push_back((at_ns, id.clone()));
+        self.at.insert(id, at_ns);
+    }
+
+    fn contains(&self, id: &ContainerId) -> bool {
+        self.at.contains_key(id)
+    }
+
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    /// Forgets what was removed before `ns`. One removed out of order (two
+    /// CPUs' records) waits for those removed before it in the queue.
+    fn expire_before(&mut self, ns: u64) {
+        while let Some((at, _)) = self.order.front()
+            && *at < ns
+        {
+            let (at, id) = self.order.pop_front().expect("just seen");
+            // Removed again since: the later removal's entry expires it.
+            if self.at.get(&id) == Some(&at) {
+                self.at.remove(&id);
+            }
+        }
+    }
+}
+
 /// OOM victims reported by the kernel, waiting for their process's exit; bounded
 /// in time and number.
 #[derive(Debug, Default)]
@@ -281,7 +320,7 @@ pub struct Tracker {
     /// listed about then may still show one running (the runtime learns of
     /// its death after the kernel), which is neither unfound nor a reason to
     /// rescan. Kept for the prune grace after the removal.
-    removed: HashMap<ContainerId, u64>,
+    removed: Removed,
     /// The ids `containers`, `sandboxes` and `unfound` hold for each pod (a
     /// superset: removals leave them until that pod's next reconcile or the
     /// next full one), so that a pod's reconcile costs that pod's containers.
@@ -311,7 +350,7 @@ impl Tracker {
             containers: HashMap::new(),
             sandboxes: HashMap::new(),
             unfound: HashMap::new(),
-            removed: HashMap::new(),
+            removed: Removed::default(),
             by_pod: HashMap::new(),
             // Room for every victim kept: recording one allocates nothing.
             oom_victims: OomVictims(VecDeque::with_capacity(OOM_VICTIMS_MAX)),
@@ -482,13 +521,17 @@ impl Tracker {
         out: &mut Output,
     ) {
         let (started, died) = self.kinds(id);
-        let container = match step.next {
+        // The pod is cloned only for an event to report.
+        let pod_uid = match step.next {
             Some(next) => {
                 let Some(c) = self.containers.get_mut(id) else {
                     return;
                 };
                 c.state = next;
-                c.clone()
+                match step.effect {
+                    Effect::None => None,
+                    _ => c.pod_uid.clone(),
+                }
             }
             None => {
                 let Some((key, c)) = self.containers.remove_entry(id) else {
@@ -496,7 +539,7 @@ impl Tracker {
                 };
                 self.sandboxes.remove(id);
                 self.removed.insert(key, at_ns);
-                c
+                c.pod_uid
             }
         };
         match step.transition {
@@ -506,7 +549,7 @@ impl Tracker {
             _ => {}
         }
         let event = |kind, exit, pid| PodLifecycleEvent {
-            pod_uid: container.pod_uid.clone(),
+            pod_uid: pod_uid.clone(),
             kind,
             container_id: Some(id.clone()),
             at_ns,

@@ -54,14 +54,15 @@ impl Tracker {
         let view = &r.view;
         let mut outcome = ReconcileOutcome::default();
         let grace = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
-        self.removed.retain(|_, at| *at >= grace);
+        self.removed.expire_before(grace);
         for c in &view.containers {
-            if c.sandbox {
+            // Marked once: a pod's view comes after every death.
+            if c.sandbox && !matches!(self.sandboxes.get(&c.id), Some(Some(p)) if *p == c.pod) {
                 self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
                 link(&mut self.by_pod, &c.pod, &c.id);
             }
             let Some(container) = self.containers.get_mut(&c.id) else {
-                if c.running && !self.removed.contains_key(&c.id) {
+                if c.running && !self.removed.contains(&c.id) {
                     if after_rescan {
                         if self.unfound.insert(c.id.clone(), c.pod.clone()).is_none() {
                             outcome.unfound.push(c.id.clone());
@@ -183,19 +184,14 @@ impl Tracker {
     fn prune_pod(&mut self, r: &Reconciliation, scope: &PodUid) -> usize {
         let view = &r.view;
         let at = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
-        let listed: HashSet<&ContainerId> = view.containers.iter().map(|c| &c.id).collect();
+        // A pod's view lists a few containers: searched, not hashed; and
+        // nothing is allocated unless something is forgotten.
+        let listed = |id: &ContainerId| view.containers.iter().any(|c| c.id == *id);
         let pod_listed = view.containers.iter().any(|c| c.pod == *scope);
-        let held: Vec<ContainerId> = self
-            .by_pod
-            .remove(scope)
-            .map(|s| s.into_iter().collect())
-            .unwrap_or_default();
-        let gone: Vec<ContainerId> = (held.iter())
+        let gone: Vec<ContainerId> = (self.by_pod.get(scope).into_iter().flatten())
             .filter(|id| {
                 self.containers.get(*id).is_some_and(|c| {
-                    c.pod_uid.as_ref() == Some(scope)
-                        && !listed.contains(id)
-                        && c.learned_at_ns < at
+                    c.pod_uid.as_ref() == Some(scope) && !listed(id) && c.learned_at_ns < at
                 })
             })
             .cloned()
@@ -203,53 +199,48 @@ impl Tracker {
         for id in &gone {
             self.containers.remove(id);
         }
-        let gone_set: HashSet<&ContainerId> = gone.iter().collect();
         let containers = &self.containers;
         // Entries of other pods, and those naming no pod, are kept unless
         // they serve a container forgotten here.
-        self.index.retain_scoped(scope, &gone_set, |e| {
+        self.index.retain_scoped(scope, &gone, |e| {
             if e.learned_at_ns >= at {
                 return true;
             }
             match &e.class {
                 CgroupClass::Container { id, .. } | CgroupClass::RuntimeHelper { id } => {
-                    if gone_set.contains(id) {
+                    if gone.contains(id) {
                         return false;
                     }
-                    e.pod() != Some(scope) || listed.contains(id) || containers.contains_key(id)
+                    e.pod() != Some(scope) || listed(id) || containers.contains_key(id)
                 }
                 CgroupClass::Pod { uid, .. } => uid != scope || pod_listed,
                 CgroupClass::NodeLevel { .. } => true,
             }
         });
-        for id in &held {
-            let drop_sandbox = self.sandboxes.get(id).is_some_and(|pod| {
-                gone_set.contains(id)
-                    || (pod.as_ref() == Some(scope)
-                        && !listed.contains(id)
-                        && !self.containers.contains_key(id))
+        let Some(held) = self.by_pod.get_mut(scope) else {
+            return gone.len();
+        };
+        let (sandboxes, unfound) = (&mut self.sandboxes, &mut self.unfound);
+        held.retain(|id| {
+            let drop_sandbox = sandboxes.get(id).is_some_and(|pod| {
+                gone.contains(id)
+                    || (pod.as_ref() == Some(scope) && !listed(id) && !containers.contains_key(id))
             });
             if drop_sandbox {
-                self.sandboxes.remove(id);
+                sandboxes.remove(id);
             }
-            if self.unfound.get(id) == Some(scope) && !listed.contains(id) {
-                self.unfound.remove(id);
+            if unfound.get(id) == Some(scope) && !listed(id) {
+                unfound.remove(id);
             }
-        }
-        let still: HashSet<ContainerId> = (held.into_iter())
-            .filter(|id| {
-                self.containers
-                    .get(id)
-                    .is_some_and(|c| c.pod_uid.as_ref() == Some(scope))
-                    || self
-                        .sandboxes
-                        .get(id)
-                        .is_some_and(|p| p.as_ref() == Some(scope))
-                    || self.unfound.get(id) == Some(scope)
-            })
-            .collect();
-        if !still.is_empty() {
-            self.by_pod.insert(scope.clone(), still);
+            // Still held for this pod?
+            containers
+                .get(id)
+                .is_some_and(|c| c.pod_uid.as_ref() == Some(scope))
+                || sandboxes.get(id).is_some_and(|p| p.as_ref() == Some(scope))
+                || unfound.get(id) == Some(scope)
+        });
+        if held.is_empty() {
+            self.by_pod.remove(scope);
         }
         gone.len()
     }

@@ -643,6 +643,29 @@ fn a_container_removed_after_the_listing_is_not_unfound() {
     assert!(h.reconcile(late, &[]).rescan_due);
 }
 
+/// Removed containers expire in the order they were removed, and one
+/// removed again is kept until its later removal expires.
+#[test]
+fn removed_containers_expire_in_order_and_a_second_removal_keeps_one() {
+    let mut removed = Removed::default();
+    removed.insert(id('a'), 10);
+    removed.insert(id('b'), 20);
+    removed.insert(id('a'), 30);
+    let held = |r: &Removed| (r.contains(&id('a')), r.contains(&id('b')), r.len());
+    let table = [
+        (10, (true, true, 2)),
+        (15, (true, true, 2)),
+        (21, (true, false, 1)),
+        (30, (true, false, 1)),
+        (31, (false, false, 0)),
+    ];
+    for (before, expect) in table {
+        removed.expire_before(before);
+        assert_eq!(held(&removed), expect, "expired before {before}");
+    }
+    assert!(removed.order.is_empty());
+}
+
 #[test]
 fn unknown_running_container_asks_for_one_rescan() {
     let mut h = Harness::new();
