@@ -9,12 +9,13 @@
 //! clock), and an observation older than the cached one never replaces it (the
 //! kubelet's evented PLEG broke on exactly that). Kernel exits are also kept per
 //! container (and by pod, so that one pod's relist visits its own), so an exit
-//! code the kernel saw survives the runtime removing the container. A kernel death laid on a snapshot does not make the snapshot newer:
-//! its time is kept apart (`CacheEntry::deaths_ns`), so that a worker waiting
-//! for a view newer than its own runtime calls is never handed a snapshot taken
-//! before them (issue #25); and a snapshot stored after a death was recorded
-//! gets that death laid on it under the same lock, so no interleaving of a
-//! relist and the kernel merge loses it. A pod relist whose listing shows the
+//! code the kernel saw survives the runtime removing the container. A kernel
+//! death laid on a snapshot does not make the snapshot newer: its time is kept
+//! apart (`CacheEntry::deaths_ns`), so that a worker waiting for a view newer
+//! than its own runtime calls is never handed a snapshot taken before them
+//! (issue #25); and a snapshot stored after a death was recorded gets that
+//! death laid on it under the same lock, so no interleaving of a relist and the
+//! kernel merge loses it. A pod relist whose listing shows the
 //! snapshot's container states raises the snapshot's time
 //! ([`PodStatusCache::touch`]): the kubelet's global timestamp, for one pod.
 
