@@ -462,38 +462,6 @@ fn targets(out: &mut String, r: &Results) {
             met,
         );
     }
-    let idle = |mode: &str| {
-        r.idle
-            .iter()
-            .filter(|i| i.mode == mode)
-            .min_by_key(|i| i.containers.abs_diff(100))
-    };
-    // PLEG process plus containerd, medians of the windows.
-    let both = |i: &crate::results::Idle| i.agent_cpu_pct.median + i.containerd_cpu_pct.median;
-    match (idle("ebpf"), idle(EVENTED_137)) {
-        (Some(e), Some(k)) if e.containers == k.containers => row(
-            &format!(
-                "PLEG process plus containerd CPU, ebpf <= 1/10 of the kubelet 1.37 design's \
-                 ({} idle containers; the issue asks 100)",
-                e.containers
-            ),
-            format!(
-                "{:.3} % vs {:.3} % of a core ({:.3} % + {:.3} % vs {:.3} % + {:.3} %)",
-                both(e),
-                both(k),
-                e.agent_cpu_pct.median,
-                e.containerd_cpu_pct.median,
-                k.agent_cpu_pct.median,
-                k.containerd_cpu_pct.median
-            ),
-            Some(both(e) * 10.0 <= both(k)).into(),
-        ),
-        _ => row(
-            "PLEG process plus containerd CPU, ebpf <= 1/10 of the kubelet 1.37 design's (100 idle containers)",
-            "-".into(),
-            Met::NotMeasured,
-        ),
-    }
     let kubelet = crate::kubelet::KubeletMode::Evented.name();
     match node_idle_pair(r) {
         Some((e, k)) => row(
@@ -583,6 +551,40 @@ fn targets(out: &mut String, r: &Results) {
         ),
     }
     let _ = writeln!(out);
+}
+
+/// The PLEGs alone with containerd at the count nearest 100. Not a target:
+/// the issue's is the whole agent's with the runtime against the 1.37
+/// kubelet's (the node-idle row, against the real kubelet); here containerd's
+/// own idle housekeeping, the same under any PLEG, is most of the sum.
+fn idle_comparison(out: &mut String, r: &Results) {
+    let idle = |mode: &str| {
+        r.idle
+            .iter()
+            .filter(|i| i.mode == mode)
+            .min_by_key(|i| i.containers.abs_diff(100))
+    };
+    let (Some(e), Some(k)) = (idle("ebpf"), idle(EVENTED_137)) else {
+        return;
+    };
+    if e.containers != k.containers {
+        return;
+    }
+    let (ea, ec) = (e.agent_cpu_pct.median, e.containerd_cpu_pct.median);
+    let (ka, kc) = (k.agent_cpu_pct.median, k.containerd_cpu_pct.median);
+    let _ = writeln!(
+        out,
+        "At {} idle containers (medians): the ebpf PLEG {ea:.3} % of a core against \
+         {EVENTED_137}'s {ka:.3} % ({:.0}x less), and containerd {ec:.3} % against {kc:.3} % \
+         (its 1 s relist's calls), {:.3} % against {:.3} % together. Not a target: the \
+         issue's is the whole agent's with the runtime against the kubelet 1.37's, judged \
+         on the real kubelet (Node idle below); containerd's own idle housekeeping, the same \
+         under any PLEG, is most of this sum.\n",
+        e.containers,
+        ka / ea.max(f64::MIN_POSITIVE),
+        ea + ec,
+        ka + kc,
+    );
 }
 
 /// What the targets miss, from this run's figures, and what is not measured
@@ -842,6 +844,7 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
             );
         }
         let _ = writeln!(out);
+        idle_comparison(&mut out, r);
     }
     out.push_str(&crate::node_idle::render(&r.node_idle));
     if !plots.is_empty() {
@@ -1019,13 +1022,6 @@ mod tests {
             md.contains("| p50 lower than the kubelet's Evented PLEG (evented-1.37, killed) | - | not measured |"),
             "{md}"
         );
-        // (0.1 + 1.0) * 10 = 11 > 0.5 + 2.0: missed, and said so.
-        assert!(
-            md.contains(
-                "| 1.100 % vs 2.500 % of a core (0.100 % + 1.000 % vs 0.500 % + 2.000 %) | **no** |"
-            ),
-            "{md}"
-        );
         assert!(
             md.contains("| ebpf | 100 | 30 | 0.900 (0.900-0.900) | - | 0.300 (0.300-0.300) | 1.200 | 0.100 (0.100-0.100) | 1.300 | 40.0 | - |"),
             "{md}"
@@ -1073,6 +1069,17 @@ mod tests {
             md.contains("| benchmark process RSS, the PLEG in-process (MiB) |"),
             "{md}"
         );
+        // The PLEGs alone at idle are compared, not judged: the target is
+        // the whole agent's (the node-idle row above).
+        assert!(
+            md.contains(
+                "At 10 idle containers (medians): the ebpf PLEG 0.100 % of a core against \
+                 evented-1.37's 0.500 % (5x less), and containerd 1.000 % against 2.000 % (its \
+                 1 s relist's calls), 1.100 % against 2.500 % together. Not a target"
+            ),
+            "{md}"
+        );
+        assert!(!md.contains("PLEG process plus containerd CPU"), "{md}");
     }
 
     /// The tails over pooled samples, table-style: the p99 (and the target
