@@ -89,10 +89,16 @@ impl Exits {
                 if let Some(old) = old {
                     self.unlink(&old.pod, id);
                 }
-                self.by_pod
-                    .entry(uid.clone())
-                    .or_default()
-                    .insert(id.clone());
+                // The pod's uid is cloned only for its first exit (this runs
+                // on the real-time reader).
+                match self.by_pod.get_mut(uid) {
+                    Some(ids) => {
+                        ids.insert(id.clone());
+                    }
+                    None => {
+                        self.by_pod.insert(uid.clone(), HashSet::from([id.clone()]));
+                    }
+                }
             }
         }
     }

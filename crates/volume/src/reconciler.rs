@@ -37,6 +37,10 @@ pub const PERIOD: Duration = Duration::from_millis(100);
 /// (issue #29); this one is a safety net.
 pub const IDLE_PERIOD: Duration = Duration::from_secs(2);
 
+/// The kubelet's operation back-off: initial and cap.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(122);
+
 /// How long the loop waits for a change after a pass, given the end of the
 /// earliest back-off still running ([`pass`]'s answer).
 pub fn wait_after(backoff_end: Option<Instant>, now: Instant) -> Duration {
@@ -44,9 +48,6 @@ pub fn wait_after(backoff_end: Option<Instant>, now: Instant) -> Duration {
         .map_or(IDLE_PERIOD, |at| at.saturating_duration_since(now))
         .clamp(PERIOD, IDLE_PERIOD)
 }
-/// The kubelet's operation back-off: initial and cap.
-pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(122);
 
 /// The event reason of a failed mount (the kubelet's `FailedMountVolume`).
 pub const FAILED_MOUNT: &str = "FailedMount";
@@ -221,10 +222,10 @@ struct Job {
     device_path: Result<PathBuf, String>,
 }
 
-/// One reconciler pass: plans under the lock and spawns the operations.
-/// One pass: plans and starts the operations due. Returns the end of the
-/// earliest back-off still running, when a pass has work again without a
-/// change (an operation started now says so by a change when it ends).
+/// One reconciler pass: plans under the lock and spawns the operations due.
+/// Returns the end of the earliest back-off still running, when a pass has
+/// work again without a change (an operation started now says so by a change
+/// when it ends).
 pub(super) fn pass(shared: &Arc<Shared>) -> Option<Instant> {
     let now = Instant::now();
     let (jobs, backoff_end) = {
