@@ -187,7 +187,7 @@ fn scale(out: &mut String, r: &Results) {
          killed once the PLEG's cache holds each of them running and its relist task has been \
          idle for a second. The relist figures measure \
          evpleg's relist code against that fake, not a runtime. One run per count and rate \
-         (no repetitions: the spread is within the run).\n",
+         (no repetitions: the spread is within the run){}.\n",
         if whole.is_empty() {
             "no".to_owned()
         } else {
@@ -202,6 +202,12 @@ fn scale(out: &mut String, r: &Results) {
                  the dev build",
                 list(&alone)
             )
+        },
+        if sc.rates.iter().all(|x| !x.samples_us.is_empty()) {
+            "; every death's samples are kept in the results (0.1 us), and the percentiles are \
+             computed from them"
+        } else {
+            "; the results of this run keep the percentiles only"
         }
     );
     let _ = writeln!(
@@ -209,7 +215,7 @@ fn scale(out: &mut String, r: &Results) {
         "| cgroups | exits/s asked | achieved | held (s) | deaths | lost | late | dropped | stage | p50 | p90 | p99 | max | reader CPU (% of a core) | reader wake-ups a death | process CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for x in &sc.rates {
-        for (stage, p) in &x.stages {
+        for (stage, p) in &x.percentiles() {
             let _ = writeln!(
                 out,
                 "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {stage} | {} | {} | {} | {} | {:.1} | {} | {:.1} |",
@@ -517,7 +523,7 @@ fn targets(out: &mut String, r: &Results) {
                 .iter()
                 .filter(|x| (x.target_per_s - 1000.0).abs() < 1.0)
             {
-                if let Some((stage, p)) = x.stages.last() {
+                if let Some((stage, p)) = x.percentiles().last() {
                     row(
                         &format!(
                             "at 1 000 exits/s over {} cgroups: p50 <= 30 us, p99 <= 150 us ({stage}), reader < 3 % of a core",

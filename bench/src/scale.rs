@@ -53,7 +53,17 @@ pub struct ScaleRate {
     pub dropped: u64,
     /// Per stage (`reader`, `attributed`, `cached`, `delivered`): percentiles
     /// in us of this phase's deaths.
-    pub stages: Vec<(String, Percentiles)>,
+    pub stages: ByStage<Percentiles>,
+    /// Per stage, in the order of `stages`: every death's sample, us rounded
+    /// to 0.1 us, from which `stages` was computed ([`stage_figures`]; the
+    /// report recomputes the percentiles from them, [`ScaleRate::percentiles`]).
+    /// Empty in results written before they were kept.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "compact_samples"
+    )]
+    pub samples_us: ByStage<Vec<f64>>,
     /// The reader thread's CPU over the loaded window, % of a core.
     pub reader_cpu_pct: f64,
     /// The whole process's CPU except the fake runtime's thread, % of a core.
@@ -62,6 +72,53 @@ pub struct ScaleRate {
     /// (schedstat's third field: each wake-up from `epoll_wait` counts one).
     #[serde(default)]
     pub reader_runs_per_death: Option<f64>,
+}
+
+impl ScaleRate {
+    /// Each stage's percentiles: recomputed from the kept samples, or the
+    /// stored ones for results that kept none.
+    pub fn percentiles(&self) -> ByStage<Percentiles> {
+        if self.samples_us.is_empty() {
+            return self.stages.clone();
+        }
+        self.samples_us
+            .iter()
+            .filter_map(|(stage, v)| Some((stage.clone(), Percentiles::of(v)?)))
+            .collect()
+    }
+}
+
+/// Writes each stage's samples on one line of the pretty-printed results
+/// (a `RawValue`), not one line a number: 20 000 numbers a stage.
+fn compact_samples<S: serde::Serializer>(v: &ByStage<Vec<f64>>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error, SerializeSeq};
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for (stage, samples) in v {
+        let raw = serde_json::value::to_raw_value(samples).map_err(S::Error::custom)?;
+        seq.serialize_element(&(stage, raw))?;
+    }
+    seq.end()
+}
+
+/// Per stage (by name): its percentiles, or its samples in us.
+type ByStage<T> = Vec<(String, T)>;
+
+/// The kept samples (us, rounded to 0.1 us: 20 000 deaths a phase) and the
+/// percentiles computed from them, per stage.
+pub fn stage_figures(stages: Vec<(Stage, Vec<f64>)>) -> (ByStage<Percentiles>, ByStage<Vec<f64>>) {
+    let samples: Vec<(String, Vec<f64>)> = stages
+        .into_iter()
+        .filter(|(s, v)| *s != Stage::WorkerSync && *s != Stage::StatusHeld && !v.is_empty())
+        .map(|(s, v)| {
+            let rounded = v.iter().map(|x| (x * 10.0).round() / 10.0).collect();
+            (crate::stages::name(s).to_owned(), rounded)
+        })
+        .collect();
+    let figures = samples
+        .iter()
+        .filter_map(|(s, v)| Some((s.clone(), Percentiles::of(v)?)))
+        .collect();
+    (figures, samples)
 }
 
 /// The overflow path's proof.
@@ -684,13 +741,7 @@ pub async fn run(
             };
             let dropped = under.dropped() - dropped0;
             let (stages, _) = crate::stages::samples(&id_refs, &crate::stages::snapshot());
-            let stages: Vec<(String, Percentiles)> = stages
-                .into_iter()
-                .filter(|(s, _)| *s != Stage::WorkerSync && *s != Stage::StatusHeld)
-                .filter_map(|(s, v)| {
-                    Some((crate::stages::name(s).to_owned(), Percentiles::of(&v)?))
-                })
-                .collect();
+            let (stages, samples_us) = stage_figures(stages);
             let r = ScaleRate {
                 cgroups: n,
                 target_per_s: rate,
@@ -701,6 +752,7 @@ pub async fn run(
                 late,
                 dropped,
                 stages,
+                samples_us,
                 reader_cpu_pct: cpu_pct(r1 - r0, elapsed),
                 process_cpu_pct: cpu_pct(p1 - p0 + r1 - r0, elapsed),
                 reader_runs_per_death: Some((runs1 - runs0) as f64 / count as f64),
@@ -869,6 +921,56 @@ mod tests {
         for (rate, secs, want) in table {
             assert_eq!(victims_for(rate, secs), want, "{rate}/s for {secs} s");
         }
+    }
+
+    #[test]
+    fn stage_figures_keep_rounded_samples_and_the_report_recomputes_from_them() {
+        let reader: Vec<f64> = (1..=200).map(|i| f64::from(i) + 0.04).collect();
+        let (figures, samples) = stage_figures(vec![
+            (Stage::Read, reader),
+            (Stage::Delivered, vec![12.345, 99.96]),
+            (Stage::WorkerSync, vec![1.0]),
+            (Stage::Cached, Vec::new()),
+        ]);
+        let names: Vec<&str> = samples.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(names, ["reader", "delivered"]);
+        assert_eq!(samples[1].1, [12.3, 100.0]);
+        assert_eq!(samples[0].1[199], 200.0);
+        let reader = &figures[0].1;
+        assert_eq!(
+            (reader.n, reader.p50, reader.p99, reader.max),
+            (200, 100.0, 198.0, 200.0)
+        );
+        let mut rate = ScaleRate {
+            cgroups: 1000,
+            target_per_s: 1000.0,
+            achieved_per_s: 1000.0,
+            deaths: 200,
+            held_s: Some(0.2),
+            lost: 0,
+            late: 0,
+            dropped: 0,
+            stages: figures.clone(),
+            samples_us: samples,
+            reader_cpu_pct: 1.0,
+            process_cpu_pct: 2.0,
+            reader_runs_per_death: None,
+        };
+        assert_eq!(rate.percentiles(), figures);
+        // The samples win over stored figures that disagree with them...
+        rate.stages[0].1.p99 = 1.0;
+        assert_eq!(rate.percentiles(), figures);
+        // ...and results without samples keep their stored figures.
+        rate.samples_us.clear();
+        assert_eq!(rate.percentiles()[0].1.p99, 1.0);
+        let json = serde_json::to_string(&rate).unwrap();
+        assert!(!json.contains("samples_us"), "{json}");
+        // Kept samples read back as written, each stage's on one line.
+        rate.samples_us = vec![("reader".into(), vec![1.5, 20.0])];
+        let pretty = serde_json::to_string_pretty(&rate).unwrap();
+        assert!(pretty.contains("[1.5,20.0]"), "{pretty}");
+        let back: ScaleRate = serde_json::from_str(&pretty).unwrap();
+        assert_eq!(back, rate);
     }
 
     #[test]
