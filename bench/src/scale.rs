@@ -24,6 +24,7 @@ use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
 use evpleg_cri::{CriClient, CriClientConfig};
 use evpleg_pleg::kernel::KernelPlegConfig;
 use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::relist_requests::RelistReason;
 use evpleg_pleg::stages::Stage;
 use evpleg_pleg::{Pleg, PlegMode};
 use serde::{Deserialize, Serialize};
@@ -396,6 +397,9 @@ struct Counters {
     contradicted: u64,
     demoted: u64,
     handoffs: u64,
+    /// Relists the kernel path asked for, by reason (each is a full relist,
+    /// whose view of every pod the reader applies).
+    relist_asks: [u64; RelistReason::ALL.len()],
 }
 
 impl Counters {
@@ -403,7 +407,7 @@ impl Counters {
         format!(
             "meanwhile: merge deferred {}, hints {}, discarded {}; kernel unattributed {}, \
              rescans {}, discarded {}, events {}, hints {}, corrected {}, contradicted {}, \
-             demoted {}, handed off {}; full relists {}, pod relists {}",
+             demoted {}, handed off {}; full relists {}{}, pod relists {}",
             self.deferred - before.deferred,
             self.hints - before.hints,
             self.merge_discarded - before.merge_discarded,
@@ -417,8 +421,25 @@ impl Counters {
             self.demoted - before.demoted,
             self.handoffs - before.handoffs,
             self.relists - before.relists,
+            asked(&self.relist_asks, &before.relist_asks),
             self.pod_relists - before.pod_relists
         )
+    }
+}
+
+/// The kernel path's relist requests between two readings, by reason
+/// (` (asked: <reason> n, ...)`; empty for none).
+fn asked(now: &[u64], before: &[u64]) -> String {
+    let asks: Vec<String> = RelistReason::ALL
+        .iter()
+        .zip(now.iter().zip(before))
+        .filter(|(_, (n, b))| n > b)
+        .map(|(r, (n, b))| format!("{} {}", r.as_str(), n - b))
+        .collect();
+    if asks.is_empty() {
+        String::new()
+    } else {
+        format!(" (asked: {})", asks.join(", "))
     }
 }
 
@@ -463,6 +484,9 @@ impl Under {
             c.contradicted = k.contradicted.load(Ordering::Relaxed);
             c.demoted = k.demoted.load(Ordering::Relaxed);
             c.handoffs = k.handoffs.load(Ordering::Relaxed);
+            for r in RelistReason::ALL {
+                c.relist_asks[r as usize] = k.relist_requests.get(r);
+            }
         }
         c
     }
@@ -485,10 +509,11 @@ async fn start_pleg(
     Ok((pleg, rx))
 }
 
-/// Waits until the cache holds every pod of `cg` (after a requested relist).
 /// Asks for a relist and waits until it has listed every pod of `cg` (how
 /// long that took is returned), then until the relist task is idle.
 async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Duration> {
+    let full_relists = || pleg.relist_stats.relists.load(Ordering::Relaxed);
+    let full_before = full_relists();
     pleg.relist_signal.request("scale: pods listed");
     let started = Instant::now();
     let deadline = started + bound;
@@ -515,10 +540,19 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Durat
         }
     }
     let listing = started.elapsed();
-    // Then past the loss follow-ups of that request (full relists up to
-    // 2.5 s later, `relist::LOSS_FOLLOW_UPS`) and until no relist has run
-    // for a second, so that the kill window starts on an idle relist task.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Then past the requested full relist and its loss follow-ups (one for
+    // each of `relist::LOSS_FOLLOW_UPS`, the last 5.5 s after the request;
+    // a fixed wait of 3 s let the last ones into the kill window), and until
+    // no relist has run for a second, so that the kill window starts on an
+    // idle relist task.
+    let follow_ups = evpleg_pleg::relist::LOSS_FOLLOW_UPS.len() as u64;
+    while full_relists() < full_before + 1 + follow_ups {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the relist's loss follow-ups did not all run"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let relists = || {
         pleg.relist_stats.relists.load(Ordering::Relaxed)
             + pleg.relist_stats.pod_relists.load(Ordering::Relaxed)
