@@ -82,11 +82,16 @@ impl ScaleRate {
         if self.samples_us.is_empty() {
             return self.stages.clone();
         }
-        self.samples_us
-            .iter()
-            .filter_map(|(stage, v)| Some((stage.clone(), Percentiles::of(v)?)))
-            .collect()
+        percentiles_of(&self.samples_us)
     }
+}
+
+/// Each stage's percentiles over its samples.
+fn percentiles_of(samples: &ByStage<Vec<f64>>) -> ByStage<Percentiles> {
+    samples
+        .iter()
+        .filter_map(|(stage, v)| Some((stage.clone(), Percentiles::of(v)?)))
+        .collect()
 }
 
 /// Writes each stage's samples on one line of the pretty-printed results
@@ -107,7 +112,7 @@ type ByStage<T> = Vec<(String, T)>;
 /// The kept samples (us, rounded to 0.1 us: 20 000 deaths a phase) and the
 /// percentiles computed from them, per stage.
 pub fn stage_figures(stages: Vec<(Stage, Vec<f64>)>) -> (ByStage<Percentiles>, ByStage<Vec<f64>>) {
-    let samples: Vec<(String, Vec<f64>)> = stages
+    let samples: ByStage<Vec<f64>> = stages
         .into_iter()
         .filter(|(s, v)| *s != Stage::WorkerSync && *s != Stage::StatusHeld && !v.is_empty())
         .map(|(s, v)| {
@@ -115,11 +120,7 @@ pub fn stage_figures(stages: Vec<(Stage, Vec<f64>)>) -> (ByStage<Percentiles>, B
             (crate::stages::name(s).to_owned(), rounded)
         })
         .collect();
-    let figures = samples
-        .iter()
-        .filter_map(|(s, v)| Some((s.clone(), Percentiles::of(v)?)))
-        .collect();
-    (figures, samples)
+    (percentiles_of(&samples), samples)
 }
 
 /// The overflow path's proof.
