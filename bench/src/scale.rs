@@ -25,6 +25,7 @@ use evpleg_cri::{CriClient, CriClientConfig};
 use evpleg_pleg::kernel::KernelPlegConfig;
 use evpleg_pleg::kernel::event::KernelEvent;
 use evpleg_pleg::kernel::relist_requests::RelistReason;
+use evpleg_pleg::relist::FullRelistCause;
 use evpleg_pleg::stages::Stage;
 use evpleg_pleg::{Pleg, PlegMode};
 use serde::{Deserialize, Serialize};
@@ -388,6 +389,8 @@ struct Counters {
     rescans: u64,
     discarded: u64,
     relists: u64,
+    /// Full relists by cause (`FullRelistCause`).
+    relist_causes: [u64; FullRelistCause::ALL.len()],
     pod_relists: u64,
     /// The kernel path's: events sent, the tracker's hints (uncertain deaths,
     /// cgroups gone first), mains corrected, deaths contradicted, containers
@@ -398,6 +401,8 @@ struct Counters {
     contradicted: u64,
     demoted: u64,
     handoffs: u64,
+    /// Times the reader spent its real-time budget.
+    throttled: u64,
     /// Relists the kernel path asked for, by reason (each is a full relist,
     /// whose view of every pod the reader applies).
     relist_asks: [u64; RelistReason::ALL.len()],
@@ -408,7 +413,7 @@ impl Counters {
         format!(
             "meanwhile: merge deferred {}, hints {}, discarded {}; kernel unattributed {}, \
              rescans {}, discarded {}, events {}, hints {}, corrected {}, contradicted {}, \
-             demoted {}, handed off {}; full relists {}{}, pod relists {}",
+             demoted {}, handed off {}, reader throttled {}; full relists {}{}{}, pod relists {}",
             self.deferred - before.deferred,
             self.hints - before.hints,
             self.merge_discarded - before.merge_discarded,
@@ -421,27 +426,49 @@ impl Counters {
             self.contradicted - before.contradicted,
             self.demoted - before.demoted,
             self.handoffs - before.handoffs,
+            self.throttled - before.throttled,
             self.relists - before.relists,
+            by_cause(&self.relist_causes, &before.relist_causes),
             asked(&self.relist_asks, &before.relist_asks),
             self.pod_relists - before.pod_relists
         )
     }
 }
 
-/// The kernel path's relist requests between two readings, by reason
-/// (` (asked: <reason> n, ...)`; empty for none).
-fn asked(now: &[u64], before: &[u64]) -> String {
-    let asks: Vec<String> = RelistReason::ALL
+/// Counts that grew between two readings, by name (` (<prefix><name> n,
+/// ...)`; empty for none).
+fn grown(names: &[&str], now: &[u64], before: &[u64], prefix: &str) -> String {
+    let grown: Vec<String> = names
         .iter()
         .zip(now.iter().zip(before))
         .filter(|(_, (n, b))| n > b)
-        .map(|(r, (n, b))| format!("{} {}", r.as_str(), n - b))
+        .map(|(name, (n, b))| format!("{name} {}", n - b))
         .collect();
-    if asks.is_empty() {
+    if grown.is_empty() {
         String::new()
     } else {
-        format!(" (asked: {})", asks.join(", "))
+        format!(" ({prefix}{})", grown.join(", "))
     }
+}
+
+/// Full relists started between two readings, by cause.
+fn by_cause(now: &[u64], before: &[u64]) -> String {
+    grown(
+        &FullRelistCause::ALL.map(FullRelistCause::as_str),
+        now,
+        before,
+        "",
+    )
+}
+
+/// The kernel path's relist requests between two readings, by reason.
+fn asked(now: &[u64], before: &[u64]) -> String {
+    grown(
+        &RelistReason::ALL.map(RelistReason::as_str),
+        now,
+        before,
+        "asked: ",
+    )
 }
 
 /// What runs the deaths: the whole PLEG, or the kernel path alone.
@@ -470,6 +497,9 @@ impl Under {
                     c.merge_discarded = m.discarded.load(Ordering::Relaxed);
                 }
                 c.relists = p.relist_stats.relists.load(Ordering::Relaxed);
+                for (n, a) in c.relist_causes.iter_mut().zip(&p.relist_stats.by_cause) {
+                    *n = a.load(Ordering::Relaxed);
+                }
                 c.pod_relists = p.relist_stats.pod_relists.load(Ordering::Relaxed);
                 p.kernel.as_ref().map(|k| k.stats().clone())
             }
@@ -485,6 +515,7 @@ impl Under {
             c.contradicted = k.contradicted.load(Ordering::Relaxed);
             c.demoted = k.demoted.load(Ordering::Relaxed);
             c.handoffs = k.handoffs.load(Ordering::Relaxed);
+            c.throttled = k.rt_throttled.load(Ordering::Relaxed);
             for r in RelistReason::ALL {
                 c.relist_asks[r as usize] = k.relist_requests.get(r);
             }
@@ -541,13 +572,13 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Durat
         }
     }
     let listing = started.elapsed();
-    // Then past the requested full relist and its loss follow-ups (one for
-    // each of `relist::LOSS_FOLLOW_UPS`, the last 5.5 s after the request;
-    // a fixed wait of 3 s let the last ones into the kill window), and until
-    // no relist has run for a second, so that the kill window starts on an
-    // idle relist task.
-    let follow_ups = evpleg_pleg::relist::LOSS_FOLLOW_UPS.len() as u64;
-    while full_relists() < full_before + 1 + follow_ups {
+    // Then past the requested full relist and its loss follow-ups (the last
+    // 5.5 s after the latest request: another request meanwhile, from the
+    // kernel path or the merge, starts them again; a count of them let the
+    // last ones into the kill window), and until no relist has run for a
+    // second, so that the kill window starts on an idle relist task.
+    let stats = &pleg.relist_stats;
+    while full_relists() == full_before || stats.follow_ups_due.load(Ordering::Relaxed) > 0 {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the relist's loss follow-ups did not all run"

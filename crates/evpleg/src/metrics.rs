@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use evpleg_pleg::Pleg;
 use evpleg_pleg::kernel::KernelStats;
 use evpleg_pleg::merge::MergeStats;
-use evpleg_pleg::relist::RelistStats;
+use evpleg_pleg::relist::{FullRelistCause, RelistStats};
 
 /// The agent's registry.
 #[derive(Debug)]
@@ -276,6 +276,19 @@ impl Collector for PlegCollector {
                 "Full relists done",
                 load(&r.relists),
             )?;
+            {
+                let mut family = encoder.encode_descriptor(
+                    "pleg_relists_by_cause",
+                    "Full relists started, by cause (period, requested, follow-up of a loss, retry)",
+                    None,
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for cause in FullRelistCause::ALL {
+                    let labels = [("cause", cause.as_str())];
+                    ConstCounter::new(load(&r.by_cause[cause as usize]))
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
             counter(
                 &mut encoder,
                 "pleg_pod_relists",

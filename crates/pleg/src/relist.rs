@@ -264,6 +264,33 @@ impl KernelReports {
     }
 }
 
+/// Why a full relist ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullRelistCause {
+    /// Its period passed (the kubelet's only cause).
+    Period,
+    /// Something asked for it: a loss on the kernel path, a CRI event stream
+    /// that failed, a kernel event that named no pod.
+    Requested,
+    /// One of [`LOSS_FOLLOW_UPS`] after a request.
+    FollowUp,
+    /// The last one failed to list the runtime.
+    Retry,
+}
+
+impl FullRelistCause {
+    pub const ALL: [Self; 4] = [Self::Period, Self::Requested, Self::FollowUp, Self::Retry];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Period => "period",
+            Self::Requested => "requested",
+            Self::FollowUp => "follow-up",
+            Self::Retry => "retry",
+        }
+    }
+}
+
 /// Counters and health of the relist PLEG (Prometheus names in `metrics`).
 #[derive(Debug)]
 pub struct RelistStats {
@@ -274,6 +301,10 @@ pub struct RelistStats {
     /// Monotonic ns of the start of the last successful full relist (0: none yet).
     pub last_relist_ns: AtomicU64,
     pub relists: AtomicU64,
+    /// Full relists started, by [`FullRelistCause`] (failed ones included).
+    pub by_cause: [AtomicU64; FullRelistCause::ALL.len()],
+    /// Loss follow-ups still to run (the last request's).
+    pub follow_ups_due: AtomicU64,
     pub pod_relists: AtomicU64,
     /// On-demand requests a full relist that began after them had served.
     pub pod_relists_skipped: AtomicU64,
@@ -302,6 +333,8 @@ impl Default for RelistStats {
             interval_seconds: buckets(),
             last_relist_ns: AtomicU64::new(0),
             relists: AtomicU64::new(0),
+            by_cause: Default::default(),
+            follow_ups_due: AtomicU64::new(0),
             pod_relists: AtomicU64::new(0),
             pod_relists_skipped: AtomicU64::new(0),
             failed_relists: AtomicU64::new(0),
@@ -1367,22 +1400,22 @@ impl<R: PodRuntime> RelistPleg<R> {
         loop {
             let next_recheck = self.recheck.values().map(|r| r.due).min();
             let next_follow_up = follow_ups.iter().min().copied();
-            let mut why = "";
+            let mut why = FullRelistCause::Period;
             let full = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = signal.requested() => {
                     let now = Instant::now();
                     follow_ups = LOSS_FOLLOW_UPS.iter().map(|d| now + *d).collect();
-                    why = "requested";
+                    why = FullRelistCause::Requested;
                     true
                 }
-                _ = tick.tick() => { why = "period"; true }
-                () = sleep_until_opt(retry_full) => { why = "retry"; true }
+                _ = tick.tick() => true,
+                () = sleep_until_opt(retry_full) => { why = FullRelistCause::Retry; true }
                 () = sleep_until_opt(next_follow_up) => {
                     let now = Instant::now();
                     follow_ups.retain(|t| *t > now);
-                    why = "follow-up of a loss";
+                    why = FullRelistCause::FollowUp;
                     true
                 }
                 changed = period.changed(), if period_open => {
@@ -1404,12 +1437,16 @@ impl<R: PodRuntime> RelistPleg<R> {
                 () = sleep_until_opt(next_recheck) => { self.run_rechecks().await; false }
             };
             if full {
-                debug!(why, "full relist");
+                debug!(why = why.as_str(), "full relist");
+                self.stats.by_cause[why as usize].fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .follow_ups_due
+                    .store(follow_ups.len() as u64, Ordering::Relaxed);
                 retry_full = match self.relist().await {
                     Ok(()) => None,
                     Err(_) => Some(Instant::now() + GENERIC_PERIOD.min(current)),
                 };
-                if why == "period" {
+                if why == FullRelistCause::Period {
                     // The kubelet's `wait.Until`: the next periodic relist is
                     // a whole period after this one *ended*, not on a
                     // fixed-rate tick (a slow relist does not shorten the

@@ -21,6 +21,7 @@ pub mod roots;
 pub mod rt_budget;
 pub mod scan;
 pub mod tracker;
+pub mod walker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -172,6 +173,8 @@ pub struct KernelPleg {
     thread: Option<JoinHandle<()>>,
     /// The normal-priority helper ([`offload`]): stopped after the reader.
     helper: Option<JoinHandle<()>>,
+    /// The walker ([`walker`]): stops when the reader does.
+    walker: Option<JoinHandle<()>>,
     helper_stop: Arc<AtomicBool>,
     helper_wake: Arc<reader::Wake>,
     stats: Arc<KernelStats>,
@@ -232,7 +235,7 @@ impl KernelPleg {
         let ticks = procfs::ticks_per_second();
         let mut tracker = tracker::Tracker::new(ticks);
         let scanner = scan::Scanner {
-            cgroup2_mount,
+            cgroup2_mount: cgroup2_mount.clone(),
             roots: config.roots.clone(),
         };
         let report = scanner.scan_into(&mut tracker, None, monotonic_ns())?;
@@ -274,13 +277,31 @@ impl KernelPleg {
             .name("evpleg-pleg-aux".into())
             .spawn(move || helper.run())
             .map_err(KernelPlegError::Spawn)?;
+        let stop_helper = || {
+            helper_stop.store(true, Ordering::Release);
+            helper_wake.wake();
+        };
+        let (walker, walker_thread) = match walker::spawn(
+            cgroup2_mount,
+            config.roots.clone(),
+            commands.clone(),
+            wake.clone(),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                stop_helper();
+                return Err(KernelPlegError::Spawn(e));
+            }
+        };
         let reader = reader::Reader {
             loaded,
             tracker,
             scanner,
             roots,
             rescans: rescan::RescanPolicy::default(),
-            awaiting_rescan: Vec::new(),
+            awaiting_rescan: Default::default(),
+            walker,
+            walking: false,
             events,
             relist: RelistRequests::new(relist, stats.relist_requests.clone()),
             stats: stats.clone(),
@@ -300,8 +321,8 @@ impl KernelPleg {
         {
             Ok(t) => t,
             Err(e) => {
-                helper_stop.store(true, Ordering::Release);
-                helper_wake.wake();
+                // The reader (and with it the walker's requests) is dropped.
+                stop_helper();
                 return Err(KernelPlegError::Spawn(e));
             }
         };
@@ -309,6 +330,7 @@ impl KernelPleg {
             stop,
             thread: Some(thread),
             helper: Some(helper),
+            walker: Some(walker_thread),
             helper_stop,
             helper_wake,
             stats,
@@ -409,6 +431,9 @@ impl KernelPleg {
         self.helper_wake.wake();
         if let Some(helper) = self.helper.take() {
             let _ = helper.join();
+        }
+        if let Some(walker) = self.walker.take() {
+            let _ = walker.join();
         }
     }
 }

@@ -12,6 +12,7 @@
 //! silently: a [`StopGuard`] marks the kernel path degraded on any stop that was
 //! not asked for.
 
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, mpsc as std_mpsc};
@@ -33,11 +34,12 @@ use super::roots::{FilterChange, RootFilterUpdates};
 use super::rt_budget::{CHECK_EVERY, RtBudget, RtBudgetConfig, Switch};
 use super::scan::Scanner;
 use super::tracker::{Handled, Output, ReconcileOutcome, Tracker};
+use super::walker::{Refused, Walk, WalkRequests};
 use crate::merge::KernelMerge;
 use crate::stages;
 use crate::stages::Stage;
 use evpleg_core::clock::{monotonic_ns, thread_cpu_ns};
-use evpleg_core::ids::ContainerId;
+use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
 
 /// How soon after a record the kernel's counters are read (a drop is seen
@@ -210,6 +212,8 @@ pub enum Command {
     AddSandbox(ContainerId),
     /// The runtime's view after a relist, its pids resolved against `/proc`.
     Reconcile(Reconciliation),
+    /// A walk of the tree the reader asked the walker for ([`super::walker`]).
+    Walked(Walk),
     /// Makes the reader stop as if it had failed (tests of the degradation).
     FailForTest,
 }
@@ -223,7 +227,11 @@ pub(super) struct Reader {
     pub rescans: RescanPolicy,
     /// Views that listed a running container the tracker does not know, waiting
     /// for the next rescan to be applied again (one per scope: the newest).
-    pub awaiting_rescan: Vec<Reconciliation>,
+    pub awaiting_rescan: HashMap<Option<PodUid>, Reconciliation>,
+    /// Asks the walker thread for the rescans of waiting views.
+    pub walker: WalkRequests,
+    /// A walk was asked for and has not reported.
+    pub walking: bool,
     pub events: Sink,
     pub relist: RelistRequests,
     pub stats: Arc<KernelStats>,
@@ -451,6 +459,7 @@ impl Reader {
                 timeout = timeout.min(until);
             }
             if !self.awaiting_rescan.is_empty()
+                && !self.walking
                 && let Some(next) = self.rescans.next_ns()
             {
                 let until = Duration::from_nanos(next.saturating_sub(monotonic_ns()));
@@ -541,6 +550,7 @@ impl Reader {
             match cmd {
                 Command::AddSandbox(id) => self.tracker.add_sandbox(id),
                 Command::Reconcile(r) => self.reconcile(r),
+                Command::Walked(walk) => self.walked(walk),
                 Command::FailForTest => return Err("failed by a test hook".into()),
             }
         }
@@ -608,28 +618,69 @@ impl Reader {
         }
     }
 
-    /// Rescans the cgroup tree, then applies again the views that waited for a
-    /// rescan.
+    /// Rescans the cgroup tree on this thread (a task record waits for it),
+    /// then applies again the views that waited for a rescan.
     fn rescan(&mut self, pending: Option<super::event::ProcessKey>) {
         self.stats.rescans.fetch_add(1, Ordering::Relaxed);
         let at = monotonic_ns();
         match self.scanner.scan_into(&mut self.tracker, pending, at) {
-            Ok(report) => {
-                if report.exited_unseen > 0 {
-                    self.relist.request(RelistReason::ExitedUnseen);
-                }
-                let changes = self.roots.on_scan(&report.roots);
-                self.change_filter(changes);
-                for (cgroup_id, _) in report.malformed {
-                    self.offload.log(LogLine::NotAttributed { cgroup_id });
-                }
-            }
+            Ok(report) => self.scanned(report),
             Err(e) => self.offload.log(LogLine::rescan_failed(&e)),
         }
         self.rescans.ran(at, monotonic_ns());
-        for r in std::mem::take(&mut self.awaiting_rescan) {
-            let outcome = self.tracker.reconcile(&r, true);
-            self.reconciled(&r, &outcome);
+        self.reapply_waiting(at);
+    }
+
+    /// Learns from what the walker found the cgroups of the running
+    /// containers the waiting views list, then applies those views again
+    /// (those listed before the walk began are told it ran). Other cgroups
+    /// the tracker does not know are left to their records: the walk is
+    /// older than the records still unread.
+    fn walked(&mut self, walk: Walk) {
+        self.walking = false;
+        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
+        match &walk.cgroups {
+            Ok(cgroups) => {
+                let wanted: HashSet<&ContainerId> = (self.awaiting_rescan.values())
+                    .flat_map(|r| r.view.containers.iter())
+                    .filter(|c| c.running)
+                    .map(|c| &c.id)
+                    .collect();
+                let now = monotonic_ns();
+                let report =
+                    (self.scanner).learn(&mut self.tracker, cgroups, None, Some(&wanted), now);
+                self.scanned(report);
+            }
+            Err(e) => self.offload.log(LogLine::rescan_failed(e)),
+        }
+        self.rescans.ran(walk.started_ns, walk.ended_ns);
+        self.reapply_waiting(walk.started_ns);
+    }
+
+    /// What a rescan found beyond the cgroups learned: roots for the kernel
+    /// filter, exits that were never read, malformed paths.
+    fn scanned(&mut self, report: super::scan::ScanReport) {
+        if report.exited_unseen > 0 {
+            self.relist.request(RelistReason::ExitedUnseen);
+        }
+        let changes = self.roots.on_scan(&report.roots);
+        self.change_filter(changes);
+        for (cgroup_id, _) in report.malformed {
+            self.offload.log(LogLine::NotAttributed { cgroup_id });
+        }
+    }
+
+    /// Applies again the views waiting for a rescan. Those listed before the
+    /// rescan began (at `scanned_at_ns`) are told it ran: what it did not
+    /// find stays not found. A later one still waits if it asks for another.
+    fn reapply_waiting(&mut self, scanned_at_ns: u64) {
+        for (scope, r) in std::mem::take(&mut self.awaiting_rescan) {
+            let after_rescan = r.view.listed_at_ns <= scanned_at_ns;
+            let outcome = self.tracker.reconcile(&r, after_rescan);
+            self.reconciled(&outcome);
+            if outcome.rescan_due {
+                self.awaiting_rescan.insert(scope, r);
+            }
         }
     }
 
@@ -657,28 +708,32 @@ impl Reader {
         !opened.is_empty()
     }
 
-    /// Rescans for the views waiting for one, once the policy allows it.
+    /// Asks the walker for a rescan for the views waiting for one, once the
+    /// policy allows it and no walk is under way (rescans on this thread if
+    /// the walker is gone).
     fn rescan_for_reconciles(&mut self) {
-        if !self.awaiting_rescan.is_empty() && self.rescans.allows(monotonic_ns()) {
-            self.rescan(None);
+        if self.awaiting_rescan.is_empty() || self.walking || !self.rescans.allows(monotonic_ns()) {
+            return;
+        }
+        match self.walker.request() {
+            Ok(()) | Err(Refused::Pending) => self.walking = true,
+            Err(Refused::Gone) => self.rescan(None),
         }
     }
 
     /// Applies a relist's view. One that lists a running container the tracker
-    /// does not know is applied again after the next rescan (at once if the
-    /// rescan policy allows one now).
+    /// does not know is applied again after the next rescan (asked for at
+    /// once if the rescan policy allows one now).
     fn reconcile(&mut self, r: Reconciliation) {
         let outcome = self.tracker.reconcile(&r, false);
-        self.reconciled(&r, &outcome);
+        self.reconciled(&outcome);
         if outcome.rescan_due {
-            self.awaiting_rescan
-                .retain(|w| w.view.scope != r.view.scope);
-            self.awaiting_rescan.push(r);
+            self.awaiting_rescan.insert(r.view.scope.clone(), r);
             self.rescan_for_reconciles();
         }
     }
 
-    fn reconciled(&mut self, _r: &Reconciliation, outcome: &ReconcileOutcome) {
+    fn reconciled(&mut self, outcome: &ReconcileOutcome) {
         for id in &outcome.unfound {
             self.offload.log(LogLine::Unfound(id.clone()));
         }

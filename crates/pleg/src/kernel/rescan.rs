@@ -4,12 +4,13 @@
 //! know (its mkdir was lost or its path truncated), a cgroup created below a root
 //! the kernel filter does not hold (the root's mkdir was lost), and a reconcile
 //! whose view lists a running container the tracker does not know. A rescan walks
-//! the whole tree below the roots, reading every container's `cgroup.procs`: tens
-//! of milliseconds at a thousand containers, on the real-time reader thread, where
-//! no record is read meanwhile. So all three are rate-limited alike: the next
-//! rescan waits at least [`RESCAN_MIN_INTERVAL`] and at least [`RESCAN_SPACING`]
-//! times as long as the last one took, so that rescans take at most a tenth of
-//! the reader's time whatever the tree's size.
+//! the whole tree below the roots: tens of milliseconds at a thousand cgroups,
+//! about a second at 21 000. The first two run on the real-time reader thread,
+//! where no record is read meanwhile (the record is handled again with what
+//! was found); the third on the walker thread ([`super::walker`]). All three are
+//! rate-limited alike: the next rescan waits at least [`RESCAN_MIN_INTERVAL`]
+//! and at least [`RESCAN_SPACING`] times as long as the last one took, so that
+//! rescans take at most a tenth of a core whatever the tree's size.
 //!
 //! A record refused a rescan is a loss like any other (a relist is requested); a
 //! reconcile refused one waits for the next rescan ([`super::reader`] keeps its

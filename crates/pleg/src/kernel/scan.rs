@@ -10,15 +10,17 @@
 //! are reported, so that a root whose mkdir was missed reaches the kernel filter.
 //! cgroup v1 hierarchies are not scanned (`docs/pleg.md` clause 9).
 
+use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::event::ProcessKey;
-use super::index::{ScanError, scan};
+use super::index::{ScanError, ScannedCgroup, scan};
 use super::loader::level_of;
 use super::roots::FoundRoot;
 use super::tracker::{ProcInfo, Tracker, is_runtime_init};
 use evpleg_core::cgroup_path::{CgroupClass, CgroupPathError, classify};
+use evpleg_core::ids::ContainerId;
 
 /// Scans the cgroup2 hierarchy below the roots.
 #[derive(Clone, Debug)]
@@ -51,28 +53,54 @@ impl Scanner {
         pending: Option<ProcessKey>,
         now_ns: u64,
     ) -> Result<ScanReport, ScanError> {
+        let cgroups = scan(&self.cgroup2_mount, &self.roots)?;
+        Ok(self.learn(tracker, &cgroups, pending, None, now_ns))
+    }
+
+    /// Teaches `tracker` what a walk of the tree found and it does not know
+    /// yet, at `now_ns`: every such cgroup, or with `only` the cgroups of
+    /// those containers. The walk may be older than the tracker's records
+    /// ([`super::walker`]): a cgroup whose directory is gone since is
+    /// skipped (its rmdir record is, or will be, read), and `only` keeps it
+    /// from learning cgroups whose records are still unread (a container
+    /// learned from the tree and not from its exec is never `Fresh`).
+    pub fn learn(
+        &self,
+        tracker: &mut Tracker,
+        cgroups: &[ScannedCgroup],
+        pending: Option<ProcessKey>,
+        only: Option<&HashSet<&ContainerId>>,
+        now_ns: u64,
+    ) -> ScanReport {
         let mut report = ScanReport::default();
-        for cgroup in scan(&self.cgroup2_mount, &self.roots)? {
-            if self
+        for cgroup in cgroups {
+            let known = tracker.index().get(cgroup.cgroup_id).is_some()
+                || tracker.index().is_ignored(cgroup.cgroup_id);
+            let root = self
                 .roots
                 .iter()
-                .any(|r| r.trim_end_matches('/') == cgroup.path)
-            {
+                .any(|r| r.trim_end_matches('/') == cgroup.path);
+            // A stat only for what may be learned: the known are most.
+            if (known && !root) || !cgroup.dir.exists() {
+                continue;
+            }
+            if root {
                 report.roots.push(FoundRoot {
                     level: level_of(&cgroup.path),
                     path: cgroup.path.clone(),
                     cgroup_id: cgroup.cgroup_id,
                 });
             }
-            if tracker.index().get(cgroup.cgroup_id).is_some()
-                || tracker.index().is_ignored(cgroup.cgroup_id)
+            if known {
+                continue;
+            }
+            let class = classify(&cgroup.path);
+            if let Some(only) = only
+                && !matches!(&class, Ok(CgroupClass::Container { id, .. }) if only.contains(id))
             {
                 continue;
             }
-            let container = matches!(
-                classify(&cgroup.path),
-                Ok(CgroupClass::Container { nested: false, .. })
-            );
+            let container = matches!(class, Ok(CgroupClass::Container { nested: false, .. }));
             let procs = if container {
                 processes_below(&cgroup.dir)
             } else {
@@ -94,7 +122,7 @@ impl Scanner {
                 Err(e) => report.malformed.push((cgroup.cgroup_id, e)),
             }
         }
-        Ok(report)
+        report
     }
 }
 

@@ -844,6 +844,60 @@ async fn run_relists_on_its_period_and_on_request() {
         .unwrap();
 }
 
+/// Each full relist is counted by what started it, and the loss follow-ups
+/// still due are published (the benchmark waits for them to run out): a
+/// request starts all of [`LOSS_FOLLOW_UPS`] again, and a relist that could
+/// not list the runtime is retried.
+#[tokio::test(start_paused = true)]
+async fn full_relists_are_counted_by_cause() {
+    use FullRelistCause::*;
+    let f = fixture(100);
+    f.runtime.set(vec![entry(1, 1, PlegState::Running)]);
+    let runtime = f.runtime.clone();
+    let stats = f.pleg.stats();
+    let signal = Arc::new(RelistSignal::new());
+    let queue = Arc::new(PodRelistQueue::new(Arc::new(f.clock.clone())));
+    let (_period_tx, period_rx) = watch::channel(Duration::from_secs(300));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        f.pleg
+            .run(period_rx, signal.clone(), queue.clone(), shutdown.clone()),
+    );
+    let cause = |c: FullRelistCause| stats.by_cause[c as usize].load(Ordering::Relaxed);
+    let due = || stats.follow_ups_due.load(Ordering::Relaxed);
+    let all = LOSS_FOLLOW_UPS.len() as u64;
+    wait_for(|| cause(Period) == 1).await;
+    signal.request("test");
+    wait_for(|| cause(Requested) == 1).await;
+    assert_eq!(due(), all);
+    wait_for(|| cause(FollowUp) == 1).await;
+    assert_eq!(due(), all - 1);
+    // A second request starts the follow-ups again: all of them run after it.
+    signal.request("test again");
+    wait_for(|| cause(Requested) == 2).await;
+    assert_eq!(due(), all);
+    wait_for(|| due() == 0).await;
+    assert_eq!(cause(FollowUp), 1 + all);
+    // A listing that fails is retried (within the 1 s fallback period) until
+    // one succeeds; the retries are no follow-ups.
+    *runtime.fail_list.lock().unwrap() = true;
+    signal.request("test: failing");
+    wait_for(|| cause(Retry) >= 2).await;
+    *runtime.fail_list.lock().unwrap() = false;
+    let relists = stats.relists.load(Ordering::Relaxed);
+    wait_for(|| stats.relists.load(Ordering::Relaxed) > relists).await;
+    assert_eq!(
+        (cause(Period), cause(Requested)),
+        (1, 3),
+        "nothing else started a full relist"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// The kubelet's `wait.Until`: the next periodic relist comes a whole
 /// period after the last one *ended*. A relist that takes 600 ms of a 1 s
 /// period is followed by the next 1 s after its end (at 2.6 s), not on a
