@@ -1,8 +1,8 @@
 //! The scale workload (issue #11): container-like cgroups
 //! (`/kubepods/besteffort/pod<uid>/<64-hex id>`) each holding one plain
 //! process (`sleep`, joined to the cgroup before its exec, as a runtime's init
-//! does), no container runtime; an in-process fake CRI server
-//! ([`crate::fake_cri`]) lists them as pods. The PLEG runs in `ebpf` mode over
+//! does), beside an empty cgroup for the pod's sandbox, no container runtime;
+//! an in-process fake CRI server ([`crate::fake_cri`]) lists them as pods. The PLEG runs in `ebpf` mode over
 //! that fake (reader, merge, relist); at each rate, a set of victims of their
 //! own (as many cgroups as the rate held for the phase's seconds, up to
 //! [`VICTIMS_MAX`]) is killed at that rate beside the idle cgroups, and each
@@ -177,13 +177,35 @@ pub struct ScalePod {
     /// life, so that listing the pods again changes none of them.
     sandbox_id: String,
     pod_dir: PathBuf,
+    /// The sandbox's cgroup, empty (on a node the pause container runs
+    /// there; a ready sandbox without a cgroup would be a container the
+    /// kernel path looks for in the tree).
+    sandbox_dir: PathBuf,
     dir: PathBuf,
     pub pid: i32,
     pub alive: bool,
 }
 
+/// Victims made (and listed by the fake) at a time.
+const VICTIM_CHUNK: usize = 1000;
+
 impl Cgroups {
-    /// Makes `n` pod and container cgroups and starts a process in each.
+    /// None yet ([`Cgroups::absorb`] adds).
+    fn empty() -> Self {
+        Self {
+            parents: Vec::new(),
+            pods: Vec::new(),
+        }
+    }
+
+    /// Takes over `other`'s cgroups (removed with these).
+    fn absorb(&mut self, mut other: Cgroups) {
+        self.pods.append(&mut other.pods);
+        self.parents.append(&mut other.parents);
+    }
+
+    /// Makes `n` pod, sandbox and container cgroups and starts a process in
+    /// each container cgroup.
     pub fn create(n: usize) -> Result<Self> {
         let root = evpleg_tests::cgroups::cgroup2();
         let mut this = Self {
@@ -201,20 +223,25 @@ impl Cgroups {
         for _ in 0..n {
             let uid = evpleg_tests::pod_uid();
             let id = evpleg_tests::container_id();
+            let sandbox_id = evpleg_tests::container_id();
             let pod_dir = dir.join(format!("pod{uid}"));
             let cdir = pod_dir.join(&id);
+            let sandbox_dir = pod_dir.join(&sandbox_id);
             std::fs::create_dir(&pod_dir)
                 .with_context(|| format!("mkdir {}", pod_dir.display()))?;
             this.pods.push(ScalePod {
                 uid,
                 id,
-                sandbox_id: evpleg_tests::container_id(),
+                sandbox_id,
                 pod_dir,
+                sandbox_dir: sandbox_dir.clone(),
                 dir: cdir.clone(),
                 pid: 0,
                 alive: false,
             });
-            std::fs::create_dir(&cdir).with_context(|| format!("mkdir {}", cdir.display()))?;
+            for d in [&sandbox_dir, &cdir] {
+                std::fs::create_dir(d).with_context(|| format!("mkdir {}", d.display()))?;
+            }
         }
         this.spawn()?;
         Ok(this)
@@ -304,7 +331,7 @@ impl Drop for Cgroups {
             }
         }
         for p in &self.pods {
-            for d in [&p.dir, &p.pod_dir] {
+            for d in [&p.dir, &p.sandbox_dir, &p.pod_dir] {
                 let deadline = Instant::now() + Duration::from_secs(2);
                 while std::fs::remove_dir(d).is_err() && d.exists() && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));
@@ -754,19 +781,33 @@ pub async fn run(
             // The phase's victims, beside the idle cgroups (which stay alive:
             // the kernel path keeps knowing all of them).
             let count = victims_for(rate, secs);
+            let setup0 = under.counters();
             let made = Instant::now();
-            let mut victims = Cgroups::create(count)?;
+            // Made a chunk at a time, each listed by the fake as soon as it
+            // exists, as a runtime lists a container from before its cgroup
+            // is made: made all at once (20 000 took 20 s), the first were
+            // more than the kernel path's prune grace (10 s) old when the
+            // fake first listed them, and a full view listed meanwhile
+            // forgot them.
+            let mut victims = Cgroups::empty();
+            while victims.pods.len() < count {
+                let k = VICTIM_CHUNK.min(count - victims.pods.len());
+                victims.absorb(Cgroups::create(k)?);
+                if full {
+                    let mut pods = cg.fake_pods();
+                    pods.extend(victims.fake_pods());
+                    fake.pods.set(pods);
+                }
+            }
             crate::progress(&format!(
                 "  {count} victims for {rate:.0}/s made in {:.1} s",
                 made.elapsed().as_secs_f64()
             ));
             let offset = cg.pods.len();
             if let Under::Pleg(pleg) = &under {
-                let mut pods = cg.fake_pods();
-                pods.extend(victims.fake_pods());
-                fake.pods.set(pods);
                 wait_listed(pleg, &victims, Duration::from_secs(300)).await?;
             }
+            crate::progress(&format!("    set-up {}", under.counters().since(&setup0)));
             let which: Vec<usize> = (0..count).collect();
             // Events of the set-up (the victims' starts) are not this
             // window's: a full channel would discard the window's deaths.
