@@ -407,7 +407,7 @@ pub fn cpu_pct(cpu_s: f64, window_s: f64) -> f64 {
 
 /// Counters of the PLEG (see [`Under::counters`]), for the progress line
 /// of a phase whose deaths were not all delivered in time.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Counters {
     deferred: u64,
     hints: u64,
@@ -430,6 +430,8 @@ struct Counters {
     handoffs: u64,
     /// Times the reader spent its real-time budget.
     throttled: u64,
+    /// Views the reader applied, by duration (the histogram's buckets).
+    reconciles: Vec<(f64, u64)>,
     /// Relists the kernel path asked for, by reason (each is a full relist,
     /// whose view of every pod the reader applies).
     relist_asks: [u64; RelistReason::ALL.len()],
@@ -440,7 +442,7 @@ impl Counters {
         format!(
             "meanwhile: merge deferred {}, hints {}, discarded {}; kernel unattributed {}, \
              rescans {}, discarded {}, events {}, hints {}, corrected {}, contradicted {}, \
-             demoted {}, handed off {}, reader throttled {}; full relists {}{}{}, pod relists {}",
+             demoted {}, handed off {}, reader throttled {}, views applied {}; full relists {}{}{}, pod relists {}",
             self.deferred - before.deferred,
             self.hints - before.hints,
             self.merge_discarded - before.merge_discarded,
@@ -454,6 +456,7 @@ impl Counters {
             self.demoted - before.demoted,
             self.handoffs - before.handoffs,
             self.throttled - before.throttled,
+            views_since(&self.reconciles, &before.reconciles),
             self.relists - before.relists,
             by_cause(&self.relist_causes, &before.relist_causes),
             asked(&self.relist_asks, &before.relist_asks),
@@ -475,6 +478,24 @@ fn grown(names: &[&str], now: &[u64], before: &[u64], prefix: &str) -> String {
         String::new()
     } else {
         format!(" ({prefix}{})", grown.join(", "))
+    }
+}
+
+/// Views applied between two readings of the reconcile histogram: how many,
+/// and the bound of the slowest one's bucket (`n (longest <= x ms)`).
+fn views_since(now: &[(f64, u64)], before: &[(f64, u64)]) -> String {
+    let grown: Vec<(f64, u64)> = now
+        .iter()
+        .enumerate()
+        .map(|(i, (bound, n))| (*bound, n - before.get(i).map_or(0, |b| b.1)))
+        .collect();
+    let n: u64 = grown.iter().map(|(_, n)| n).sum();
+    match grown.iter().rev().find(|(_, n)| *n > 0) {
+        Some((bound, _)) if *bound < f64::MAX => {
+            format!("{n} (longest <= {:.3} ms)", bound * 1e3)
+        }
+        Some(_) => format!("{n} (longest above the last bound)"),
+        None => "0".into(),
     }
 }
 
@@ -543,6 +564,7 @@ impl Under {
             c.demoted = k.demoted.load(Ordering::Relaxed);
             c.handoffs = k.handoffs.load(Ordering::Relaxed);
             c.throttled = k.rt_throttled.load(Ordering::Relaxed);
+            c.reconciles = k.reconcile_seconds.snapshot();
             for r in RelistReason::ALL {
                 c.relist_asks[r as usize] = k.relist_requests.get(r);
             }
@@ -1027,6 +1049,32 @@ mod tests {
         ];
         for (rate, secs, want) in table {
             assert_eq!(victims_for(rate, secs), want, "{rate}/s for {secs} s");
+        }
+    }
+
+    /// The progress line's counts that grew, and the slowest view's bucket.
+    #[test]
+    fn progress_counts_name_what_grew() {
+        let names = ["a", "b", "c"];
+        assert_eq!(
+            grown(&names, &[1, 5, 2], &[1, 3, 0], "asked: "),
+            " (asked: b 2, c 2)"
+        );
+        assert_eq!(grown(&names, &[1, 5, 2], &[1, 5, 2], ""), "");
+        let before = [(0.001, 4), (0.002, 1), (f64::MAX, 0)];
+        let rows: [([(f64, u64); 3], &str); 3] = [
+            (before, "0"),
+            (
+                [(0.001, 9), (0.002, 2), (f64::MAX, 0)],
+                "6 (longest <= 2.000 ms)",
+            ),
+            (
+                [(0.001, 4), (0.002, 1), (f64::MAX, 1)],
+                "1 (longest above the last bound)",
+            ),
+        ];
+        for (now, want) in rows {
+            assert_eq!(views_since(&now, &before), want);
         }
     }
 

@@ -479,6 +479,11 @@ impl Metrics {
                 "Delay from the kernel's timestamp of an event to its receipt by the reader",
                 k.latency_seconds.clone(),
             );
+            registry.register(
+                "pleg_kernel_reconcile_duration_seconds",
+                "Time the ring-buffer reader took to apply a relist's view (no record is read meanwhile)",
+                k.reconcile_seconds.clone(),
+            );
         }
         if let Some(p) = pleg {
             registry.register(

@@ -75,7 +75,7 @@ impl AtomicHistogram {
 
     /// `(upper bound in seconds, count in that bucket)`, +Inf last (as
     /// `f64::MAX`, which the encoder writes `+Inf`).
-    fn snapshot(&self) -> Vec<(f64, u64)> {
+    pub fn snapshot(&self) -> Vec<(f64, u64)> {
         let bounds = self.0.bounds_ns.iter().map(|b| *b as f64 / 1e9);
         bounds
             .chain(std::iter::once(f64::MAX))

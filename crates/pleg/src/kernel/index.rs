@@ -8,7 +8,7 @@
 //! when it was learned, so that a reconcile with the runtime can forget what the
 //! runtime no longer lists without forgetting what was learned since.
 
-use std::collections::{HashMap, HashSet};
+use super::{FastMap as HashMap, FastSet as HashSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -127,16 +127,21 @@ impl ContainerIndex {
         self.entries.get(&cgroup_id)
     }
 
-    /// Keeps the entries for which `keep` holds; returns how many were removed.
+    /// Keeps the entries for which `keep` holds; returns how many were
+    /// removed. Only what is removed is unlinked (rebuilding the by-pod and
+    /// by-container maps cloned every pod uid and container id: most of a
+    /// full view's 130 ms at 21 000 pods, on the real-time reader).
     pub fn retain(&mut self, mut keep: impl FnMut(&IndexEntry) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|_, e| keep(e));
-        self.by_pod.clear();
-        self.by_container.clear();
-        for (id, e) in &self.entries {
-            link(&mut self.by_pod, &mut self.by_container, *id, e);
+        let doomed: Vec<u64> = (self.entries.iter())
+            .filter(|(_, e)| !keep(e))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &doomed {
+            if let Some(old) = self.entries.remove(id) {
+                unlink(&mut self.by_pod, &mut self.by_container, *id, &old);
+            }
         }
-        before - self.entries.len()
+        doomed.len()
     }
 
     /// As [`ContainerIndex::retain`], visiting only the entries whose path

@@ -42,6 +42,14 @@ use relist_requests::RelistRequests;
 use evpleg_core::ids::{ContainerId, PodUid};
 use evpleg_core::lifecycle::{PodLifecycleEvent, RelistSignal};
 
+/// The hash maps of the reader thread's state (the tracker, the cgroup index):
+/// foldhash, seeded per process, where std's SipHash was a tenth of the
+/// reader's samples at 1 000 deaths/s and most of a full view's prune
+/// (issue #29). Their keys are kernel cgroup ids and ids the runtime and the
+/// API server made, not chosen by a pod.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// Root cgroups watched by default: the kubelet's cgroupfs and systemd roots and
 /// containerd's default parent. `/system.slice` (CRI-O scopes without a pod parent)
 /// is opt-in: it holds every system service.

@@ -100,6 +100,10 @@ pub struct KernelStats {
     /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us, atomic (a
     /// scrape never holds the reader).
     pub latency_seconds: AtomicHistogram,
+    /// How long the reader took to apply each relist's view
+    /// (`pleg_kernel_reconcile_duration_seconds`): no record is read
+    /// meanwhile.
+    pub reconcile_seconds: AtomicHistogram,
     /// Records read from the ring buffer.
     pub records: AtomicU64,
     /// Records rejected by the decoder.
@@ -159,6 +163,7 @@ impl Default for KernelStats {
         Self {
             // 1 us doubling 24 times: up to about 8 s.
             latency_seconds: AtomicHistogram::doubling(1_000, 24),
+            reconcile_seconds: AtomicHistogram::doubling(1_000, 24),
             records: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             events: AtomicU64::new(0),
@@ -725,8 +730,10 @@ impl Reader {
     /// does not know is applied again after the next rescan (asked for at
     /// once if the rescan policy allows one now).
     fn reconcile(&mut self, r: Reconciliation) {
+        let started = monotonic_ns();
         let outcome = self.tracker.reconcile(&r, false);
         self.reconciled(&outcome);
+        (self.stats.reconcile_seconds).observe_ns(monotonic_ns().saturating_sub(started));
         if outcome.rescan_due {
             self.awaiting_rescan.insert(r.view.scope.clone(), r);
             self.rescan_for_reconciles();

@@ -36,7 +36,9 @@
 
 mod reconcile;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use super::{FastMap as HashMap, FastSet as HashSet};
 
 pub use reconcile::ReconcileOutcome;
 
@@ -347,11 +349,11 @@ impl Tracker {
     pub fn new(ticks_per_second: u64) -> Self {
         Self {
             index: ContainerIndex::new(),
-            containers: HashMap::new(),
-            sandboxes: HashMap::new(),
-            unfound: HashMap::new(),
+            containers: HashMap::default(),
+            sandboxes: HashMap::default(),
+            unfound: HashMap::default(),
             removed: Removed::default(),
-            by_pod: HashMap::new(),
+            by_pod: HashMap::default(),
             // Room for every victim kept: recording one allocates nothing.
             oom_victims: OomVictims(VecDeque::with_capacity(OOM_VICTIMS_MAX)),
             tick_ns: 1_000_000_000 / ticks_per_second.max(1),

@@ -5,7 +5,7 @@
 //! kept per container is forgotten once the runtime no longer lists it, so a lost
 //! rmdir cannot grow memory forever.
 
-use std::collections::HashSet;
+use crate::kernel::FastSet as HashSet;
 
 use super::{MainId, Output, Tracker, Transition, link};
 use crate::kernel::proc::Reconciliation;
@@ -164,20 +164,19 @@ impl Tracker {
         self.sandboxes
             .retain(|id, _| listed.contains(id) || containers.contains_key(id));
         self.unfound.retain(|id, _| listed.contains(id));
-        self.by_pod.clear();
-        for (id, c) in &self.containers {
-            if let Some(pod) = &c.pod_uid {
-                link(&mut self.by_pod, pod, id);
-            }
-        }
-        for (id, pod) in &self.sandboxes {
-            if let Some(pod) = pod {
-                link(&mut self.by_pod, pod, id);
-            }
-        }
-        for (id, pod) in &self.unfound {
-            link(&mut self.by_pod, pod, id);
-        }
+        // `by_pod` is a superset of what is held: what is no longer held
+        // goes (a rebuild cloned every id and uid).
+        let (sandboxes, unfound) = (&self.sandboxes, &self.unfound);
+        self.by_pod.retain(|pod, held| {
+            held.retain(|id| {
+                containers
+                    .get(id)
+                    .is_some_and(|c| c.pod_uid.as_ref() == Some(pod))
+                    || sandboxes.get(id).is_some_and(|p| p.as_ref() == Some(pod))
+                    || unfound.get(id) == Some(pod)
+            });
+            !held.is_empty()
+        });
         gone.len()
     }
 

@@ -4,7 +4,7 @@
 //! scans, cgroup removals and runtime views, node-wide and per pod, applied
 //! to two trackers, must leave them in the same state after every step.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use proptest::prelude::*;
 
@@ -233,11 +233,26 @@ proptest! {
             apply(&mut fast, op, now, Tracker::prune);
             apply(&mut reference, op, now, Tracker::prune_reference);
             prop_assert_eq!(state(&fast), state(&reference), "after step {} {:?}", step, op);
-            // Whatever `by_pod` misses, a pod's view would never visit.
-            for (cid, c) in &fast.containers {
-                if let Some(pod) = &c.pod_uid {
-                    prop_assert!(fast.by_pod.get(pod).is_some_and(|s| s.contains(cid)));
-                }
+            // Whatever `by_pod` misses, a pod's view would never visit; after
+            // a full view it holds exactly what is held (no stale id stays
+            // for a pod no view visits again).
+            let mut held: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let pods = (fast.containers.iter()).filter_map(|(id, c)| Some((id, c.pod_uid.as_ref()?)));
+            let sandboxes = fast.sandboxes.iter().filter_map(|(id, p)| Some((id, p.as_ref()?)));
+            for (id, pod) in pods.chain(sandboxes).chain(fast.unfound.iter()) {
+                held.entry(pod.to_string()).or_default().insert(id.to_string());
+            }
+            let linked: BTreeMap<String, BTreeSet<String>> = (fast.by_pod.iter())
+                .map(|(pod, ids)| (pod.to_string(), ids.iter().map(|i| i.to_string()).collect()))
+                .collect();
+            for (pod, ids) in &held {
+                prop_assert!(
+                    linked.get(pod).is_some_and(|l| l.is_superset(ids)),
+                    "by_pod misses ids of pod {} after step {} {:?}", pod, step, op
+                );
+            }
+            if matches!(op, Op::View { scope: None, .. }) {
+                prop_assert_eq!(&linked, &held, "by_pod after the full view of step {}", step);
             }
         }
     }
