@@ -150,6 +150,9 @@ fn main() -> Result<()> {
     if let Ok(spec) = std::env::var(memory::CHILD_ENV) {
         return Ok(memory::child(&spec)?);
     }
+    if let Ok(spec) = std::env::var(tax::CHILD_ENV) {
+        return Ok(tax::child(&spec)?);
+    }
     let cli = Cli::parse();
     if let Some(json) = &cli.from_json {
         let mut results: Results = serde_json::from_str(&std::fs::read_to_string(json)?)?;
@@ -666,7 +669,7 @@ fn operator_parts(
         let (counts, pairs, processes): (&[usize], usize, usize) = if quick {
             (&[0, 100], 2, 500)
         } else {
-            (&[0, 1000, 10_000], 5, 10_000)
+            (&[0, 1000, 10_000], 20, 2_500)
         };
         results.operator.tax = Some(tax::run(rt, counts, pairs, processes)?);
     }
