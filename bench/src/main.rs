@@ -150,9 +150,6 @@ fn main() -> Result<()> {
     if let Ok(spec) = std::env::var(memory::CHILD_ENV) {
         return Ok(memory::child(&spec)?);
     }
-    if let Ok(spec) = std::env::var(tax::CHILD_ENV) {
-        return Ok(tax::child(&spec)?);
-    }
     let cli = Cli::parse();
     if let Some(json) = &cli.from_json {
         let mut results: Results = serde_json::from_str(&std::fs::read_to_string(json)?)?;

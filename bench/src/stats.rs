@@ -116,6 +116,34 @@ impl Spread {
     }
 }
 
+/// A 95 % interval of the median of `values`, free of any assumption on
+/// their distribution: the order statistics `k` and `n + 1 - k` (1-based)
+/// with `k` the largest for which fewer than `k` of `n` fair coin flips come
+/// up heads with probability at most 2.5 % (for 20 values, the 6th and 15th).
+/// `None` below 6 values, where no such `k` exists.
+pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
+    let n = values.len();
+    // P(X <= j) for X ~ Binomial(n, 1/2), j = 0, 1, ...: the largest k with
+    // P(X <= k - 1) <= 0.025.
+    let mut term = 0.5f64.powi(i32::try_from(n).ok()?);
+    let mut below = 0.0;
+    let mut k = 0;
+    for j in 0..n {
+        below += term;
+        if below > 0.025 {
+            break;
+        }
+        k = j + 1;
+        term *= (n - j) as f64 / (j + 1) as f64;
+    }
+    if k == 0 {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some((sorted[k - 1], sorted[n - k]))
+}
+
 /// Each per-repetition percentile's spread over repetitions (not the tails:
 /// see [`Pooled`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,6 +173,23 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_medians_interval_is_the_binomial_order_statistics() {
+        // (count, the interval of 1..=count given in reverse): 6th and 15th
+        // of 20 (P(X <= 5) = 0.021, P(X <= 6) = 0.058), 40th and 61st of 100.
+        let table: [(u32, Option<(f64, f64)>); 5] = [
+            (0, None),
+            (5, None),
+            (6, Some((1.0, 6.0))),
+            (20, Some((6.0, 15.0))),
+            (100, Some((40.0, 61.0))),
+        ];
+        for (n, want) in table {
+            let v: Vec<f64> = (1..=n).rev().map(f64::from).collect();
+            assert_eq!(median_interval(&v), want, "{n} values");
+        }
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
