@@ -127,6 +127,13 @@ impl NodeIdle {
             + self.containerd_cpu_pct.mean
     }
 
+    /// Whether the node agent ran in the benchmark's process (evpleg's
+    /// modes), whose resident memory then holds the benchmark's too: only
+    /// the kubelet's rows give the node agent's own.
+    pub fn agent_in_benchmark_process(&self) -> bool {
+        !self.mode.starts_with("kubelet-")
+    }
+
     /// Every process counted, the shims too: the sum of the means.
     pub fn total_cpu_pct(&self) -> f64 {
         self.agent_and_daemon_cpu_pct() + self.shims_cpu_pct.mean
@@ -413,17 +420,18 @@ pub fn render(rows: &[NodeIdle]) -> String {
     let _ = writeln!(
         out,
         "Means over the windows, that is over all the counted time (the lowest and highest window), % of a core; see the note on node idle for the \
-         method.\n"
+         method. RSS: the kubelet's process; in evpleg's modes the agent runs in the benchmark's process, whose RSS (in brackets) \
+         holds the benchmark's own data too and is not the agent's: the PLEG's own memory is measured in a process of its own (The PLEG's memory).\n"
     );
     let _ = writeln!(
         out,
-        "| mode | pods | seconds | agent or kubelet | proxy | containerd | agent, proxy and containerd | shims | total | agent or kubelet RSS (MiB) | its CRI calls/s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| mode | pods | seconds | agent or kubelet | proxy | containerd | agent, proxy and containerd | shims | total | kubelet RSS (MiB) | its CRI calls/s |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let f = |s: &Windows| format!("{:.3} ({:.3}-{:.3})", s.mean, s.min, s.max);
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {} | {} | {} | {:.3} | {} | {:.3} | {:.1} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {} | {:.3} | {} | {:.3} | {} | {} |",
             r.mode,
             r.pods,
             r.seconds,
@@ -433,7 +441,11 @@ pub fn render(rows: &[NodeIdle]) -> String {
             r.agent_and_daemon_cpu_pct(),
             f(&r.shims_cpu_pct),
             r.total_cpu_pct(),
-            r.agent_rss_mib.mean,
+            if r.agent_in_benchmark_process() {
+                format!("({:.1})", r.agent_rss_mib.mean)
+            } else {
+                format!("{:.1}", r.agent_rss_mib.mean)
+            },
             r.cri_calls_per_s
                 .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"))
         );
@@ -480,9 +492,18 @@ mod tests {
         row.proxy_cpu_pct = None;
         assert_eq!(row.total_cpu_pct(), 3.5);
         assert_eq!(row.agent_and_daemon_cpu_pct(), 3.0);
-        let table = render(&[row]);
+        let agent = NodeIdle {
+            mode: "ebpf".into(),
+            ..row.clone()
+        };
+        let table = render(&[row, agent]);
         assert!(
             table.contains("| kubelet-1.37-cri-proxy | 100 | 30 | 2.000 (1.000-4.000) | - | 1.000 (0.500-2.000) | 3.000 | 0.500 (0.250-1.000) | 3.500 | 80.0 | 2.5 |"),
+            "{table}"
+        );
+        // The agent's row gives the benchmark process's RSS, marked so.
+        assert!(
+            table.contains("| ebpf | 100 | 30 | 2.000 (1.000-4.000) | - | 1.000 (0.500-2.000) | 3.000 | 0.500 (0.250-1.000) | 3.500 | (80.0) | 2.5 |"),
             "{table}"
         );
     }
