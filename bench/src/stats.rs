@@ -120,12 +120,16 @@ impl Spread {
 /// their distribution: the order statistics `k` and `n + 1 - k` (1-based)
 /// with `k` the largest for which fewer than `k` of `n` fair coin flips come
 /// up heads with probability at most 2.5 % (for 20 values, the 6th and 15th).
-/// `None` below 6 values, where no such `k` exists.
+/// `None` below 6 values, where no such `k` exists, and above 1 000 (where
+/// `0.5^n` underflows).
 pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
     let n = values.len();
     // P(X <= j) for X ~ Binomial(n, 1/2), j = 0, 1, ...: the largest k with
     // P(X <= k - 1) <= 0.025.
-    let mut term = 0.5f64.powi(i32::try_from(n).ok()?);
+    if n > 1000 {
+        return None;
+    }
+    let mut term = 0.5f64.powi(n as i32);
     let mut below = 0.0;
     let mut k = 0;
     for j in 0..n {
@@ -178,12 +182,13 @@ mod tests {
     fn the_medians_interval_is_the_binomial_order_statistics() {
         // (count, the interval of 1..=count given in reverse): 6th and 15th
         // of 20 (P(X <= 5) = 0.021, P(X <= 6) = 0.058), 40th and 61st of 100.
-        let table: [(u32, Option<(f64, f64)>); 5] = [
+        let table: [(u32, Option<(f64, f64)>); 6] = [
             (0, None),
             (5, None),
             (6, Some((1.0, 6.0))),
             (20, Some((6.0, 15.0))),
             (100, Some((40.0, 61.0))),
+            (1001, None),
         ];
         for (n, want) in table {
             let v: Vec<f64> = (1..=n).rev().map(f64::from).collect();
