@@ -495,6 +495,23 @@ fn a_view_sent_to_an_idle_reader_is_applied_at_once() {
     assert_eq!(release(&mut child), Some(5));
 }
 
+/// A pod's view listing one running sandbox, `id`, whose cgroup the tracker
+/// does not know: it waits for a rescan.
+fn unknown_sandbox_view(pod: PodUid, id: u64) -> RuntimeView {
+    RuntimeView {
+        listed_at_ns: monotonic_ns(),
+        scope: Some(pod.clone()),
+        containers: vec![RuntimeContainer {
+            id: ContainerId::parse(&format!("{id:064x}")).expect("id"),
+            pod,
+            sandbox: true,
+            running: true,
+            pid: None,
+            contradicted: false,
+        }],
+    }
+}
+
 /// A wave of pod relists each listing a running container whose cgroup the
 /// tracker does not know (a runtime with no cgroup for the sandbox, as the
 /// benchmark's fake): each view used to rescan the whole tree on the reader
@@ -519,18 +536,8 @@ fn a_wave_of_views_listing_unknown_containers_costs_few_rescans() {
     const PODS: u64 = 500;
     for i in 0..PODS {
         let pod = PodUid::parse(&format!("{i:08x}-0000-4000-8000-00000000feed")).expect("uid");
-        pleg.pleg.reconcile(RuntimeView {
-            listed_at_ns: monotonic_ns(),
-            scope: Some(pod.clone()),
-            containers: vec![RuntimeContainer {
-                id: ContainerId::parse(&format!("{:064x}", 0xfeed_0000 + i)).expect("id"),
-                pod,
-                sandbox: true,
-                running: true,
-                pid: None,
-                contradicted: false,
-            }],
-        });
+        pleg.pleg
+            .reconcile(unknown_sandbox_view(pod, 0xfeed_0000 + i));
     }
     assert_eq!(release(&mut child), Some(5));
     // Commands are applied before any record written after they were sent: the
@@ -596,18 +603,7 @@ fn a_rescan_for_a_view_does_not_hold_the_reader() {
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let (rescans, unfound) = (load(&stats.rescans), load(&stats.unfound));
     let pod = PodUid::parse("0000beef-0000-4000-8000-00000000feed").expect("uid");
-    pleg.pleg.reconcile(RuntimeView {
-        listed_at_ns: monotonic_ns(),
-        scope: Some(pod.clone()),
-        containers: vec![RuntimeContainer {
-            id: ContainerId::parse(&format!("{:064x}", 0xbeef)).expect("id"),
-            pod,
-            sandbox: true,
-            running: true,
-            pid: None,
-            contradicted: false,
-        }],
-    });
+    pleg.pleg.reconcile(unknown_sandbox_view(pod, 0xbeef));
     assert_eq!(release(&mut child), Some(5));
     // The view is applied before the death's record is read: a rescan on the
     // reader would end before the death is delivered.
