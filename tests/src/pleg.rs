@@ -70,7 +70,7 @@ impl PlegUnderTest {
         config.tap = Some(Arc::new(move |ev: &KernelEvent, delay: u64| {
             let _ = record_tx.send((ev.clone(), delay));
             if let Some(gate) = &gate {
-                gate.pass();
+                gate.pass(ev);
             }
         }));
         let pleg = KernelPleg::start(config, tx, relist.clone())
@@ -234,27 +234,53 @@ impl PlegUnderTest {
     }
 }
 
+/// What a [`ReaderGate`] runs on the reader thread at each record.
+type Probe = Box<dyn FnMut(&KernelEvent) + Send>;
+
 /// Holds the ring-buffer reader thread (through the record tap) while closed.
 /// `ReaderGate::default()` is open.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ReaderGate {
     closed: Mutex<bool>,
     changed: Condvar,
     held: AtomicBool,
+    probe: Mutex<Option<Probe>>,
+}
+
+impl std::fmt::Debug for ReaderGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderGate")
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReaderGate {
     /// A closed gate.
     pub fn closed() -> Arc<Self> {
-        Arc::new(Self {
-            closed: Mutex::new(true),
-            changed: Condvar::new(),
-            held: AtomicBool::new(false),
-        })
+        let mut gate = Self::default();
+        *gate.closed.get_mut().unwrap_or_else(|e| e.into_inner()) = true;
+        Arc::new(gate)
     }
 
-    /// On the reader thread (from a record tap): waits while the gate is closed.
-    pub fn pass(&self) {
+    /// Runs `probe` on the reader thread with each record from now on, where
+    /// the record is handled (after the commands before it were looked at,
+    /// before its events are delivered), before the gate may hold it.
+    pub fn probe(&self, probe: impl FnMut(&KernelEvent) + Send + 'static) {
+        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(probe));
+    }
+
+    /// On the reader thread (from a record tap): runs the probe, then waits
+    /// while the gate is closed.
+    pub fn pass(&self, record: &KernelEvent) {
+        if let Some(probe) = self
+            .probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            probe(record);
+        }
         let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
         while *closed {
             self.held.store(true, Ordering::SeqCst);

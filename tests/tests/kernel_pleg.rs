@@ -495,6 +495,75 @@ fn a_view_sent_to_an_idle_reader_is_applied_at_once() {
     assert_eq!(release(&mut child), Some(5));
 }
 
+/// A view of one pod queued before another pod's death is read waits until
+/// that death's event is delivered (it cannot change how the record is
+/// handled, and at 1 000 deaths/s the relist's view of one death was applied
+/// before the next death: issue #29). The probe reads, on the reader thread,
+/// whether the view was applied when the death's record is handled. Fails if
+/// every command queued is applied before the next record.
+#[test]
+fn another_pods_view_is_applied_after_the_record_it_came_before() {
+    if !privileged("another_pods_view_is_applied_after_the_record_it_came_before") {
+        return;
+    }
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    // Pod A's shell runs before the PLEG: learned by the start-up scan, its
+    // main process uncertain until a view confirms it (counted).
+    let cg_a = ContainerCgroup::new(Layout::Cgroupfs);
+    let mut shell_a = started_shell(&cg_a);
+    let cg_b = ContainerCgroup::new(Layout::Cgroupfs);
+    let gate = std::sync::Arc::new(ReaderGate::default());
+    let mut pleg = PlegUnderTest::start_gated(1000, Some(gate.clone()), |_| {});
+    let mut main_b = waiting_shell(&cg_b);
+    pleg.expect(&cg_b.container_id, EventKind::ContainerStarted);
+    // A second process in B's cgroup: its exit is the record the reader is
+    // held at while the view is queued and B's main process dies.
+    let mut other_b = started_shell(&cg_b);
+    let other_pid = other_b.id();
+    assert!(
+        pleg.records_until(
+            RECORD_TIMEOUT,
+            |e| matches!(e, KernelEvent::Exec(x) if x.process.pid == other_pid)
+        ),
+        "the second process's exec was never read"
+    );
+    let stats = pleg.pleg.stats().clone();
+    let confirmed_before = stats.confirmed.load(Relaxed);
+    // What `confirmed` was when B's main exit was handled (u64::MAX: not yet).
+    let at_death = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    let (probe_stats, probe_at, main_pid) = (stats.clone(), at_death.clone(), main_b.id());
+    gate.probe(move |e| {
+        if matches!(e, KernelEvent::Exit(x) if x.process.pid == main_pid) {
+            probe_at.store(probe_stats.confirmed.load(Relaxed), Relaxed);
+        }
+    });
+    gate.close();
+    assert_eq!(release(&mut other_b), Some(5));
+    assert!(
+        gate.wait_held(RECORD_TIMEOUT),
+        "the reader never reached the gate"
+    );
+    pleg.pleg.reconcile(running_view(&cg_a, shell_a.id()));
+    // B's main exits while the reader is held: its record is in the ring
+    // (written before the exit is reported to its parent).
+    assert_eq!(release(&mut main_b), Some(5));
+    assert_eq!(stats.confirmed.load(Relaxed), confirmed_before);
+    gate.open();
+    let died = pleg.expect(&cg_b.container_id, EventKind::ContainerDied);
+    assert_eq!(died.exit.map(|e| e.code), Some(5));
+    let deadline = Instant::now() + RECORD_TIMEOUT;
+    while stats.confirmed.load(Relaxed) == confirmed_before {
+        assert!(Instant::now() < deadline, "pod A's view was never applied");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        at_death.load(Relaxed),
+        confirmed_before,
+        "pod A's view was applied before pod B's death was handled"
+    );
+    assert_eq!(release(&mut shell_a), Some(5));
+}
+
 /// A pod's view listing one running sandbox, `id`, whose cgroup the tracker
 /// does not know: it waits for a rescan.
 fn unknown_sandbox_view(pod: PodUid, id: u64) -> RuntimeView {

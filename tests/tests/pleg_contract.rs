@@ -419,7 +419,7 @@ fn deaths_lost_in_a_full_ring_buffer_reach_the_cache_within_the_bound() {
         ..Default::default()
     };
     kernel.tap = Some(std::sync::Arc::new(
-        move |_: &evpleg_pleg::kernel::event::KernelEvent, _: u64| tap_gate.pass(),
+        move |ev: &evpleg_pleg::kernel::event::KernelEvent, _: u64| tap_gate.pass(ev),
     ));
     rt.block_on(async {
         let client = containerd.client().await;

@@ -414,6 +414,11 @@ impl Collector for PlegCollector {
                     load(&k.contradicted),
                 ),
                 (
+                    "pleg_kernel_walker_fallbacks",
+                    "Rescans for relist views the ring-buffer reader ran itself because the cgroup walker thread was gone",
+                    load(&k.walker_fallbacks),
+                ),
+                (
                     "pleg_kernel_rt_throttled",
                     "Times the ring-buffer reader spent its real-time CPU budget and ran at normal priority until its window ended",
                     load(&k.rt_throttled),

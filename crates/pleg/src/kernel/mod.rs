@@ -316,6 +316,8 @@ impl KernelPleg {
             stop: stop.clone(),
             health: health.clone(),
             commands: command_rx,
+            // Room for the views of a burst of deaths (no allocation after).
+            set_aside: Vec::with_capacity(64),
             realtime_priority: config.realtime_priority,
             realtime_budget: config.realtime_budget,
             tap: config.tap,

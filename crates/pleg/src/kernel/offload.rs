@@ -134,6 +134,8 @@ pub enum LogLine {
     RescanFailed {
         errno: i32,
     },
+    /// The walker thread is gone: the views' rescans run on the reader.
+    WalkerGone,
     /// A running container the runtime lists whose cgroup no rescan found.
     Unfound(ContainerId),
     /// The runtime's main pid differs from the one the kernel saw.
@@ -170,6 +172,11 @@ impl LogLine {
             Self::RescanFailed { errno } => warn!(
                 error = %std::io::Error::from_raw_os_error(*errno),
                 "rescan of the cgroup tree failed"
+            ),
+            Self::WalkerGone => warn!(
+                "the cgroup walker thread stopped; rescans for relist views now run on the \
+                 ring-buffer reader and delay the records behind them \
+                 (evpleg_pleg_kernel_walker_fallbacks_total)"
             ),
             Self::Unfound(id) => warn!(
                 container = %id,

@@ -42,6 +42,7 @@ use super::{FastMap as HashMap, FastSet as HashSet};
 
 pub use reconcile::ReconcileOutcome;
 
+use super::RuntimeView;
 use super::event::{CgroupChange, Exec, Exit, KernelEvent, ProcessKey};
 use super::index::{CGROUP2_HIERARCHY, ContainerIndex};
 use super::main_state::{Effect, ExecOrigin, MainId, MainState, Step, Transition};
@@ -493,6 +494,32 @@ impl Tracker {
             return Ok(None);
         }
         Err(Handled::UnknownCgroup { cgroup_id })
+    }
+
+    /// Whether applying `view` after `event` rather than before changes
+    /// nothing for either: `view` is one pod's, and the record belongs to a
+    /// container the tracker follows, of another pod, that the view does not
+    /// list (a pod's reconcile reads and changes that pod's containers, marks
+    /// and cgroups only). A record of an unknown cgroup, of no container or
+    /// of a container whose pod is not known yet waits for the view, as does
+    /// an OOM victim's.
+    pub fn view_may_follow(&self, event: &KernelEvent, view: &RuntimeView) -> bool {
+        let Some(scope) = &view.scope else {
+            return false;
+        };
+        let cgroup_id = match event {
+            KernelEvent::Exec(e) => e.cgroup_id,
+            KernelEvent::Exit(e) => e.cgroup_id,
+            KernelEvent::CgroupMkdir(c) | KernelEvent::CgroupRmdir(c) => c.cgroup_id,
+            KernelEvent::OomVictim { .. } => return false,
+        };
+        let Some((id, _, _)) = self.index.get(cgroup_id).and_then(|e| e.container()) else {
+            return false;
+        };
+        (self.containers.get(id)).is_some_and(|c| {
+            c.pod_uid.as_ref().is_some_and(|pod| pod != scope)
+                && !view.containers.iter().any(|listed| listed.id == *id)
+        })
     }
 
     /// A step that changes nothing and reports nothing (another process's exec

@@ -814,3 +814,101 @@ fn runtime_init_names() {
         assert!(!is_runtime_init(comm), "{comm}");
     }
 }
+
+/// Which relist views the reader may apply after a record rather than before
+/// it (`Tracker::view_may_follow`): only one pod's view, when the record is
+/// another pod's known container's and the view does not list it.
+#[test]
+fn only_another_pods_view_may_follow_a_record() {
+    let mut h = Harness::new();
+    h.mkdir(10, &container_path('a'));
+    h.mkdir(20, &pod2_path('b'));
+    // A container whose path names no pod.
+    h.mkdir(30, &format!("/k8s.io/{}", cid('c')));
+    let exit_in = |cgroup_id| decode(&encode::exit(5, 300, 7, cgroup_id, 0, 0)).unwrap();
+    let exec_in = |cgroup_id| decode(&encode::exec(5, 300, 7, cgroup_id, "/bin/true")).unwrap();
+    let oom = KernelEvent::OomVictim {
+        at_ns: 5,
+        tgid: 300,
+    };
+    let rmdir_b = decode(&encode::cgroup(
+        EVENT_CGROUP_RMDIR,
+        5,
+        0,
+        20,
+        &pod2_path('b'),
+    ))
+    .unwrap();
+    let mkdir_d = decode(&encode::cgroup(
+        EVENT_CGROUP_MKDIR,
+        5,
+        0,
+        40,
+        &pod2_path('d'),
+    ))
+    .unwrap();
+    let rows: Vec<(&str, KernelEvent, RuntimeView, bool)> = vec![
+        (
+            "another pod's death",
+            exit_in(10),
+            view(1, Some(UID2), vec![running('b', UID2, None)]),
+            true,
+        ),
+        (
+            "another pod's exec",
+            exec_in(20),
+            view(1, Some(UID), vec![]),
+            true,
+        ),
+        (
+            "another pod's cgroup removed",
+            rmdir_b,
+            view(1, Some(UID), vec![]),
+            true,
+        ),
+        (
+            "the view's own pod",
+            exit_in(10),
+            view(1, Some(UID), vec![]),
+            false,
+        ),
+        (
+            "a full view",
+            exit_in(10),
+            view(1, None, vec![running('b', UID2, None)]),
+            false,
+        ),
+        (
+            "the record's container listed",
+            exit_in(10),
+            view(1, Some(UID2), vec![running('a', UID2, None)]),
+            false,
+        ),
+        (
+            "an unknown cgroup",
+            exit_in(99),
+            view(1, Some(UID2), vec![]),
+            false,
+        ),
+        (
+            "a cgroup made (not known yet)",
+            mkdir_d,
+            view(1, Some(UID), vec![]),
+            false,
+        ),
+        (
+            "a container of no known pod",
+            exit_in(30),
+            view(1, Some(UID2), vec![]),
+            false,
+        ),
+        ("an OOM victim", oom, view(1, Some(UID2), vec![]), false),
+    ];
+    for (name, record, view, may_follow) in rows {
+        assert_eq!(
+            h.tracker.view_may_follow(&record, &view),
+            may_follow,
+            "{name}"
+        );
+    }
+}
