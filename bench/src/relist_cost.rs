@@ -62,6 +62,15 @@ pub struct RealRelist {
     pub stages: Vec<(String, Vec<f64>)>,
     /// The whole process's CPU over the killing window, s.
     pub ebpf_cpu_s: f64,
+    /// The whole process's CPU over a window as long without a death, just
+    /// before it, s (`None`: a run from before it was measured): what the
+    /// process costs anyway (its threads, the PLEG idle).
+    #[serde(default)]
+    pub ebpf_idle_cpu_s: Option<f64>,
+    /// The PLEG's CRI calls over the killing window (`None`: a run from
+    /// before they were counted).
+    #[serde(default)]
+    pub ebpf_cri_calls: Option<u64>,
 }
 
 impl RealRelist {
@@ -70,9 +79,17 @@ impl RealRelist {
         Spread::of(&self.steady_ms).map(|s| s.median)
     }
 
-    /// The process's CPU per death, us.
+    /// The process's CPU per death above its CPU without deaths, us (the
+    /// whole window's per death for a run that did not measure the latter).
     pub fn cpu_us_per_death(&self) -> Option<f64> {
-        (self.deaths > 0).then(|| self.ebpf_cpu_s * 1e6 / self.deaths as f64)
+        let above = self.ebpf_cpu_s - self.ebpf_idle_cpu_s.unwrap_or(0.0);
+        (self.deaths > 0).then(|| above.max(0.0) * 1e6 / self.deaths as f64)
+    }
+
+    /// The PLEG's CRI calls per death.
+    pub fn calls_per_death(&self) -> Option<f64> {
+        let calls = self.ebpf_cri_calls?;
+        (self.deaths > 0).then(|| calls as f64 / self.deaths as f64)
     }
 }
 
@@ -195,13 +212,30 @@ async fn settle(pleg: &Pleg, pods: usize) -> Result<(), RelistCostError> {
     }
 }
 
+/// What `ebpf` mode's killing window measured.
+struct Killed {
+    stages: Vec<(String, Vec<f64>)>,
+    cpu_s: f64,
+    idle_cpu_s: f64,
+    cri_calls: u64,
+    deaths: usize,
+}
+
+/// Every CRI call `client` made so far.
+fn cri_calls(client: &CriClient) -> u64 {
+    crate::runtime_load::calls(&client.metrics()).values().sum()
+}
+
+/// How long the killing window waits after each kill.
+const KILL_SPACING: Duration = Duration::from_millis(200);
+
 /// `ebpf` mode: `kills` containers killed from the host one at a time.
 async fn ebpf(
     client: &CriClient,
     real: &mut RealPods,
     containerd: &Containerd,
     kills: usize,
-) -> Result<(Vec<(String, Vec<f64>)>, f64, usize), RelistCostError> {
+) -> Result<Killed, RelistCostError> {
     let (pleg, drain) = start(PlegMode::Ebpf, client)?;
     // Past the start-up scan, the first full relist (every pod inspected:
     // 2 to 3 s at 900 pods, which a fixed 2 s let into the window, 37 ms of
@@ -226,17 +260,23 @@ async fn ebpf(
             targets.push((id, pid));
         }
     }
-    crate::stages::start();
     let me = std::process::id();
+    // The same length without a death: what the process costs anyway.
+    let idle0 = crate::idle::cpu_seconds(me).unwrap_or(0.0);
+    tokio::time::sleep(KILL_SPACING * targets.len() as u32).await;
+    let idle_cpu_s = crate::idle::cpu_seconds(me).unwrap_or(0.0) - idle0;
+    crate::stages::start();
+    let calls0 = cri_calls(client);
     let cpu0 = crate::idle::cpu_seconds(me).unwrap_or(0.0);
     let mut ids = Vec::new();
     for (id, pid) in targets {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         ids.push(id);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(KILL_SPACING).await;
     }
     let cpu1 = crate::idle::cpu_seconds(me).unwrap_or(0.0);
+    let cri_calls = cri_calls(client).saturating_sub(calls0);
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let (stages, _) = crate::stages::samples(&refs, &crate::stages::snapshot());
     pleg.stop().await;
@@ -259,7 +299,13 @@ async fn ebpf(
         })
         .map(|(s, v)| (crate::stages::name(s).to_owned(), v))
         .collect();
-    Ok((stages, cpu1 - cpu0, ids.len()))
+    Ok(Killed {
+        stages,
+        cpu_s: cpu1 - cpu0,
+        idle_cpu_s,
+        cri_calls,
+        deaths: ids.len(),
+    })
 }
 
 /// `MemAvailable` of `/proc/meminfo`, KiB.
@@ -336,20 +382,25 @@ pub async fn run(
                 made.elapsed().as_secs_f64()
             ));
             let (first_ms, steady_ms) = generic(&client, n, window).await?;
-            let (stages, ebpf_cpu_s, deaths) = ebpf(&client, &mut real, containerd, kills).await?;
+            let k = ebpf(&client, &mut real, containerd, kills).await?;
             let r = RealRelist {
                 pods: n,
                 first_ms,
                 steady_ms,
-                deaths,
-                stages,
-                ebpf_cpu_s,
+                deaths: k.deaths,
+                stages: k.stages,
+                ebpf_cpu_s: k.cpu_s,
+                ebpf_idle_cpu_s: Some(k.idle_cpu_s),
+                ebpf_cri_calls: Some(k.cri_calls),
             };
             crate::progress(&format!(
-                "  generic: first relist {:.1} ms, steady {:.1} ms; ebpf: {deaths} deaths, {:.0} us CPU a death",
+                "  generic: first relist {:.1} ms, steady {:.1} ms; ebpf: {} deaths, {:.0} us CPU a death above {:.0} us without ({:.1} CRI calls a death)",
                 r.first_ms,
                 r.steady_median_ms().unwrap_or(f64::NAN),
-                r.cpu_us_per_death().unwrap_or(f64::NAN)
+                r.deaths,
+                r.cpu_us_per_death().unwrap_or(f64::NAN),
+                k.idle_cpu_s * 1e6 / r.deaths.max(1) as f64,
+                r.calls_per_death().unwrap_or(f64::NAN)
             ));
             out.real.push(r);
         }
@@ -367,13 +418,16 @@ pub fn render(r: &RelistCostResults, fake: Option<&crate::scale::ScaleResults>) 
         "Real pods (one sandbox and one `sleep` container each) against the run's \
          containerd: `generic` mode's first relist (every pod inspected) and its steady \
          relists (median over the window), beside `ebpf` mode's per-death cost at the same \
-         count (containers killed from the host one at a time: each death's latency to \
-         the PLEG's event, and the process's CPU over the killing window per death, the window opening once the \
-         PLEG's first full relist and its loss follow-ups have run and no relist ran for a second). For \
+         count (containers killed from the host one at a time, 200 ms apart: each death's latency to \
+         the PLEG's event; the process's CPU over the killing window per death, above its CPU \
+         over a window as long without a death just before it, the windows opening once the \
+         PLEG's first full relist and its loss follow-ups have run and no relist ran for a second; \
+         and the PLEG's CRI calls over the killing window per death, its pod relists and their \
+         re-checks until the runtime shows the death). For \
          reference, kubernetes/kubernetes#96448 reports the kubelet's relist at about 5.7 ms \
          at 100 pods, 10.8 ms at 300 and 17.1 ms at 900 (containerd 1.4, another machine).\n\n\
-         | pods | generic first relist (ms) | generic steady relist (ms) | relists seen | ebpf deaths | ebpf `delivered` p50 (us) | ebpf CPU a death (us) |\n\
-         |---:|---:|---:|---:|---:|---:|---:|\n",
+         | pods | generic first relist (ms) | generic steady relist (ms) | relists seen | ebpf deaths | ebpf `delivered` p50 (us) | ebpf CPU a death (us) | ebpf CPU without deaths (us a death) | ebpf CRI calls a death |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for x in &r.real {
         let delivered = x
@@ -382,8 +436,12 @@ pub fn render(r: &RelistCostResults, fake: Option<&crate::scale::ScaleResults>) 
             .find(|(s, _)| s == "delivered")
             .and_then(|(_, v)| Percentiles::of(v))
             .map_or_else(|| "-".into(), |p| format!("{:.0}", p.p50));
+        let idle = x.ebpf_idle_cpu_s.filter(|_| x.deaths > 0).map_or_else(
+            || "-".into(),
+            |c| format!("{:.0}", c * 1e6 / x.deaths as f64),
+        );
         s.push_str(&format!(
-            "| {} | {:.1} | {} | {} | {} | {delivered} | {} |\n",
+            "| {} | {:.1} | {} | {} | {} | {delivered} | {} | {idle} | {} |\n",
             x.pods,
             x.first_ms,
             x.steady_median_ms()
@@ -392,6 +450,8 @@ pub fn render(r: &RelistCostResults, fake: Option<&crate::scale::ScaleResults>) 
             x.deaths,
             x.cpu_us_per_death()
                 .map_or_else(|| "-".into(), |c| format!("{c:.0}")),
+            x.calls_per_death()
+                .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
         ));
     }
     if let Some(f) = fake.filter(|f| !f.relist.is_empty()) {
@@ -422,6 +482,8 @@ mod tests {
             deaths,
             stages: vec![("delivered".into(), vec![30.0, 10.0, 20.0])],
             ebpf_cpu_s: cpu_s,
+            ebpf_idle_cpu_s: None,
+            ebpf_cri_calls: None,
         }
     }
 
@@ -441,6 +503,15 @@ mod tests {
                 (g, w) => assert_eq!(g, w),
             }
         }
+        // The CPU without deaths is taken off; the calls are per death.
+        let mut r = real(vec![5.0], 10, 0.01);
+        r.ebpf_idle_cpu_s = Some(0.004);
+        r.ebpf_cri_calls = Some(45);
+        assert!((r.cpu_us_per_death().unwrap() - 600.0).abs() < 1e-6);
+        assert_eq!(r.calls_per_death(), Some(4.5));
+        // Never below zero: a window without deaths that cost more.
+        r.ebpf_idle_cpu_s = Some(0.02);
+        assert_eq!(r.cpu_us_per_death(), Some(0.0));
     }
 
     #[test]
@@ -471,7 +542,14 @@ mod tests {
             None,
         );
         assert!(
-            md.contains("| 100 | 10.0 | 6.0 | 3 | 10 | 20 | 1000 |"),
+            md.contains("| 100 | 10.0 | 6.0 | 3 | 10 | 20 | 1000 | - | - |"),
+            "{md}"
+        );
+        let mut r = real(vec![6.0], 10, 0.01);
+        (r.ebpf_idle_cpu_s, r.ebpf_cri_calls) = (Some(0.004), Some(45));
+        let md = render(&RelistCostResults { real: vec![r] }, None);
+        assert!(
+            md.contains("| 100 | 10.0 | 6.0 | 1 | 10 | 20 | 600 | 400 | 4.5 |"),
             "{md}"
         );
     }

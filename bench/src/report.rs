@@ -593,6 +593,52 @@ fn idle_comparison(out: &mut String, r: &Results) {
     );
 }
 
+/// A sustained rate's miss of its targets (p50 <= 30 us, p99 <= 150 us to
+/// the last stage, reader < 3 % of a core), with each stage's p50 and p99 and
+/// the largest step between stages at the p99; `None` when it meets them.
+fn sustained_gap(x: &crate::scale::ScaleRate) -> Option<String> {
+    let stages = x.percentiles();
+    let (_, last) = stages.last()?;
+    let mut missed = Vec::new();
+    if last.p50 > 30.0 {
+        missed.push(format!("p50 {} > 30 us", human_us(last.p50)));
+    }
+    if last.p99 > 150.0 {
+        missed.push(format!("p99 {} > 150 us", human_us(last.p99)));
+    }
+    if x.reader_cpu_pct >= 3.0 {
+        missed.push(format!(
+            "reader {:.1} % >= 3 % of a core ({} of its CPU a death)",
+            x.reader_cpu_pct,
+            human_us(x.reader_cpu_pct / 100.0 / x.achieved_per_s.max(1.0) * 1e6)
+        ));
+    }
+    if missed.is_empty() {
+        return None;
+    }
+    let step = stages
+        .windows(2)
+        .map(|w| (&w[0].0, &w[1].0, w[1].1.p99 - w[0].1.p99))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .map_or(String::new(), |(from, to, d)| {
+            format!(
+                "; the largest step at the p99: {from} to {to}, +{}",
+                human_us(d)
+            )
+        });
+    Some(format!(
+        "- At {:.0} exits/s over {} cgroups: {}; each stage's p50/p99 from the kernel's exit: {}{step}.",
+        x.target_per_s,
+        x.cgroups,
+        missed.join(", "),
+        stages
+            .iter()
+            .map(|(s, p)| format!("{s} {}/{}", human_us(p.p50), human_us(p.p99)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    ))
+}
+
 /// What the targets miss, from this run's figures, and what is not measured
 /// yet. No figure here is a constant: each comes from `r`.
 fn known_gaps(out: &mut String, r: &Results) {
@@ -635,6 +681,13 @@ fn known_gaps(out: &mut String, r: &Results) {
                 delivered.n,
                 human_us(delivered.max)
             );
+        }
+    }
+    for x in r.scale.iter().flat_map(|sc| &sc.rates) {
+        if (x.target_per_s - 1000.0).abs() < 1.0
+            && let Some(line) = sustained_gap(x)
+        {
+            let _ = writeln!(out, "{line}");
         }
     }
     if let Some((e, k)) = node_idle_pair(r)
@@ -1157,6 +1210,57 @@ mod tests {
             md.contains("one mode after another, without a warm-up (a run from before issue #29)"),
             "{md}"
         );
+    }
+
+    /// A sustained rate that misses a target is a known gap naming its
+    /// stages and the largest step at the p99; none when it meets them.
+    #[test]
+    fn a_missed_sustained_rate_names_its_stages() {
+        let p = |p50, p99| Percentiles {
+            n: 10_000,
+            p50,
+            p90: p50,
+            p99,
+            max: p99,
+        };
+        let mut x = crate::scale::ScaleRate {
+            cgroups: 1000,
+            target_per_s: 1000.0,
+            achieved_per_s: 1000.0,
+            deaths: 10_000,
+            held_s: Some(10.0),
+            lost: 0,
+            late: 0,
+            dropped: 0,
+            stages: vec![
+                ("reader".into(), p(25.0, 70.0)),
+                ("attributed".into(), p(28.0, 85.0)),
+                ("cached".into(), p(29.0, 140.0)),
+            ],
+            samples_us: vec![],
+            reader_cpu_pct: 2.9,
+            process_cpu_pct: 50.0,
+            reader_runs_per_death: None,
+        };
+        assert_eq!(sustained_gap(&x), None);
+        x.stages[2].1 = p(40.0, 180.0);
+        x.reader_cpu_pct = 4.1;
+        assert_eq!(
+            sustained_gap(&x).as_deref(),
+            Some(
+                "- At 1000 exits/s over 1000 cgroups: p50 40 us > 30 us, p99 180 us > 150 us, \
+                 reader 4.1 % >= 3 % of a core (41 us of its CPU a death); each stage's p50/p99 \
+                 from the kernel's exit: reader 25 us/70 us, attributed 28 us/85 us, cached \
+                 40 us/180 us; the largest step at the p99: attributed to cached, +95 us."
+            )
+        );
+        let mut r = results();
+        r.scale = Some(crate::scale::ScaleResults {
+            rates: vec![x],
+            overflow: None,
+            relist: vec![],
+        });
+        assert!(render(&r, &[]).contains("- At 1000 exits/s over 1000 cgroups: p50 40 us"));
     }
 
     /// The known gaps come from the run: a missed p50 is named with this

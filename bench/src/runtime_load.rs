@@ -120,7 +120,7 @@ pub struct RuntimeLoad {
 }
 
 /// Every counted call's total so far.
-fn calls(metrics: &CriMetrics) -> HashMap<String, u64> {
+pub(crate) fn calls(metrics: &CriMetrics) -> HashMap<String, u64> {
     CALLS
         .iter()
         .map(|c| {
