@@ -86,6 +86,12 @@ impl RealRelist {
         (self.deaths > 0).then(|| above.max(0.0) * 1e6 / self.deaths as f64)
     }
 
+    /// The process's CPU without deaths, per death of the killing window, us.
+    pub fn idle_cpu_us_per_death(&self) -> Option<f64> {
+        let idle = self.ebpf_idle_cpu_s?;
+        (self.deaths > 0).then(|| idle * 1e6 / self.deaths as f64)
+    }
+
     /// The PLEG's CRI calls per death.
     pub fn calls_per_death(&self) -> Option<f64> {
         let calls = self.ebpf_cri_calls?;
@@ -399,7 +405,7 @@ pub async fn run(
                 r.steady_median_ms().unwrap_or(f64::NAN),
                 r.deaths,
                 r.cpu_us_per_death().unwrap_or(f64::NAN),
-                k.idle_cpu_s * 1e6 / r.deaths.max(1) as f64,
+                r.idle_cpu_us_per_death().unwrap_or(f64::NAN),
                 r.calls_per_death().unwrap_or(f64::NAN)
             ));
             out.real.push(r);
@@ -436,12 +442,8 @@ pub fn render(r: &RelistCostResults, fake: Option<&crate::scale::ScaleResults>) 
             .find(|(s, _)| s == "delivered")
             .and_then(|(_, v)| Percentiles::of(v))
             .map_or_else(|| "-".into(), |p| format!("{:.0}", p.p50));
-        let idle = x.ebpf_idle_cpu_s.filter(|_| x.deaths > 0).map_or_else(
-            || "-".into(),
-            |c| format!("{:.0}", c * 1e6 / x.deaths as f64),
-        );
         s.push_str(&format!(
-            "| {} | {:.1} | {} | {} | {} | {delivered} | {} | {idle} | {} |\n",
+            "| {} | {:.1} | {} | {} | {} | {delivered} | {} | {} | {} |\n",
             x.pods,
             x.first_ms,
             x.steady_median_ms()
@@ -449,6 +451,8 @@ pub fn render(r: &RelistCostResults, fake: Option<&crate::scale::ScaleResults>) 
             x.steady_ms.len(),
             x.deaths,
             x.cpu_us_per_death()
+                .map_or_else(|| "-".into(), |c| format!("{c:.0}")),
+            x.idle_cpu_us_per_death()
                 .map_or_else(|| "-".into(), |c| format!("{c:.0}")),
             x.calls_per_death()
                 .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
