@@ -240,6 +240,36 @@ fn scale(out: &mut String, r: &Results) {
         }
     }
     let _ = writeln!(out);
+    if sc.rates.iter().any(|x| x.reader_sched.is_some()) {
+        let _ = writeln!(
+            out,
+            "The reader's scheduling over each phase's loaded window (schedstat; steal from \
+             `/proc/stat`, all CPUs summed: what the host took from this virtual machine):\n\n\
+             | cgroups | exits/s asked | deaths read more than {} after their exit | of them, by the CPUs of exit and read | reader runnable, waiting for a CPU (ms) | real-time budget spent (times) | host steal (ms) |\n|---|---|---|---|---|---|---|",
+            human_us(STALL_US)
+        );
+        for x in &sc.rates {
+            let Some(s) = &x.reader_sched else { continue };
+            let late = x
+                .read_later_than(STALL_US)
+                .map_or_else(|| "-".to_owned(), |n| n.to_string());
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {late} | {} | {:.1} | {} | {:.0} |",
+                x.cgroups,
+                x.target_per_s,
+                if s.by_cpu.is_empty() {
+                    "-".to_owned()
+                } else {
+                    cpu_pairs(&s.by_cpu)
+                },
+                s.waited_ms,
+                s.throttled,
+                s.steal_ms
+            );
+        }
+        let _ = writeln!(out);
+    }
     if !sc.relist.is_empty() {
         let _ = writeln!(
             out,
@@ -639,6 +669,74 @@ fn sustained_gap(x: &crate::scale::ScaleRate) -> Option<String> {
     ))
 }
 
+/// A read later than this after the kernel's exit is a stall of the reader
+/// (its p99 is under 0.15 ms in a phase without one), us.
+pub const STALL_US: f64 = 1000.0;
+
+/// A scale phase whose `reader` stage's p99 is a stall ([`STALL_US`]), with
+/// what the phase's own figures say of the reader's scheduling meanwhile.
+fn reader_stall(x: &crate::scale::ScaleRate) -> Option<String> {
+    let stages = x.percentiles();
+    let (_, reader) = stages.first().filter(|(s, _)| s == "reader")?;
+    if reader.p99 <= STALL_US {
+        return None;
+    }
+    let late = x.read_later_than(STALL_US);
+    let sched = x.reader_sched.as_ref().map_or_else(
+        || "; this run did not keep the reader's scheduling".to_owned(),
+        |s| {
+            format!(
+                "; over the phase the reader spent its real-time budget {} times (at normal priority \
+                 until its 100 ms window ended), waited {:.1} ms runnable for a CPU, and the host \
+                 took {:.0} ms of this machine's CPUs (steal){}",
+                s.throttled,
+                s.waited_ms,
+                s.steal_ms,
+                by_cpu(&s.by_cpu)
+            )
+        },
+    );
+    Some(format!(
+        "- At {:.0} exits/s over {} cgroups the `reader` stage's p99 is {} (max {}){}{sched}.",
+        x.target_per_s,
+        x.cgroups,
+        human_us(reader.p99),
+        human_us(reader.max),
+        late.map_or(String::new(), |n| format!(
+            ": {n} of {} deaths read more than {} after their exit",
+            x.deaths,
+            human_us(STALL_US)
+        )),
+    ))
+}
+
+/// The late reads by the CPUs of the exit and the read (`; late reads by
+/// the CPUs of exit and read: 1 to 0: 3 of 90, ...`); empty for none.
+fn by_cpu(pairs: &[crate::stages::CpuPair]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; late reads by the CPU that stamped the exit and the CPU that read it (each stamps \
+         with its own clock): {}",
+        cpu_pairs(pairs)
+    )
+}
+
+/// `exit to read: late of deaths` for each pair of CPUs, comma-separated.
+fn cpu_pairs(pairs: &[crate::stages::CpuPair]) -> String {
+    pairs
+        .iter()
+        .map(|p| {
+            format!(
+                "{} to {}: {} of {}",
+                p.exit_cpu, p.read_cpu, p.late, p.deaths
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What the targets miss, from this run's figures, and what is not measured
 /// yet. No figure here is a constant: each comes from `r`.
 fn known_gaps(out: &mut String, r: &Results) {
@@ -687,6 +785,9 @@ fn known_gaps(out: &mut String, r: &Results) {
         if (x.target_per_s - 1000.0).abs() < 1.0
             && let Some(line) = sustained_gap(x)
         {
+            let _ = writeln!(out, "{line}");
+        }
+        if let Some(line) = reader_stall(x) {
             let _ = writeln!(out, "{line}");
         }
     }
@@ -1241,6 +1342,7 @@ mod tests {
             reader_cpu_pct: 2.9,
             process_cpu_pct: 50.0,
             reader_runs_per_death: None,
+            reader_sched: None,
         };
         assert_eq!(sustained_gap(&x), None);
         x.stages[2].1 = p(40.0, 180.0);
@@ -1261,6 +1363,80 @@ mod tests {
             relist: vec![],
         });
         assert!(render(&r, &[]).contains("- At 1000 exits/s over 1000 cgroups: p50 40 us"));
+    }
+
+    /// A phase whose reader stalled is named in the known gaps with how many
+    /// deaths were read late and the reader's scheduling meanwhile, and its
+    /// figures are in the scheduling table; a phase without a stall is not.
+    #[test]
+    fn a_stalled_reader_is_named_with_its_scheduling() {
+        // 200 deaths: 197 read within 40 us, 3 (1.5 %: above the p99) stalled.
+        let mut reader: Vec<f64> = (0..197).map(|i| 20.0 + f64::from(i % 20)).collect();
+        reader.extend([45_000.0, 52_000.0, 69_000.0]);
+        let mut x = crate::scale::ScaleRate {
+            cgroups: 10_000,
+            target_per_s: 2000.0,
+            achieved_per_s: 2000.0,
+            deaths: 200,
+            held_s: Some(0.1),
+            lost: 0,
+            late: 0,
+            dropped: 0,
+            stages: vec![],
+            samples_us: vec![("reader".into(), reader.clone())],
+            reader_cpu_pct: 9.6,
+            process_cpu_pct: 80.0,
+            reader_runs_per_death: Some(1.0),
+            reader_sched: Some(crate::scale::ReaderSched {
+                throttled: 2,
+                waited_ms: 130.5,
+                steal_ms: 40.0,
+                by_cpu: vec![
+                    crate::stages::CpuPair {
+                        exit_cpu: 0,
+                        read_cpu: 0,
+                        deaths: 100,
+                        late: 0,
+                    },
+                    crate::stages::CpuPair {
+                        exit_cpu: 1,
+                        read_cpu: 0,
+                        deaths: 100,
+                        late: 3,
+                    },
+                ],
+            }),
+        };
+        assert_eq!(x.read_later_than(STALL_US), Some(3));
+        assert_eq!(
+            reader_stall(&x).as_deref(),
+            Some(
+                "- At 2000 exits/s over 10000 cgroups the `reader` stage's p99 is 45 ms (max 69 ms): \
+                 3 of 200 deaths read more than 1.00 ms after their exit; over the phase the reader \
+                 spent its real-time budget 2 times (at normal priority until its 100 ms window \
+                 ended), waited 130.5 ms runnable for a CPU, and the host took 40 ms of this \
+                 machine's CPUs (steal); late reads by the CPU that stamped the exit and the CPU \
+                 that read it (each stamps with its own clock): 0 to 0: 0 of 100, 1 to 0: 3 of 100."
+            )
+        );
+        let mut r = results();
+        r.scale = Some(crate::scale::ScaleResults {
+            rates: vec![x.clone()],
+            overflow: None,
+            relist: vec![],
+        });
+        let md = render(&r, &[]);
+        assert!(
+            md.contains(
+                "| 10000 | 2000 | 3 | 0 to 0: 0 of 100, 1 to 0: 3 of 100 | 130.5 | 2 | 40 |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("- At 2000 exits/s over 10000 cgroups the `reader`"));
+        // The same phase without its stalled reads: nothing to explain.
+        reader.truncate(197);
+        x.samples_us = vec![("reader".into(), reader)];
+        assert_eq!(reader_stall(&x), None);
     }
 
     /// The known gaps come from the run: a missed p50 is named with this

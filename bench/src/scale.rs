@@ -74,6 +74,29 @@ pub struct ScaleRate {
     /// (schedstat's third field: each wake-up from `epoll_wait` counts one).
     #[serde(default)]
     pub reader_runs_per_death: Option<f64>,
+    /// What kept the reader from its records over the phase (`None`: a run
+    /// before they were kept).
+    #[serde(default)]
+    pub reader_sched: Option<ReaderSched>,
+}
+
+/// The reader's scheduling over a phase's loaded window: what explains a
+/// stage `reader` far above its usual (issue #29: a phase's p99 of 45 ms).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReaderSched {
+    /// Times it spent its real-time budget and went on at normal priority
+    /// until its window ended (`evpleg_pleg_kernel_rt_throttled_total`).
+    pub throttled: u64,
+    /// How long it was runnable but not on a CPU, ms (schedstat's second
+    /// field).
+    pub waited_ms: f64,
+    /// The time the host took from this machine's CPUs, all of them summed,
+    /// ms (`/proc/stat`'s steal: a virtual CPU descheduled by the host).
+    pub steal_ms: f64,
+    /// The deaths by the CPUs of their exit and their read, with those read
+    /// more than [`crate::report::STALL_US`] after their exit.
+    #[serde(default)]
+    pub by_cpu: Vec<crate::stages::CpuPair>,
 }
 
 impl ScaleRate {
@@ -84,6 +107,13 @@ impl ScaleRate {
             return self.stages.clone();
         }
         percentiles_of(&self.samples_us)
+    }
+
+    /// How many deaths were read more than `us` after their exit (`None`:
+    /// results that kept no samples).
+    pub fn read_later_than(&self, us: f64) -> Option<usize> {
+        let (stage, v) = self.samples_us.first()?;
+        (stage == "reader").then(|| v.iter().filter(|x| **x > us).count())
     }
 }
 
@@ -347,13 +377,26 @@ impl Drop for Cgroups {
 /// CPU seconds of this process's threads, split: (named `name`, all others
 /// except `fake-cri`).
 fn thread_cpu(name: &str) -> (f64, f64) {
-    let (named, rest, _) = thread_sched(name);
-    (named, rest)
+    let s = thread_sched(name);
+    (s.named_s, s.rest_s)
 }
 
-/// [`thread_cpu`], and the times the thread named `name` was put on a CPU.
-fn thread_sched(name: &str) -> (f64, f64, u64) {
-    let (mut named, mut rest, mut runs) = (0u64, 0u64, 0u64);
+/// A reading of this process's threads' schedstat.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sched {
+    /// CPU seconds of the thread named `name`, and of all others except
+    /// `fake-cri`.
+    named_s: f64,
+    rest_s: f64,
+    /// The named thread's seconds runnable but not running, and the times it
+    /// was put on a CPU.
+    named_waited_s: f64,
+    named_runs: u64,
+}
+
+/// [`thread_cpu`], and how the thread named `name` was scheduled.
+fn thread_sched(name: &str) -> Sched {
+    let (mut named, mut rest, mut waited, mut runs) = (0u64, 0u64, 0u64, 0u64);
     for task in std::fs::read_dir("/proc/self/task")
         .into_iter()
         .flatten()
@@ -365,16 +408,36 @@ fn thread_sched(name: &str) -> (f64, f64, u64) {
             .split_whitespace()
             .map(|f| f.parse::<u64>().unwrap_or(0));
         let run = fields.next().unwrap_or(0);
-        let timeslices = fields.nth(1).unwrap_or(0);
+        let delay = fields.next().unwrap_or(0);
+        let timeslices = fields.next().unwrap_or(0);
         let comm = comm.trim();
         if comm == name {
             named += run;
+            waited += delay;
             runs += timeslices;
         } else if !comm.starts_with("fake-cri") {
             rest += run;
         }
     }
-    (named as f64 / 1e9, rest as f64 / 1e9, runs)
+    Sched {
+        named_s: named as f64 / 1e9,
+        rest_s: rest as f64 / 1e9,
+        named_waited_s: waited as f64 / 1e9,
+        named_runs: runs,
+    }
+}
+
+/// The steal time of all CPUs so far, ms (`/proc/stat`'s first line, its
+/// eighth field, in clock ticks); 0 when it cannot be read.
+fn steal_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // SAFETY: sysconf has no memory preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    stat.lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |ticks| ticks * 1000.0 / hz)
 }
 
 const READER: &str = "evpleg-ringbuf";
@@ -842,11 +905,14 @@ pub async fn run(
             // The CPU window is the loaded window: from just before the first
             // kill to just after the last.
             crate::progress(&format!("  killing {count} at {rate:.0}/s"));
-            let (r0, p0, runs0) = thread_sched(READER);
+            let s0 = thread_sched(READER);
+            let steal0 = steal_ms();
             let t0 = Instant::now();
             let (achieved, held) = kill_window(&mut victims, &fake, &which, rate, offset);
             let elapsed = t0.elapsed().as_secs_f64();
-            let (r1, p1, runs1) = thread_sched(READER);
+            let s1 = thread_sched(READER);
+            let steal = steal_ms() - steal0;
+            let throttled = under.counters().throttled - counters0.throttled;
             let mut seen = deaths(&mut rx, &id_refs, Duration::from_secs(5)).await;
             // What is missing after 5 s: waited for 30 s more, to tell late
             // (delivered by a relist after the bound) from lost.
@@ -869,7 +935,9 @@ pub async fn run(
                 late
             };
             let dropped = under.dropped() - dropped0;
-            let (stages, _) = crate::stages::samples(&id_refs, &crate::stages::snapshot());
+            let log = crate::stages::snapshot();
+            let by_cpu = crate::stages::cpu_pairs(&id_refs, &log, crate::report::STALL_US);
+            let (stages, _) = crate::stages::samples(&id_refs, &log);
             let (stages, samples_us) = stage_figures(stages);
             let r = ScaleRate {
                 cgroups: n,
@@ -882,13 +950,19 @@ pub async fn run(
                 dropped,
                 stages,
                 samples_us,
-                reader_cpu_pct: cpu_pct(r1 - r0, elapsed),
-                process_cpu_pct: cpu_pct(p1 - p0 + r1 - r0, elapsed),
-                reader_runs_per_death: Some((runs1 - runs0) as f64 / count as f64),
+                reader_cpu_pct: cpu_pct(s1.named_s - s0.named_s, elapsed),
+                process_cpu_pct: cpu_pct(s1.rest_s - s0.rest_s + s1.named_s - s0.named_s, elapsed),
+                reader_runs_per_death: Some((s1.named_runs - s0.named_runs) as f64 / count as f64),
+                reader_sched: Some(ReaderSched {
+                    throttled,
+                    waited_ms: (s1.named_waited_s - s0.named_waited_s) * 1e3,
+                    steal_ms: steal,
+                    by_cpu,
+                }),
             };
             let last = r.stages.last();
             crate::progress(&format!(
-                "  {count} deaths at {rate:.0}/s (achieved {achieved:.0}/s): lost {}, late {}, dropped {}, {} p50 {:.0} us p99 {:.0} us, reader {:.2} % of a core, {:.2} wake-ups a death",
+                "  {count} deaths at {rate:.0}/s (achieved {achieved:.0}/s): lost {}, late {}, dropped {}, {} p50 {:.0} us p99 {:.0} us, reader {:.2} % of a core, {:.2} wake-ups a death, waited {:.1} ms runnable, budget spent {throttled} times; host steal {steal:.0} ms",
                 r.lost,
                 r.late,
                 r.dropped,
@@ -896,7 +970,8 @@ pub async fn run(
                 last.map_or(f64::NAN, |d| d.1.p50),
                 last.map_or(f64::NAN, |d| d.1.p99),
                 r.reader_cpu_pct,
-                r.reader_runs_per_death.unwrap_or(f64::NAN)
+                r.reader_runs_per_death.unwrap_or(f64::NAN),
+                (s1.named_waited_s - s0.named_waited_s) * 1e3,
             ));
             crate::progress(&format!("    {}", under.counters().since(&counters0)));
             out.rates.push(r);
@@ -1110,6 +1185,7 @@ mod tests {
             reader_cpu_pct: 1.0,
             process_cpu_pct: 2.0,
             reader_runs_per_death: None,
+            reader_sched: None,
         };
         assert_eq!(rate.percentiles(), figures);
         // The samples win over stored figures that disagree with them...

@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use evpleg_pleg::stages;
 use evpleg_pleg::stages::{Stage, StageRecord};
 
@@ -74,6 +76,58 @@ pub fn exit_read(id: &str, records: &[StageRecord]) -> Option<(u64, u64)> {
     Some((kernel, first_after(mine(), Stage::Read, kernel)?))
 }
 
+/// Deaths by the CPU whose program stamped the exit and the CPU the reader
+/// read it on, and how many of them were read more than a bound after their
+/// exit: each CPU stamps with its own clock, so late reads on one pair alone
+/// would be the two clocks' disagreement, not a wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuPair {
+    pub exit_cpu: u32,
+    pub read_cpu: u32,
+    pub deaths: usize,
+    pub late: usize,
+}
+
+/// [`CpuPair`]s of the containers `ids` (those with an exit and a read on
+/// known CPUs), a read later than `late_us` after its exit counted late;
+/// ordered by CPUs.
+pub fn cpu_pairs(ids: &[&str], records: &[StageRecord], late_us: f64) -> Vec<CpuPair> {
+    let mut by_key: HashMap<u64, Vec<&StageRecord>> = HashMap::new();
+    for r in records {
+        by_key.entry(r.key).or_default().push(r);
+    }
+    let mut pairs: std::collections::BTreeMap<(u32, u32), CpuPair> = Default::default();
+    for id in ids {
+        let Some(recs) = stages::key_of(id).and_then(|k| by_key.get(&k)) else {
+            continue;
+        };
+        let Some(kernel) = recs.iter().find(|r| r.stage == Stage::Kernel) else {
+            continue;
+        };
+        let Some(read) = recs
+            .iter()
+            .filter(|r| r.stage == Stage::Read && r.at_ns >= kernel.at_ns)
+            .min_by_key(|r| r.at_ns)
+        else {
+            continue;
+        };
+        if kernel.cpu == stages::NO_CPU || read.cpu == stages::NO_CPU {
+            continue;
+        }
+        let pair = pairs.entry((kernel.cpu, read.cpu)).or_insert(CpuPair {
+            exit_cpu: kernel.cpu,
+            read_cpu: read.cpu,
+            deaths: 0,
+            late: 0,
+        });
+        pair.deaths += 1;
+        if (read.at_ns - kernel.at_ns) as f64 / 1000.0 > late_us {
+            pair.late += 1;
+        }
+    }
+    pairs.into_values().collect()
+}
+
 /// The first kernel exit among one container's records.
 fn first_kernel<'a>(mut recs: impl Iterator<Item = &'a StageRecord>) -> Option<u64> {
     recs.find(|r| r.stage == Stage::Kernel).map(|r| r.at_ns)
@@ -103,6 +157,7 @@ mod tests {
             stage,
             key: 0xaa,
             at_ns,
+            cpu: stages::NO_CPU,
         };
         let records = [
             // A worker sync before the death does not count.
@@ -128,7 +183,12 @@ mod tests {
     #[test]
     fn exit_read_pairs_the_kernels_exit_with_the_first_read_after_it() {
         let id = format!("00000000000000aa{}", "0".repeat(48));
-        let rec = |stage, key, at_ns| StageRecord { stage, key, at_ns };
+        let rec = |stage, key, at_ns| StageRecord {
+            stage,
+            key,
+            at_ns,
+            cpu: stages::NO_CPU,
+        };
         let records = [
             rec(Stage::Read, 0xaa, 900),
             rec(Stage::Read, 0xbb, 1_100),
@@ -143,5 +203,51 @@ mod tests {
             "no read after the exit"
         );
         assert_eq!(exit_read("zz", &records), None, "not a container id");
+    }
+
+    #[test]
+    fn deaths_are_paired_by_the_cpus_of_their_exit_and_read() {
+        let id = |k: u64| format!("{k:016x}{}", "0".repeat(48));
+        let (a, b, c, d) = (id(0xa), id(0xb), id(0xc), id(0xd));
+        let rec = |stage, key, at_ns, cpu| StageRecord {
+            stage,
+            key,
+            at_ns,
+            cpu,
+        };
+        let records = [
+            // a: stamped on 1, read on 0 within 20 us.
+            rec(Stage::Kernel, 0xa, 1_000, 1),
+            rec(Stage::Read, 0xa, 21_000, 0),
+            // b: stamped on 1, read on 0 45 ms later (late); an earlier read
+            // of the same key before its exit does not count.
+            rec(Stage::Read, 0xb, 500, 1),
+            rec(Stage::Kernel, 0xb, 1_000, 1),
+            rec(Stage::Read, 0xb, 45_001_000, 0),
+            // c: stamped and read on 0.
+            rec(Stage::Kernel, 0xc, 1_000, 0),
+            rec(Stage::Read, 0xc, 15_000, 0),
+            // d: its read's CPU unknown: left out.
+            rec(Stage::Kernel, 0xd, 1_000, 0),
+            rec(Stage::Read, 0xd, 15_000, stages::NO_CPU),
+        ];
+        let ids = [a.as_str(), b.as_str(), c.as_str(), d.as_str()];
+        assert_eq!(
+            cpu_pairs(&ids, &records, 1000.0),
+            vec![
+                CpuPair {
+                    exit_cpu: 0,
+                    read_cpu: 0,
+                    deaths: 1,
+                    late: 0
+                },
+                CpuPair {
+                    exit_cpu: 1,
+                    read_cpu: 0,
+                    deaths: 2,
+                    late: 1
+                },
+            ]
+        );
     }
 }

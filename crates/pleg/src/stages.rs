@@ -13,7 +13,7 @@
 //! twice records twice): readers take the first record after the kernel's.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use evpleg_core::ids::ContainerId;
 
@@ -76,13 +76,23 @@ pub struct StageRecord {
     pub stage: Stage,
     pub key: u64,
     pub at_ns: u64,
+    /// The CPU it happened on, where known ([`NO_CPU`] otherwise): the
+    /// program's for [`Stage::Kernel`], the reader thread's for
+    /// [`Stage::Read`]. Each CPU stamps with its own clock: a read far later
+    /// than its exit on one pair of CPUs alone would be their clocks'
+    /// disagreement, not a wait.
+    pub cpu: u32,
 }
+
+/// A stage recorded without its CPU.
+pub const NO_CPU: u32 = u32::MAX;
 
 struct Slot {
     /// `stage as u64`, 0 while the slot is being written.
     stage: AtomicU64,
     key: AtomicU64,
     at_ns: AtomicU64,
+    cpu: AtomicU32,
 }
 
 /// The log of stage records (see the module's doc).
@@ -109,6 +119,7 @@ impl StageLog {
                     stage: AtomicU64::new(0),
                     key: AtomicU64::new(0),
                     at_ns: AtomicU64::new(0),
+                    cpu: AtomicU32::new(NO_CPU),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
@@ -117,6 +128,10 @@ impl StageLog {
     }
 
     fn record(&self, stage: Stage, key: u64, at_ns: u64) {
+        self.record_on(stage, key, at_ns, NO_CPU);
+    }
+
+    fn record_on(&self, stage: Stage, key: u64, at_ns: u64, cpu: u32) {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         let Some(slot) = self.slots.get(i) else {
             self.overflow.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +139,7 @@ impl StageLog {
         };
         slot.key.store(key, Ordering::Relaxed);
         slot.at_ns.store(at_ns, Ordering::Relaxed);
+        slot.cpu.store(cpu, Ordering::Relaxed);
         slot.stage.store(stage as u64, Ordering::Release);
     }
 
@@ -138,6 +154,7 @@ impl StageLog {
                     stage,
                     key: s.key.load(Ordering::Relaxed),
                     at_ns: s.at_ns.load(Ordering::Relaxed),
+                    cpu: s.cpu.load(Ordering::Relaxed),
                 })
             })
             .collect()
@@ -190,6 +207,21 @@ pub fn record(stage: Stage, id: &ContainerId, at_ns: u64) {
     if let Some(log) = log() {
         log.record(stage, key(id), at_ns);
     }
+}
+
+/// Records `stage` of container `id` at `at_ns` on CPU `cpu` (a no-op
+/// unless installed).
+#[inline]
+pub fn record_on(stage: Stage, id: &ContainerId, at_ns: u64, cpu: u32) {
+    if let Some(log) = log() {
+        log.record_on(stage, key(id), at_ns, cpu);
+    }
+}
+
+/// The CPU the calling thread runs on ([`NO_CPU`] if unknown).
+pub fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu has no preconditions.
+    u32::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(NO_CPU)
 }
 
 /// Records `stage` of container `id` now (a no-op unless installed).
@@ -250,7 +282,7 @@ mod tests {
     #[test]
     fn a_log_records_in_order_counts_overflow_and_clears() {
         let log = StageLog::new(2);
-        log.record(Stage::Kernel, 7, 10);
+        log.record_on(Stage::Kernel, 7, 10, 1);
         log.record(Stage::Read, 7, 20);
         log.record(Stage::Cached, 7, 30);
         assert_eq!(
@@ -259,12 +291,14 @@ mod tests {
                 StageRecord {
                     stage: Stage::Kernel,
                     key: 7,
-                    at_ns: 10
+                    at_ns: 10,
+                    cpu: 1
                 },
                 StageRecord {
                     stage: Stage::Read,
                     key: 7,
-                    at_ns: 20
+                    at_ns: 20,
+                    cpu: NO_CPU
                 },
             ]
         );

@@ -186,6 +186,13 @@ fn c_string(bytes: &[u8]) -> &[u8] {
     &bytes[..end]
 }
 
+/// The CPU whose program wrote a ring-buffer record (its header's), if the
+/// record holds a header.
+pub fn record_cpu(bytes: &[u8]) -> Option<u32> {
+    let cpu = bytes.get(4..8)?;
+    Some(u32::from_ne_bytes([cpu[0], cpu[1], cpu[2], cpu[3]]))
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
     let header_len = size_of::<EventHeader>();
@@ -380,6 +387,16 @@ pub(crate) mod encode {
 mod tests {
     use super::*;
     use evpleg_events::OOM_VICTIM_TID_ONLY;
+
+    #[test]
+    fn a_records_cpu_is_its_headers() {
+        assert_eq!(record_cpu(&encode::exit(10, 42, 99, 7, 0, 0)), Some(1));
+        assert_eq!(
+            record_cpu(&encode::exec(10, 42, 99, 7, "/bin/true")),
+            Some(0)
+        );
+        assert_eq!(record_cpu(&[0; 6]), None, "a record too short for a header");
+    }
 
     #[test]
     fn decodes_each_kind() {

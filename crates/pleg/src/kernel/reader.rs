@@ -22,7 +22,7 @@ use aya::maps::{MapData, PerCpuArray};
 use evpleg_events::counter;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
-use super::event::{DecodeError, KernelEvent, decode};
+use super::event::{DecodeError, KernelEvent, decode, record_cpu};
 use super::health::{HealthCell, StopGuard};
 use super::histogram::AtomicHistogram;
 use super::loader::{Loaded, RootsMap};
@@ -504,6 +504,7 @@ impl Reader {
                 unsampled += 1;
                 let now = monotonic_ns();
                 let decoded = decode(&item);
+                let cpu = record_cpu(&item).unwrap_or(stages::NO_CPU);
                 drop(item);
                 // A command sent before this record was written is in the channel
                 // now: it is applied before the record, unless it cannot
@@ -511,7 +512,7 @@ impl Reader {
                 self.apply_commands_before(decoded.as_ref().ok())?;
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
                 self.on_record(decoded, now, &mut out);
-                self.deliver(&mut out, now)?;
+                self.deliver(&mut out, now, cpu)?;
                 self.apply_set_aside();
             }
             self.apply_commands()?;
@@ -810,8 +811,9 @@ impl Reader {
 
     /// Hands the events to the sink. Into a channel, a full channel is a loss
     /// (relist) and a closed one stops the reader; the merge applies its own
-    /// rules. `read_ns`: when the record was taken from the ring (stages).
-    fn deliver(&mut self, out: &mut Output, read_ns: u64) -> Result<(), String> {
+    /// rules. `read_ns`: when the record was taken from the ring, `cpu`: the
+    /// CPU whose program wrote it (stages).
+    fn deliver(&mut self, out: &mut Output, read_ns: u64, cpu: u32) -> Result<(), String> {
         for event in out.events.drain(..) {
             if stages::log().is_some()
                 && matches!(
@@ -820,8 +822,8 @@ impl Reader {
                 )
                 && let Some(id) = &event.container_id
             {
-                stages::record(Stage::Kernel, id, event.at_ns);
-                stages::record(Stage::Read, id, read_ns);
+                stages::record_on(Stage::Kernel, id, event.at_ns, cpu);
+                stages::record_on(Stage::Read, id, read_ns, stages::current_cpu());
                 stages::record_now(Stage::Attributed, id);
             }
             let sender = match &self.events {
