@@ -251,13 +251,6 @@ pub const KNOWN: &[Known] = &[
     )
     .intermittent(),
     bug(
-        "never-signal",
-        "app: state",
-        "reported exit code 1 for a shell that sent itself SIGTERM in a shared pid namespace (to investigate: which pid namespace each set up)",
-        "reported 143 (killed by SIGTERM), and once `signal: 15`",
-    )
-    .intermittent(),
-    bug(
         "image-pull-fails",
         "app: state",
         "at 15 s: ImagePullBackOff with the message `Back-off pulling image \"...\": ErrImagePull: <the runtime's error>` (in another run still ErrImagePull with the runtime's error)",
