@@ -4,9 +4,9 @@
 //! [`install`] is called (the benchmark does; the agent never does), and when
 //! nothing is installed every hook is one atomic load.
 //!
-//! Each record is `(stage, key, CLOCK_MONOTONIC ns)` in a slot of a log
+//! Each record is `(stage, key, CLOCK_MONOTONIC ns, CPU)` in a slot of a log
 //! allocated once by [`install`]: recording takes a slot with one `fetch_add`
-//! and three relaxed stores, so the real-time reader thread neither allocates,
+//! and four relaxed stores, so the real-time reader thread neither allocates,
 //! locks nor logs. A full log drops records (counted in [`StageLog::overflow`]).
 //! The key of a container is the first 16 hex digits of its id ([`key_of`]);
 //! one record per stage and container is not enforced (a worker syncing a pod

@@ -96,6 +96,24 @@ impl ApiSide {
         Ok(())
     }
 
+    /// Removes every pod of the namespace at once (no grace period), so that
+    /// the next batch's node, of the same name, is not handed them.
+    pub async fn delete_all(&self) -> Result<(), DifferentialError> {
+        self.pods_api()
+            .delete_collection(
+                &DeleteParams::default().grace_period(0),
+                &ListParams::default(),
+            )
+            .await
+            .map_err(|e| {
+                DifferentialError::Api(format!(
+                    "delete the pods of namespace {}: {e}",
+                    self.namespace
+                ))
+            })?;
+        Ok(())
+    }
+
     /// Sets pod `name`'s readiness gate True, as its controller would.
     pub async fn open_gate(&self, name: &str) -> Result<(), DifferentialError> {
         super::act::open_gate(&self.client, &self.namespace, name).await

@@ -222,6 +222,13 @@ pub const KNOWN: &[Known] = &[
         "the kubelet's pod worker waits for the PLEG's next refresh of the pod's status (its 1 s relist) before it stops the containers of a pod going from sync to terminating (`podCache.GetNewerThan` in `pod_workers.go`, whose comment names the ~1 s this adds and a continuous PLEG as the cure); evpleg's worker gets its view from an on-demand pod relist at once",
     )
     .when(When::EvplegSooner),
+    deliberate(
+        "poststart-fails",
+        "phases",
+        "the pod is Pending between the postStart hook's failure (the container waiting, PostStartHookError) and the container's stop; the kubelet's relist sees the stop up to a second later and its Pending is written to the API server first; evpleg's kernel PLEG sees it at once, and its status manager, which writes the newest status of a pod once the write in flight returns (the kubelet's too), writes Failed in its place (standalone, its `/pods` polled every 50 ms shows the Pending)",
+    )
+    .only(Modes::Api)
+    .intermittent(),
     bug(
         "*",
         "phases",
