@@ -913,6 +913,7 @@ pub async fn run(
             let s1 = thread_sched(READER);
             let steal = steal_ms() - steal0;
             let throttled = under.counters().throttled - counters0.throttled;
+            let waited_ms = (s1.named_waited_s - s0.named_waited_s) * 1e3;
             let mut seen = deaths(&mut rx, &id_refs, Duration::from_secs(5)).await;
             // What is missing after 5 s: waited for 30 s more, to tell late
             // (delivered by a relist after the bound) from lost.
@@ -955,14 +956,14 @@ pub async fn run(
                 reader_runs_per_death: Some((s1.named_runs - s0.named_runs) as f64 / count as f64),
                 reader_sched: Some(ReaderSched {
                     throttled,
-                    waited_ms: (s1.named_waited_s - s0.named_waited_s) * 1e3,
+                    waited_ms,
                     steal_ms: steal,
                     by_cpu,
                 }),
             };
             let last = r.stages.last();
             crate::progress(&format!(
-                "  {count} deaths at {rate:.0}/s (achieved {achieved:.0}/s): lost {}, late {}, dropped {}, {} p50 {:.0} us p99 {:.0} us, reader {:.2} % of a core, {:.2} wake-ups a death, waited {:.1} ms runnable, budget spent {throttled} times; host steal {steal:.0} ms",
+                "  {count} deaths at {rate:.0}/s (achieved {achieved:.0}/s): lost {}, late {}, dropped {}, {} p50 {:.0} us p99 {:.0} us, reader {:.2} % of a core, {:.2} wake-ups a death, waited {waited_ms:.1} ms runnable, budget spent {throttled} times; host steal {steal:.0} ms",
                 r.lost,
                 r.late,
                 r.dropped,
@@ -971,7 +972,6 @@ pub async fn run(
                 last.map_or(f64::NAN, |d| d.1.p99),
                 r.reader_cpu_pct,
                 r.reader_runs_per_death.unwrap_or(f64::NAN),
-                (s1.named_waited_s - s0.named_waited_s) * 1e3,
             ));
             crate::progress(&format!("    {}", under.counters().since(&counters0)));
             out.rates.push(r);

@@ -42,10 +42,7 @@ pub fn snapshot() -> Vec<StageRecord> {
 /// Samples per stage (in [`AFTER_KERNEL`] order, empty stages left out) for
 /// the containers `ids`, and how many of them have no kernel record.
 pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>, usize) {
-    let mut by_key: HashMap<u64, Vec<&StageRecord>> = HashMap::new();
-    for r in records {
-        by_key.entry(r.key).or_default().push(r);
-    }
+    let by_key = by_key(records);
     let mut out: Vec<(Stage, Vec<f64>)> = AFTER_KERNEL.iter().map(|s| (*s, Vec::new())).collect();
     let mut missing = 0;
     for id in ids {
@@ -58,8 +55,8 @@ pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>
             continue;
         };
         for (stage, samples) in &mut out {
-            if let Some(at) = first_after(recs.iter().copied(), *stage, kernel) {
-                samples.push((at - kernel) as f64 / 1000.0);
+            if let Some(r) = first_after(recs.iter().copied(), *stage, kernel.at_ns) {
+                samples.push((r.at_ns - kernel.at_ns) as f64 / 1000.0);
             }
         }
     }
@@ -72,8 +69,8 @@ pub fn samples(ids: &[&str], records: &[StageRecord]) -> (Vec<(Stage, Vec<f64>)>
 pub fn exit_read(id: &str, records: &[StageRecord]) -> Option<(u64, u64)> {
     let key = stages::key_of(id)?;
     let mine = || records.iter().filter(move |r| r.key == key);
-    let kernel = first_kernel(mine())?;
-    Some((kernel, first_after(mine(), Stage::Read, kernel)?))
+    let kernel = first_kernel(mine())?.at_ns;
+    Some((kernel, first_after(mine(), Stage::Read, kernel)?.at_ns))
 }
 
 /// Deaths by the CPU whose program stamped the exit and the CPU the reader
@@ -92,23 +89,16 @@ pub struct CpuPair {
 /// known CPUs), a read later than `late_us` after its exit counted late;
 /// ordered by CPUs.
 pub fn cpu_pairs(ids: &[&str], records: &[StageRecord], late_us: f64) -> Vec<CpuPair> {
-    let mut by_key: HashMap<u64, Vec<&StageRecord>> = HashMap::new();
-    for r in records {
-        by_key.entry(r.key).or_default().push(r);
-    }
+    let by_key = by_key(records);
     let mut pairs: std::collections::BTreeMap<(u32, u32), CpuPair> = Default::default();
     for id in ids {
         let Some(recs) = stages::key_of(id).and_then(|k| by_key.get(&k)) else {
             continue;
         };
-        let Some(kernel) = recs.iter().find(|r| r.stage == Stage::Kernel) else {
+        let Some(kernel) = first_kernel(recs.iter().copied()) else {
             continue;
         };
-        let Some(read) = recs
-            .iter()
-            .filter(|r| r.stage == Stage::Read && r.at_ns >= kernel.at_ns)
-            .min_by_key(|r| r.at_ns)
-        else {
+        let Some(read) = first_after(recs.iter().copied(), Stage::Read, kernel.at_ns) else {
             continue;
         };
         if kernel.cpu == stages::NO_CPU || read.cpu == stages::NO_CPU {
@@ -128,9 +118,18 @@ pub fn cpu_pairs(ids: &[&str], records: &[StageRecord], late_us: f64) -> Vec<Cpu
     pairs.into_values().collect()
 }
 
+/// The records by container key.
+fn by_key(records: &[StageRecord]) -> HashMap<u64, Vec<&StageRecord>> {
+    let mut by_key: HashMap<u64, Vec<&StageRecord>> = HashMap::new();
+    for r in records {
+        by_key.entry(r.key).or_default().push(r);
+    }
+    by_key
+}
+
 /// The first kernel exit among one container's records.
-fn first_kernel<'a>(mut recs: impl Iterator<Item = &'a StageRecord>) -> Option<u64> {
-    recs.find(|r| r.stage == Stage::Kernel).map(|r| r.at_ns)
+fn first_kernel<'a>(mut recs: impl Iterator<Item = &'a StageRecord>) -> Option<&'a StageRecord> {
+    recs.find(|r| r.stage == Stage::Kernel)
 }
 
 /// The earliest record of `stage` at or after `kernel` among one
@@ -139,10 +138,9 @@ fn first_after<'a>(
     recs: impl Iterator<Item = &'a StageRecord>,
     stage: Stage,
     kernel: u64,
-) -> Option<u64> {
+) -> Option<&'a StageRecord> {
     recs.filter(|r| r.stage == stage && r.at_ns >= kernel)
-        .map(|r| r.at_ns)
-        .min()
+        .min_by_key(|r| r.at_ns)
 }
 
 #[cfg(test)]
