@@ -106,16 +106,11 @@ pub fn available(test: &str) -> bool {
     false
 }
 
-/// A port free on 127.0.0.1 now (the kernel's pick; free again when the
-/// process binds it, unless another takes it first: [`ControlPlane::start`]
-/// then tries again).
+/// A port free on 127.0.0.1 now ([`crate::ports`]; should another take it
+/// first, [`ControlPlane::start`] tries again).
 fn free_port() -> Result<u16, ControlPlaneError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| ControlPlaneError::io("bind", Path::new("127.0.0.1:0"), e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| ControlPlaneError::io("read the address of", Path::new("127.0.0.1:0"), e))
+    crate::ports::free_port()
+        .map_err(|e| ControlPlaneError::io("find a free port on", Path::new("127.0.0.1"), e))
 }
 
 /// A child process logging to a file; stopped (SIGTERM, then SIGKILL after

@@ -21,6 +21,7 @@ pub mod kernel_checks;
 pub mod killable;
 pub mod oci_hooks;
 pub mod pleg;
+pub mod ports;
 pub mod registry;
 pub mod start_gate;
 pub mod stock_kubelet;

@@ -88,10 +88,15 @@ pub enum KubeletError {
     },
     #[error("stock kubelet: no free port on 127.0.0.1: {0}")]
     Port(std::io::Error),
-    #[error("stock kubelet: exited before serving /pods ({status}); its log {log}:\n{tail}")]
+    #[error(
+        "stock kubelet: exited before serving /pods ({status}); its errors:\n{errors}\nits log {log} ends:\n{tail}"
+    )]
     Exited {
         status: std::process::ExitStatus,
         log: PathBuf,
+        /// Its log's error and fatal lines, first: a test's output may keep
+        /// only a failure message's beginning.
+        errors: String,
         tail: String,
     },
     #[error("stock kubelet: /pods not served within {0:?}; its log {1}:\n{2}")]
@@ -179,11 +184,6 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-fn free_port() -> Result<u16, KubeletError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(KubeletError::Port)?;
-    Ok(l.local_addr().map_err(KubeletError::Port)?.port())
-}
-
 impl StockKubelet {
     /// Starts the kubelet under `base` (its root, manifests, logs and
     /// configuration all below it) and waits until it serves `/pods`.
@@ -211,6 +211,7 @@ impl StockKubelet {
         ] {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
+        let free_port = || crate::ports::free_port().map_err(KubeletError::Port);
         let (port, read_only, healthz) = (free_port()?, free_port()?, free_port()?);
         // Its cgroup root must exist in every hierarchy before it starts.
         let cgroup_root = match opts.cgroups {
@@ -324,6 +325,7 @@ impl StockKubelet {
                 return Err(KubeletError::Exited {
                     status,
                     log: self.log.clone(),
+                    errors: self.log_errors(),
                     tail: self.log_tail(),
                 });
             }
@@ -346,6 +348,13 @@ impl StockKubelet {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// The last error and fatal lines of its log (klog's `E`/`F` lines).
+    fn log_errors(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let errors: Vec<&str> = text.lines().filter(|l| is_klog_error(l)).collect();
+        errors[errors.len().saturating_sub(10)..].join("\n")
     }
 
     /// Writes a static pod manifest (renamed in, never seen half written).
@@ -504,6 +513,12 @@ fn remove_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// Whether a klog line is an error's or a fatal's (`E1206 01:32:53.25 ...`).
+fn is_klog_error(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 5 && matches!(b[0], b'E' | b'F') && b[1..5].iter().all(u8::is_ascii_digit)
+}
+
 /// The kubelet's three ports.
 #[derive(Debug, Clone, Copy)]
 struct Ports {
@@ -605,4 +620,22 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
     })
     .await
     .ok()?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_klog_error;
+
+    #[test]
+    fn klog_error_and_fatal_lines_are_told_from_the_others() {
+        assert!(is_klog_error(
+            r#"E1206 01:32:53.3 12980 server.go:213] "Failed to listen and serve""#
+        ));
+        assert!(is_klog_error("F1206 01:32:53.3 12980 server.go:1] fatal"));
+        assert!(!is_klog_error(
+            "I1206 01:32:53.3 12980 kubelet.go:518] standalone"
+        ));
+        assert!(!is_klog_error("Error: unknown flag"));
+        assert!(!is_klog_error("E"));
+    }
 }
