@@ -96,23 +96,6 @@ pub struct Known {
     pub when: Option<When>,
 }
 
-/// An open bug in both modes, seen in every run.
-const fn bug(
-    case: &'static str,
-    field: &'static str,
-    kubelet: &'static str,
-    evpleg: &'static str,
-) -> Known {
-    Known {
-        case,
-        field,
-        verdict: Verdict::Bug { kubelet, evpleg },
-        modes: Modes::Both,
-        intermittent: false,
-        when: None,
-    }
-}
-
 /// A deliberate difference in both modes.
 const fn deliberate(case: &'static str, field: &'static str, why: &'static str) -> Known {
     Known {
@@ -159,9 +142,11 @@ impl Known {
     }
 }
 
-/// The table: every row is an open bug in the agent or a deliberate
-/// difference, found by this harness (docs/fidelity.md lists each with both
-/// values).
+/// The table: every row is a deliberate difference, the harness's, or an
+/// open bug in the agent (none now: the bugs this harness found were fixed,
+/// and the rows of differences under load that three runs in batches no
+/// longer showed are gone), found by this harness (docs/fidelity.md lists
+/// each with both values).
 pub const KNOWN: &[Known] = &[
     // Before the `*` rows: a row explains the differences it matches first.
     Known {
@@ -200,8 +185,8 @@ pub const KNOWN: &[Known] = &[
         "evpleg reports each container death its kernel PLEG saw, with its exit code and how long before the runtime reported it (docs/pod-lifecycle.md, its events table); the kubelet has no such event",
     )
     .only(Modes::Api),
-    // Timing that goes the kernel PLEG's way: before the rows of the bugs
-    // that go the other way.
+    // Timing that goes the kernel PLEG's way (only that way: the other way
+    // is not explained).
     deliberate("*", "*: states seen", SEEN_AT_ONCE).when(When::EvplegSawMore),
     deliberate("*", "phases", SEEN_AT_ONCE).when(When::EvplegSawMore),
     deliberate(
@@ -229,41 +214,6 @@ pub const KNOWN: &[Known] = &[
     )
     .only(Modes::Api)
     .intermittent(),
-    bug(
-        "*",
-        "phases",
-        "serves Running while a container that runs 1 s runs (in some runs not: its 1 s relist can pass over the run, a deliberate row above when evpleg saw it), and a static pod it rejects at admission first as Pending",
-        "goes from Pending to Succeeded/Failed without a Running status seen while the container ran (its statuses polled every 50 ms) when the container runs about 1 s, with the whole corpus at once: its first status after the start comes after the run (as for `*: states seen`); and serves a rejected pod Failed at once",
-    )
-    .intermittent(),
-    bug(
-        "*",
-        "*: states seen",
-        "serves each state in turn: `running` for a container that runs 1 s (its relist can pass over it: a deliberate row above when evpleg saw it); `terminated` between a crash and the restart; after the init containers, PodInitializing until the app container runs",
-        "misses `running` for a container that runs about 1 s, with the whole corpus at once on 2 cores, when its first status after the start comes after the run: the sync that started it goes on to start the pod's next container or run its postStart hook (the kubelet's SyncPod does the same, and each took 0.9 to 2.5 s under this load), or the worker's pod relist after the start comes late (a relist batch waited up to 2.4 s, then 1.7 s, on containerd's verbose sandbox statuses: asked once per pid since, and never while the pod's shim creates a task, `evpleg_cri::runtime`; at most 0.44 s since). Stale displays are not counted (the kubelet's relist and containerd's exit lag showed many such runs `running` after they had ended). It served ContainerCreating after the init containers too, and a created container's ContainerCreating where the kubelet gives no reason: fixed (`status::generate`, the kubelet's default waiting reasons)",
-    )
-    .intermittent(),
-    bug(
-        "sidecar-job",
-        "sidecar: *",
-        "stops the sidecar once the pod's regular containers have ended under restartPolicy Never: SIGTERM, here handled, so `terminated` Completed, exit 0, not ready",
-        "still served the sidecar running (ready, started) 2 s after the pod's phase became Succeeded in most runs (stopped in time in some)",
-    )
-    .intermittent(),
-    bug(
-        "*",
-        "*: end after removal ms",
-        "ends a deleted static pod's containers 2.0 to 4.7 s after its manifest's removal (its file source noticing, its worker waiting for the PLEG's next refresh, the preStop hook, then SIGTERM and the grace period)",
-        "ended them later than the kubelet, by more than the 0.7 s tolerance, in some earlier whole runs (readiness-delete 3.6 to 3.9 s against 2.2 to 2.4 s; prestop-graceful once 6.3 s against 2.4 s); sooner is the deliberate row above",
-    )
-    .intermittent(),
-    bug(
-        "image-pull-fails",
-        "app: state",
-        "at 15 s: ImagePullBackOff with the message `Back-off pulling image \"...\": ErrImagePull: <the runtime's error>` (in another run still ErrImagePull with the runtime's error)",
-        "the same messages since the pull's error is kept for the back-off (`kuberuntime::images::PullErrors`); which of the two states a side serves at 15 s is timing (its 10 s pull back-off against its pod syncs)",
-    )
-    .intermittent(),
     deliberate(
         "init-sandbox-killed",
         "*",
@@ -276,13 +226,6 @@ pub const KNOWN: &[Known] = &[
         "the kubelet starts a static pod's new version (its manifest changed in place) only at the new worker's requeue after `allowStaticPodStart` first refused it, 10 to 15 s later (`backOffPeriod` with jitter), past the case's 14 s: within them it serves the new pod without container statuses; evpleg wakes the new version as soon as the old one's worker finished (`pod_workers::static_pods`)",
     )
     .only(Modes::Static)
-    .intermittent(),
-    bug(
-        "sidecar-restarts",
-        "*",
-        "restarts the sidecar after its first exit at once (no back-off entry yet), and shows its second exit, found by its 1 s relist, after the case's 2 s; its status shows a back-off one sync after the sync that found it (the status is generated before SyncPod, from the reason cache SyncPod fills)",
-        "starts the app as the kubelet does (same start order: the earlier text here, that it had not, is not what the records show); its kernel PLEG reports the sidecar's second exit at once, within the case's 2 s (and the back-off, once shown in the status of the sync that found it, now shows one sync later as the kubelet's: the reason cache, `kuberuntime::reasons`); no BackOff event in some whole runs: its pod relists under the whole corpus (as for `event BackOff`)",
-    )
     .intermittent(),
     deliberate(
         "prestop-*",
@@ -297,28 +240,6 @@ pub const KNOWN: &[Known] = &[
         "as for `prestop-*`: the kubelet probes the stopped container's readiness on its lagging status (the probe errors); evpleg knows it died and does not",
     )
     .only(Modes::Api)
-    .intermittent(),
-    bug(
-        "image-pull-fails",
-        "event Failed",
-        "the pull's messages of the runtime",
-        "differ (to compare: only the first entries were printed)",
-    )
-    .only(Modes::Api)
-    .intermittent(),
-    bug(
-        "*",
-        "*: restart wait ms",
-        "restarts a crashed container 2.1 to 3.4 s after its end (CrashLoopBackOff 1 s): its 1 s relist sees the death up to 1 s late, and the sync after its back-off error waits for a relist newer than that sync, then `wait.Jitter` 0.5 of the wait left; a first crash (no back-off yet) once its relist saw it",
-        "restarted later than the kubelet by more than the 1.5 s tolerance in some whole runs (3.8 to 8.4 s before the pod relists stopped asking known pids again; sidecar-restarts' sidecar 2.9 s against 1.1 s in a static run since; onfailure-retries 4.4 s against 1.3 s and liveness-tcp-fails 3.3 s against 0.8 s in the static run at 3500d22, where a restart after a death only the kernel had reported waited for containerd's report, 4.3 s late: it waits at most `kuberuntime::actions::REAP_SLACK` past the back-off since); sooner is the deliberate row above",
-    )
-    .intermittent(),
-    bug(
-        "*",
-        "event Unhealthy",
-        "recorded a probe's failure before the container could answer in some whole runs (`connection refused` before an HTTP server listened, a startup probe's empty failure before its file existed)",
-        "recorded none of these in the same runs: whether its first probe comes later than the kubelet's under load is to investigate (startup-gating, sidecar-job-fails, liveness-http-fails; one to three cases a run)",
-    )
     .intermittent(),
     Known {
         case: "admission-resources",
@@ -336,20 +257,6 @@ pub const KNOWN: &[Known] = &[
         intermittent: true,
         when: None,
     },
-    bug(
-        "*",
-        "event Killing",
-        "records no Killing for an init container that had completed: its relist saw the exit",
-        "recorded `Stopping container init` for an init container that had completed, in one API run: containerd reported the exit 3.5 s after the kernel, past the PLEG's confirmation bound (`relist::CONFIRM_BOUND`, then 2 s), so the runtime's view won (the container running again in the cache, the status's regression refused) and the pod's kill stopped it. containerd's exit reports lagged up to 3.5 s under the whole corpus (p50 1.4 s, p90 2.5 s in that run); the bound is 5 s since: the row stays until whole runs no longer show it",
-    )
-    .intermittent(),
-    bug(
-        "*",
-        "event BackOff",
-        "records BackOff when a sync finds a crashed container within its CrashLoopBackOff (1 s here)",
-        "recorded none for onfailure-retries in one whole run (API): the worker, having started the container, waits for a pod relist newer than that sync; with the whole corpus at once its pod relists took up to 2 s (`no pod status newer than the last sync yet`), so its sync after the kernel's report of the death came after the 1 s back-off had passed (the same queued relists as `*: states seen`)",
-    )
-    .intermittent(),
 ];
 
 /// Why evpleg shows states the kubelet can miss.
