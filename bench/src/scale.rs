@@ -24,6 +24,7 @@ use evpleg_core::lifecycle::{EventKind, EventSource, PodLifecycleEvent};
 use evpleg_cri::{CriClient, CriClientConfig};
 use evpleg_pleg::kernel::KernelPlegConfig;
 use evpleg_pleg::kernel::event::KernelEvent;
+use evpleg_pleg::kernel::offload::HandoffCause;
 use evpleg_pleg::kernel::relist_requests::RelistReason;
 use evpleg_pleg::relist::FullRelistCause;
 use evpleg_pleg::stages::Stage;
@@ -490,7 +491,8 @@ struct Counters {
     corrected: u64,
     contradicted: u64,
     demoted: u64,
-    handoffs: u64,
+    /// By cause (`HandoffCause::ALL`).
+    handoffs: [u64; HandoffCause::ALL.len()],
     /// Times the reader spent its real-time budget.
     throttled: u64,
     /// Views the reader applied, by duration (the histogram's buckets).
@@ -505,7 +507,7 @@ impl Counters {
         format!(
             "meanwhile: merge deferred {}, hints {}, discarded {}; kernel unattributed {}, \
              rescans {}, discarded {}, events {}, hints {}, corrected {}, contradicted {}, \
-             demoted {}, handed off {}, reader throttled {}, views applied {}; full relists {}{}{}, pod relists {}",
+             demoted {}, handed off {}{}, reader throttled {}, views applied {}; full relists {}{}{}, pod relists {}",
             self.deferred - before.deferred,
             self.hints - before.hints,
             self.merge_discarded - before.merge_discarded,
@@ -517,7 +519,13 @@ impl Counters {
             self.corrected - before.corrected,
             self.contradicted - before.contradicted,
             self.demoted - before.demoted,
-            self.handoffs - before.handoffs,
+            self.handoffs.iter().sum::<u64>() - before.handoffs.iter().sum::<u64>(),
+            grown(
+                &HandoffCause::ALL.map(HandoffCause::label),
+                &self.handoffs,
+                &before.handoffs,
+                ""
+            ),
             self.throttled - before.throttled,
             views_since(&self.reconciles, &before.reconciles),
             self.relists - before.relists,
@@ -625,7 +633,7 @@ impl Under {
             c.corrected = k.corrected.load(Ordering::Relaxed);
             c.contradicted = k.contradicted.load(Ordering::Relaxed);
             c.demoted = k.demoted.load(Ordering::Relaxed);
-            c.handoffs = k.handoffs.load(Ordering::Relaxed);
+            c.handoffs = HandoffCause::ALL.map(|cause| k.handoffs.get(cause));
             c.throttled = k.rt_throttled.load(Ordering::Relaxed);
             c.reconciles = k.reconcile_seconds.snapshot();
             for r in RelistReason::ALL {

@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 
 use evpleg_pleg::Pleg;
 use evpleg_pleg::kernel::KernelStats;
+use evpleg_pleg::kernel::offload::HandoffCause;
 use evpleg_pleg::merge::MergeStats;
 use evpleg_pleg::relist::{FullRelistCause, RelistStats};
 
@@ -424,11 +425,6 @@ impl Collector for PlegCollector {
                     load(&k.rt_throttled),
                 ),
                 (
-                    "pleg_kernel_merge_handoffs",
-                    "Kernel events merged by the normal-priority helper because a lock was busy on the reader",
-                    load(&k.handoffs),
-                ),
-                (
                     "pleg_kernel_merge_handoff_failures",
                     "Kernel events the helper's full queue could not take (a full relist was requested)",
                     load(&k.handoff_failures),
@@ -440,6 +436,19 @@ impl Collector for PlegCollector {
                 ),
             ] {
                 counter(&mut encoder, name, help, value)?;
+            }
+            {
+                let mut family = encoder.encode_descriptor(
+                    "pleg_kernel_merge_handoffs",
+                    "Kernel events merged by the normal-priority helper, by cause: a lock busy on the reader (cache, reports, relist_queue) or an earlier event still with the helper (behind)",
+                    None,
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for cause in HandoffCause::ALL {
+                    let labels = [("cause", cause.label())];
+                    let n = ConstCounter::new(k.handoffs.get(cause));
+                    n.encode(family.encode_family(&labels)?)?;
+                }
             }
             let unfound = ConstGauge::new(load(&k.unfound) as i64);
             unfound.encode(encoder.encode_descriptor(

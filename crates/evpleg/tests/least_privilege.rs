@@ -75,10 +75,14 @@ impl Drop for Cgroup {
     }
 }
 
-/// A TCP port free on loopback now (the listener is closed before use).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+/// The port of the address evpleg's log says it serves HTTP on
+/// (`serving http addr=127.0.0.1:PORT`): it listens on port 0, the kernel's
+/// pick, rather than on a port picked here and freed before it binds (which
+/// another socket may take meanwhile).
+fn served_port(logs: &str) -> Option<u16> {
+    let line = logs.lines().find(|l| l.contains("serving http"))?;
+    let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
+    addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
 }
 
 /// `GET path` on `127.0.0.1:port`, the whole answer (`Connection: close`).
@@ -154,10 +158,14 @@ fn observe_sees_a_death(mut cmd: Command) {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cgroup = Cgroup::new();
-    let port = free_port();
     let mut child = cmd
-        .args(["observe", "--cri-endpoint", "none", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
+        .args([
+            "observe",
+            "--cri-endpoint",
+            "none",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .args(["--run-for", "60s"])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
@@ -237,6 +245,8 @@ fn observe_sees_a_death(mut cmd: Command) {
     };
     assert_eq!(died["exit_code"], 7, "{died}");
     assert_eq!(died["source"], "kernel", "{died}");
+    let port = served_port(&logs_now())
+        .unwrap_or_else(|| panic!("no `serving http addr=` in its log:\n{}", logs_now()));
     let healthz = http_get(port, "/healthz");
     assert!(
         healthz.starts_with("HTTP/1.1 200"),

@@ -60,11 +60,18 @@ pub struct KernelMerge {
     pub stats: Arc<MergeStats>,
 }
 
-/// A lock the merge needed was held by another thread: nothing that needs
-/// it was done (what was done before is idempotent: the whole event can be
-/// handled again with [`KernelMerge::handle`]).
+/// A lock the merge needed was held by another thread, named: nothing that
+/// needs it was done (what was done before is idempotent: the whole event can
+/// be handled again with [`KernelMerge::handle`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Busy;
+pub enum Busy {
+    /// The pod status cache's.
+    Cache,
+    /// The delivered transitions' ([`KernelReports`]).
+    Reports,
+    /// The on-demand relist queue's ([`PodRelistQueue`]).
+    RelistQueue,
+}
 
 impl KernelMerge {
     /// Applies one kernel event, waiting for the locks it needs.
@@ -108,7 +115,7 @@ impl KernelMerge {
                 } else {
                     self.cache
                         .try_record_and_overlay_exit(uid, id, exit)
-                        .ok_or(Busy)?
+                        .ok_or(Busy::Cache)?
                 };
                 if known {
                     stages::record_now(Stage::Cached, id);
@@ -123,7 +130,7 @@ impl KernelMerge {
                                 || e.status.sandboxes.iter().any(|s| s.id == *id))
                     })
                 } else {
-                    self.cache.try_holds(uid, id).ok_or(Busy)?
+                    self.cache.try_holds(uid, id).ok_or(Busy::Cache)?
                 }
             }
             // Not the kernel's to say (a cgroup's removal is not the runtime
@@ -154,7 +161,7 @@ impl KernelMerge {
         if !blocking {
             return match self.pod_relist.try_push(uid, watch, redeliver) {
                 true => Ok(()),
-                false => Err(Busy),
+                false => Err(Busy::RelistQueue),
             };
         }
         let uid = uid.clone();
@@ -199,7 +206,7 @@ impl KernelMerge {
         } else {
             self.reports
                 .try_deliver(id, kind, event.at_ns, send)
-                .ok_or(Busy)?
+                .ok_or(Busy::Reports)?
         };
         match delivery {
             Delivery::Sent => {

@@ -32,7 +32,7 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use tracing::{debug, info, warn};
@@ -41,7 +41,7 @@ use super::index::ScanError;
 use super::loader::LoadError;
 use super::reader::{KernelStats, Wake};
 use super::relist_requests::{RelistReason, RelistRequests};
-use crate::merge::{KernelMerge, MergeStats};
+use crate::merge::{Busy, KernelMerge, MergeStats};
 use aya::maps::MapError;
 use evpleg_core::ids::ContainerId;
 use evpleg_core::lifecycle::PodLifecycleEvent;
@@ -50,6 +50,62 @@ use evpleg_core::lifecycle::PodLifecycleEvent;
 pub const HANDOFF_CAPACITY: usize = 1024;
 /// Log lines queued before one is dropped (counted).
 pub const LOG_CAPACITY: usize = 64;
+
+/// Why the reader handed a merge to the helper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandoffCause {
+    /// A lock the merge needed was busy.
+    Busy(Busy),
+    /// An earlier event was still with the helper (a pod's events keep their
+    /// order).
+    Behind,
+}
+
+impl HandoffCause {
+    pub const ALL: [Self; 4] = [
+        Self::Busy(Busy::Cache),
+        Self::Busy(Busy::Reports),
+        Self::Busy(Busy::RelistQueue),
+        Self::Behind,
+    ];
+
+    fn index(self) -> usize {
+        match self {
+            Self::Busy(Busy::Cache) => 0,
+            Self::Busy(Busy::Reports) => 1,
+            Self::Busy(Busy::RelistQueue) => 2,
+            Self::Behind => 3,
+        }
+    }
+
+    /// Its metric label and log name.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Busy(Busy::Cache) => "cache",
+            Self::Busy(Busy::Reports) => "reports",
+            Self::Busy(Busy::RelistQueue) => "relist_queue",
+            Self::Behind => "behind",
+        }
+    }
+}
+
+/// Merges handed to the helper, by cause.
+#[derive(Debug, Default)]
+pub struct HandoffCounts([AtomicU64; HandoffCause::ALL.len()]);
+
+impl HandoffCounts {
+    fn add(&self, cause: HandoffCause) {
+        self.0[cause.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, cause: HandoffCause) -> u64 {
+        self.0[cause.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn total(&self) -> u64 {
+        HandoffCause::ALL.iter().map(|&c| self.get(c)).sum()
+    }
+}
 
 /// Why the kernel filter refused a root, in a fixed size (built on the
 /// real-time reader: no `String`, issue #25 item 8).
@@ -275,13 +331,18 @@ impl Offload {
     /// and every lock is free, else hands it to the helper; a full hand-off
     /// queue requests a full relist at once.
     pub fn merge(&self, merge: &KernelMerge, event: PodLifecycleEvent, relist: &RelistRequests) {
-        if self.in_flight.load(Ordering::Acquire) == 0 && merge.try_handle(&event).is_ok() {
-            return;
-        }
+        let cause = if self.in_flight.load(Ordering::Acquire) != 0 {
+            HandoffCause::Behind
+        } else {
+            match merge.try_handle(&event) {
+                Ok(()) => return,
+                Err(busy) => HandoffCause::Busy(busy),
+            }
+        };
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         match self.merges.try_send(event) {
             Ok(()) => {
-                self.stats.handoffs.fetch_add(1, Ordering::Relaxed);
+                self.stats.handoffs.add(cause);
                 self.wake.wake();
             }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
@@ -517,9 +578,20 @@ mod tests {
         });
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         assert_eq!(
-            (load(&stats.handoffs), load(&stats.handoff_failures)),
+            (stats.handoffs.total(), load(&stats.handoff_failures)),
             (HANDOFF_CAPACITY as u64, 1),
             "handed off while the lock was held, the one past the queue a relist"
+        );
+        let by_cause = HandoffCause::ALL.map(|c| (c.label(), stats.handoffs.get(c)));
+        assert_eq!(
+            by_cause,
+            [
+                ("cache", 1),
+                ("reports", 0),
+                ("relist_queue", 0),
+                ("behind", HANDOFF_CAPACITY as u64 - 1)
+            ],
+            "the first for the cache's lock, the others behind it"
         );
         assert_eq!(
             (signal.count(), counts.get(RelistReason::HandOffFull)),
@@ -553,7 +625,7 @@ mod tests {
         start.kind = EventKind::ContainerStarted;
         start.exit = None;
         offload.merge(&merge, start, &RelistRequests::new(signal, counts));
-        assert_eq!(load(&stats.handoffs), HANDOFF_CAPACITY as u64);
+        assert_eq!(stats.handoffs.total(), HANDOFF_CAPACITY as u64);
     }
 
     #[test]

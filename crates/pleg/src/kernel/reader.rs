@@ -26,7 +26,7 @@ use super::event::{DecodeError, KernelEvent, decode, record_cpu};
 use super::health::{HealthCell, StopGuard};
 use super::histogram::AtomicHistogram;
 use super::loader::{Loaded, RootsMap};
-use super::offload::{FilterFailure, LogLine, Offload};
+use super::offload::{FilterFailure, HandoffCounts, LogLine, Offload};
 use super::proc::Reconciliation;
 use super::relist_requests::{RelistCounts, RelistReason, RelistRequests};
 use super::rescan::RescanPolicy;
@@ -149,9 +149,9 @@ pub struct KernelStats {
     /// CLOCK_MONOTONIC ns of the reader loop's last pass (at least every 5 s):
     /// the supervisor's heartbeat.
     pub heartbeat_ns: AtomicU64,
-    /// Events the merge handed to the normal-priority helper (a lock it
-    /// needed was held, or an earlier event was still there).
-    pub handoffs: AtomicU64,
+    /// Events the merge handed to the normal-priority helper, by cause (a
+    /// lock it needed was held, or an earlier event was still there).
+    pub handoffs: HandoffCounts,
     /// Events the helper's queue could not take: a full relist was requested.
     pub handoff_failures: AtomicU64,
     /// Reader log lines dropped because their queue was full.
@@ -192,7 +192,7 @@ impl Default for KernelStats {
             unfound: AtomicU64::new(0),
             heartbeat_ns: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
-            handoffs: AtomicU64::new(0),
+            handoffs: HandoffCounts::default(),
             handoff_failures: AtomicU64::new(0),
             log_lines_dropped: AtomicU64::new(0),
             rt_throttled: AtomicU64::new(0),
