@@ -18,8 +18,22 @@
 //! kernel merge loses it. A pod relist whose listing shows the
 //! snapshot's container states raises the snapshot's time
 //! ([`PodStatusCache::touch`]): the kubelet's global timestamp, for one pod.
+//!
+//! The kubelet's cache is one map under one lock. This one is [`SHARDS`]
+//! maps, a pod's entry and its kernel exits in the shard its uid hashes to,
+//! each under its own lock: the kernel PLEG's real-time reader takes a
+//! pod's shard only if it is free, and a relist storing another pod's
+//! snapshot no longer holds it (issue #29: at 1 000 deaths a second, each
+//! death's pod relist held the single lock often enough that half a percent
+//! of the deaths went to the reader's normal-priority helper, and those were
+//! the p99). The global timestamp is an atomic, raised after the full
+//! relist's stores and read before a pod's entry, so an entry read after a
+//! global time newer than a waiter's is at least that relist's.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
@@ -58,18 +72,24 @@ struct ExitRecord {
     confirmed: bool,
 }
 
+/// How many shards the cache has (see the module's documentation).
+pub const SHARDS: usize = 16;
+
+/// One shard: the entries of the pods whose uid hashes to it, and their
+/// kernel exits.
 #[derive(Debug, Default)]
-struct Inner {
+struct Shard {
     pods: HashMap<PodUid, CacheEntry>,
     exits: Exits,
-    global_ns: u64,
 }
 
-/// The kernel exits, by container and by pod: what is done for one pod (a
-/// relist storing its snapshot, confirming or pruning its exits) visits that
-/// pod's exits only. Visiting them all, under the lock the kernel merge
-/// needs, held it most of the time at 1 000 deaths a second and sent an eighth
-/// of the deaths to the normal-priority helper (issue #29).
+/// A shard's kernel exits, by container and by pod: what is done for one pod
+/// (a relist storing its snapshot, confirming or pruning its exits) visits
+/// that pod's exits only. Visiting them all, under the lock the kernel merge
+/// needs, held it most of the time at 1 000 deaths a second and sent an
+/// eighth of the deaths to the normal-priority helper (issue #29). A
+/// container id belongs to one pod (a runtime's ids are unique): an exit is
+/// looked up, confirmed and forgotten with its pod's uid.
 #[derive(Debug, Default)]
 struct Exits {
     records: HashMap<ContainerId, ExitRecord>,
@@ -158,6 +178,12 @@ impl Exits {
     }
 }
 
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock leaves consistent data (each method
+    // finishes its update before unlocking): keep going.
+    shard.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Lays kernel death `exit` of container (or sandbox) `id` on `entry`'s
 /// snapshot and advances its `deaths_ns`; a container the runtime itself
 /// reports exited keeps the runtime's status. Returns whether the snapshot
@@ -189,7 +215,12 @@ fn lay_exit(entry: &mut CacheEntry, id: &ContainerId, exit: &KernelExit) -> bool
 /// The pod status cache; cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct PodStatusCache {
-    inner: Mutex<Inner>,
+    shards: [Mutex<Shard>; SHARDS],
+    /// The same for every cache (a pod's shard is reproducible).
+    hasher: BuildHasherDefault<DefaultHasher>,
+    /// The kubelet's global timestamp (CLOCK_MONOTONIC ns): raised after a
+    /// full relist's stores (release), read before a pod's entry (acquire).
+    global_ns: AtomicU64,
     /// Bumped on every change; waiters re-check on each bump.
     version: watch::Sender<u64>,
 }
@@ -203,21 +234,30 @@ impl Default for PodStatusCache {
 impl PodStatusCache {
     pub fn new() -> Self {
         Self {
-            inner: Mutex::new(Inner::default()),
+            shards: std::array::from_fn(|_| Mutex::default()),
+            hasher: BuildHasherDefault::default(),
+            global_ns: AtomicU64::new(0),
             version: watch::Sender::new(0),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves consistent data (each method
-        // finishes its update before unlocking): keep going.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn shard_index(&self, uid: &PodUid) -> usize {
+        self.hasher.hash_one(uid) as usize % SHARDS
     }
 
-    /// The lock if it is free now (the kernel PLEG's real-time reader never
-    /// waits for it: a busy lock hands its work to a normal-priority thread).
-    fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
-        match self.inner.try_lock() {
+    fn shard(&self, uid: &PodUid) -> &Mutex<Shard> {
+        &self.shards[self.shard_index(uid)]
+    }
+
+    fn lock(&self, uid: &PodUid) -> MutexGuard<'_, Shard> {
+        lock(self.shard(uid))
+    }
+
+    /// The pod's shard if its lock is free now (the kernel PLEG's real-time
+    /// reader never waits for it: a busy lock hands its work to a
+    /// normal-priority thread).
+    fn try_lock(&self, uid: &PodUid) -> Option<MutexGuard<'_, Shard>> {
+        match self.shard(uid).try_lock() {
             Ok(g) => Some(g),
             Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
@@ -229,7 +269,7 @@ impl PodStatusCache {
     }
 
     pub fn get(&self, uid: &PodUid) -> Option<CacheEntry> {
-        self.lock().pods.get(uid).cloned()
+        self.lock(uid).pods.get(uid).cloned()
     }
 
     /// Stores a pod's status observed at `observed_ns`, unless the cache already
@@ -244,15 +284,15 @@ impl PodStatusCache {
     /// `observed_ns`, never lowers it; nothing for a pod not cached or cached
     /// with an error. Returns whether it moved.
     pub fn touch(&self, uid: &PodUid, observed_ns: u64) -> bool {
-        let mut inner = self.lock();
-        let Some(entry) = inner.pods.get_mut(uid) else {
+        let mut shard = self.lock(uid);
+        let Some(entry) = shard.pods.get_mut(uid) else {
             return false;
         };
         if entry.error.is_some() || entry.observed_ns >= observed_ns {
             return false;
         }
         entry.observed_ns = observed_ns;
-        drop(inner);
+        drop(shard);
         self.bump();
         true
     }
@@ -273,12 +313,9 @@ impl PodStatusCache {
         observed_ns: u64,
         error: Option<String>,
     ) -> bool {
-        let mut inner = self.lock();
-        if inner
-            .pods
-            .get(uid)
-            .is_some_and(|e| e.observed_ns > observed_ns)
-        {
+        let mut shard = self.lock(uid);
+        let Shard { pods, exits } = &mut *shard;
+        if pods.get(uid).is_some_and(|e| e.observed_ns > observed_ns) {
             return false;
         }
         let mut entry = CacheEntry {
@@ -291,14 +328,21 @@ impl PodStatusCache {
             // Deaths recorded while this snapshot was being taken (or before,
             // the runtime lagging) that it does not show: laid on it here, under
             // the lock the merge records them under, so none is overwritten.
-            for (id, r) in inner.exits.of_pod(uid) {
+            for (id, r) in exits.of_pod(uid) {
                 if !r.confirmed {
                     lay_exit(&mut entry, id, &r.exit);
                 }
             }
         }
-        inner.pods.insert(uid.clone(), entry);
-        drop(inner);
+        // The uid is cloned for a new pod only, and the entry replaced is
+        // freed once the lock is released (the reader finds the lock busy
+        // for as long as it is held).
+        let replaced = match pods.get_mut(uid) {
+            Some(slot) => Some(std::mem::replace(slot, entry)),
+            None => pods.insert(uid.clone(), entry),
+        };
+        drop(shard);
+        drop(replaced);
         self.bump();
         true
     }
@@ -317,8 +361,8 @@ impl PodStatusCache {
         exit: &ExitStatus,
         at_ns: u64,
     ) -> bool {
-        let mut inner = self.lock();
-        let Some(entry) = inner.pods.get_mut(uid) else {
+        let mut shard = self.lock(uid);
+        let Some(entry) = shard.pods.get_mut(uid) else {
             return false;
         };
         if entry.error.is_some() {
@@ -331,7 +375,7 @@ impl PodStatusCache {
         if !lay_exit(entry, id, &exit) {
             return false;
         }
-        drop(inner);
+        drop(shard);
         self.bump();
         true
     }
@@ -345,13 +389,13 @@ impl PodStatusCache {
         id: &ContainerId,
         exit: KernelExit,
     ) -> Option<bool> {
-        let mut inner = self.try_lock()?;
-        inner.exits.insert(uid, id, exit);
-        let laid = match inner.pods.get_mut(uid) {
+        let mut shard = self.try_lock(uid)?;
+        shard.exits.insert(uid, id, exit);
+        let laid = match shard.pods.get_mut(uid) {
             Some(entry) if entry.error.is_none() => lay_exit(entry, id, &exit),
             _ => false,
         };
-        drop(inner);
+        drop(shard);
         if laid {
             self.bump();
         }
@@ -361,8 +405,8 @@ impl PodStatusCache {
     /// Whether the pod's snapshot (without an error) holds container or
     /// sandbox `id`, only if the lock is free now (`None` when it is not).
     pub fn try_holds(&self, uid: &PodUid, id: &ContainerId) -> Option<bool> {
-        let inner = self.try_lock()?;
-        Some(inner.pods.get(uid).is_some_and(|e| {
+        let shard = self.try_lock(uid)?;
+        Some(shard.pods.get(uid).is_some_and(|e| {
             e.error.is_none()
                 && (e.status.container(id).is_some()
                     || e.status.sandboxes.iter().any(|s| s.id == *id))
@@ -372,35 +416,41 @@ impl PodStatusCache {
     /// Remembers a certain exit the kernel saw (kept after the runtime forgets the
     /// container, for its exit code).
     pub fn record_exit(&self, uid: &PodUid, id: &ContainerId, exit: KernelExit) {
-        self.lock().exits.insert(uid, id, exit);
+        self.lock(uid).exits.insert(uid, id, exit);
     }
 
-    /// The exit the kernel saw for a container, if any.
-    pub fn kernel_exit(&self, id: &ContainerId) -> Option<KernelExit> {
-        self.lock().exits.records.get(id).map(|r| r.exit)
+    /// The exit the kernel saw for a container of the pod, if any.
+    pub fn kernel_exit(&self, uid: &PodUid, id: &ContainerId) -> Option<KernelExit> {
+        let shard = self.lock(uid);
+        (shard.exits.records.get(id))
+            .filter(|r| r.pod == *uid)
+            .map(|r| r.exit)
     }
 
     /// Exits the kernel saw for a pod's containers, with whether the runtime has
     /// confirmed each.
     pub fn kernel_exits(&self, uid: &PodUid) -> Vec<(ContainerId, KernelExit, bool)> {
-        (self.lock().exits.of_pod(uid))
+        (self.lock(uid).exits.of_pod(uid))
             .map(|(id, r)| (id.clone(), r.exit, r.confirmed))
             .collect()
     }
 
-    /// Marks a kernel exit confirmed by the runtime. Returns true the first time.
-    pub fn confirm_exit(&self, id: &ContainerId) -> bool {
-        self.lock()
-            .exits
-            .records
-            .get_mut(id)
+    /// Marks a kernel exit of the pod confirmed by the runtime. Returns true
+    /// the first time.
+    pub fn confirm_exit(&self, uid: &PodUid, id: &ContainerId) -> bool {
+        (self.lock(uid).exits.records.get_mut(id))
+            .filter(|r| r.pod == *uid)
             .is_some_and(|r| !std::mem::replace(&mut r.confirmed, true))
     }
 
-    /// Forgets a kernel exit the runtime contradicted (contract clause 3), so that
-    /// it can neither suppress nor mislabel the container's real death later.
-    pub fn forget_exit(&self, id: &ContainerId) {
-        self.lock().exits.remove(id);
+    /// Forgets a kernel exit of the pod that the runtime contradicted
+    /// (contract clause 3), so that it can neither suppress nor mislabel the
+    /// container's real death later.
+    pub fn forget_exit(&self, uid: &PodUid, id: &ContainerId) {
+        let mut shard = self.lock(uid);
+        if shard.exits.records.get(id).is_some_and(|r| r.pod == *uid) {
+            shard.exits.remove(id);
+        }
     }
 
     /// Forgets the kernel exits of `pod` (every pod: `None`) that the runtime did
@@ -413,42 +463,52 @@ impl PodStatusCache {
         listed_at_ns: u64,
         listed: impl Fn(&ContainerId) -> bool,
     ) {
-        (self.lock().exits).retain(pod, |id, r| listed(id) || r.exit.at_ns >= listed_at_ns);
+        let keep = |id: &ContainerId, r: &ExitRecord| listed(id) || r.exit.at_ns >= listed_at_ns;
+        match pod {
+            Some(uid) => self.lock(uid).exits.retain(pod, keep),
+            None => {
+                for shard in &self.shards {
+                    lock(shard).exits.retain(None, keep);
+                }
+            }
+        }
     }
 
     /// How many kernel exits are remembered (for tests and metrics).
     pub fn kernel_exit_count(&self) -> usize {
-        self.lock().exits.records.len()
+        (self.shards.iter())
+            .map(|s| lock(s).exits.records.len())
+            .sum()
     }
 
-    /// The pods the cache holds an entry for.
+    /// The pods the cache holds an entry for (one shard locked at a time).
     pub fn uids(&self) -> Vec<PodUid> {
-        self.lock().pods.keys().cloned().collect()
+        (self.shards.iter())
+            .flat_map(|s| lock(s).pods.keys().cloned().collect::<Vec<_>>())
+            .collect()
     }
 
     /// Forgets a pod (it was removed from the node).
     pub fn delete(&self, uid: &PodUid) {
-        let mut inner = self.lock();
-        inner.pods.remove(uid);
-        inner.exits.retain(Some(uid), |_, _| false);
-        drop(inner);
+        let mut shard = self.lock(uid);
+        let removed = shard.pods.remove(uid);
+        shard.exits.retain(Some(uid), |_, _| false);
+        drop(shard);
+        drop(removed);
         self.bump();
     }
 
-    /// Advances the global timestamp (after a full relist): every pod is known
-    /// up to `ns`. Never moves backwards.
+    /// Advances the global timestamp (after a full relist, once it stored
+    /// every pod's snapshot): every pod is known up to `ns`. Never moves
+    /// backwards.
     pub fn update_time(&self, ns: u64) {
-        let mut inner = self.lock();
-        if ns <= inner.global_ns {
-            return;
+        if self.global_ns.fetch_max(ns, Ordering::AcqRel) < ns {
+            self.bump();
         }
-        inner.global_ns = ns;
-        drop(inner);
-        self.bump();
     }
 
     pub fn global_ns(&self) -> u64 {
-        self.lock().global_ns
+        self.global_ns.load(Ordering::Acquire)
     }
 
     /// Waits until a first complete relist has filled the cache (the kubelet's
@@ -467,17 +527,18 @@ impl PodStatusCache {
     /// The pod's entry when it was observed after `min_ns`, or when a full relist
     /// after `min_ns` found nothing newer (then the cached entry, or an empty one).
     fn newer_than(&self, uid: &PodUid, min_ns: u64) -> Option<CacheEntry> {
-        let inner = self.lock();
-        match inner.pods.get(uid) {
+        // The global time first: the entry read after it is at least the
+        // one its relist stored.
+        let global_ns = self.global_ns();
+        let shard = self.lock(uid);
+        match shard.pods.get(uid) {
             Some(e) if e.observed_ns > min_ns => Some(e.clone()),
-            other if inner.global_ns > min_ns => {
-                Some(other.cloned().unwrap_or_else(|| CacheEntry {
-                    status: Arc::new(PodStatus::default()),
-                    observed_ns: inner.global_ns,
-                    deaths_ns: 0,
-                    error: None,
-                }))
-            }
+            other if global_ns > min_ns => Some(other.cloned().unwrap_or_else(|| CacheEntry {
+                status: Arc::new(PodStatus::default()),
+                observed_ns: global_ns,
+                deaths_ns: 0,
+                error: None,
+            })),
             _ => None,
         }
     }
@@ -545,7 +606,7 @@ mod tests {
     }
 
     /// Kernel exits are kept by pod: pruning one pod's leaves the others',
-    /// and a container recorded again under another pod moves to it.
+    /// and a container is looked up with its own pod only.
     #[test]
     fn kernel_exits_are_kept_by_pod() {
         let cache = PodStatusCache::new();
@@ -567,19 +628,23 @@ mod tests {
         cache.record_exit(&uid(1), &cid('b'), exit(20));
         cache.record_exit(&uid(2), &cid('c'), exit(30));
         assert_eq!(held(&cache), (vec!['a', 'b'], vec!['c'], 3));
-        cache.record_exit(&uid(2), &cid('b'), exit(40));
-        assert_eq!(held(&cache), (vec!['a'], vec!['b', 'c'], 3));
-        // Pod 2 listed at 50 with c only: b goes, pod 1's a (not listed) stays.
+        cache.record_exit(&uid(2), &cid('d'), exit(40));
+        assert_eq!(held(&cache), (vec!['a', 'b'], vec!['c', 'd'], 4));
+        // Pod 2 listed at 50 with c only: d goes, pod 1's (not listed) stay.
         cache.prune_exits(Some(&uid(2)), 50, |id| *id == cid('c'));
-        assert_eq!(held(&cache), (vec!['a'], vec!['c'], 2));
-        assert!(cache.confirm_exit(&cid('c')));
-        assert!(!cache.confirm_exit(&cid('c')), "confirmed once");
-        cache.forget_exit(&cid('c'));
-        assert_eq!(held(&cache), (vec!['a'], vec![], 1));
+        assert_eq!(held(&cache), (vec!['a', 'b'], vec!['c'], 3));
+        assert!(cache.kernel_exit(&uid(1), &cid('c')).is_none(), "pod 2's");
+        assert!(!cache.confirm_exit(&uid(1), &cid('c')), "pod 2's");
+        assert!(cache.confirm_exit(&uid(2), &cid('c')));
+        assert!(!cache.confirm_exit(&uid(2), &cid('c')), "confirmed once");
+        cache.forget_exit(&uid(1), &cid('c'));
+        assert_eq!(held(&cache), (vec!['a', 'b'], vec!['c'], 3), "pod 2's");
+        cache.forget_exit(&uid(2), &cid('c'));
+        assert_eq!(held(&cache), (vec!['a', 'b'], vec![], 2));
         cache.record_exit(&uid(2), &cid('d'), exit(60));
         cache.delete(&uid(2));
-        assert_eq!(held(&cache), (vec!['a'], vec![], 1));
-        // Every pod, listed at 50: a (10) goes, e (seen at 70) stays.
+        assert_eq!(held(&cache), (vec!['a', 'b'], vec![], 2));
+        // Every pod, listed at 50: a (10) and b (20) go, e (seen at 70) stays.
         cache.record_exit(&uid(2), &cid('e'), exit(70));
         cache.prune_exits(None, 50, |_| false);
         assert_eq!(held(&cache), (vec![], vec!['e'], 1));
@@ -635,12 +700,15 @@ mod tests {
         let c = e.status.container(&cid('a')).unwrap();
         assert_eq!((c.state, c.exit_code), (ContainerState::Exited, Some(7)));
         assert_eq!((e.observed_ns, e.deaths_ns), (12, 15));
-        assert_eq!(cache.kernel_exit(&cid('a')).unwrap().status.code, 7);
+        assert_eq!(
+            cache.kernel_exit(&uid(1), &cid('a')).unwrap().status.code,
+            7
+        );
         assert_eq!(cache.kernel_exits(&uid(1)).len(), 1);
-        assert!(cache.confirm_exit(&cid('a')), "first confirmation");
-        assert!(!cache.confirm_exit(&cid('a')), "counted once");
-        cache.forget_exit(&cid('a'));
-        assert!(cache.kernel_exit(&cid('a')).is_none());
+        assert!(cache.confirm_exit(&uid(1), &cid('a')), "first confirmation");
+        assert!(!cache.confirm_exit(&uid(1), &cid('a')), "counted once");
+        cache.forget_exit(&uid(1), &cid('a'));
+        assert!(cache.kernel_exit(&uid(1), &cid('a')).is_none());
         // A pod whose inspection failed gets no overlay either.
         cache.set_error(&uid(1), "boom".into(), 20);
         assert!(!cache.overlay_exit(&uid(1), &cid('a'), &exit, 25));
@@ -744,7 +812,7 @@ mod tests {
             .clone();
         assert_eq!((a.exit_code, a.source), (Some(2), EventSource::Relist));
         // A confirmed exit is not laid again.
-        assert!(cache.confirm_exit(&cid('a')));
+        assert!(cache.confirm_exit(&uid(1), &cid('a')));
         assert!(cache.set(&uid(1), running("restarted?", &['a']), 15));
         let a = cache
             .get(&uid(1))
@@ -754,6 +822,44 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(a.state, ContainerState::Running);
+    }
+
+    /// The reader's lock-free-or-nothing calls wait only on their own pod's
+    /// shard: a lock held for another pod (a relist storing its snapshot)
+    /// does not make them busy, one held for the same shard does.
+    #[test]
+    fn a_held_shard_makes_busy_its_own_pods_only() {
+        let cache = PodStatusCache::new();
+        let held = uid(1);
+        let (other, same): (Vec<PodUid>, Vec<PodUid>) = (2..=64)
+            .map(uid)
+            .partition(|u| cache.shard_index(u) != cache.shard_index(&held));
+        let (other, same) = (&other[0], &same[0]);
+        for pod in [other, same] {
+            cache.set(pod, running("p", &['a']), 10);
+        }
+        let exit = KernelExit {
+            status: ExitStatus::from_wait_status(0x100, false),
+            at_ns: 20,
+        };
+        let guard = cache.lock(&held);
+        assert_eq!(cache.try_holds(other, &cid('a')), Some(true));
+        assert_eq!(
+            cache.try_record_and_overlay_exit(other, &cid('a'), exit),
+            Some(true)
+        );
+        assert_eq!(cache.try_holds(same, &cid('a')), None);
+        assert_eq!(
+            cache.try_record_and_overlay_exit(same, &cid('a'), exit),
+            None
+        );
+        drop(guard);
+        assert_eq!(
+            cache.try_record_and_overlay_exit(same, &cid('a'), exit),
+            Some(true)
+        );
+        let spread: HashSet<usize> = (0..=255).map(|n| cache.shard_index(&uid(n))).collect();
+        assert_eq!(spread.len(), SHARDS, "pods spread over every shard");
     }
 
     #[test]

@@ -315,7 +315,15 @@ mod tests {
             (100, 500),
             "the snapshot's own time is kept apart from the death's"
         );
-        assert_eq!(merge.cache.kernel_exit(&cid('c')).unwrap().status.code, 7);
+        assert_eq!(
+            merge
+                .cache
+                .kernel_exit(&uid(), &cid('c'))
+                .unwrap()
+                .status
+                .code,
+            7
+        );
         assert_eq!(rx.try_recv().unwrap().kind, EventKind::ContainerDied);
         assert_eq!(
             merge.reports.get(&cid('c')).unwrap().0,
@@ -345,7 +353,12 @@ mod tests {
             "the pod is relisted instead, until the bound"
         );
         assert_eq!(
-            merge.cache.kernel_exit(&cid('c')).unwrap().status.code,
+            merge
+                .cache
+                .kernel_exit(&uid(), &cid('c'))
+                .unwrap()
+                .status
+                .code,
             7,
             "the certain exit waits for the snapshot"
         );
@@ -397,7 +410,7 @@ mod tests {
         removed.kind = EventKind::ContainerRemoved;
         merge.handle(removed);
         assert_eq!(merge.cache.get(&uid()).unwrap(), before, "nothing written");
-        assert!(merge.cache.kernel_exit(&cid('c')).is_none());
+        assert!(merge.cache.kernel_exit(&uid(), &cid('c')).is_none());
         assert!(rx.try_recv().is_err());
         assert_eq!(merge.stats.hints.load(Ordering::Relaxed), 3);
         let taken = merge.pod_relist.take();

@@ -990,10 +990,10 @@ impl<R: PodRuntime> RelistPleg<R> {
                 EventKind::ContainerRemoved | EventKind::SandboxRemoved
             ) {
                 // Gone from the runtime: nothing about it is kept any longer.
-                self.cache.forget_exit(&id);
+                self.cache.forget_exit(uid, &id);
                 self.pids.remove(&id);
             }
-            let exit = self.cache.kernel_exit(&id).map(|k| k.status);
+            let exit = self.cache.kernel_exit(uid, &id).map(|k| k.status);
             to_send.push(PodLifecycleEvent {
                 pod_uid: Some(uid.clone()),
                 kind,
@@ -1144,7 +1144,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                     }
                     _ => false,
                 };
-                if self.cache.confirm_exit(&id) {
+                if self.cache.confirm_exit(uid, &id) {
                     self.stats.confirmed.fetch_add(1, Ordering::Relaxed);
                     if lost {
                         info!(container = %id, kernel = exit.status.code,
@@ -1172,7 +1172,7 @@ impl<R: PodRuntime> RelistPleg<R> {
                 warn!(container = %id, pod = %uid, age_ms = age.as_millis() as u64,
                       "the runtime still reports running a container whose death the kernel \
                        reported; the runtime's view wins and the kernel's exit is forgotten");
-                self.cache.forget_exit(&id);
+                self.cache.forget_exit(uid, &id);
                 self.kernel.forget(&id);
                 // The tracker is told with this relist's view: the main process
                 // is unknown again, so the real death is a death (or a hint).

@@ -388,7 +388,10 @@ async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() 
     assert!(!f.pleg.has_rechecks());
     assert_eq!(f.pleg.stats().confirmed.load(Ordering::Relaxed), 1);
     assert_eq!(f.drain(), vec![(EventKind::PodSync, None)]);
-    assert_eq!(f.cache.kernel_exit(&cid(1)).unwrap().status.code, 3);
+    assert_eq!(
+        f.cache.kernel_exit(&uid(1), &cid(1)).unwrap().status.code,
+        3
+    );
     // A later inspection does not count the confirmation again.
     f.clock.advance(1_000_000);
     f.pleg.relist_pod(&uid(1)).await.unwrap();
@@ -400,7 +403,7 @@ async fn kernel_exit_is_kept_until_the_runtime_confirms_it_and_not_sent_twice() 
         f.relist().await,
         vec![(EventKind::ContainerRemoved, Some(cid(1)))]
     );
-    assert!(f.cache.kernel_exit(&cid(1)).is_none());
+    assert!(f.cache.kernel_exit(&uid(1), &cid(1)).is_none());
     assert!(f.kernel.is_empty());
 }
 
@@ -510,7 +513,7 @@ async fn a_contradiction_past_the_bound_is_repaired_and_loud() {
         "watched, in case the runtime only lags"
     );
     assert!(
-        f.cache.kernel_exit(&cid(1)).is_none(),
+        f.cache.kernel_exit(&uid(1), &cid(1)).is_none(),
         "the stale exit is forgotten"
     );
     assert_eq!(
