@@ -318,6 +318,7 @@ impl KernelPleg {
             commands: command_rx,
             // Room for the views of a burst of deaths (no allocation after).
             set_aside: Vec::with_capacity(64),
+            reconciling: None,
             realtime_priority: config.realtime_priority,
             realtime_budget: config.realtime_budget,
             tap: config.tap,

@@ -33,7 +33,7 @@ use super::rescan::RescanPolicy;
 use super::roots::{FilterChange, RootFilterUpdates};
 use super::rt_budget::{CHECK_EVERY, RtBudget, RtBudgetConfig, Switch};
 use super::scan::Scanner;
-use super::tracker::{Handled, Output, ReconcileOutcome, Tracker};
+use super::tracker::{Handled, Output, ReconcileOutcome, Reconciling, Tracker};
 use super::walker::{Refused, Walk, WalkRequests};
 use crate::merge::KernelMerge;
 use crate::stages;
@@ -56,11 +56,18 @@ const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// again (commands are also read before each record).
 pub const BATCH: usize = 256;
 
+/// How many of a full relist's containers the reader reconciles between two
+/// reads of the ring ([`Reconciling`]): each costs 1 to 4 us (lookups, a
+/// `/proc` identity compared, a transition), so the records behind a part
+/// wait about 0.1 ms (docs/pleg.md, clause 4).
+pub const RECONCILE_PART: usize = 32;
+
 /// How long a lazy command ([`KernelPleg::reconcile`](super::KernelPleg::reconcile))
 /// may wait for the reader to look at it: a reader whose wait ends within
 /// this is not woken for it (records came within the last [`POLL_INTERVAL`]:
 /// the relist's view after a death, most of them). It is applied before any
-/// later record either way. At 1 000 exits/s, a wake-up for each death's
+/// later record either way (after a full view under way,
+/// [`Reconciling`]). At 1 000 exits/s, a wake-up for each death's
 /// view was 0.85 of the reader's 1.85 wake-ups a death (issue #29).
 pub const LAZY_BOUND: Duration = POLL_INTERVAL;
 
@@ -100,9 +107,10 @@ pub struct KernelStats {
     /// (`pleg_kernel_event_latency_seconds`): buckets from 1 us, atomic (a
     /// scrape never holds the reader).
     pub latency_seconds: AtomicHistogram,
-    /// How long the reader took to apply each relist's view
-    /// (`pleg_kernel_reconcile_duration_seconds`): no record is read
-    /// meanwhile.
+    /// How long the reader took to apply each relist's view, or each part of
+    /// a full relist's view ([`RECONCILE_PART`] containers, the last part
+    /// with the prune) (`pleg_kernel_reconcile_duration_seconds`): no record
+    /// is read meanwhile.
     pub reconcile_seconds: AtomicHistogram,
     /// Records read from the ring buffer.
     pub records: AtomicU64,
@@ -250,6 +258,9 @@ pub(super) struct Reader {
     /// Views set aside until the record being handled is delivered
     /// ([`Reader::apply_commands_before`]); empty between records.
     pub set_aside: Vec<Reconciliation>,
+    /// A full relist's view being applied a part at a time, between reads
+    /// of the ring ([`Reconciling`]); the commands after it wait for it.
+    pub reconciling: Option<Reconciling>,
     pub realtime_priority: Option<i32>,
     /// The real-time budget ([`super::rt_budget`]).
     pub realtime_budget: RtBudgetConfig,
@@ -486,7 +497,7 @@ impl Reader {
             // Commands applied now may want a shorter wait (a rescan's
             // time): the ring is looked at without waiting, the next pass
             // waits.
-            if self.apply_commands()? {
+            if self.apply_commands()? || self.reconciling.is_some() {
                 timeout = Duration::ZERO;
             }
             if epoll.wait(timeout) {
@@ -515,6 +526,7 @@ impl Reader {
                 self.deliver(&mut out, now, cpu)?;
                 self.apply_set_aside();
             }
+            self.continue_reconciling();
             self.apply_commands()?;
             let every = if recent {
                 POLL_INTERVAL
@@ -560,7 +572,9 @@ impl Reader {
     /// Applies the commands queued; returns whether there were any.
     fn apply_commands(&mut self) -> Result<bool, String> {
         let mut any = false;
-        while let Ok(cmd) = self.commands.try_recv() {
+        while self.reconciling.is_none()
+            && let Ok(cmd) = self.commands.try_recv()
+        {
             any = true;
             self.apply(cmd)?;
         }
@@ -574,9 +588,12 @@ impl Reader {
     /// relist's view after one death does not delay the next death's event
     /// (at 1 000 deaths/s, nearly every record had one before it: up to 0.1 ms
     /// each, issue #29). Commands keep their order among themselves: one
-    /// applied now first applies those set aside before it.
+    /// applied now first applies those set aside before it. While a full
+    /// view is applied in parts, the commands after it wait in the channel.
     fn apply_commands_before(&mut self, record: Option<&KernelEvent>) -> Result<(), String> {
-        while let Ok(cmd) = self.commands.try_recv() {
+        while self.reconciling.is_none()
+            && let Ok(cmd) = self.commands.try_recv()
+        {
             match cmd {
                 Command::Reconcile(r)
                     if record.is_some_and(|ev| self.tracker.view_may_follow(ev, &r.view)) =>
@@ -600,15 +617,19 @@ impl Reader {
         // Taken and put back: the vector keeps its capacity (no allocation).
         let mut views = std::mem::take(&mut self.set_aside);
         for r in views.drain(..) {
-            self.reconcile(r);
+            self.reconcile(r, false);
         }
+        self.rescan_for_reconciles();
         self.set_aside = views;
     }
 
     fn apply(&mut self, cmd: Command) -> Result<(), String> {
         match cmd {
             Command::AddSandbox(id) => self.tracker.add_sandbox(id),
-            Command::Reconcile(r) => self.reconcile(r),
+            Command::Reconcile(r) => {
+                self.reconcile(r, false);
+                self.rescan_for_reconciles();
+            }
             Command::Walked(walk) => self.walked(walk),
             Command::FailForTest => return Err("failed by a test hook".into()),
         }
@@ -732,13 +753,9 @@ impl Reader {
     /// rescan began (at `scanned_at_ns`) are told it ran: what it did not
     /// find stays not found. A later one still waits if it asks for another.
     fn reapply_waiting(&mut self, scanned_at_ns: u64) {
-        for (scope, r) in std::mem::take(&mut self.awaiting_rescan) {
+        for (_, r) in std::mem::take(&mut self.awaiting_rescan) {
             let after_rescan = r.view.listed_at_ns <= scanned_at_ns;
-            let outcome = self.tracker.reconcile(&r, after_rescan);
-            self.reconciled(&outcome);
-            if outcome.rescan_due {
-                self.awaiting_rescan.insert(scope, r);
-            }
+            self.reconcile(r, after_rescan);
         }
     }
 
@@ -786,16 +803,50 @@ impl Reader {
     }
 
     /// Applies a relist's view. One that lists a running container the tracker
-    /// does not know is applied again after the next rescan (asked for at
-    /// once if the rescan policy allows one now).
-    fn reconcile(&mut self, r: Reconciliation) {
+    /// does not know is applied again after the next rescan (asked for at once
+    /// if the rescan policy allows one now, by the caller). A full relist's view is
+    /// applied [`RECONCILE_PART`] containers at a time, the loop reading the
+    /// ring between two parts ([`Reader::continue_reconciling`]), unless one
+    /// is already under way (a view reapplied after a rescan): then at once.
+    fn reconcile(&mut self, r: Reconciliation, after_rescan: bool) {
+        if r.view.scope.is_none() && self.reconciling.is_none() {
+            let rec = self.tracker.start_reconcile(r, after_rescan);
+            self.reconcile_part(rec);
+            return;
+        }
         let started = monotonic_ns();
-        let outcome = self.tracker.reconcile(&r, false);
-        self.reconciled(&outcome);
+        let outcome = self.tracker.reconcile(&r, after_rescan);
         (self.stats.reconcile_seconds).observe_ns(monotonic_ns().saturating_sub(started));
-        if outcome.rescan_due {
-            self.awaiting_rescan.insert(r.view.scope.clone(), r);
+        self.view_applied(r, &outcome);
+    }
+
+    /// Applies the next part of the full view under way, if any.
+    fn continue_reconciling(&mut self) {
+        if let Some(rec) = self.reconciling.take() {
+            self.reconcile_part(rec);
             self.rescan_for_reconciles();
+        }
+    }
+
+    fn reconcile_part(&mut self, mut rec: Reconciling) {
+        let started = monotonic_ns();
+        let done = self.tracker.reconcile_part(&mut rec, RECONCILE_PART);
+        (self.stats.reconcile_seconds).observe_ns(monotonic_ns().saturating_sub(started));
+        match done {
+            None => self.reconciling = Some(rec),
+            Some(outcome) => self.view_applied(rec.into_view(), &outcome),
+        }
+    }
+
+    /// A view is applied: what it found is logged and counted, and it waits
+    /// for a rescan if it listed a running container the tracker does not
+    /// know (the newest view of its scope).
+    fn view_applied(&mut self, r: Reconciliation, outcome: &ReconcileOutcome) {
+        self.reconciled(outcome);
+        let newer_waits = (self.awaiting_rescan.get(&r.view.scope))
+            .is_some_and(|w| w.view.listed_at_ns > r.view.listed_at_ns);
+        if outcome.rescan_due && !newer_waits {
+            self.awaiting_rescan.insert(r.view.scope.clone(), r);
         }
     }
 

@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 
 use super::{FastMap as HashMap, FastSet as HashSet};
 
-pub use reconcile::ReconcileOutcome;
+pub use reconcile::{ReconcileOutcome, Reconciling};
 
 use super::RuntimeView;
 use super::event::{CgroupChange, Exec, Exit, KernelEvent, ProcessKey};

@@ -36,6 +36,33 @@ fn in_container(path: &str, id: &ContainerId) -> bool {
     matches!(classify(path), Ok(CgroupClass::Container { id: ref c, .. }) if c == id)
 }
 
+/// A relist's view being applied a part at a time
+/// ([`Tracker::start_reconcile`], [`Tracker::reconcile_part`]): the reader
+/// applies a full relist's view, which lists every container of the node,
+/// between its reads of the ring buffer, so that the records behind it wait
+/// for one part, not for the whole view (a full view of 30 000 containers
+/// held them 61-65 ms, issue #29). Each container is reconciled as the whole view would
+/// reconcile it at that moment, and a view is always applied after it was
+/// listed: a record read between two parts is handled as one read before
+/// the view (its container's part to come) or after it (its part done),
+/// both orders a view applied at once has with the records read while it
+/// was on its way. The prune, which needs the whole view, comes last.
+#[derive(Debug)]
+pub struct Reconciling {
+    r: Reconciliation,
+    after_rescan: bool,
+    /// The next of the view's containers to reconcile.
+    next: usize,
+    outcome: ReconcileOutcome,
+}
+
+impl Reconciling {
+    /// The view, once applied.
+    pub fn into_view(self) -> Reconciliation {
+        self.r
+    }
+}
+
 impl Tracker {
     /// Applies a relist's view. `after_rescan`: the rescan a previous call asked
     /// for ran; running containers still unknown are remembered as not found (no
@@ -51,11 +78,63 @@ impl Tracker {
         after_rescan: bool,
         prune: fn(&mut Self, &Reconciliation) -> usize,
     ) -> ReconcileOutcome {
-        let view = &r.view;
+        self.expire_removed(r);
         let mut outcome = ReconcileOutcome::default();
-        let grace = view.listed_at_ns.saturating_sub(self.prune_grace_ns);
+        self.reconcile_containers(r, 0..r.view.containers.len(), after_rescan, &mut outcome);
+        outcome.pruned = prune(self, r);
+        self.stats.pruned += outcome.pruned as u64;
+        outcome
+    }
+
+    /// Starts applying a view a part at a time ([`Reconciling`]).
+    pub fn start_reconcile(&mut self, r: Reconciliation, after_rescan: bool) -> Reconciling {
+        self.expire_removed(&r);
+        Reconciling {
+            r,
+            after_rescan,
+            next: 0,
+            outcome: ReconcileOutcome::default(),
+        }
+    }
+
+    /// Reconciles up to `part` more of the view's containers; once all are,
+    /// prunes and returns what was done (as [`Tracker::reconcile`] returns
+    /// it), else `None`: parts are left.
+    pub fn reconcile_part(
+        &mut self,
+        rec: &mut Reconciling,
+        part: usize,
+    ) -> Option<ReconcileOutcome> {
+        let len = rec.r.view.containers.len();
+        let end = rec.next.saturating_add(part.max(1)).min(len);
+        let range = rec.next..end;
+        self.reconcile_containers(&rec.r, range, rec.after_rescan, &mut rec.outcome);
+        rec.next = end;
+        if end < len {
+            return None;
+        }
+        let mut outcome = std::mem::take(&mut rec.outcome);
+        outcome.pruned = self.prune(&rec.r);
+        self.stats.pruned += outcome.pruned as u64;
+        Some(outcome)
+    }
+
+    /// What was removed before the view's grace is forgotten.
+    fn expire_removed(&mut self, r: &Reconciliation) {
+        let grace = r.view.listed_at_ns.saturating_sub(self.prune_grace_ns);
         self.removed.expire_before(grace);
-        for c in &view.containers {
+    }
+
+    /// Reconciles the view's containers in `range`.
+    fn reconcile_containers(
+        &mut self,
+        r: &Reconciliation,
+        range: std::ops::Range<usize>,
+        after_rescan: bool,
+        outcome: &mut ReconcileOutcome,
+    ) {
+        let view = &r.view;
+        for c in &view.containers[range] {
             // Marked once: a pod's view comes after every death.
             if c.sandbox && !matches!(self.sandboxes.get(&c.id), Some(Some(p)) if *p == c.pod) {
                 self.sandboxes.insert(c.id.clone(), Some(c.pod.clone()));
@@ -117,9 +196,6 @@ impl Tracker {
             // Confirmation has no effect to report.
             self.apply(&c.id, step, view.listed_at_ns, None, &mut Output::default());
         }
-        outcome.pruned = prune(self, r);
-        self.stats.pruned += outcome.pruned as u64;
-        outcome
     }
 
     /// Forgets what the view's scope no longer lists, except what was learned

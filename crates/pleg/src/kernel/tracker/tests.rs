@@ -562,6 +562,50 @@ fn runtime_pid_makes_a_scan_learned_container_certain() {
     assert_eq!(h.take(), vec![(DIED, Some(2), false, Some(2000))]);
 }
 
+/// A full view applied a part at a time: a death read between two parts is
+/// certain once its container's part confirmed the main process, and a hint
+/// while that part is still to come (as if read before the view).
+#[test]
+fn a_full_view_applied_in_parts_confirms_each_container_in_its_part() {
+    let mut h = Harness::new();
+    for (cgroup, c, pid) in [(70, 'a', 2000), (71, 'b', 3000), (72, 'c', 4000)] {
+        let procs = [proc(pid, pid - 1, 300)];
+        (h.tracker)
+            .learn_existing(cgroup, &container_path(c), &procs, None, 1)
+            .unwrap();
+    }
+    let listed = ['a', 'b', 'c'].map(|c| running(c, UID, Some(0)));
+    let r = Reconciliation {
+        view: view(10, None, listed.to_vec()),
+        mains: [('a', 2000), ('b', 3000), ('c', 4000)]
+            .iter()
+            .map(|&(c, pid)| (id(c), alive(pid, 300, &container_path(c))))
+            .collect(),
+    };
+    let mut rec = h.tracker.start_reconcile(r, false);
+    assert_eq!(h.tracker.reconcile_part(&mut rec, 1), None, "one of three");
+    h.feed(encode::exit(6, 2000, 3_005_000_000, 70, 0x200, 0));
+    assert_eq!(
+        h.take(),
+        vec![(DIED, Some(2), false, Some(2000))],
+        "a's part done"
+    );
+    h.feed(encode::exit(7, 4000, 3_006_000_000, 72, 0x100, 0));
+    let seen = h.take();
+    assert!(
+        seen.iter().all(|(kind, ..)| *kind == SYNC) && !seen.is_empty(),
+        "c's part to come: a hint, not a death: {seen:?}"
+    );
+    let outcome = h.tracker.reconcile_part(&mut rec, 2);
+    assert_eq!(outcome.map(|o| o.confirmed), Some(3), "the last two: done");
+    h.feed(encode::exit(8, 3000, 3_007_000_000, 71, 0x300, 0));
+    assert_eq!(
+        h.take(),
+        vec![(DIED, Some(3), false, Some(3000))],
+        "b's part done"
+    );
+}
+
 #[test]
 fn runtime_pid_replaces_a_wrong_candidate_and_corrects_a_certain_main() {
     let mut h = Harness::new();

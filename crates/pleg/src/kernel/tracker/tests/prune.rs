@@ -2,7 +2,8 @@
 //! the prune it replaced (which visited every container, index entry, sandbox
 //! mark and unfound id), kept here as the reference: random sequences of
 //! scans, cgroup removals and runtime views, node-wide and per pod, applied
-//! to two trackers, must leave them in the same state after every step.
+//! to two trackers, must leave them in the same state after every step; and
+//! so must a third that applies each view a part at a time.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -110,15 +111,54 @@ fn state(t: &Tracker) -> State {
     )
 }
 
-fn apply(t: &mut Tracker, op: &Op, now: u64, prune: fn(&mut Tracker, &Reconciliation) -> usize) {
+/// A view's op as the reader gets it at `now`.
+fn reconciliation(
+    scope: Option<usize>,
+    listed: &[(usize, usize, bool, bool)],
+    now: u64,
+) -> Reconciliation {
+    let scope = scope.map(|p| PodUid::parse(PODS[p]).unwrap());
+    let mut seen = HashSet::new();
+    let containers = (listed.iter())
+        .filter(|(c, ..)| seen.insert(*c))
+        .map(|&(c, p, sandbox, running)| RuntimeContainer {
+            id: id(c),
+            // A pod's view lists that pod's containers.
+            pod: scope
+                .clone()
+                .unwrap_or_else(|| PodUid::parse(PODS[p]).unwrap()),
+            sandbox,
+            running,
+            pid: None,
+            contradicted: false,
+        })
+        .collect();
+    Reconciliation {
+        view: RuntimeView {
+            // Half the views started before the last step.
+            listed_at_ns: now - (now % 2),
+            scope,
+            containers,
+        },
+        mains: Default::default(),
+    }
+}
+
+/// Applies `op`: a view at once, with `prune`, or `in_parts` of that many
+/// containers ([`Tracker::reconcile_part`]); a view's outcome is returned.
+fn apply(
+    t: &mut Tracker,
+    op: &Op,
+    now: u64,
+    prune: fn(&mut Tracker, &Reconciliation) -> usize,
+    in_parts: Option<usize>,
+) -> Option<ReconcileOutcome> {
     match op {
         Op::Learn { cgroup_id, path } => {
             let _ = t.learn_existing(*cgroup_id, path, &[], None, now);
         }
         Op::Rmdir { cgroup_id } => {
-            let Some(path) = t.index.get(*cgroup_id).map(|e| e.path.clone()) else {
-                return;
-            };
+            let path = t.index.get(*cgroup_id).map(|e| e.path.clone())?;
             let change = CgroupChange {
                 at_ns: now,
                 hierarchy_id: 0,
@@ -134,34 +174,19 @@ fn apply(t: &mut Tracker, op: &Op, now: u64, prune: fn(&mut Tracker, &Reconcilia
             listed,
             after_rescan,
         } => {
-            let scope = scope.map(|p| PodUid::parse(PODS[p]).unwrap());
-            let mut seen = HashSet::new();
-            let containers = (listed.iter())
-                .filter(|(c, ..)| seen.insert(*c))
-                .map(|&(c, p, sandbox, running)| RuntimeContainer {
-                    id: id(c),
-                    // A pod's view lists that pod's containers.
-                    pod: scope
-                        .clone()
-                        .unwrap_or_else(|| PodUid::parse(PODS[p]).unwrap()),
-                    sandbox,
-                    running,
-                    pid: None,
-                    contradicted: false,
-                })
-                .collect();
-            let r = Reconciliation {
-                view: RuntimeView {
-                    // Half the views started before the last step.
-                    listed_at_ns: now - (now % 2),
-                    scope,
-                    containers,
-                },
-                mains: Default::default(),
+            let r = reconciliation(*scope, listed, now);
+            let Some(part) = in_parts else {
+                return Some(t.reconcile_with(&r, *after_rescan, prune));
             };
-            t.reconcile_with(&r, *after_rescan, prune);
+            let mut rec = t.start_reconcile(r, *after_rescan);
+            loop {
+                if let Some(outcome) = t.reconcile_part(&mut rec, part) {
+                    return Some(outcome);
+                }
+            }
         }
     }
+    None
 }
 
 impl Tracker {
@@ -226,13 +251,20 @@ proptest! {
     ) {
         let mut fast = Tracker::new(100);
         let mut reference = Tracker::new(100);
+        let mut parted = Tracker::new(100);
         fast.prune_grace_ns = 0;
         reference.prune_grace_ns = 0;
+        parted.prune_grace_ns = 0;
         for (step, op) in ops.iter().enumerate() {
             let now = 10 + step as u64;
-            apply(&mut fast, op, now, Tracker::prune);
-            apply(&mut reference, op, now, Tracker::prune_reference);
+            let outcome = apply(&mut fast, op, now, Tracker::prune, None);
+            apply(&mut reference, op, now, Tracker::prune_reference, None);
             prop_assert_eq!(state(&fast), state(&reference), "after step {} {:?}", step, op);
+            // A view applied a part at a time (1 to 3 containers) ends as
+            // one applied at once, with the same outcome.
+            let parted_outcome = apply(&mut parted, op, now, Tracker::prune, Some(step % 3 + 1));
+            prop_assert_eq!(&parted_outcome, &outcome, "outcome of step {} in parts", step);
+            prop_assert_eq!(state(&parted), state(&fast), "after step {} in parts {:?}", step, op);
             // Whatever `by_pod` misses, a pod's view would never visit; after
             // a full view it holds exactly what is held (no stale id stays
             // for a pod no view visits again).
