@@ -144,13 +144,16 @@ fn the_corpus_and_the_known_table_agree() {
 fn known_patterns_and_tolerances() {
     let n = serde_json::Value::Null;
     let s = Mode::Static;
-    assert!(known::lookup(s, "sidecar-job", "sidecar: state", &n, &n).is_some());
-    assert!(known::lookup(s, "sidecar-job", "job: state", &n, &n).is_none());
-    assert!(known::lookup(s, "never-exit-code", "phases", &n, &n).is_some());
+    assert!(known::lookup(s, "init-sandbox-killed", "app: state", &n, &n).is_some());
+    assert!(known::lookup(s, "init-order", "app: state", &n, &n).is_none());
+    let a = Mode::Api;
+    assert!(known::lookup(a, "prestop-fails", "event Unhealthy", &n, &n).is_some());
+    assert!(known::lookup(s, "prestop-fails", "event Unhealthy", &n, &n).is_none());
+    assert!(known::lookup(a, "preStop-fails", "event Unhealthy", &n, &n).is_none());
+    assert!(known::lookup(s, "never-exit-code", "phases", &n, &n).is_none());
     assert!(known::lookup(s, "never-exit-code", "app: lastState", &n, &n).is_none());
     assert!(known::lookup(s, "admission-resources", "pod reason, message", &n, &n).is_none());
     assert!(known::lookup(s, "admission-resources", "app: state", &n, &n).is_none());
-    let a = Mode::Api;
     assert!(known::lookup(a, "admission-node-selector", "event NodeAffinity", &n, &n).is_none());
     assert!(known::lookup(a, "never-exit-code", "event ContainerDied", &n, &n).is_some());
     assert!(known::lookup(s, "never-exit-code", "event ContainerDied", &n, &n).is_none());
@@ -162,10 +165,12 @@ fn known_patterns_and_tolerances() {
         Some(known::Verdict::Harness(_))
     ));
     // A row of timing explains the differences that go its way only: evpleg
-    // seeing or acting first is deliberate, the other way round a bug.
+    // seeing or acting first is deliberate, the other way round unexplained,
+    // except in the API's statuses, where a state shorter than a status
+    // write may be missing from evpleg's (the kubelet seeing more).
     let j = |v: &str| serde_json::from_str::<serde_json::Value>(v).expect("json");
-    let verdict = |field: &str, kubelet: &str, evpleg: &str| match known::lookup(
-        s,
+    let verdict_in = |mode: Mode, field: &str, kubelet: &str, evpleg: &str| match known::lookup(
+        mode,
         "always-completes",
         field,
         &j(kubelet),
@@ -178,6 +183,7 @@ fn known_patterns_and_tolerances() {
         Some(known::Verdict::Harness(_)) => "harness",
         None => "unexplained",
     };
+    let verdict = |field: &str, kubelet: &str, evpleg: &str| verdict_in(s, field, kubelet, evpleg);
     let running = r#"["running","terminated:Completed"]"#;
     let completed = r#"["terminated:Completed"]"#;
     let crashed = r#"["running","terminated:Error","waiting:CrashLoopBackOff"]"#;
@@ -185,13 +191,13 @@ fn known_patterns_and_tolerances() {
     let ready = |v: &str| format!(r#"["{v}",null,null]"#);
     for (field, kubelet, evpleg, want) in [
         ("app: states seen", completed, running, "deliberate"),
-        ("app: states seen", running, completed, "bug"),
+        ("app: states seen", running, completed, "unexplained"),
         ("app: states seen", missed_first, crashed, "deliberate"),
         (
             "app: states seen",
             r#"["running"]"#,
             r#"["waiting:ErrImagePull"]"#,
-            "bug",
+            "unexplained",
         ),
         (
             "phases",
@@ -203,14 +209,14 @@ fn known_patterns_and_tolerances() {
             "phases",
             r#"["Running","Succeeded"]"#,
             r#"["Succeeded"]"#,
-            "bug",
+            "unexplained",
         ),
         ("event BackOff", "null", r#"["Warning x"]"#, "deliberate"),
-        ("event BackOff", r#"["Warning x"]"#, "null", "bug"),
+        ("event BackOff", r#"["Warning x"]"#, "null", "unexplained"),
         ("app: restart wait ms", "2850", "1305", "deliberate"),
-        ("app: restart wait ms", "1000", "4800", "bug"),
+        ("app: restart wait ms", "1000", "4800", "unexplained"),
         ("app: end after removal ms", "2869", "2049", "deliberate"),
-        ("app: end after removal ms", "2200", "3900", "bug"),
+        ("app: end after removal ms", "2200", "3900", "unexplained"),
         // A case ends once a finished pod's sandbox is stopped on both
         // sides: the condition is final, and no row excuses it either way.
         (
@@ -232,14 +238,42 @@ fn known_patterns_and_tolerances() {
             "{field}: {kubelet} against {evpleg}"
         );
     }
+    for (field, kubelet, evpleg, want) in [
+        ("app: states seen", running, completed, "deliberate"),
+        ("app: states seen", completed, running, "deliberate"),
+        (
+            "app: states seen",
+            r#"["running"]"#,
+            r#"["waiting:ErrImagePull"]"#,
+            "unexplained",
+        ),
+        (
+            "phases",
+            r#"["Pending","Running"]"#,
+            r#"["Running"]"#,
+            "deliberate",
+        ),
+        (
+            "phases",
+            r#"["Running"]"#,
+            r#"["Succeeded"]"#,
+            "unexplained",
+        ),
+    ] {
+        assert_eq!(
+            verdict_in(a, field, kubelet, evpleg),
+            want,
+            "api {field}: {kubelet} against {evpleg}"
+        );
+    }
     // The two rows of a field are counted apart in the report.
     let (more, less) = (
-        known::lookup(s, "x", "app: states seen", &j(completed), &j(running)),
-        known::lookup(s, "x", "app: states seen", &j(running), &j(completed)),
+        known::lookup(a, "x", "app: states seen", &j(completed), &j(running)),
+        known::lookup(a, "x", "app: states seen", &j(running), &j(completed)),
     );
     assert!(!known::same_row(
-        more.expect("deliberate"),
-        less.expect("bug")
+        more.expect("evpleg saw more"),
+        less.expect("the kubelet saw more")
     ));
     // A death's event is the deliberate row, also in a case with a row of
     // its own.
