@@ -483,9 +483,11 @@ impl PodStatusCache {
 
     /// The pods the cache holds an entry for (one shard locked at a time).
     pub fn uids(&self) -> Vec<PodUid> {
-        (self.shards.iter())
-            .flat_map(|s| lock(s).pods.keys().cloned().collect::<Vec<_>>())
-            .collect()
+        let mut uids = Vec::new();
+        for shard in &self.shards {
+            uids.extend(lock(shard).pods.keys().cloned());
+        }
+        uids
     }
 
     /// Forgets a pod (it was removed from the node).

@@ -299,6 +299,14 @@ mod tests {
         merge.cache.set(&uid(), s, 100);
     }
 
+    /// The exit code the cache keeps for container `c` of the test pod.
+    fn kernel_code(merge: &KernelMerge, c: char) -> i32 {
+        (merge.cache.kernel_exit(&uid(), &cid(c)))
+            .expect("a kernel exit")
+            .status
+            .code
+    }
+
     #[test]
     fn a_certain_death_is_overlaid_before_it_is_forwarded() {
         let (merge, mut rx) = fixture(10);
@@ -315,15 +323,7 @@ mod tests {
             (100, 500),
             "the snapshot's own time is kept apart from the death's"
         );
-        assert_eq!(
-            merge
-                .cache
-                .kernel_exit(&uid(), &cid('c'))
-                .unwrap()
-                .status
-                .code,
-            7
-        );
+        assert_eq!(kernel_code(&merge, 'c'), 7);
         assert_eq!(rx.try_recv().unwrap().kind, EventKind::ContainerDied);
         assert_eq!(
             merge.reports.get(&cid('c')).unwrap().0,
@@ -353,12 +353,7 @@ mod tests {
             "the pod is relisted instead, until the bound"
         );
         assert_eq!(
-            merge
-                .cache
-                .kernel_exit(&uid(), &cid('c'))
-                .unwrap()
-                .status
-                .code,
+            kernel_code(&merge, 'c'),
             7,
             "the certain exit waits for the snapshot"
         );
