@@ -74,7 +74,7 @@ async fn run(containerd: &Path, mode: Mode, cases: &[Case], whole: bool) -> Run 
 fn markdown(runs: Vec<Run>, command: &str) -> (Vec<Run>, String) {
     let lines: Vec<&str> = runs.iter().map(|r| r.line.as_str()).collect();
     let header = format!(
-        "Written by `{command}` (tests/tests/fidelity_diff.rs, the harness tests/src/differential/) from a run on this machine ({}). Each manifest of tests/fidelity/ runs once under the stock kubelet 1.37.2 (Go's optimised build) and once under `evpleg run` (the agent in a process of its own, as a node runs it, {}), each on its own containerd 1.7.24, at most {} manifests at a time (a fresh containerd and node for each batch: the whole corpus at once on two cores made either side's syncs take seconds, and the comparison measured that contention), CrashLoopBackOff 1 s on both, in two modes: standalone with static pods (the kubelet's statuses from its read-only `/pods`, evpleg's from its local `/pods`), and against the real kube-apiserver 1.37.2 as API pods (each side its own Node, `system:node:<name>` under the Node authorizer and NodeRestriction; the statuses as written to the API server and the pods' events, read as the admin). A case's status is final {} s after its `until` holds (`terminal`: the phase is Succeeded or Failed and the sandbox is stopped). States seen are those shown while they held: a container `running` first shown more than {} ms after the runtime's end of it, and the pod's `Running` shown only when none of its containers ran, are stale displays (the kubelet's relist and containerd's lagging exit reports) and not counted, nor is the `running` of a run shorter than that. Tolerances: timestamps, ids and IPs are not compared; a restart's wait (a container's end to its next creation, the runtime's times) within {} ms, a container's end after its pod's deletion within {} ms; restart counts exact for pods that end, else capped where the case stops waiting; events compared per reason as the distinct `type fieldPath: message`, messages with the node's name, the namespace, the pod's UID, durations, byte counts and hexadecimal ids replaced (not how often an event repeated). Known differences are the table in tests/src/differential/known.rs.",
+        "Written by `{command}` (tests/tests/fidelity_diff.rs, the harness tests/src/differential/) from a run on this machine ({}). Each manifest of tests/fidelity/ runs once under the stock kubelet 1.37.2 (Go's optimised build) and once under `evpleg run` (the agent in a process of its own, as a node runs it, {}), each on its own containerd 1.7.24, at most {} manifests at a time (a fresh containerd and node for each batch: the whole corpus at once on two cores made either side's syncs take seconds, and the comparison measured that contention), CrashLoopBackOff 1 s on both, in two modes: standalone with static pods (the kubelet's statuses from its read-only `/pods`, evpleg's from its local `/pods`), and against the real kube-apiserver 1.37.2 as API pods (each side its own Node, `system:node:<name>` under the Node authorizer and NodeRestriction; the statuses as written to the API server and the pods' events, read as the admin; an API-only manifest's ConfigMaps and Secrets, the documents after its pod, created in the side's namespace first). The harness serves the gRPC health protocol on the host's port {} (SERVING) while a side runs, and a case with `after=` is written once the pod it names was taken up (the host port case). A case's status is final {} s after its `until` holds (`terminal`: the phase is Succeeded or Failed and the sandbox is stopped). States seen are those shown while they held: a container `running` first shown more than {} ms after the runtime's end of it, and the pod's `Running` shown only when none of its containers ran, are stale displays (the kubelet's relist and containerd's lagging exit reports) and not counted, nor is the `running` of a run shorter than that. Tolerances: timestamps, ids and IPs are not compared; a restart's wait (a container's end to its next creation, the runtime's times) within {} ms, a container's end after its pod's deletion within {} ms; restart counts exact for pods that end, else capped where the case stops waiting; events compared per reason as the distinct `type fieldPath: message`, messages with the node's name, the namespace, the pod's UID, durations, byte counts and hexadecimal ids replaced (not how often an event repeated). Known differences are the table in tests/src/differential/known.rs.",
         lines.join("; "),
         if cfg!(debug_assertions) {
             "the test profile: its dependencies unoptimised"
@@ -82,6 +82,7 @@ fn markdown(runs: Vec<Run>, command: &str) -> (Vec<Run>, String) {
             "the release profile"
         },
         differential::AT_ONCE,
+        differential::GRPC_HEALTH_PORT,
         differential::SETTLE.as_secs(),
         differential::record::STALE_MS,
         differential::record::RESTART_WAIT_TOLERANCE_MS,
@@ -314,6 +315,49 @@ fn a_manifest_without_its_header_is_refused() {
         err.contains("bad.yaml") && err.contains("first line"),
         "{err}"
     );
+}
+
+/// A manifest's documents after its pod are its API objects, kept apart
+/// from the pod's manifest, and only an api-only case may have them; a case
+/// written after another names one that runs in the same modes.
+#[test]
+fn api_objects_and_a_case_to_wait_for_are_read_and_checked() {
+    let cases = differential::corpus(&differential::corpus_dir()).expect("the corpus");
+    let env = cases
+        .iter()
+        .find(|c| c.name == "env-from-objects")
+        .expect("env-from-objects");
+    assert_eq!(env.objects.len(), 2, "{:?}", env.objects);
+    assert!(env.objects[0].contains("kind: ConfigMap") && env.objects[1].contains("kind: Secret"));
+    assert!(!env.yaml.contains("kind: ConfigMap"), "{}", env.yaml);
+    assert_eq!(env.modes, vec![Mode::Api]);
+    let port = cases
+        .iter()
+        .find(|c| c.name == "admission-host-port")
+        .expect("admission-host-port");
+    assert_eq!(port.after.as_deref(), Some("host-port-holder"));
+
+    let pod = |name: &str, header: &str| {
+        format!(
+            "# a case\n# fidelity: until=terminal {header}\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n"
+        )
+    };
+    let object = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n";
+    for (header, more, why) in [
+        ("", object, "need `api-only`"),
+        ("after=nowhere", "", "after=nowhere"),
+    ] {
+        let dir = std::env::temp_dir().join(format!(
+            "evpleg-fidelity-docs-{}-{}",
+            std::process::id(),
+            header.len()
+        ));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("a.yaml"), format!("{}{more}", pod("a", header))).expect("write");
+        let err = differential::corpus(&dir).expect_err(why).to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(err.contains("a.yaml") && err.contains(why), "{err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

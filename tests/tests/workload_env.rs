@@ -313,7 +313,7 @@ async fn env_lookups_and_service_variables_through_the_real_api_server_as_the_no
         environment(&api, &linked, "missing-secret")
             .await
             .unwrap_err(),
-        "secrets \"gone\" not found"
+        "secret \"gone\" not found"
     );
     // Without service links: the master's variables only, `$(...)` of the
     // others left as written.

@@ -164,7 +164,8 @@ impl ProjectionPlugin {
         match api.get_opt(name).await {
             Ok(Some(o)) => Ok(Some(o)),
             Ok(None) if optional => Ok(None),
-            Ok(None) => Err(PluginError::Object(format!("{kind}s {name:?} not found"))),
+            // The kubelet's managers' NotFound: `configmap "x" not found`.
+            Ok(None) => Err(PluginError::Object(format!("{kind} {name:?} not found"))),
             Err(e) => Err(PluginError::Object(format!(
                 "cannot read {kind} {}/{name}: {e}",
                 pod.namespace()

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::Value;
@@ -85,6 +85,47 @@ impl ApiSide {
             .await
             .map_err(|e| DifferentialError::Api(format!("create pod {file}: {e}")))?;
         Ok(())
+    }
+
+    /// Creates the object of `yaml` (a ConfigMap or a Secret, a document of
+    /// manifest `file`) in this side's namespace.
+    pub async fn create_object(&self, file: &str, yaml: &str) -> Result<(), DifferentialError> {
+        let bad = |why: String| DifferentialError::Manifest {
+            path: file.into(),
+            why,
+        };
+        let options = evpleg_kubelet::source::file::yaml_options();
+        let value: Value = serde_saphyr::from_str_with_options(yaml, options)
+            .map_err(|e| bad(format!("an object: {e}")))?;
+        let created = match value["kind"].as_str() {
+            Some("ConfigMap") => self.create_in::<ConfigMap>(value).await,
+            Some("Secret") => self.create_in::<Secret>(value).await,
+            other => {
+                return Err(bad(format!(
+                    "an object of kind {other:?}: not ConfigMap or Secret"
+                )));
+            }
+        };
+        created.map_err(|e| DifferentialError::Api(format!("create an object of {file}: {e}")))
+    }
+
+    /// Creates `value`, a `K`, in this side's namespace.
+    async fn create_in<K>(&self, value: Value) -> Result<(), String>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let mut object: K = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        object.meta_mut().namespace = Some(self.namespace.clone());
+        Api::<K>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &object)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 
     /// Deletes pod `name` (its own grace period).

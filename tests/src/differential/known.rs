@@ -183,6 +183,29 @@ pub const KNOWN: &[Known] = &[
         when: None,
     },
     deliberate(
+        "volume-projected",
+        "*",
+        "the kubelet's projected volume plugin asks for its API client before it reads any source (`cannot setup projected volume ... because kube client is not configured`, pkg/volume/projected): a standalone kubelet never mounts one, and its pod stays ContainerCreating (never shown here); evpleg needs the API only for the sources that read it (configMap, secret, serviceAccountToken) and mounts a downwardAPI-only projected volume without one (docs/pod-lifecycle.md, volumes)",
+    )
+    .only(Modes::Static),
+    tmpfs_unseen("emptydir-memory"),
+    tmpfs_unseen("volume-downward-api"),
+    // In Static, the deliberate row above explains every field.
+    tmpfs_unseen("volume-projected").only(Modes::Api),
+    tmpfs_unseen("volume-secret"),
+    deliberate(
+        "volume-configmap-missing",
+        "event FailedMount",
+        "a sync waits for the pod's volumes 5 s in evpleg, 2 min 3 s in the kubelet (`WaitForAttachAndMount`; evpleg's pod workers cannot cancel a sync, docs/volumes.md): evpleg's `Unable to attach or mount volumes` event comes within the case, the kubelet's after it; the volume's own `MountVolume.SetUp failed` is the same",
+    )
+    .only(Modes::Api)
+    .when(When::EvplegSawMore),
+    deliberate(
+        "admission-selinux",
+        "*",
+        "evpleg refuses at admission a field it does not implement, naming it (`UnsupportedPodSpec`: `seLinuxOptions`), where the kubelet hands the options to the runtime, and containerd on a node without SELinux runs the pod unlabelled (docs/pod-lifecycle.md, the fields the agent does not implement)",
+    ),
+    deliberate(
         "*",
         "event ContainerDied",
         "evpleg reports each container death its kernel PLEG saw, with its exit code and how long before the runtime reported it (docs/pod-lifecycle.md, its events table); the kubelet has no such event",
@@ -273,6 +296,21 @@ const SEEN_AT_ONCE: &str = "the kernel PLEG reports a container's start and deat
 
 /// Why evpleg's API statuses can lack a state the kubelet's show.
 const SHORTER_THAN_A_WRITE: &str = "a state shorter than a status write can be missing from the API server: both status managers write a pod's newest status once the write before it returns (the kubelet's `syncBatch`, evpleg's `status::manager`), and the harness lists the pods every 50 ms; evpleg's intermediate states are the shorter, its kernel PLEG seeing the next start or death at once where the kubelet's last until its next 1 s relist (sidecar-job's Pending with its job PodInitializing lasts one container start; always-signal's CrashLoopBackOff, from the back-off's retry sync to the restarted container's start; docs/pod-lifecycle.md, the status manager). Seen in API mode only, in one of five whole runs, the same cases agreeing in the other four and alone";
+
+/// The row of a case whose app reads a tmpfs volume ([`TMPFS_UNSEEN`]).
+const fn tmpfs_unseen(case: &'static str) -> Known {
+    Known {
+        case,
+        field: "app: state",
+        verdict: Verdict::Harness(TMPFS_UNSEEN),
+        modes: Modes::Both,
+        intermittent: false,
+        when: None,
+    }
+}
+
+/// Why the stock kubelet's app does not see a tmpfs volume's content.
+const TMPFS_UNSEEN: &str = "the stock kubelet mounts a tmpfs (an emptyDir of medium Memory, and the emptyDir a downwardAPI, projected or secret volume is written in) in its private mount namespace, which containerd (in the host's) does not see: its app finds the directory on the node's disk (`ext4`) and the volume's files missing (an empty `|`); evpleg's app reads `tmpfs` and the files, as the emptydir-subpath rows";
 
 /// Why the API pods' admission can differ in `used`.
 const ADMISSION_ORDER: &str = "the corpus's API pods reach each node at once, in the order of its watch: the kubelet had admitted a pod requesting 250m before this one (`used: 250`), evpleg none yet (`used: 0`); the rejection is the same";

@@ -57,6 +57,11 @@ pub const SETTLE: Duration = Duration::from_secs(2);
 /// measure (docs/benchmarks.md).
 pub const AT_ONCE: usize = 12;
 
+/// The port of the gRPC health service the harness serves while a side runs
+/// (the corpus's busybox has none): `SERVING` for the whole server (service
+/// `""`), for the gRPC probe that passes. The pods share the host's network.
+pub const GRPC_HEALTH_PORT: u16 = 18436;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DifferentialError {
     #[error("fidelity corpus: {what} {path}: {source}")]
@@ -75,6 +80,8 @@ pub enum DifferentialError {
     Agent(String),
     #[error("fidelity: the API server: {0}")]
     Api(String),
+    #[error("fidelity: the gRPC health service on port {port}: {source}")]
+    Health { port: u16, source: std::io::Error },
 }
 
 /// Where the pods come from and where their statuses are read.
@@ -182,6 +189,13 @@ pub struct Case {
     pub modes: Vec<Mode>,
     /// What is done to it mid-run, and when ([`act`]).
     pub act: Option<(act::Act, Duration)>,
+    /// The case whose pod must have been taken up by the node before this
+    /// one's is written (a host port held by a running pod): both run in one
+    /// batch.
+    pub after: Option<String>,
+    /// The manifest's other documents, the API objects its pod refers to
+    /// (ConfigMaps, Secrets), created before the pod (API mode only).
+    pub objects: Vec<String>,
 }
 
 impl Case {
@@ -192,8 +206,10 @@ impl Case {
 }
 
 /// Reads the corpus: every `*.yaml` of `dir`, sorted by name. Each opens with
-/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [api-quick] [delete] [static-only|api-only] [act=<kill-sandbox|update|gate|restart-node>:<N>s]`,
-/// and its pod's name is the file's stem.
+/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [api-quick] [delete] [static-only|api-only] [act=<kill-sandbox|update|gate|restart-node>:<N>s] [after=<case>]`,
+/// and its pod's name is the file's stem. The pod is the first document;
+/// those after it (`---`) are the API objects it refers to, which only an
+/// `api-only` case may have.
 pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
@@ -235,7 +251,7 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             .ok_or_else(|| bad("no `# fidelity: until=...` second line".into()))?;
         let (mut until, mut quick, mut delete, mut api_quick) = (None, false, false, false);
         let mut modes = vec![Mode::Static, Mode::Api];
-        let mut act = None;
+        let (mut act, mut after) = (None, None);
         for word in header.split_whitespace() {
             match word {
                 "quick" => quick = true,
@@ -247,6 +263,7 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
                     Some(a) => act = Some(a),
                     None => return Err(bad(format!("unknown act {w:?}"))),
                 },
+                w if w.starts_with("after=") => after = Some(w[6..].to_owned()),
                 w => match w.strip_prefix("until=").and_then(Until::parse) {
                     Some(u) => until = Some(u),
                     None => return Err(bad(format!("unknown fidelity word {w:?}"))),
@@ -254,17 +271,39 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             }
         }
         let until = until.ok_or_else(|| bad("no until=".into()))?;
+        let mut documents = yaml.split("\n---\n");
+        let pod = format!("{}\n", documents.next().unwrap_or_default().trim_end());
+        let objects: Vec<String> = documents.map(str::to_owned).collect();
+        if !objects.is_empty() && modes != [Mode::Api] {
+            return Err(bad(
+                "API objects (documents after the pod) need `api-only`".into()
+            ));
+        }
         cases.push(Case {
             name,
             about,
-            yaml,
+            yaml: pod,
             until,
             quick,
             delete,
             api_quick,
             modes,
             act,
+            after,
+            objects,
         });
+    }
+    for case in &cases {
+        if let Some(first) = &case.after
+            && !cases
+                .iter()
+                .any(|c| &c.name == first && c.modes == case.modes)
+        {
+            return Err(DifferentialError::Manifest {
+                path: dir.join(format!("{}.yaml", case.name)),
+                why: format!("after={first}: no case of that name runs in the same modes"),
+            });
+        }
     }
     Ok(cases)
 }
@@ -299,22 +338,73 @@ pub enum Side {
 /// every container ended; at most [`CASE_DEADLINE`] in all. In API mode the
 /// pods' events are then read until they stop changing ([`EVENTS_QUIET`]).
 /// Cases that restart their node ([`act::Act::RestartNode`]) run after the
-/// others, on a containerd and node of their own.
+/// others, on a containerd and node of their own. A case written after
+/// another's pod was taken up ([`Case::after`]) joins that one's batch.
 pub async fn run_side(
     side: Side,
     containerd: &Path,
     cases: &[Case],
     cp: Option<&ControlPlane>,
 ) -> Result<BTreeMap<String, Record>, DifferentialError> {
-    let (restarting, others): (Vec<Case>, Vec<Case>) = cases
+    let (later, first): (Vec<Case>, Vec<Case>) =
+        cases.iter().cloned().partition(|c| c.after.is_some());
+    if let Some(lost) = later
         .iter()
-        .cloned()
-        .partition(|c| matches!(c.act, Some((act::Act::RestartNode, _))));
-    let mut records = BTreeMap::new();
-    for batch in others.chunks(AT_ONCE).chain(restarting.chunks(AT_ONCE)) {
-        records.extend(run_batch(side, containerd, batch, cp).await?);
+        .find(|c| !first.iter().any(|d| Some(&d.name) == c.after.as_ref()))
+    {
+        return Err(DifferentialError::Manifest {
+            path: format!("{}.yaml", lost.name).into(),
+            why: format!(
+                "it runs after {}, which is not among the cases run (or runs after another)",
+                lost.after.as_deref().unwrap_or_default()
+            ),
+        });
     }
-    Ok(records)
+    let (restarting, others): (Vec<Case>, Vec<Case>) = first
+        .into_iter()
+        .partition(|c| matches!(c.act, Some((act::Act::RestartNode, _))));
+    let mut batches = Vec::new();
+    for chunk in others.chunks(AT_ONCE).chain(restarting.chunks(AT_ONCE)) {
+        let mut batch = chunk.to_vec();
+        let of_chunk = |c: &&Case| chunk.iter().any(|d| Some(&d.name) == c.after.as_ref());
+        batch.extend(later.iter().filter(of_chunk).cloned());
+        batches.push(batch);
+    }
+    let health = serve_grpc_health().await?;
+    let (mut records, mut failed) = (BTreeMap::new(), None);
+    for batch in &batches {
+        match run_batch(side, containerd, batch, cp).await {
+            Ok(batch) => records.extend(batch),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    // Its port free again when this returns.
+    health.abort();
+    let _ = health.await;
+    failed.map_or(Ok(records), Err)
+}
+
+/// Serves the gRPC health protocol on [`GRPC_HEALTH_PORT`], every address,
+/// until the task returned is aborted.
+async fn serve_grpc_health() -> Result<tokio::task::JoinHandle<()>, DifferentialError> {
+    let port = GRPC_HEALTH_PORT;
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|source| DifferentialError::Health { port, source })?;
+    let (_reporter, service) = tonic_health::server::health_reporter();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    Ok(tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(e) = served {
+            tracing::error!(port, "the gRPC health service stopped: {e}");
+        }
+    }))
 }
 
 /// [`run_side`] for `cases` on one containerd and node.
@@ -346,7 +436,16 @@ async fn run_batch(
         polling.clone(),
     ));
     for case in cases {
-        node.write(&case.name, &case.yaml).await?;
+        node.create_objects(case).await?;
+    }
+    // The cases whose manifest is not written yet: those that wait for
+    // another's pod.
+    let mut unwritten: Vec<&Case> = Vec::new();
+    for case in cases {
+        match case.after {
+            Some(_) => unwritten.push(case),
+            None => node.write(&case.name, &case.yaml).await?,
+        }
     }
     // Per case: when `until` first held, whether finished (and how).
     let mut held: BTreeMap<String, Instant> = BTreeMap::new();
@@ -359,6 +458,19 @@ async fn run_batch(
         .collect();
     let started = Instant::now();
     while finished.len() < cases.len() {
+        let taken_up: Vec<&Case> = {
+            let records = lock(&records);
+            let first_seen = |name: &str| records.get(name).is_some_and(|r| r.first_seen.is_some());
+            unwritten
+                .iter()
+                .copied()
+                .filter(|c| c.after.as_deref().is_some_and(first_seen))
+                .collect()
+        };
+        for case in taken_up {
+            node.write(&case.name, &case.yaml).await?;
+            unwritten.retain(|c| c.name != case.name);
+        }
         let containers = client.list_containers(None).await.unwrap_or_default();
         for case in cases {
             if finished.contains_key(&case.name) {

@@ -152,6 +152,25 @@ impl Node {
         Ok(())
     }
 
+    /// Creates the API objects `case`'s pod refers to (none in static mode,
+    /// where the corpus allows none).
+    pub(super) async fn create_objects(&self, case: &Case) -> Result<(), DifferentialError> {
+        match &self.api {
+            Some(api) => {
+                let file = format!("{}.yaml", case.name);
+                for object in &case.objects {
+                    api.create_object(&file, object).await?;
+                }
+                Ok(())
+            }
+            None if case.objects.is_empty() => Ok(()),
+            None => Err(DifferentialError::Manifest {
+                path: format!("{}.yaml", case.name).into(),
+                why: "API objects without the API server".into(),
+            }),
+        }
+    }
+
     /// Deletes `case`'s pod: its manifest removed, or its API pod deleted.
     pub(super) async fn remove(&self, case: &str) -> Result<(), DifferentialError> {
         if let Some(api) = &self.api {

@@ -315,11 +315,14 @@ impl Lookup<'_> {
         match objects.get(self.name).and_then(Option::as_ref) {
             Some(o) => Ok(Some(o)),
             None if self.optional => Ok(None),
+            // The kubelet's configMap and secret managers' NotFound, whose
+            // resource is singular (`corev1.Resource("configmap")`), not
+            // the API server's `configmaps`.
             None => Err(EnvError::NotFound {
                 kind: if self.kind == "configMap" {
-                    "configmaps"
+                    "configmap"
                 } else {
-                    "secrets"
+                    "secret"
                 },
                 name: self.name.to_owned(),
             }),

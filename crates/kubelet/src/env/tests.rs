@@ -136,7 +136,7 @@ fn the_kubelet_s_environment_table() {
         (
             "a missing configMap",
             json!({"envFrom": [{"configMapRef": {"name": "gone"}}]}),
-            Err(r#"configmaps "gone" not found"#),
+            Err(r#"configmap "gone" not found"#),
         ),
         (
             "a missing secret key",
@@ -151,7 +151,7 @@ fn the_kubelet_s_environment_table() {
         (
             "a missing secret",
             json!({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]}),
-            Err(r#"secrets "nope" not found"#),
+            Err(r#"secret "nope" not found"#),
         ),
         (
             "an unsupported field path",

@@ -3,7 +3,9 @@
 //!
 //! Every regular file in the directory (not in subdirectories) holds one or more pod
 //! manifests, YAML or JSON, separated by `---` (YAML) or concatenated (JSON); a
-//! document may also be a `PodList`. Dotfiles and editor leftovers (`foo~`, `#foo#`,
+//! document may also be a `PodList`. A number with a leading zero is octal
+//! (`defaultMode: 0644`), as the kubelet's `sigs.k8s.io/yaml` (YAML 1.1) reads
+//! it ([`yaml_options`]). Dotfiles and editor leftovers (`foo~`, `#foo#`,
 //! `*.swp`, `*.swo`, `*.swx`, `*.tmp`) are ignored, as the kubelet ignores files whose
 //! name starts with `.`. A symlink to a file is followed, but only changes to the
 //! link itself are watched.
@@ -147,6 +149,16 @@ pub(crate) struct Origin<'a> {
     pub node_name: &'a str,
 }
 
+/// How a manifest's YAML is read: as the kubelet's `sigs.k8s.io/yaml` (YAML
+/// 1.1) reads it, where a number with a leading zero is octal (`defaultMode:
+/// 0644` is 420). YAML 1.2, serde-saphyr's default, read it as 644 (as a
+/// float), and the manifest was refused.
+pub fn yaml_options() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    options.legacy_octal_numbers = true;
+    options
+}
+
 /// Decodes every document of a manifest into pods (a `PodList` gives several), with
 /// the index of its document (from 1), or the first document that fails.
 pub fn decode(data: &[u8]) -> Result<Vec<(usize, Pod)>, (usize, DecodeError)> {
@@ -163,7 +175,9 @@ pub fn decode(data: &[u8]) -> Result<Vec<(usize, Pod)>, (usize, DecodeError)> {
         }
     } else {
         let mut reader = io::Cursor::new(data);
-        for (i, value) in serde_saphyr::read::<_, serde_json::Value>(&mut reader).enumerate() {
+        let values_read =
+            serde_saphyr::read_with_options::<_, serde_json::Value>(&mut reader, yaml_options());
+        for (i, value) in values_read.enumerate() {
             values.push(
                 value.map_err(|e| (i + 1, DecodeError::Yaml(e.without_snippet().to_string())))?,
             );
@@ -1004,6 +1018,24 @@ mod tests {
         let (index, e) = load_static_pods(dup.as_bytes(), origin, &[]).unwrap_err();
         assert_eq!(index, 2);
         assert!(e.to_string().contains("defined twice"), "{e}");
+    }
+
+    /// A file mode written as the kubelet's users write it, with a leading
+    /// zero, is octal (YAML 1.1, as `sigs.k8s.io/yaml`); `0o` and decimal
+    /// too.
+    #[test]
+    fn modes_with_a_leading_zero_are_octal() {
+        let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: m\nspec:\n  containers:\n    - name: app\n      image: busybox\n  volumes:\n    - name: a\n      configMap:\n        name: c\n        defaultMode: 0644\n        items:\n          - key: k\n            path: k\n            mode: 0600\n    - name: b\n      secret:\n        secretName: s\n        defaultMode: 0o400\n    - name: d\n      secret:\n        secretName: s\n        defaultMode: 256\n";
+        let pods = decode(yaml.as_bytes()).expect("decodes");
+        let volumes = pods[0].1.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let cm = volumes[0].config_map.as_ref().unwrap();
+        assert_eq!(cm.default_mode, Some(0o644));
+        assert_eq!(cm.items.as_ref().unwrap()[0].mode, Some(0o600));
+        assert_eq!(
+            volumes[1].secret.as_ref().unwrap().default_mode,
+            Some(0o400)
+        );
+        assert_eq!(volumes[2].secret.as_ref().unwrap().default_mode, Some(256));
     }
 
     #[test]
