@@ -340,6 +340,8 @@ mod tests {
             api_quick: false,
             modes: Vec::new(),
             act: None,
+            after: None,
+            objects: Vec::new(),
         }
     }
 
