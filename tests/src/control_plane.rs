@@ -663,7 +663,7 @@ async fn wait_apiserver(
 }
 
 /// Creates `object`; one that exists already is fine.
-async fn create_or_keep<K>(api: &Api<K>, object: &K, what: &str)
+pub async fn create_or_keep<K>(api: &Api<K>, object: &K, what: &str)
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {

@@ -151,6 +151,11 @@ pub struct StockKubelet {
     cgroup_root: String,
 }
 
+/// The kubelet's `--root-dir` under its base.
+fn root_dir(base: &Path) -> PathBuf {
+    base.join("root")
+}
+
 /// A cgroup root no other kubelet of this machine uses: the test process's pid
 /// and a counter.
 fn private_cgroup_root() -> String {
@@ -200,7 +205,7 @@ impl StockKubelet {
     ) -> Result<Self, KubeletError> {
         let base = base.join("stock-kubelet");
         let manifests = base.join("manifests");
-        let root = base.join("root");
+        let root = root_dir(&base);
         let pod_logs = base.join("pod-logs");
         let var_log = base.join("var-log");
         let var_lib = base.join("var-lib");
@@ -455,6 +460,11 @@ impl StockKubelet {
     /// its containers' `<root>/<id>` with the other.
     pub fn cgroup_root(&self) -> &str {
         &self.cgroup_root
+    }
+
+    /// Its `--root-dir` (its `plugins_registry/` there).
+    pub fn root_dir(&self) -> PathBuf {
+        root_dir(&self.base)
     }
 
     /// Its own cgroup root, the caller's to remove with [`remove_cgroups`];

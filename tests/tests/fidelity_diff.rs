@@ -23,6 +23,16 @@ const EVPLEG: Side = Side::Evpleg {
     program: env!("CARGO_BIN_EXE_evpleg-killable"),
 };
 
+/// The test CSI driver, for the cases with `csi-driver`.
+const CSI_DRIVER: &str = env!("CARGO_BIN_EXE_evpleg-csi-driver");
+
+fn programs(containerd: &Path) -> differential::Programs<'_> {
+    differential::Programs {
+        containerd,
+        csi_driver: CSI_DRIVER,
+    }
+}
+
 fn runnable(test: &str) -> Option<std::path::PathBuf> {
     if !(privileged(test) && stock_kubelet::available(test)) {
         return None;
@@ -47,10 +57,11 @@ async fn run(containerd: &Path, mode: Mode, cases: &[Case], whole: bool) -> Run 
         Mode::Static => None,
         Mode::Api => Some(ControlPlane::shared().await),
     };
-    let kubelet = differential::run_side(Side::Kubelet, containerd, &cases, cp.as_deref())
-        .await
-        .unwrap_or_else(|e| panic!("the stock kubelet's side ({mode:?}): {e}"));
-    let evpleg = differential::run_side(EVPLEG, containerd, &cases, cp.as_deref())
+    let kubelet =
+        differential::run_side(Side::Kubelet, programs(containerd), &cases, cp.as_deref())
+            .await
+            .unwrap_or_else(|e| panic!("the stock kubelet's side ({mode:?}): {e}"));
+    let evpleg = differential::run_side(EVPLEG, programs(containerd), &cases, cp.as_deref())
         .await
         .unwrap_or_else(|e| panic!("evpleg's side ({mode:?}): {e}"));
     let comparisons = report::compare(mode, &cases, &kubelet, &evpleg);
@@ -74,7 +85,7 @@ async fn run(containerd: &Path, mode: Mode, cases: &[Case], whole: bool) -> Run 
 fn markdown(runs: Vec<Run>, command: &str) -> (Vec<Run>, String) {
     let lines: Vec<&str> = runs.iter().map(|r| r.line.as_str()).collect();
     let header = format!(
-        "Written by `{command}` (tests/tests/fidelity_diff.rs, the harness tests/src/differential/) from a run on this machine ({}). Each manifest of tests/fidelity/ runs once under the stock kubelet 1.37.2 (Go's optimised build) and once under `evpleg run` (the agent in a process of its own, as a node runs it, {}), each on its own containerd 1.7.24, at most {} manifests at a time (a fresh containerd and node for each batch: the whole corpus at once on two cores made either side's syncs take seconds, and the comparison measured that contention), CrashLoopBackOff 1 s on both, in two modes: standalone with static pods (the kubelet's statuses from its read-only `/pods`, evpleg's from its local `/pods`), and against the real kube-apiserver 1.37.2 as API pods (each side its own Node, `system:node:<name>` under the Node authorizer and NodeRestriction; the statuses as written to the API server and the pods' events, read as the admin; an API-only manifest's ConfigMaps and Secrets, the documents after its pod, created in the side's namespace first). The harness serves the gRPC health protocol on the host's port {} (SERVING) while a side runs, and a case with `after=` is written once the pod it names was taken up (the host port case). A case's status is final {} s after its `until` holds (`terminal`: the phase is Succeeded or Failed and the sandbox is stopped). States seen are those shown while they held: a container `running` first shown more than {} ms after the runtime's end of it, and the pod's `Running` shown only when none of its containers ran, are stale displays (the kubelet's relist and containerd's lagging exit reports) and not counted, nor is the `running` of a run shorter than that. Tolerances: timestamps, ids and IPs are not compared; a restart's wait (a container's end to its next creation, the runtime's times) within {} ms, a container's end after its pod's deletion within {} ms; restart counts exact for pods that end, else capped where the case stops waiting; events compared per reason as the distinct `type fieldPath: message`, messages with the node's name, the namespace, the pod's UID, durations, byte counts and hexadecimal ids replaced (not how often an event repeated). Known differences are the table in tests/src/differential/known.rs.",
+        "Written by `{command}` (tests/tests/fidelity_diff.rs, the harness tests/src/differential/) from a run on this machine ({}). Each manifest of tests/fidelity/ runs once under the stock kubelet 1.37.2 (Go's optimised build) and once under `evpleg run` (the agent in a process of its own, as a node runs it, {}), each on its own containerd 1.7.24, at most {} manifests at a time (a fresh containerd and node for each batch: the whole corpus at once on two cores made either side's syncs take seconds, and the comparison measured that contention), CrashLoopBackOff 1 s on both, in two modes: standalone with static pods (the kubelet's statuses from its read-only `/pods`, evpleg's from its local `/pods`), and against the real kube-apiserver 1.37.2 as API pods (each side its own Node, `system:node:<name>` under the Node authorizer and NodeRestriction; the statuses as written to the API server and the pods' events, read as the admin; an API-only manifest's ConfigMaps, Secrets, claims and volumes, the documents after its pod, created in the side's namespace first, a claim and its volume bound to each other as the PV controller binds them). For a case with `csi-driver`, the test CSI node driver (`evpleg-csi-driver`, bind-mounted directories) runs beside the node, registered through the node's `plugins_registry/` before the pods are written, with its CSIDriver object in API mode (no attach, pod info on mount, both lifecycle modes). The harness serves the gRPC health protocol on the host's port {} (SERVING) while a side runs, and a case with `after=` is written once the pod it names was taken up (the host port case). A case's status is final {} s after its `until` holds (`terminal`: the phase is Succeeded or Failed and the sandbox is stopped). States seen are those shown while they held: a container `running` first shown more than {} ms after the runtime's end of it, and the pod's `Running` shown only when none of its containers ran, are stale displays (the kubelet's relist and containerd's lagging exit reports) and not counted, nor is the `running` of a run shorter than that. Tolerances: timestamps, ids and IPs are not compared; a restart's wait (a container's end to its next creation, the runtime's times) within {} ms, a container's end after its pod's deletion within {} ms; restart counts exact for pods that end, else capped where the case stops waiting; events compared per reason as the distinct `type fieldPath: message`, messages with the node's name, the namespace, the pod's UID, durations, byte counts and hexadecimal ids replaced (not how often an event repeated). Known differences are the table in tests/src/differential/known.rs.",
         lines.join("; "),
         if cfg!(debug_assertions) {
             "the test profile: its dependencies unoptimised"
@@ -613,13 +624,13 @@ async fn same_behind_the_proxy(
     tolerated: fn(&report::Difference) -> bool,
 ) {
     let cp = ControlPlane::shared().await;
-    let direct = differential::run_side(Side::Kubelet, containerd, cases, Some(&cp))
+    let direct = differential::run_side(Side::Kubelet, programs(containerd), cases, Some(&cp))
         .await
         .unwrap_or_else(|e| panic!("directly: {e}"));
     let mut failures = Vec::new();
     for &evented in evented {
         let side = Side::KubeletBehindProxy { evented };
-        let proxied = differential::run_side(side, containerd, cases, Some(&cp))
+        let proxied = differential::run_side(side, programs(containerd), cases, Some(&cp))
             .await
             .unwrap_or_else(|e| panic!("{side:?}: {e}"));
         for c in report::compare(Mode::Api, cases, &direct, &proxied) {

@@ -1,12 +1,15 @@
 //! A real CSI node driver for the tests (issue #14): the `evpleg-csi-driver`
 //! binary serves the CSI Identity and Node services on its CSI socket and
-//! the kubelet's plugin registration API on a socket in the agent's
-//! `plugins_registry` directory, as a driver with node-driver-registrar
-//! does; its volumes are bind-mounted directories ([`service`]).
+//! the kubelet's plugin registration API on a socket in the agent's (or the
+//! stock kubelet's) `plugins_registry` directory, as a driver with
+//! node-driver-registrar does, behind a relay that gives the stock kubelet's
+//! requests an `:authority` h2 accepts ([`authority`]); its volumes are
+//! bind-mounted directories ([`service`]).
 //! [`CsiDriverProcess`] starts it for a test, injects failures, reads the
 //! calls it got, and stops it (its sockets removed, so the agent
 //! deregisters it).
 
+pub mod authority;
 pub mod fixtures;
 pub mod mounts;
 pub mod service;
@@ -65,8 +68,12 @@ pub async fn serve(
         .add_service(IdentityServer::new(services.clone()))
         .add_service(NodeServer::new(services.clone()))
         .serve_with_incoming_shutdown(incoming(csi), shutdown.clone().cancelled_owned());
-    // Bound next to the registration path and renamed into place, so that the
-    // watcher sees a socket that already accepts.
+    // The registration service on a socket of the state directory, behind
+    // the relay ([`authority`]) on the registration path, bound next to it
+    // and renamed into place, so that the watcher sees a socket that already
+    // accepts.
+    let inner = csi_socket.with_file_name("registration-service.sock");
+    let inner_listener = bind(&inner)?;
     let tmp = registration.with_file_name(format!(
         ".{}.tmp",
         registration
@@ -74,13 +81,15 @@ pub async fn serve(
             .and_then(|n| n.to_str())
             .unwrap_or("reg")
     ));
-    let reg = bind(&tmp)?;
+    let relay = bind(&tmp)?;
     std::fs::rename(&tmp, registration)?;
     let reg_server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(services))
-        .serve_with_incoming_shutdown(incoming(reg), shutdown.clone().cancelled_owned());
-    let (a, b) = tokio::join!(csi_server, reg_server);
+        .serve_with_incoming_shutdown(incoming(inner_listener), shutdown.clone().cancelled_owned());
+    let relay = authority::serve(relay, &inner, shutdown.clone());
+    let (a, b, ()) = tokio::join!(csi_server, reg_server, relay);
     let _ = std::fs::remove_file(registration);
+    let _ = std::fs::remove_file(&inner);
     let _ = std::fs::remove_file(&csi_socket);
     a.map_err(std::io::Error::other)?;
     b.map_err(std::io::Error::other)

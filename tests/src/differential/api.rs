@@ -15,10 +15,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use serde_json::Value;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 
 use super::{DifferentialError, Side};
 use crate::control_plane::ControlPlane;
@@ -87,26 +90,122 @@ impl ApiSide {
         Ok(())
     }
 
-    /// Creates the object of `yaml` (a ConfigMap or a Secret, a document of
-    /// manifest `file`) in this side's namespace.
+    /// Creates the object of `yaml` (a document of manifest `file`): a
+    /// ConfigMap, a Secret or a PersistentVolumeClaim in this side's
+    /// namespace, or a PersistentVolume, named `<namespace>-<name>` (it is
+    /// cluster-wide, the claim's `volumeName` is renamed so too). A claim and
+    /// its volume are bound to each other as the PV controller binds them
+    /// (none runs here): the volume's `claimRef` gets the claim's namespace
+    /// and UID (the claim comes first in the manifest), and both statuses
+    /// are patched `Bound` (a claim without a `volumeName` stays `Pending`).
     pub async fn create_object(&self, file: &str, yaml: &str) -> Result<(), DifferentialError> {
         let bad = |why: String| DifferentialError::Manifest {
             path: file.into(),
             why,
         };
         let options = evpleg_kubelet::source::file::yaml_options();
-        let value: Value = serde_saphyr::from_str_with_options(yaml, options)
+        let mut value: Value = serde_saphyr::from_str_with_options(yaml, options)
             .map_err(|e| bad(format!("an object: {e}")))?;
         let created = match value["kind"].as_str() {
             Some("ConfigMap") => self.create_in::<ConfigMap>(value).await,
             Some("Secret") => self.create_in::<Secret>(value).await,
+            Some("PersistentVolumeClaim") => self.create_claim(value).await,
+            Some("PersistentVolume") => {
+                let claim = value["spec"]["claimRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default();
+                let uid = self
+                    .claims()
+                    .get(claim)
+                    .await
+                    .map_err(|e| {
+                        bad(format!(
+                            "the volume's claim {claim:?} (written before it): {e}"
+                        ))
+                    })?
+                    .metadata
+                    .uid;
+                value["metadata"]["name"] = self.cluster_name(&value["metadata"]["name"]).into();
+                value["spec"]["claimRef"]["namespace"] = self.namespace.clone().into();
+                value["spec"]["claimRef"]["uid"] = uid.into();
+                self.create_volume(value).await
+            }
             other => {
                 return Err(bad(format!(
-                    "an object of kind {other:?}: not ConfigMap or Secret"
+                    "an object of kind {other:?}: not ConfigMap, Secret, PersistentVolumeClaim or PersistentVolume"
                 )));
             }
         };
         created.map_err(|e| DifferentialError::Api(format!("create an object of {file}: {e}")))
+    }
+
+    /// `<namespace>-<name>`: a cluster-wide object's name of this side.
+    fn cluster_name(&self, name: &Value) -> String {
+        format!("{}-{}", self.namespace, name.as_str().unwrap_or_default())
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Creates claim `value`; one with a `volumeName` (renamed,
+    /// [`Self::cluster_name`]) is marked `Bound` with what it requests, one
+    /// without stays `Pending`.
+    async fn create_claim(&self, mut value: Value) -> Result<(), String> {
+        if value["spec"]["volumeName"].is_null() {
+            return self.create_in::<PersistentVolumeClaim>(value).await;
+        }
+        value["spec"]["volumeName"] = self.cluster_name(&value["spec"]["volumeName"]).into();
+        let name = value["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let bound = json!({"status": {
+            "phase": "Bound",
+            "accessModes": value["spec"]["accessModes"],
+            "capacity": value["spec"]["resources"]["requests"],
+        }});
+        self.create_in::<PersistentVolumeClaim>(value).await?;
+        self.claims()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(bound))
+            .await
+            .map(drop)
+            .map_err(|e| format!("bind claim {name}: {e}"))
+    }
+
+    /// Creates volume `value` (named and bound by the caller) and marks it
+    /// `Bound`.
+    async fn create_volume(&self, value: Value) -> Result<(), String> {
+        let volume: PersistentVolume = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        let name = volume.metadata.name.clone().unwrap_or_default();
+        let volumes = Api::<PersistentVolume>::all(self.client.clone());
+        volumes
+            .create(&PostParams::default(), &volume)
+            .await
+            .map_err(|e| e.to_string())?;
+        let bound = json!({"status": {"phase": "Bound"}});
+        volumes
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(bound))
+            .await
+            .map(drop)
+            .map_err(|e| format!("bind volume {name}: {e}"))
+    }
+
+    /// The CSIDriver object of the test driver `name`, as its installation
+    /// creates one: no attach, pod info on mount, both lifecycle modes (the
+    /// kubelet refuses an inline volume of a driver without one).
+    pub async fn ensure_csi_driver(&self, name: &str) {
+        let driver: CSIDriver = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "attachRequired": false,
+                "podInfoOnMount": true,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            },
+        }))
+        .expect("a CSIDriver");
+        let api = Api::<CSIDriver>::all(self.client.clone());
+        crate::control_plane::create_or_keep(&api, &driver, &format!("CSIDriver {name}")).await;
     }
 
     /// Creates `value`, a `K`, in this side's namespace.

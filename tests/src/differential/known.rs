@@ -188,6 +188,12 @@ pub const KNOWN: &[Known] = &[
         "the kubelet's projected volume plugin asks for its API client before it reads any source (`cannot setup projected volume ... because kube client is not configured`, pkg/volume/projected): a standalone kubelet never mounts one, and its pod stays ContainerCreating (never shown here); evpleg needs the API only for the sources that read it (configMap, secret, serviceAccountToken) and mounts a downwardAPI-only projected volume without one (docs/pod-lifecycle.md, volumes)",
     )
     .only(Modes::Static),
+    deliberate(
+        "volume-csi-inline",
+        "*",
+        "a standalone kubelet registers no CSI driver: its registration handler first publishes the driver's node id in the Node and CSINode objects (`nodeinfomanager.InstallCSIDriver`: `error getting kube client`), and without a CSIDriver object it refuses an inline volume anyway (`volume mode \"Ephemeral\" not supported by driver ... (no CSIDriver object)`, csi_mounter.go): its pod stays ContainerCreating (never shown here); evpleg registers drivers without the API server and allows inline volumes of every driver (docs/csi.md; docs/pod-lifecycle.md, volumes). In the API mode, with the driver's CSIDriver object, both mount it",
+    )
+    .only(Modes::Static),
     tmpfs_unseen("emptydir-memory"),
     tmpfs_unseen("volume-downward-api"),
     // In Static, the deliberate row above explains every field.

@@ -80,6 +80,8 @@ pub enum DifferentialError {
     Agent(String),
     #[error("fidelity: the API server: {0}")]
     Api(String),
+    #[error("fidelity: the CSI driver: {0}")]
+    CsiDriver(String),
     #[error("fidelity: the gRPC health service on port {port}: {source}")]
     Health { port: u16, source: std::io::Error },
 }
@@ -194,8 +196,12 @@ pub struct Case {
     /// batch.
     pub after: Option<String>,
     /// The manifest's other documents, the API objects its pod refers to
-    /// (ConfigMaps, Secrets), created before the pod (API mode only).
+    /// (ConfigMaps, Secrets, a claim and its volume), created before the
+    /// pod (API mode only).
     pub objects: Vec<String>,
+    /// Its node runs the test CSI driver (`evpleg-csi-driver`, registered
+    /// before the pods are written; in API mode with its CSIDriver object).
+    pub csi_driver: bool,
 }
 
 impl Case {
@@ -206,7 +212,7 @@ impl Case {
 }
 
 /// Reads the corpus: every `*.yaml` of `dir`, sorted by name. Each opens with
-/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [api-quick] [delete] [static-only|api-only] [act=<kill-sandbox|update|gate|restart-node>:<N>s] [after=<case>]`,
+/// `# <what it exercises>` and `# fidelity: until=<terminal|ready|running|restarts:N|for:Ns> [quick] [api-quick] [delete] [static-only|api-only] [act=<kill-sandbox|update|gate|restart-node>:<N>s] [after=<case>] [csi-driver]`,
 /// and its pod's name is the file's stem. The pod is the first document;
 /// those after it (`---`) are the API objects it refers to, which only an
 /// `api-only` case may have.
@@ -250,6 +256,7 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             .and_then(|l| l.strip_prefix("# fidelity:"))
             .ok_or_else(|| bad("no `# fidelity: until=...` second line".into()))?;
         let (mut until, mut quick, mut delete, mut api_quick) = (None, false, false, false);
+        let mut csi_driver = false;
         let mut modes = vec![Mode::Static, Mode::Api];
         let (mut act, mut after) = (None, None);
         for word in header.split_whitespace() {
@@ -257,6 +264,7 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
                 "quick" => quick = true,
                 "api-quick" => api_quick = true,
                 "delete" => delete = true,
+                "csi-driver" => csi_driver = true,
                 "static-only" => modes = vec![Mode::Static],
                 "api-only" => modes = vec![Mode::Api],
                 w if w.starts_with("act=") => match act::parse(&w[4..]) {
@@ -291,6 +299,7 @@ pub fn corpus(dir: &Path) -> Result<Vec<Case>, DifferentialError> {
             act,
             after,
             objects,
+            csi_driver,
         });
     }
     for case in &cases {
@@ -313,6 +322,16 @@ pub fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fidelity")
 }
 
+/// The programs a side runs besides its node.
+#[derive(Debug, Clone, Copy)]
+pub struct Programs<'a> {
+    /// containerd 1.7: each batch starts its own.
+    pub containerd: &'a Path,
+    /// The test CSI driver (`CARGO_BIN_EXE_evpleg-csi-driver`), started for
+    /// a batch with a [`Case::csi_driver`] case.
+    pub csi_driver: &'static str,
+}
+
 /// Which node runs the pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -329,11 +348,11 @@ pub enum Side {
 }
 
 /// Runs `cases` on one side, [`AT_ONCE`] at a time: for each batch a fresh
-/// containerd (`containerd`, a binary of 1.7) and node (against `cp`'s API
-/// server in [`Mode::Api`]), its pods started at once, each pod's status
-/// polled every [`STATUS_POLL`] by a task
-/// of its own (so that the runtime's polling does not slow it) until its
-/// `until` has held for [`SETTLE`]; then, for a deletion case, its pod is
+/// containerd (`programs.containerd`, a binary of 1.7) and node (against
+/// `cp`'s API server in [`Mode::Api`]; with the test CSI driver when a case
+/// asks for it), its pods started at once, each pod's status polled every
+/// [`STATUS_POLL`] by a task of its own (so that the runtime's polling does
+/// not slow it) until its `until` has held for [`SETTLE`]; then, for a deletion case, its pod is
 /// deleted (its status record stops there) and the runtime is followed until
 /// every container ended; at most [`CASE_DEADLINE`] in all. In API mode the
 /// pods' events are then read until they stop changing ([`EVENTS_QUIET`]).
@@ -342,7 +361,7 @@ pub enum Side {
 /// another's pod was taken up ([`Case::after`]) joins that one's batch.
 pub async fn run_side(
     side: Side,
-    containerd: &Path,
+    programs: Programs<'_>,
     cases: &[Case],
     cp: Option<&ControlPlane>,
 ) -> Result<BTreeMap<String, Record>, DifferentialError> {
@@ -373,7 +392,7 @@ pub async fn run_side(
     let health = serve_grpc_health().await?;
     let (mut records, mut failed) = (BTreeMap::new(), None);
     for batch in &batches {
-        match run_batch(side, containerd, batch, cp).await {
+        match run_batch(side, programs, batch, cp).await {
             Ok(batch) => records.extend(batch),
             Err(e) => {
                 failed = Some(e);
@@ -410,14 +429,18 @@ async fn serve_grpc_health() -> Result<tokio::task::JoinHandle<()>, Differential
 /// [`run_side`] for `cases` on one containerd and node.
 async fn run_batch(
     side: Side,
-    containerd: &Path,
+    programs: Programs<'_>,
     cases: &[Case],
     cp: Option<&ControlPlane>,
 ) -> Result<BTreeMap<String, Record>, DifferentialError> {
     crate::containerd::init_test_logging();
-    let cri = Containerd::start_with(containerd)
+    let cri = Containerd::start_with(programs.containerd)
         .map_err(|e| DifferentialError::Containerd(e.to_string()))?;
-    let node = Arc::new(Node::start(side, &cri, cp).await?);
+    let csi_driver = cases
+        .iter()
+        .any(|c| c.csi_driver)
+        .then_some(programs.csi_driver);
+    let node = Arc::new(Node::start(side, &cri, cp, csi_driver).await?);
     let client = cri.client().await;
     let records: Arc<Mutex<BTreeMap<String, Record>>> = Arc::default();
     let mut names = BTreeMap::new();

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{Case, DifferentialError, NODE, Side, act, api};
+use super::{Case, DifferentialError, NODE, STATUS_POLL, Side, act, api};
 use crate::containerd::Containerd;
 use crate::control_plane::ControlPlane;
+use crate::csi_driver::{CsiDriverProcess, DRIVER_NAME};
 use crate::killable::Killable;
 use crate::stock_kubelet::{KubeletOptions, StockKubelet};
 
@@ -39,6 +40,8 @@ pub(super) struct Node {
     /// In [`Mode::Api`]: the side's namespace and node on the API server.
     pub(super) api: Option<api::ApiSide>,
     name: &'static str,
+    /// The test CSI driver, registered with the node, stopped after it.
+    csi: Option<CsiDriverProcess>,
 }
 
 impl Node {
@@ -46,6 +49,7 @@ impl Node {
         side: Side,
         containerd: &Containerd,
         cp: Option<&ControlPlane>,
+        csi_driver: Option<&'static str>,
     ) -> Result<Self, DifferentialError> {
         let (api, name, kubeconfig) = match cp {
             Some(cp) => {
@@ -120,10 +124,25 @@ impl Node {
                 }
             }
         };
+        let csi = match csi_driver {
+            Some(program) => {
+                if let Some(api) = &api {
+                    api.ensure_csi_driver(DRIVER_NAME).await;
+                }
+                let registry = match &runner {
+                    Runner::Kubelet(k, _) => k.root_dir(),
+                    Runner::Evpleg { .. } => containerd.base().join("agent-root"),
+                }
+                .join("plugins_registry");
+                Some(start_csi_driver(program, containerd.base(), registry).await?)
+            }
+            None => None,
+        };
         Ok(Self {
             runner: tokio::sync::Mutex::new(runner),
             api,
             name,
+            csi,
         })
     }
 
@@ -257,7 +276,8 @@ impl Node {
     /// Stops the node; returns the kubelet's cgroup root, to remove once
     /// containerd has removed the containers.
     pub(super) async fn stop(self) -> Option<String> {
-        match self.runner.into_inner() {
+        let csi = self.csi;
+        let root = match self.runner.into_inner() {
             Runner::Kubelet(mut k, proxy) => {
                 k.stop();
                 let root = k.private_cgroup_root().map(str::to_owned);
@@ -277,7 +297,51 @@ impl Node {
                 );
                 None
             }
+        };
+        if let Some(driver) = csi {
+            let _ = tokio::task::spawn_blocking(move || drop(driver)).await;
         }
+        root
+    }
+}
+
+/// How long the node has to answer the CSI driver's registration.
+const CSI_REGISTRATION_BOUND: Duration = Duration::from_secs(30);
+
+/// Starts the test CSI driver `program` (its state under `base`), its
+/// registration socket in the node's `registry`, and waits until the node
+/// has told it how its registration went (`NotifyRegistrationStatus`,
+/// registered or not: a standalone kubelet refuses every CSI driver, it has
+/// no API server to publish the driver's node id to), so that no pod's
+/// mount races the registration.
+async fn start_csi_driver(
+    program: &'static str,
+    base: &Path,
+    registry: PathBuf,
+) -> Result<CsiDriverProcess, DifferentialError> {
+    let base = base.to_owned();
+    let driver = tokio::task::spawn_blocking(move || {
+        CsiDriverProcess::start(program, DRIVER_NAME, &base, &registry, &[])
+    })
+    .await
+    .map_err(|e| DifferentialError::CsiDriver(format!("start: {e}")))?
+    .map_err(|e| DifferentialError::CsiDriver(format!("start {program}: {e}")))?;
+    let notified = tokio::time::timeout(CSI_REGISTRATION_BOUND, async {
+        while !driver
+            .calls()
+            .iter()
+            .any(|c| c.method == "NotifyRegistrationStatus")
+        {
+            tokio::time::sleep(STATUS_POLL).await;
+        }
+    })
+    .await;
+    match notified {
+        Ok(()) => Ok(driver),
+        Err(_) => Err(DifferentialError::CsiDriver(format!(
+            "the node did not answer its registration within {CSI_REGISTRATION_BOUND:?} (calls: {:?})",
+            driver.calls()
+        ))),
     }
 }
 

@@ -342,6 +342,7 @@ mod tests {
             act: None,
             after: None,
             objects: Vec::new(),
+            csi_driver: false,
         }
     }
 
