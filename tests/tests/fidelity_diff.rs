@@ -330,7 +330,8 @@ fn a_manifest_without_its_header_is_refused() {
 
 /// A manifest's documents after its pod are its API objects, kept apart
 /// from the pod's manifest, and only an api-only case may have them; a case
-/// written after another names one that runs in the same modes.
+/// written after another names one that runs in the same modes; the cases
+/// that use the test CSI driver say so (`csi-driver`).
 #[test]
 fn api_objects_and_a_case_to_wait_for_are_read_and_checked() {
     let cases = differential::corpus(&differential::corpus_dir()).expect("the corpus");
@@ -347,6 +348,33 @@ fn api_objects_and_a_case_to_wait_for_are_read_and_checked() {
         .find(|c| c.name == "admission-host-port")
         .expect("admission-host-port");
     assert_eq!(port.after.as_deref(), Some("host-port-holder"));
+    // A case naming the test CSI driver (in its pod or a volume) has its
+    // node run it, and only such a case.
+    let uses_driver = |c: &Case| {
+        c.yaml.contains(evpleg_tests::csi_driver::DRIVER_NAME)
+            || c.objects
+                .iter()
+                .any(|o| o.contains(evpleg_tests::csi_driver::DRIVER_NAME))
+    };
+    let with_driver: Vec<&str> = cases
+        .iter()
+        .filter(|c| c.csi_driver)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(with_driver, ["volume-csi-inline", "volume-pvc"]);
+    for c in &cases {
+        assert_eq!(uses_driver(c), c.csi_driver, "{}", c.name);
+    }
+    let pvc = cases
+        .iter()
+        .find(|c| c.name == "volume-pvc")
+        .expect("volume-pvc");
+    assert!(
+        pvc.objects[0].contains("kind: PersistentVolumeClaim")
+            && pvc.objects[1].contains("kind: PersistentVolume\n"),
+        "{:?}",
+        pvc.objects
+    );
 
     let pod = |name: &str, header: &str| {
         format!(
