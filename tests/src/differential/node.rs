@@ -101,7 +101,7 @@ impl Node {
                     "--pod-log-dir".into(),
                     s(base.join("agent-pod-logs")),
                     "--root-dir".into(),
-                    s(base.join("agent-root")),
+                    s(agent_root(base)),
                     "--cri-endpoint".into(),
                     containerd.endpoint(),
                     "--crashloop-backoff-initial".into(),
@@ -131,7 +131,7 @@ impl Node {
                 }
                 let registry = match &runner {
                     Runner::Kubelet(k, _) => k.root_dir(),
-                    Runner::Evpleg { .. } => containerd.base().join("agent-root"),
+                    Runner::Evpleg { .. } => agent_root(containerd.base()),
                 }
                 .join("plugins_registry");
                 Some(start_csi_driver(program, containerd.base(), registry).await?)
@@ -343,6 +343,12 @@ async fn start_csi_driver(
             driver.calls()
         ))),
     }
+}
+
+/// The agent's `--root-dir` under its containerd's base (its
+/// `plugins_registry/` there).
+fn agent_root(base: &Path) -> PathBuf {
+    base.join("agent-root")
 }
 
 /// How long the agent has to stop on SIGTERM (its pods' statuses flushed)
