@@ -94,9 +94,7 @@ pub async fn relay_requests(
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return to.shutdown().await,
             Err(e) => return Err(e),
         }
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let (kind, flags) = (head[3], head[4]);
-        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let (len, kind, flags, stream) = parse_head(&head);
         let mut payload = vec![0u8; len];
         from.read_exact(&mut payload).await?;
         match kind {
@@ -146,9 +144,18 @@ fn fragment(payload: &[u8], flags: u8) -> io::Result<&[u8]> {
             .get(5..)
             .ok_or_else(|| invalid("a short HEADERS frame"))?;
     }
-    rest.get(..rest.len().saturating_sub(pad))
-        .filter(|_| pad <= rest.len())
-        .ok_or_else(|| invalid("a HEADERS frame's padding longer than it"))
+    let end = rest
+        .len()
+        .checked_sub(pad)
+        .ok_or_else(|| invalid("a HEADERS frame's padding longer than it"))?;
+    Ok(&rest[..end])
+}
+
+/// A frame header's length, kind, flags and stream (RFC 9113, 4.1).
+fn parse_head(head: &[u8; 9]) -> (usize, u8, u8, u32) {
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    (len, head[3], head[4], stream)
 }
 
 fn frame_head(len: usize, flags: u8, stream: u32) -> io::Result<[u8; 9]> {
@@ -214,9 +221,9 @@ mod tests {
         let mut frames = Vec::new();
         let mut rest = &bytes[PREFACE..];
         while !rest.is_empty() {
-            let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
-            let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
-            frames.push((rest[3], rest[4], stream, rest[9..9 + len].to_vec()));
+            let head: &[u8; 9] = rest[..9].try_into().expect("a frame header");
+            let (len, kind, flags, stream) = parse_head(head);
+            frames.push((kind, flags, stream, rest[9..9 + len].to_vec()));
             rest = &rest[9 + len..];
         }
         frames

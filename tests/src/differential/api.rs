@@ -104,32 +104,13 @@ impl ApiSide {
             why,
         };
         let options = evpleg_kubelet::source::file::yaml_options();
-        let mut value: Value = serde_saphyr::from_str_with_options(yaml, options)
+        let value: Value = serde_saphyr::from_str_with_options(yaml, options)
             .map_err(|e| bad(format!("an object: {e}")))?;
         let created = match value["kind"].as_str() {
             Some("ConfigMap") => self.create_in::<ConfigMap>(value).await,
             Some("Secret") => self.create_in::<Secret>(value).await,
             Some("PersistentVolumeClaim") => self.create_claim(value).await,
-            Some("PersistentVolume") => {
-                let claim = value["spec"]["claimRef"]["name"]
-                    .as_str()
-                    .unwrap_or_default();
-                let uid = self
-                    .claims()
-                    .get(claim)
-                    .await
-                    .map_err(|e| {
-                        bad(format!(
-                            "the volume's claim {claim:?} (written before it): {e}"
-                        ))
-                    })?
-                    .metadata
-                    .uid;
-                value["metadata"]["name"] = self.cluster_name(&value["metadata"]["name"]).into();
-                value["spec"]["claimRef"]["namespace"] = self.namespace.clone().into();
-                value["spec"]["claimRef"]["uid"] = uid.into();
-                self.create_volume(value).await
-            }
+            Some("PersistentVolume") => self.create_volume(value).await,
             other => {
                 return Err(bad(format!(
                     "an object of kind {other:?}: not ConfigMap, Secret, PersistentVolumeClaim or PersistentVolume"
@@ -173,9 +154,24 @@ impl ApiSide {
             .map_err(|e| format!("bind claim {name}: {e}"))
     }
 
-    /// Creates volume `value` (named and bound by the caller) and marks it
-    /// `Bound`.
-    async fn create_volume(&self, value: Value) -> Result<(), String> {
+    /// Creates volume `value`, named [`Self::cluster_name`], its `claimRef`
+    /// given the namespace and UID of the claim it names (created before
+    /// it), and marks it `Bound`.
+    async fn create_volume(&self, mut value: Value) -> Result<(), String> {
+        let claim = value["spec"]["claimRef"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let uid = self
+            .claims()
+            .get(&claim)
+            .await
+            .map_err(|e| format!("the volume's claim {claim:?} (written before it): {e}"))?
+            .metadata
+            .uid;
+        value["metadata"]["name"] = self.cluster_name(&value["metadata"]["name"]).into();
+        value["spec"]["claimRef"]["namespace"] = self.namespace.clone().into();
+        value["spec"]["claimRef"]["uid"] = uid.into();
         let volume: PersistentVolume = serde_json::from_value(value).map_err(|e| e.to_string())?;
         let name = volume.metadata.name.clone().unwrap_or_default();
         let volumes = Api::<PersistentVolume>::all(self.client.clone());
