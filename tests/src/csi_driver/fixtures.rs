@@ -190,24 +190,33 @@ pub fn paths(root: &Path, uid: &str) -> Paths {
     }
 }
 
-/// Waits (bounded) for the first event of `reason` of the pod
-/// `default/name` in the agent's `/pods/<namespace>/<name>/events`.
-pub async fn wait_event(e: &E2e, name: &str, reason: &str) -> Value {
+/// Waits (bounded) for the first event of `reason` whose message holds
+/// `needle`, of the pod `default/name`, in the agent's
+/// `/pods/<namespace>/<name>/events`. Another event of the same reason may
+/// come first: the API server's Node authorizer learns of a new pod's claim
+/// from its own watch, and the agent's first read of the claim can be
+/// forbidden, as a stock kubelet's is.
+pub async fn wait_event(e: &E2e, name: &str, reason: &str, needle: &str) -> Value {
     let path = format!("/pods/default/{name}/events");
     let deadline = Instant::now() + DEADLINE;
     loop {
         let response = crate::e2e::http_get(e.agent().addr, &path).await;
         let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
         let list: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-        let found = list["items"]
-            .as_array()
-            .and_then(|a| a.iter().find(|ev| ev["reason"] == reason).cloned());
+        let found = list["items"].as_array().and_then(|a| {
+            a.iter()
+                .find(|ev| {
+                    ev["reason"] == reason
+                        && ev["message"].as_str().is_some_and(|m| m.contains(needle))
+                })
+                .cloned()
+        });
         if let Some(ev) = found {
             return ev;
         }
         assert!(
             Instant::now() < deadline,
-            "no {reason} for {name}: {list:#}"
+            "no {reason} with {needle:?} for {name}: {list:#}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
