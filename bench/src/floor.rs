@@ -17,6 +17,9 @@ use evpleg_pleg::kernel::loader;
 use evpleg_pleg::kernel::loader::LoaderConfig;
 use evpleg_pleg::kernel::{DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, index};
 
+/// The bare reader thread's name.
+pub const THREAD: &str = "bench-floor";
+
 /// One exit record: (pid, kernel timestamp, read at), CLOCK_MONOTONIC ns.
 pub type ExitRead = (u32, u64, u64);
 
@@ -46,7 +49,7 @@ impl BareReader {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
-            .name("bench-floor".into())
+            .name(THREAD.into())
             .spawn(move || read(loaded, &flag))?;
         Ok(Self {
             stop,

@@ -304,7 +304,9 @@ fn main() -> Result<()> {
              thread, relist); each rate is held for {secs} s (SIGKILL from a pacing thread) over \
              victims of its own beside the idle cgroups, at most {} a phase (each a live \
              process until killed: memory bounds the highest rate's time held, reported); \
-             CPU over the loaded window only (first kill to last). \
+             CPU over the loaded window only (first kill to last). After the PLEG's phases \
+             at a count, the bare reader (`floor`) runs alone over the same cgroups, new \
+             victims killed at 1 000/s: its CPU is the floor of the reader's. \
              The overflow run holds the reader at the record tap while 200 processes (100 in a \
              quick run) die into \
              a one-page ring buffer.",

@@ -270,6 +270,37 @@ fn scale(out: &mut String, r: &Results) {
         }
         let _ = writeln!(out);
     }
+    if !sc.floor.is_empty() {
+        let _ = writeln!(
+            out,
+            "The floor of the reader's CPU: the bare reader (`floor`: the same programs, a \
+             thread at the same priority blocked in `epoll_wait` that reads each record's \
+             header and pid, nothing else), the PLEG stopped, over the same cgroups, new \
+             victims killed at the same rate. What a death costs a reader on this machine \
+             before any of the agent's work: its wake-up and the ring's read.\n\n\
+             | cgroups | exits/s asked | achieved | deaths | read | bare reader CPU (% of a core) | its CPU a death | wake-ups a death | the PLEG's reader at this rate (% of a core) |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for f in &sc.floor {
+            let pleg = sc
+                .rates
+                .iter()
+                .find(|x| x.cgroups == f.cgroups && (x.target_per_s - f.target_per_s).abs() < 1.0)
+                .map_or_else(|| "-".to_owned(), |x| format!("{:.1}", x.reader_cpu_pct));
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {:.2} | {pleg} |",
+                f.cgroups,
+                f.target_per_s,
+                f.achieved_per_s,
+                f.deaths,
+                f.read,
+                f.reader_cpu_pct,
+                human_us(per_death_us(f.reader_cpu_pct, f.achieved_per_s)),
+                f.reader_runs_per_death,
+            );
+        }
+        let _ = writeln!(out);
+    }
     if !sc.relist.is_empty() {
         let _ = writeln!(
             out,
@@ -560,10 +591,14 @@ fn targets(out: &mut String, r: &Results) {
                             x.cgroups
                         ),
                         format!(
-                            "p50 {}, p99 {}, reader {:.1} %",
+                            "p50 {}, p99 {}, reader {:.1} %{}",
                             human_us(p.p50),
                             human_us(p.p99),
-                            x.reader_cpu_pct
+                            x.reader_cpu_pct,
+                            floor_of(sc, x).map_or_else(String::new, |f| format!(
+                                " (the bare reader at this rate {:.1} %)",
+                                f.reader_cpu_pct
+                            ))
                         ),
                         Some(p.p50 <= 30.0 && p.p99 <= 150.0 && x.reader_cpu_pct < 3.0).into(),
                     );
@@ -626,7 +661,10 @@ fn idle_comparison(out: &mut String, r: &Results) {
 /// A sustained rate's miss of its targets (p50 <= 30 us, p99 <= 150 us to
 /// the last stage, reader < 3 % of a core), with each stage's p50 and p99 and
 /// the largest step between stages at the p99; `None` when it meets them.
-fn sustained_gap(x: &crate::scale::ScaleRate) -> Option<String> {
+fn sustained_gap(
+    x: &crate::scale::ScaleRate,
+    floor: Option<&crate::scale::FloorRate>,
+) -> Option<String> {
     let stages = x.percentiles();
     let (_, last) = stages.last()?;
     let mut missed = Vec::new();
@@ -638,9 +676,13 @@ fn sustained_gap(x: &crate::scale::ScaleRate) -> Option<String> {
     }
     if x.reader_cpu_pct >= 3.0 {
         missed.push(format!(
-            "reader {:.1} % >= 3 % of a core ({} of its CPU a death)",
+            "reader {:.1} % >= 3 % of a core ({} of its CPU a death{})",
             x.reader_cpu_pct,
-            human_us(x.reader_cpu_pct / 100.0 / x.achieved_per_s.max(1.0) * 1e6)
+            human_us(per_death_us(x.reader_cpu_pct, x.achieved_per_s)),
+            floor.map_or_else(String::new, |f| format!(
+                "; the bare reader's at this rate {}",
+                human_us(per_death_us(f.reader_cpu_pct, f.achieved_per_s))
+            ))
         ));
     }
     if missed.is_empty() {
@@ -667,6 +709,21 @@ fn sustained_gap(x: &crate::scale::ScaleRate) -> Option<String> {
             .collect::<Vec<_>>()
             .join(", "),
     ))
+}
+
+/// A reader's CPU a death, us, from its share of a core at a rate.
+fn per_death_us(cpu_pct: f64, per_s: f64) -> f64 {
+    cpu_pct / 100.0 / per_s.max(1.0) * 1e6
+}
+
+/// The bare reader's run at `x`'s count and rate, if any.
+fn floor_of<'a>(
+    sc: &'a crate::scale::ScaleResults,
+    x: &crate::scale::ScaleRate,
+) -> Option<&'a crate::scale::FloorRate> {
+    sc.floor
+        .iter()
+        .find(|f| f.cgroups == x.cgroups && (f.target_per_s - x.target_per_s).abs() < 1.0)
 }
 
 /// A read later than this after the kernel's exit is a stall of the reader
@@ -781,9 +838,13 @@ fn known_gaps(out: &mut String, r: &Results) {
             );
         }
     }
-    for x in r.scale.iter().flat_map(|sc| &sc.rates) {
+    for (sc, x) in r
+        .scale
+        .iter()
+        .flat_map(|sc| sc.rates.iter().map(move |x| (sc, x)))
+    {
         if (x.target_per_s - 1000.0).abs() < 1.0
-            && let Some(line) = sustained_gap(x)
+            && let Some(line) = sustained_gap(x, floor_of(sc, x))
         {
             let _ = writeln!(out, "{line}");
         }
@@ -1344,16 +1405,26 @@ mod tests {
             reader_runs_per_death: None,
             reader_sched: None,
         };
-        assert_eq!(sustained_gap(&x), None);
+        assert_eq!(sustained_gap(&x, None), None);
         x.stages[2].1 = p(40.0, 180.0);
         x.reader_cpu_pct = 4.1;
+        let floor = crate::scale::FloorRate {
+            cgroups: 1000,
+            target_per_s: 1000.0,
+            achieved_per_s: 1000.0,
+            deaths: 10_000,
+            read: 10_000,
+            reader_cpu_pct: 2.5,
+            reader_runs_per_death: 1.0,
+        };
         assert_eq!(
-            sustained_gap(&x).as_deref(),
+            sustained_gap(&x, Some(&floor)).as_deref(),
             Some(
                 "- At 1000 exits/s over 1000 cgroups: p50 40 us > 30 us, p99 180 us > 150 us, \
-                 reader 4.1 % >= 3 % of a core (41 us of its CPU a death); each stage's p50/p99 \
-                 from the kernel's exit: reader 25 us/70 us, attributed 28 us/85 us, cached \
-                 40 us/180 us; the largest step at the p99: attributed to cached, +95 us."
+                 reader 4.1 % >= 3 % of a core (41 us of its CPU a death; the bare reader's at \
+                 this rate 25 us); each stage's p50/p99 from the kernel's exit: reader 25 us/70 \
+                 us, attributed 28 us/85 us, cached 40 us/180 us; the largest step at the p99: \
+                 attributed to cached, +95 us."
             )
         );
         let mut r = results();
@@ -1361,8 +1432,18 @@ mod tests {
             rates: vec![x],
             overflow: None,
             relist: vec![],
+            floor: vec![floor],
         });
-        assert!(render(&r, &[]).contains("- At 1000 exits/s over 1000 cgroups: p50 40 us"));
+        let md = render(&r, &[]);
+        assert!(md.contains("- At 1000 exits/s over 1000 cgroups: p50 40 us"));
+        assert!(
+            md.contains("| 1000 | 1000 | 1000 | 10000 | 10000 | 2.5 | 25 us | 1.00 | 4.1 |"),
+            "the bare reader's row beside the PLEG's reader: {md}"
+        );
+        assert!(
+            md.contains("reader 4.1 % (the bare reader at this rate 2.5 %) | **no** |"),
+            "{md}"
+        );
     }
 
     /// A phase whose reader stalled is named in the known gaps with how many
@@ -1424,6 +1505,7 @@ mod tests {
             rates: vec![x.clone()],
             overflow: None,
             relist: vec![],
+            floor: vec![],
         });
         let md = render(&r, &[]);
         assert!(

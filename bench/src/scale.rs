@@ -168,6 +168,27 @@ pub struct Overflow {
     pub repaired_ms: f64,
 }
 
+/// The bare reader ([`crate::floor`]) at a count and rate: the reader CPU
+/// that the kernel and this machine cost before any of the agent's work (its
+/// wake-up in `epoll_wait` and the ring's read), beside the kernel PLEG's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FloorRate {
+    pub cgroups: usize,
+    pub target_per_s: f64,
+    pub achieved_per_s: f64,
+    pub deaths: usize,
+    /// The victims' exits the bare reader read.
+    pub read: usize,
+    /// Its thread's CPU over the loaded window, % of a core.
+    pub reader_cpu_pct: f64,
+    /// Times its thread was put on a CPU, per death.
+    pub reader_runs_per_death: f64,
+}
+
+/// The rate at which the bare reader runs beside the kernel PLEG (the
+/// target's rate, issue #29).
+pub const FLOOR_RATE: f64 = 1000.0;
+
 /// The relist's cost at a count.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RelistCost {
@@ -190,6 +211,10 @@ pub struct ScaleResults {
     pub rates: Vec<ScaleRate>,
     pub overflow: Option<Overflow>,
     pub relist: Vec<RelistCost>,
+    /// The bare reader at [`FLOOR_RATE`] for each count (empty in results
+    /// written before it was measured).
+    #[serde(default)]
+    pub floor: Vec<FloorRate>,
 }
 
 /// Container-like cgroups with one process each.
@@ -442,6 +467,7 @@ fn steal_ms() -> f64 {
 }
 
 const READER: &str = "evpleg-ringbuf";
+const FLOOR_READER: &str = crate::floor::THREAD;
 
 /// The largest count run through the whole PLEG over the fake runtime: the
 /// first relist of 10 000 pods takes minutes in the dev build (the tests'
@@ -719,6 +745,51 @@ async fn wait_listed(pleg: &Pleg, cg: &Cgroups, bound: Duration) -> Result<Durat
     }
 }
 
+/// The bare reader alone (the PLEG stopped) over the same count, its victims
+/// killed at [`FLOOR_RATE`] for `secs`: its thread's CPU over the loaded
+/// window.
+fn floor(fake: &FakeCri, n: usize, secs: f64) -> Result<FloorRate> {
+    crate::interrupt::check()?;
+    let count = victims_for(FLOOR_RATE, secs);
+    let mut victims = Cgroups::empty();
+    while victims.pods.len() < count {
+        victims.absorb(Cgroups::create(
+            VICTIM_CHUNK.min(count - victims.pods.len()),
+        )?);
+    }
+    let reader = crate::floor::BareReader::start()?;
+    let which: Vec<usize> = (0..count).collect();
+    let pids: HashSet<u32> = victims.pods.iter().map(|p| p.pid as u32).collect();
+    crate::progress(&format!(
+        "  the bare reader: killing {count} at {FLOOR_RATE:.0}/s"
+    ));
+    let s0 = thread_sched(FLOOR_READER);
+    let t0 = Instant::now();
+    // Past the fake's pods: it lists none of them (no PLEG runs).
+    let (achieved, _) = kill_window(&mut victims, fake, &which, FLOOR_RATE, usize::MAX / 2);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let s1 = thread_sched(FLOOR_READER);
+    let read = reader
+        .stop()
+        .iter()
+        .filter(|(pid, _, _)| pids.contains(pid))
+        .count();
+    let r = FloorRate {
+        cgroups: n,
+        target_per_s: FLOOR_RATE,
+        achieved_per_s: achieved,
+        deaths: count,
+        read,
+        reader_cpu_pct: cpu_pct(s1.named_s - s0.named_s, elapsed),
+        reader_runs_per_death: (s1.named_runs - s0.named_runs) as f64 / count as f64,
+    };
+    crate::progress(&format!(
+        "  the bare reader: {count} deaths at {FLOOR_RATE:.0}/s (achieved {achieved:.0}/s), {read} read, {:.2} % of a core, {:.2} wake-ups a death",
+        r.reader_cpu_pct, r.reader_runs_per_death
+    ));
+    Ok(r)
+}
+
 /// Kills `which` pods at `rate`/s from a thread of its own (pod `i` is the
 /// fake's `offset + i`); returns the achieved rate.
 fn kill_paced(cg: &mut Cgroups, fake: &FakeCri, which: &[usize], rate: f64, offset: usize) -> f64 {
@@ -989,6 +1060,9 @@ pub async fn run(
             drop(victims);
         }
         under.stop().await;
+        if rates.contains(&FLOOR_RATE) {
+            out.floor.push(floor(&fake, n, secs)?);
+        }
         if !full {
             out.relist.push(RelistCost {
                 cgroups: n,
