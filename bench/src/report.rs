@@ -284,7 +284,7 @@ fn scale(out: &mut String, r: &Results) {
             let pleg = sc
                 .rates
                 .iter()
-                .find(|x| x.cgroups == f.cgroups && (x.target_per_s - f.target_per_s).abs() < 1.0)
+                .find(|x| same_phase(x, f))
                 .map_or_else(|| "-".to_owned(), |x| format!("{:.1}", x.reader_cpu_pct));
             let _ = writeln!(
                 out,
@@ -721,9 +721,12 @@ fn floor_of<'a>(
     sc: &'a crate::scale::ScaleResults,
     x: &crate::scale::ScaleRate,
 ) -> Option<&'a crate::scale::FloorRate> {
-    sc.floor
-        .iter()
-        .find(|f| f.cgroups == x.cgroups && (f.target_per_s - x.target_per_s).abs() < 1.0)
+    sc.floor.iter().find(|f| same_phase(x, f))
+}
+
+/// Whether the bare reader's run `f` had the count and rate of `x`.
+fn same_phase(x: &crate::scale::ScaleRate, f: &crate::scale::FloorRate) -> bool {
+    x.cgroups == f.cgroups && (x.target_per_s - f.target_per_s).abs() < 1.0
 }
 
 /// A read later than this after the kernel's exit is a stall of the reader

@@ -467,7 +467,6 @@ fn steal_ms() -> f64 {
 }
 
 const READER: &str = "evpleg-ringbuf";
-const FLOOR_READER: &str = crate::floor::THREAD;
 
 /// The largest count run through the whole PLEG over the fake runtime: the
 /// first relist of 10 000 pods takes minutes in the dev build (the tests'
@@ -763,12 +762,12 @@ fn floor(fake: &FakeCri, n: usize, secs: f64) -> Result<FloorRate> {
     crate::progress(&format!(
         "  the bare reader: killing {count} at {FLOOR_RATE:.0}/s"
     ));
-    let s0 = thread_sched(FLOOR_READER);
+    let s0 = thread_sched(crate::floor::THREAD);
     let t0 = Instant::now();
     // Past the fake's pods: it lists none of them (no PLEG runs).
     let (achieved, _) = kill_window(&mut victims, fake, &which, FLOOR_RATE, usize::MAX / 2);
     let elapsed = t0.elapsed().as_secs_f64();
-    let s1 = thread_sched(FLOOR_READER);
+    let s1 = thread_sched(crate::floor::THREAD);
     let read = reader
         .stop()
         .iter()

@@ -354,8 +354,9 @@ pub enum Side {
 /// [`STATUS_POLL`] by a task of its own (so that the runtime's polling does
 /// not slow it) until its `until` has held for [`SETTLE`]; then, for a
 /// deletion case, its pod is deleted (its status record stops there) and the
-/// runtime is followed until every container ended; at most [`CASE_DEADLINE`] in all. In API mode the
-/// pods' events are then read until they stop changing ([`EVENTS_QUIET`]).
+/// runtime is followed until every container ended; at most
+/// [`CASE_DEADLINE`] in all. In API mode the pods' events are then read until
+/// they stop changing ([`EVENTS_QUIET`]).
 /// Cases that restart their node ([`act::Act::RestartNode`]) run after the
 /// others, on a containerd and node of their own. A case written after
 /// another's pod was taken up ([`Case::after`]) joins that one's batch.
