@@ -49,7 +49,12 @@ pub(crate) const START_OPS: [&str; 5] = [
 
 /// The agent's own stages in the modes whose kernel records are the
 /// stopwatch's.
-const AGENT_STAGES: [Stage; 3] = [Stage::Delivered, Stage::WorkerSync, Stage::StatusHeld];
+const AGENT_STAGES: [Stage; 4] = [
+    Stage::Delivered,
+    Stage::Taken,
+    Stage::WorkerSync,
+    Stage::StatusHeld,
+];
 
 /// The `cri-proxy` mode with the agent in the 1.26-1.36 Evented PLEG design.
 pub const CRI_PROXY_126: &str = "cri-proxy-1.26";
@@ -99,7 +104,7 @@ impl AgentMode {
             Self::Pleg(_) => Some(&AGENT_STAGES),
             Self::CriProxy(_) => Some(&AGENT_STAGES[1..]),
             // Its /pods showing the death (`crate::kubelet`).
-            Self::Kubelet(_) => Some(&AGENT_STAGES[2..]),
+            Self::Kubelet(_) => Some(&AGENT_STAGES[3..]),
         }
     }
 

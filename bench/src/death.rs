@@ -95,6 +95,8 @@ pub struct Running {
     events: Option<mpsc::Receiver<PodLifecycleEvent>>,
     clock: Option<ExitClock>,
     floor: Option<BareReader>,
+    /// The pids the bare reader hands on.
+    floor_rx: Option<mpsc::Receiver<u32>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -114,6 +116,7 @@ impl Running {
             events: None,
             clock: None,
             floor: None,
+            floor_rx: None,
         };
         match observer {
             // Started by each repetition, once its sandbox made /kubepods.
@@ -202,7 +205,10 @@ pub async fn repetition(
     let sandbox = run_sandbox(client, &pod).await;
     crate::stages::start();
     if running.observer == Observer::Floor && running.floor.is_none() {
-        running.floor = Some(BareReader::start().unwrap_or_else(|e| panic!("floor reader: {e:#}")));
+        let (tx, rx) = mpsc::channel(1000);
+        running.floor =
+            Some(BareReader::start(tx).unwrap_or_else(|e| panic!("floor reader: {e:#}")));
+        running.floor_rx = Some(rx);
     }
     let mut targets = Vec::new();
     for i in 0..n {
@@ -274,8 +280,19 @@ pub async fn repetition(
                 _ => break,
             }
         }
-    } else {
-        tokio::time::sleep_until(start + window + Duration::from_millis(200)).await;
+    } else if let Some(rx) = running.floor_rx.as_mut() {
+        // The bare reader's hand-off, taken as the PLEG's events are.
+        while seen.len() < targets.len() {
+            match tokio::time::timeout_at(bound, rx.recv()).await {
+                Ok(Some(pid)) => {
+                    let now = monotonic_ns();
+                    if let Some(t) = targets.iter().find(|t| t.pid == pid) {
+                        seen.entry(t.id.clone()).or_insert(now);
+                    }
+                }
+                _ => break,
+            }
+        }
     }
     for k in killers {
         let _ = k.await;
@@ -289,16 +306,22 @@ pub async fn repetition(
         .take()
         .map(BareReader::stop)
         .unwrap_or_default();
+    let handed_on = running.floor_rx.take().is_some();
     let log = running.stage_log();
+    let mut handed_us = Vec::new();
     for t in &targets {
         let read = exit_read(&floor_reads, log.as_deref(), t);
         let kernel_ns = match (&mut running.clock, read) {
             (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
-            (None, Some((_, k, _))) => Some(k),
+            (None, Some(r)) => Some(r.kernel_ns),
             (None, None) => None,
         };
-        if let Some((_, k, r)) = read {
-            out.reader_us.push((r.saturating_sub(k)) as f64 / 1000.0);
+        if let Some(r) = read {
+            out.reader_us
+                .push(r.read_ns.saturating_sub(r.kernel_ns) as f64 / 1000.0);
+            if let Some(h) = r.handed_ns {
+                handed_us.push(h.saturating_sub(r.kernel_ns) as f64 / 1000.0);
+            }
         } else if running.clock.is_none() {
             out.lost_reader += 1;
         }
@@ -308,7 +331,7 @@ pub async fn repetition(
             let k = evpleg_core::clock::monotonic_to_unix_ns(k);
             out.shim_reaped_us.push((reaped - k) as f64 / 1000.0);
         }
-        if running.events.is_some() {
+        if running.events.is_some() || handed_on {
             match (kernel_ns, seen.get(&t.id)) {
                 (Some(k), Some(&at)) => out.event_us.push(at.saturating_sub(k) as f64 / 1000.0),
                 _ => out.lost_events += 1,
@@ -321,6 +344,9 @@ pub async fn repetition(
         stages.retain(|(s, _)| *s != Stage::Read);
         out.stages = stages;
     }
+    if handed_on {
+        out.stages = vec![(Stage::Delivered, handed_us)];
+    }
     running.end_repetition(client, &sandbox).await;
     out
 }
@@ -330,8 +356,13 @@ pub async fn repetition(
 /// its `kernel` and `read` records (by container id).
 fn exit_read(reads: &[ExitRead], log: Option<&[StageRecord]>, t: &Target) -> Option<ExitRead> {
     match log {
-        Some(log) => crate::stages::exit_read(&t.id, log).map(|(k, r)| (t.pid, k, r)),
-        None => reads.iter().rev().find(|r| r.0 == t.pid).copied(),
+        Some(log) => crate::stages::exit_read(&t.id, log).map(|(kernel_ns, read_ns)| ExitRead {
+            pid: t.pid,
+            kernel_ns,
+            read_ns,
+            handed_ns: None,
+        }),
+        None => reads.iter().rev().find(|r| r.pid == t.pid).copied(),
     }
 }
 
@@ -429,12 +460,13 @@ pub async fn churn(
     let mut out = RepSamples::default();
     for t in &targets {
         let read = exit_read(&[], log.as_deref(), t);
-        if let Some((_, k, r)) = read {
-            out.reader_us.push(r.saturating_sub(k) as f64 / 1000.0);
+        if let Some(r) = read {
+            out.reader_us
+                .push(r.read_ns.saturating_sub(r.kernel_ns) as f64 / 1000.0);
         }
         let kernel_ns = match (&mut running.clock, read) {
             (Some(clock), _) => Some(clock.exit_ns(&t.id).await),
-            (None, Some((_, k, _))) => Some(k),
+            (None, Some(r)) => Some(r.kernel_ns),
             (None, None) => None,
         };
         match (kernel_ns, seen.get(&t.id)) {

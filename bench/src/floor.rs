@@ -1,8 +1,11 @@
 //! The floor: a bare ring-buffer reader. The same programs and tracepoint as the
 //! kernel PLEG, a thread at the same SCHED_FIFO priority blocked in `epoll_wait`,
 //! which reads only each record's kind, timestamp and pid into a preallocated
-//! vector: no decoding, no tracker, no channel. What the kernel and this machine
-//! allow; the agent's overhead is stated against it.
+//! vector and hands the pid to a tokio task through a channel (`try_send`, as
+//! the kernel PLEG hands its event to the pod workers' channel, the wake-up of
+//! the parked task included): no decoding, no tracker, no cache. What the
+//! kernel and this machine allow a PLEG that reads a death and hands it on; the
+//! agent's overhead is stated against it.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -16,12 +19,22 @@ use evpleg_events::EVENT_EXIT;
 use evpleg_pleg::kernel::loader;
 use evpleg_pleg::kernel::loader::LoaderConfig;
 use evpleg_pleg::kernel::{DEFAULT_REALTIME_PRIORITY, DEFAULT_RING_BUFFER_BYTES, index};
+use tokio::sync::mpsc;
 
 /// The bare reader thread's name.
 pub const THREAD: &str = "bench-floor";
 
-/// One exit record: (pid, kernel timestamp, read at), CLOCK_MONOTONIC ns.
-pub type ExitRead = (u32, u64, u64);
+/// One exit record, CLOCK_MONOTONIC ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitRead {
+    pub pid: u32,
+    /// The kernel's exit timestamp.
+    pub kernel_ns: u64,
+    /// When the thread took the record from the ring.
+    pub read_ns: u64,
+    /// When the hand-off channel took the pid (`None`: it was full or closed).
+    pub handed_ns: Option<u64>,
+}
 
 /// A running bare reader; [`stop`](Self::stop) returns what it read.
 #[derive(Debug)]
@@ -31,8 +44,9 @@ pub struct BareReader {
 }
 
 impl BareReader {
-    /// Loads the programs with `/kubepods` (which must exist) as the only root.
-    pub fn start() -> Result<Self> {
+    /// Loads the programs with `/kubepods` (which must exist) as the only root;
+    /// each exit's pid is handed to `handoff`.
+    pub fn start(handoff: mpsc::Sender<u32>) -> Result<Self> {
         let mount = index::cgroup2_mount()?.context("no cgroup2 hierarchy")?;
         let kubepods = mount.join("kubepods");
         let id = std::fs::metadata(&kubepods)
@@ -50,7 +64,7 @@ impl BareReader {
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name(THREAD.into())
-            .spawn(move || read(loaded, &flag))?;
+            .spawn(move || read(loaded, &flag, &handoff))?;
         Ok(Self {
             stop,
             thread: Some(thread),
@@ -72,7 +86,11 @@ impl Drop for BareReader {
     }
 }
 
-fn read(mut loaded: loader::Loaded, stop: &AtomicBool) -> Vec<ExitRead> {
+fn read(
+    mut loaded: loader::Loaded,
+    stop: &AtomicBool,
+    handoff: &mpsc::Sender<u32>,
+) -> Vec<ExitRead> {
     let param = libc::sched_param {
         sched_priority: DEFAULT_REALTIME_PRIORITY,
     };
@@ -102,9 +120,15 @@ fn read(mut loaded: loader::Loaded, stop: &AtomicBool) -> Vec<ExitRead> {
                 let word =
                     |at: usize| u32::from_ne_bytes(item[at..at + 4].try_into().unwrap_or([0; 4]));
                 if word(0) == EVENT_EXIT {
-                    let ktime = u64::from_ne_bytes(item[8..16].try_into().unwrap_or([0; 8]));
+                    let pid = word(16);
+                    let handed = handoff.try_send(pid).is_ok().then(monotonic_ns);
                     if out.len() < out.capacity() {
-                        out.push((word(16), ktime, now));
+                        out.push(ExitRead {
+                            pid,
+                            kernel_ns: u64::from_ne_bytes(item[8..16].try_into().unwrap_or([0; 8])),
+                            read_ns: now,
+                            handed_ns: handed,
+                        });
                     }
                 }
             }

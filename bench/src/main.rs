@@ -459,9 +459,7 @@ fn death_latency(
                 for (stage, samples) in s.stages {
                     series.add(stages::name(stage), samples, 0);
                 }
-                if observer != Observer::Floor {
-                    series.add("event", s.event_us, s.lost_events);
-                }
+                series.add("event", s.event_us, s.lost_events);
                 series.add(report::SHIM_REAPED, s.shim_reaped_us, 0);
             }
         }

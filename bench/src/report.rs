@@ -275,10 +275,12 @@ fn scale(out: &mut String, r: &Results) {
             out,
             "The floor of the reader's CPU: the bare reader (`floor`: the same programs, a \
              thread at the same priority blocked in `epoll_wait` that reads each record's \
-             header and pid, nothing else), the PLEG stopped, over the same cgroups, new \
-             victims killed at the same rate. What a death costs a reader on this machine \
-             before any of the agent's work: its wake-up and the ring's read.\n\n\
-             | cgroups | exits/s asked | achieved | deaths | read | bare reader CPU (% of a core) | its CPU a death | wake-ups a death | the PLEG's reader at this rate (% of a core) |\n|---|---|---|---|---|---|---|---|---|"
+             header and pid and hands the pid to a tokio task through a channel, nothing \
+             else), the PLEG stopped, over the same cgroups, new victims killed at the same \
+             rate. What a death costs a reader on this machine before any of the agent's \
+             work: its wake-up, the ring's read and the hand-off (`try_send`, the wake-up of \
+             the parked task included; timed on the thread, part of its CPU).\n\n\
+             | cgroups | exits/s asked | achieved | deaths | read | handed on | bare reader CPU (% of a core) | its CPU a death | its hand-off a death | wake-ups a death | the PLEG's reader at this rate (% of a core) |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for f in &sc.floor {
             let pleg = sc
@@ -288,14 +290,16 @@ fn scale(out: &mut String, r: &Results) {
                 .map_or_else(|| "-".to_owned(), |x| format!("{:.1}", x.reader_cpu_pct));
             let _ = writeln!(
                 out,
-                "| {} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {:.2} | {pleg} |",
+                "| {} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {:.2} | {pleg} |",
                 f.cgroups,
                 f.target_per_s,
                 f.achieved_per_s,
                 f.deaths,
                 f.read,
+                f.handed,
                 f.reader_cpu_pct,
                 human_us(per_death_us(f.reader_cpu_pct, f.achieved_per_s)),
+                f.handoff_us.map_or_else(|| "-".to_owned(), human_us),
                 f.reader_runs_per_death,
             );
         }
@@ -498,11 +502,17 @@ fn targets(out: &mut String, r: &Results) {
                 continue;
             };
             let (measured, met) = tail_target(l.pooled().as_ref(), 30.0, 150.0);
+            let floor = pooled(r, "floor", workload, stage).map_or_else(String::new, |f| {
+                let p99 = f
+                    .p99
+                    .map_or_else(String::new, |v| format!(", p99 {}", human_us(v)));
+                format!("; the floor's p50 {}{p99}", human_us(f.p50))
+            });
             row(
                 &format!(
                     "ebpf p50 <= 30 us, p99 <= 150 us ({workload}, {what}; single deaths, not 1 000/s)"
                 ),
-                measured,
+                format!("{measured}{floor}"),
                 met,
             );
         }
@@ -680,24 +690,19 @@ fn sustained_gap(
             x.reader_cpu_pct,
             human_us(per_death_us(x.reader_cpu_pct, x.achieved_per_s)),
             floor.map_or_else(String::new, |f| format!(
-                "; the bare reader's at this rate {}",
-                human_us(per_death_us(f.reader_cpu_pct, f.achieved_per_s))
+                "; the bare reader's at this rate {}{}",
+                human_us(per_death_us(f.reader_cpu_pct, f.achieved_per_s)),
+                f.handoff_us.map_or_else(String::new, |h| format!(
+                    ", its hand-off to a tokio task {} of them",
+                    human_us(h)
+                ))
             ))
         ));
     }
     if missed.is_empty() {
         return None;
     }
-    let step = stages
-        .windows(2)
-        .map(|w| (&w[0].0, &w[1].0, w[1].1.p99 - w[0].1.p99))
-        .max_by(|a, b| a.2.total_cmp(&b.2))
-        .map_or(String::new(), |(from, to, d)| {
-            format!(
-                "; the largest step at the p99: {from} to {to}, +{}",
-                human_us(d)
-            )
-        });
+    let step = largest_step(stages.iter().map(|(s, p)| (s.as_str(), p.p99)));
     Some(format!(
         "- At {:.0} exits/s over {} cgroups: {}; each stage's p50/p99 from the kernel's exit: {}{step}.",
         x.target_per_s,
@@ -708,6 +713,79 @@ fn sustained_gap(
             .map(|(s, p)| format!("{s} {}/{}", human_us(p.p50), human_us(p.p99)))
             .collect::<Vec<_>>()
             .join(", "),
+    ))
+}
+
+/// `; the largest step at the p99: <from> to <to>, +<us>` over stages in the
+/// order a death passes them, given each one's p99 (empty for fewer than two).
+fn largest_step<'a>(p99s: impl Iterator<Item = (&'a str, f64)>) -> String {
+    let p99s: Vec<(&str, f64)> = p99s.collect();
+    p99s.windows(2)
+        .map(|w| (w[0].0, w[1].0, w[1].1 - w[0].1))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .map_or(String::new(), |(from, to, d)| {
+            format!(
+                "; the largest step at the p99: {from} to {to}, +{}",
+                human_us(d)
+            )
+        })
+}
+
+/// The full agent's miss of death to status held (p50 <= 1 ms, p99 <= 5 ms):
+/// each stage's p50/p99, the largest step at the p99, and the floor's own
+/// `event` p99 (a tokio task taking the bare reader's hand-off, no agent
+/// running); `None` when it meets them or has too few samples for a p99.
+fn status_held_gap(r: &Results) -> Option<String> {
+    let stages: Vec<(&str, Pooled)> = (r.latency.iter())
+        .filter(|l| l.mode == "ebpf" && l.workload == "agent-killed" && l.stage != SHIM_REAPED)
+        .filter_map(|l| Some((l.stage.as_str(), l.pooled()?)))
+        .collect();
+    let held = &stages.iter().find(|(s, _)| *s == "status-held")?.1;
+    let p99 = held.p99?;
+    let mut missed = Vec::new();
+    if held.p50 > 1000.0 {
+        missed.push(format!("p50 {} > 1 ms", human_us(held.p50)));
+    }
+    if p99 > 5000.0 {
+        missed.push(format!("p99 {} > 5 ms", human_us(p99)));
+    }
+    if missed.is_empty() {
+        return None;
+    }
+    let with_p99: Vec<(&str, f64)> = (stages.iter())
+        .filter_map(|(s, p)| Some((*s, p.p99?)))
+        .collect();
+    let floor: Vec<String> = ["self-exit", "killed"]
+        .into_iter()
+        .filter_map(|w| {
+            let p = pooled(r, "floor", w, "event")?;
+            Some(format!("{} in {w}", human_us(p.p99?)))
+        })
+        .collect();
+    Some(format!(
+        "- agent-killed: death to status held misses {} ({} samples); each stage's p50/p99 from \
+         the kernel's exit: {}{}.{}",
+        missed.join(", "),
+        held.n,
+        stages
+            .iter()
+            .map(|(s, p)| format!(
+                "{s} {}/{}",
+                human_us(p.p50),
+                p.p99.map_or_else(|| "-".to_owned(), human_us)
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        largest_step(with_p99.into_iter()),
+        if floor.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " The floor's `event` (a tokio task taking the bare reader's hand-off, no agent \
+                 running) has a p99 of {}.",
+                floor.join(" and ")
+            )
+        }
     ))
 }
 
@@ -812,17 +890,24 @@ fn known_gaps(out: &mut String, r: &Results) {
             continue;
         };
         if delivered.p50 > 30.0 {
-            let floor = pooled(r, "floor", workload, "reader");
+            let floor = |stage| pooled(r, "floor", workload, stage).map(|p| p.p50);
             let _ = writeln!(
                 out,
                 "- {workload}: the ebpf path to the PLEG event misses p50 <= 30 us by {} (p50 {}{}); \
                  its stages (pooled p50 from the kernel's exit): {}.",
                 human_us(delivered.p50 - 30.0),
                 human_us(delivered.p50),
-                floor.map_or(String::new(), |f| format!(
-                    "; the bare reader's p50 is {}",
-                    human_us(f.p50)
-                )),
+                match (floor("reader"), floor("delivered")) {
+                    (Some(read), Some(handed)) => format!(
+                        "; the floor's, a bare reader handing the pid on: read {}, delivered {}, \
+                         so {} of the ebpf path's p50 is the agent's own work",
+                        human_us(read),
+                        human_us(handed),
+                        human_us((delivered.p50 - handed).max(0.0))
+                    ),
+                    (Some(read), None) => format!("; the bare reader's p50 is {}", human_us(read)),
+                    _ => String::new(),
+                },
                 stages
                     .iter()
                     .map(|(s, p)| format!("{s} {}", human_us(p.p50)))
@@ -840,6 +925,9 @@ fn known_gaps(out: &mut String, r: &Results) {
                 human_us(delivered.max)
             );
         }
+    }
+    if let Some(line) = status_held_gap(r) {
+        let _ = writeln!(out, "{line}");
     }
     for (sc, x) in r
         .scale
@@ -964,8 +1052,11 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          - `generic`: the kubelet's generic PLEG, a relist 1 s after the last one ended \
          (`wait.Until`).\n\
          - `floor`: a bare reader: the same tracepoint, a thread at the same SCHED_FIFO \
-         priority blocked in epoll, reading only the header and pid, run alone on the same \
-         workload.\n\
+         priority blocked in epoll, reading only the header and pid and handing the pid to a \
+         tokio task through a channel, as the ebpf PLEG hands its event to the pod workers' \
+         (`delivered` when the channel took it, the wake-up of the parked task included; \
+         `event` when the task has it), run alone on the same workload: what any PLEG that \
+         reads a death and hands it on costs on this machine.\n\
          - `cri-proxy-1.26`, `cri-proxy-1.37` (full agent only): the agent in that Evented \
          PLEG design, configured as a stock kubelet with the gate (its default relist \
          period), its CRI endpoint `evpleg cri-proxy` in front of the same containerd; the \
@@ -988,7 +1079,8 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
          `attributed` decoded and attributed to a container by the tracker, `cached` the \
          death laid on the pod's snapshot in the cache, `delivered` the ContainerDied taken \
          by the pod workers' channel (the PLEG event), `event` that event taken from the \
-         channel by a tokio task (it includes that task's wake-up), `worker-sync` a pod \
+         channel by a tokio task (in the full agent its sync loop; it includes that task's \
+         wake-up), `worker-sync` a pod \
          worker starting a sync whose cache entry holds the death, `status-held` the status \
          manager holding the container terminated; `shim-reaped` is the runtime's own exit \
          time (containerd's `finished_at`, when its shim reaped the process).\n\n\
@@ -1025,17 +1117,21 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
         for l in r.latency.iter().filter(|l| l.workload == workload) {
             latency_row(&mut out, l);
         }
-        if let (Some(e), Some(f)) = (
-            p50(r, "ebpf", workload),
-            pooled(r, "floor", workload, "reader").map(|p| p.p50),
-        ) {
-            let _ = writeln!(
-                out,
-                "\nebpf event / floor (p50): {:.1}x ({} vs {}).",
-                e / f,
-                human_us(e),
-                human_us(f)
-            );
+        let beside: Vec<String> = ["reader", "delivered", "event"]
+            .into_iter()
+            .filter_map(|stage| {
+                let e = pooled(r, "ebpf", workload, stage)?.p50;
+                let f = pooled(r, "floor", workload, stage)?.p50;
+                Some(format!(
+                    "{stage} {} vs {} ({:.1}x)",
+                    human_us(e),
+                    human_us(f),
+                    e / f
+                ))
+            })
+            .collect();
+        if !beside.is_empty() {
+            let _ = writeln!(out, "\nebpf / floor (p50): {}.", beside.join(", "));
         }
         stage_by_stage(&mut out, r, workload);
         runtime_view(&mut out, r, workload);
@@ -1146,6 +1242,8 @@ mod tests {
                     &[50_000.0, 60_000.0, 70_000.0],
                 ),
                 latency("floor", "self-exit", "reader", &[10.0, 12.5, 30.0]),
+                latency("floor", "self-exit", "delivered", &[11.0, 14.0, 35.0]),
+                latency("floor", "self-exit", "event", &[15.0, 18.0, 60.0]),
                 latency("ebpf", "self-exit", SHIM_REAPED, &[100.0, 150.0, 400.0]),
             ],
             idle: vec![
@@ -1240,7 +1338,9 @@ mod tests {
             "{md}"
         );
         // p50 20 <= 30, but 3 samples support the p50 at most: not judged.
-        assert!(md.contains("| ebpf p50 <= 30 us, p99 <= 150 us (self-exit, PLEG event: taken by the pod workers' channel; single deaths, not 1 000/s) | p50 20 us (3 samples support the p50 at most; max 40 us) | not judged: fewer than 200 samples |"), "{md}");
+        // The floor's figure beside it, its p99 only where the count
+        // supports one.
+        assert!(md.contains("| ebpf p50 <= 30 us, p99 <= 150 us (self-exit, PLEG event: taken by the pod workers' channel; single deaths, not 1 000/s) | p50 20 us (3 samples support the p50 at most; max 40 us); the floor's p50 14 us | not judged: fewer than 200 samples |"), "{md}");
         // killed was not run: not measured, never "yes".
         assert!(
             md.contains("| p50 lower than the kubelet's Evented PLEG (evented-1.37, killed) | - | not measured |"),
@@ -1257,7 +1357,10 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("ebpf event / floor (p50): 2.0x (25 us vs 12 us)"),
+            md.contains(
+                "ebpf / floor (p50): reader 10 us vs 12 us (0.8x), delivered 20 us vs 14 us (1.4x), \
+                 event 25 us vs 18 us (1.4x)."
+            ),
             "{md}"
         );
         assert!(md.contains("![CDF](bench/cdf.svg)"));
@@ -1419,13 +1522,15 @@ mod tests {
             read: 10_000,
             reader_cpu_pct: 2.5,
             reader_runs_per_death: 1.0,
+            handed: 9_990,
+            handoff_us: Some(11.0),
         };
         assert_eq!(
             sustained_gap(&x, Some(&floor)).as_deref(),
             Some(
                 "- At 1000 exits/s over 1000 cgroups: p50 40 us > 30 us, p99 180 us > 150 us, \
                  reader 4.1 % >= 3 % of a core (41 us of its CPU a death; the bare reader's at \
-                 this rate 25 us); each stage's p50/p99 from the kernel's exit: reader 25 us/70 \
+                 this rate 25 us, its hand-off to a tokio task 11 us of them); each stage's p50/p99 from the kernel's exit: reader 25 us/70 \
                  us, attributed 28 us/85 us, cached 40 us/180 us; the largest step at the p99: \
                  attributed to cached, +95 us."
             )
@@ -1440,7 +1545,9 @@ mod tests {
         let md = render(&r, &[]);
         assert!(md.contains("- At 1000 exits/s over 1000 cgroups: p50 40 us"));
         assert!(
-            md.contains("| 1000 | 1000 | 1000 | 10000 | 10000 | 2.5 | 25 us | 1.00 | 4.1 |"),
+            md.contains(
+                "| 1000 | 1000 | 1000 | 10000 | 10000 | 9990 | 2.5 | 25 us | 11 us | 1.00 | 4.1 |"
+            ),
             "the bare reader's row beside the PLEG's reader: {md}"
         );
         assert!(
@@ -1524,6 +1631,58 @@ mod tests {
         assert_eq!(reader_stall(&x), None);
     }
 
+    /// A full agent whose status-held p99 is over 5 ms is a known gap naming
+    /// each stage, the largest step at the p99 and the floor's own `event`
+    /// p99; none when the target is met.
+    #[test]
+    fn a_missed_status_held_tail_names_its_stage_and_the_floor() {
+        // 200 samples: nearest rank puts the p99 at the 198th.
+        let spread = |base: f64, tail: f64| -> Vec<f64> {
+            (0..200)
+                .map(|i| {
+                    if i >= 197 {
+                        tail
+                    } else {
+                        base + i as f64 / 10.0
+                    }
+                })
+                .collect()
+        };
+        let mut r = results();
+        for (stage, base, tail) in [
+            ("delivered", 60.0, 150.0),
+            ("event", 200.0, 3600.0),
+            ("status-held", 400.0, 4400.0),
+        ] {
+            r.latency
+                .push(latency("ebpf", "agent-killed", stage, &spread(base, tail)));
+        }
+        r.latency
+            .push(latency("floor", "killed", "event", &spread(40.0, 2500.0)));
+        assert_eq!(status_held_gap(&r), None, "p99 4.40 ms meets 5 ms");
+        let held = r
+            .latency
+            .iter_mut()
+            .find(|l| l.workload == "agent-killed" && l.stage == "status-held")
+            .unwrap();
+        *held = latency(
+            "ebpf",
+            "agent-killed",
+            "status-held",
+            &spread(400.0, 5500.0),
+        );
+        let line = status_held_gap(&r).expect("a gap");
+        assert_eq!(
+            line,
+            "- agent-killed: death to status held misses p99 5.50 ms > 5 ms (200 samples); each \
+             stage's p50/p99 from the kernel's exit: delivered 70 us/150 us, event 210 us/3.60 \
+             ms, status-held 410 us/5.50 ms; the largest step at the p99: delivered to event, \
+             +3.45 ms. The floor's `event` (a tokio task taking the bare reader's hand-off, no \
+             agent running) has a p99 of 2.50 ms in killed."
+        );
+        assert!(render(&r, &[]).contains(&line));
+    }
+
     /// The known gaps come from the run: a missed p50 is named with this
     /// run's figures, none when it is met.
     #[test]
@@ -1537,9 +1696,18 @@ mod tests {
         assert!(!gaps(&r).contains("misses p50"), "{}", gaps(&r));
         r.latency[1] = latency("ebpf", "self-exit", "delivered", &[41.0, 42.0, 90.0]);
         let g = gaps(&r);
+        // The floor handed the pid on at 14 us: 28 us of the 42 are the agent's.
         assert!(
-            g.contains("- self-exit: the ebpf path to the PLEG event misses p50 <= 30 us by 12 us (p50 42 us; the bare reader's p50 is 12 us); its stages (pooled p50 from the kernel's exit): reader 10 us, delivered 42 us, event 25 us."),
+            g.contains("- self-exit: the ebpf path to the PLEG event misses p50 <= 30 us by 12 us (p50 42 us; the floor's, a bare reader handing the pid on: read 12 us, delivered 14 us, so 28 us of the ebpf path's p50 is the agent's own work); its stages (pooled p50 from the kernel's exit): reader 10 us, delivered 42 us, event 25 us."),
             "{g}"
+        );
+        // Results from before the floor handed on: its read alone.
+        r.latency
+            .retain(|l| !(l.mode == "floor" && l.stage == "delivered"));
+        assert!(
+            gaps(&r).contains("(p50 42 us; the bare reader's p50 is 12 us)"),
+            "{}",
+            gaps(&r)
         );
         assert!(
             g.contains("Too few samples for a p99 (fewer than 200): self-exit delivered (3)"),

@@ -170,7 +170,8 @@ pub struct Overflow {
 
 /// The bare reader ([`crate::floor`]) at a count and rate: the reader CPU
 /// that the kernel and this machine cost before any of the agent's work (its
-/// wake-up in `epoll_wait` and the ring's read), beside the kernel PLEG's.
+/// wake-up in `epoll_wait`, the ring's read and the hand-off to a tokio task),
+/// beside the kernel PLEG's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FloorRate {
     pub cgroups: usize,
@@ -183,6 +184,15 @@ pub struct FloorRate {
     pub reader_cpu_pct: f64,
     /// Times its thread was put on a CPU, per death.
     pub reader_runs_per_death: f64,
+    /// The exits it handed on to a tokio task (results before the hand-off
+    /// existed: 0).
+    #[serde(default)]
+    pub handed: usize,
+    /// Its hand-off's mean time a death, us: from the read to the channel
+    /// taking the pid (`try_send`, the wake-up of the parked task included),
+    /// part of its CPU.
+    #[serde(default)]
+    pub handoff_us: Option<f64>,
 }
 
 /// The rate at which the bare reader runs beside the kernel PLEG (the
@@ -756,7 +766,9 @@ fn floor(fake: &FakeCri, n: usize, secs: f64) -> Result<FloorRate> {
             VICTIM_CHUNK.min(count - victims.pods.len()),
         )?);
     }
-    let reader = crate::floor::BareReader::start()?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1000);
+    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let reader = crate::floor::BareReader::start(tx)?;
     let which: Vec<usize> = (0..count).collect();
     let pids: HashSet<u32> = victims.pods.iter().map(|p| p.pid as u32).collect();
     crate::progress(&format!(
@@ -768,11 +780,14 @@ fn floor(fake: &FakeCri, n: usize, secs: f64) -> Result<FloorRate> {
     let (achieved, _) = kill_window(&mut victims, fake, &which, FLOOR_RATE, usize::MAX / 2);
     let elapsed = t0.elapsed().as_secs_f64();
     let s1 = thread_sched(crate::floor::THREAD);
-    let read = reader
-        .stop()
-        .iter()
-        .filter(|(pid, _, _)| pids.contains(pid))
-        .count();
+    let reads: Vec<_> = (reader.stop().into_iter())
+        .filter(|r| pids.contains(&r.pid))
+        .collect();
+    drain.abort();
+    let read = reads.len();
+    let handed: Vec<f64> = (reads.iter())
+        .filter_map(|r| Some(r.handed_ns?.saturating_sub(r.read_ns) as f64 / 1000.0))
+        .collect();
     let r = FloorRate {
         cgroups: n,
         target_per_s: FLOOR_RATE,
@@ -781,10 +796,15 @@ fn floor(fake: &FakeCri, n: usize, secs: f64) -> Result<FloorRate> {
         read,
         reader_cpu_pct: cpu_pct(s1.named_s - s0.named_s, elapsed),
         reader_runs_per_death: (s1.named_runs - s0.named_runs) as f64 / count as f64,
+        handed: handed.len(),
+        handoff_us: (!handed.is_empty()).then(|| handed.iter().sum::<f64>() / handed.len() as f64),
     };
     crate::progress(&format!(
-        "  the bare reader: {count} deaths at {FLOOR_RATE:.0}/s (achieved {achieved:.0}/s), {read} read, {:.2} % of a core, {:.2} wake-ups a death",
-        r.reader_cpu_pct, r.reader_runs_per_death
+        "  the bare reader: {count} deaths at {FLOOR_RATE:.0}/s (achieved {achieved:.0}/s), {read} read, {} handed on ({:.1} us each), {:.2} % of a core, {:.2} wake-ups a death",
+        r.handed,
+        r.handoff_us.unwrap_or(f64::NAN),
+        r.reader_cpu_pct,
+        r.reader_runs_per_death
     ));
     Ok(r)
 }

@@ -11,11 +11,12 @@ use evpleg_pleg::stages;
 use evpleg_pleg::stages::{Stage, StageRecord};
 
 /// The stages after the kernel's exit, in the order a death passes them.
-pub const AFTER_KERNEL: [Stage; 6] = [
+pub const AFTER_KERNEL: [Stage; 7] = [
     Stage::Read,
     Stage::Attributed,
     Stage::Cached,
     Stage::Delivered,
+    Stage::Taken,
     Stage::WorkerSync,
     Stage::StatusHeld,
 ];
@@ -25,6 +26,8 @@ pub const AFTER_KERNEL: [Stage; 6] = [
 pub fn name(stage: Stage) -> &'static str {
     match stage {
         Stage::Read => "reader",
+        // As the death workloads name the event taken from the channel.
+        Stage::Taken => "event",
         s => s.name(),
     }
 }

@@ -1,12 +1,15 @@
 //! The runtime's and the API's names for pods and containers, normalised: the
-//! kubelet's `types.UID` and `kubecontainer.ContainerID`.
+//! kubelet's `types.UID` and `kubecontainer.ContainerID`. Shared strings: a
+//! clone is a reference count, so the real-time reader, which clones them into
+//! every event it forwards, never allocates for one.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A pod's UID, normalised: lowercase, with `-` separators (systemd cgroup names
 /// write them as `_`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodUid(String);
+pub struct PodUid(Arc<str>);
 
 impl PodUid {
     /// Normalises a UID as found in a cgroup name or an API object. Returns `None`
@@ -28,7 +31,7 @@ impl PodUid {
         if out.starts_with('-') || out.ends_with('-') {
             return None;
         }
-        Some(Self(out))
+        Some(Self(out.into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -44,13 +47,13 @@ impl fmt::Display for PodUid {
 
 /// A 64-hex container (or sandbox) id, as CRI runtimes name them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ContainerId(String);
+pub struct ContainerId(Arc<str>);
 
 impl ContainerId {
     /// Accepts exactly 64 hex digits (lowercased).
     pub fn parse(raw: &str) -> Option<Self> {
         (raw.len() == 64 && raw.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| Self(raw.to_ascii_lowercase()))
+            .then(|| Self(raw.to_ascii_lowercase().into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -93,5 +96,15 @@ mod tests {
         assert_eq!(ContainerId::parse(&id).unwrap().as_str(), "a".repeat(64));
         assert!(ContainerId::parse(&"a".repeat(63)).is_none());
         assert!(ContainerId::parse(&"g".repeat(64)).is_none());
+    }
+
+    /// A clone shares the parsed string: the reader clones ids into every
+    /// event it forwards and must not allocate.
+    #[test]
+    fn a_clone_shares_its_string() {
+        let id = ContainerId::parse(&"a".repeat(64)).unwrap();
+        assert_eq!(id.clone().as_str().as_ptr(), id.as_str().as_ptr());
+        let uid = PodUid::parse("6f0e1b0c2a3d4e5f60718293a4b5c6d7").unwrap();
+        assert_eq!(uid.clone().as_str().as_ptr(), uid.as_str().as_ptr());
     }
 }

@@ -439,6 +439,13 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        if matches!(
+            event.kind,
+            EventKind::ContainerDied | EventKind::SandboxDied
+        ) && let Some(id) = &event.container_id
+        {
+            evpleg_pleg::stages::record_now(evpleg_pleg::stages::Stage::Taken, id);
+        }
         self.event_latency.observe(&event, &self.cache);
         let Some(uid) = &event.pod_uid else { return };
         let latency_us =

@@ -31,6 +31,9 @@ pub enum Stage {
     Cached = 4,
     /// The event was taken by the pod workers' (sync loop's) channel.
     Delivered = 5,
+    /// The sync loop took the event from that channel (its task's wake-up
+    /// included).
+    Taken = 9,
     /// A pod worker started a sync with a cache entry holding the death.
     WorkerSync = 6,
     /// The status manager holds a status with the container terminated.
@@ -41,12 +44,13 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::Kernel,
         Stage::Read,
         Stage::Attributed,
         Stage::Cached,
         Stage::Delivered,
+        Stage::Taken,
         Stage::WorkerSync,
         Stage::StatusHeld,
         Stage::StatusRunning,
@@ -59,6 +63,7 @@ impl Stage {
             Stage::Attributed => "attributed",
             Stage::Cached => "cached",
             Stage::Delivered => "delivered",
+            Stage::Taken => "taken",
             Stage::WorkerSync => "worker-sync",
             Stage::StatusHeld => "status-held",
             Stage::StatusRunning => "status-running",
