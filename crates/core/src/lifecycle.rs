@@ -61,6 +61,13 @@ pub enum EventKind {
     PodSync,
 }
 
+impl EventKind {
+    /// A container or sandbox died (the kinds that carry an exit).
+    pub fn is_died(self) -> bool {
+        matches!(self, EventKind::ContainerDied | EventKind::SandboxDied)
+    }
+}
+
 /// Who observed the event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventSource {
@@ -131,9 +138,46 @@ pub struct PodLifecycleEvent {
     pub pid: Option<u32>,
 }
 
+impl PodLifecycleEvent {
+    /// The container this event reports dead, if it is a Died kind naming one.
+    pub fn died(&self) -> Option<&ContainerId> {
+        self.container_id.as_ref().filter(|_| self.kind.is_died())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_died_kind_naming_a_container_is_a_death() {
+        let id = ContainerId::parse(&"c1".repeat(32)).expect("64 hex digits");
+        let event = |kind, container_id| PodLifecycleEvent {
+            pod_uid: None,
+            kind,
+            container_id,
+            at_ns: 0,
+            source: EventSource::Kernel,
+            exit: None,
+            pid: None,
+        };
+        use EventKind::*;
+        let table = [
+            (ContainerDied, Some(id.clone()), true),
+            (SandboxDied, Some(id.clone()), true),
+            (ContainerDied, None, false),
+            (ContainerStarted, Some(id.clone()), false),
+            (ContainerRemoved, Some(id.clone()), false),
+            (SandboxStarted, Some(id.clone()), false),
+            (SandboxRemoved, Some(id.clone()), false),
+            (PodSync, Some(id.clone()), false),
+        ];
+        for (kind, container, dead) in table {
+            let e = event(kind, container);
+            assert_eq!(e.died().is_some(), dead, "{kind:?} {:?}", e.container_id);
+        }
+        assert_eq!(event(ContainerDied, Some(id.clone())).died(), Some(&id));
+    }
 
     #[test]
     fn wait_status() {

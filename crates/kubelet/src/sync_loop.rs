@@ -439,11 +439,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {
-        if matches!(
-            event.kind,
-            EventKind::ContainerDied | EventKind::SandboxDied
-        ) && let Some(id) = &event.container_id
-        {
+        if let Some(id) = event.died() {
             evpleg_pleg::stages::record_now(evpleg_pleg::stages::Stage::Taken, id);
         }
         self.event_latency.observe(&event, &self.cache);

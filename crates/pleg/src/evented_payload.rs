@@ -181,7 +181,7 @@ impl PayloadSink {
                 .reports
                 .deliver(&id, kind, e.at_ns, || self.events.try_send(e).is_ok());
             if delivery == Delivery::Sent {
-                if matches!(kind, EventKind::ContainerDied | EventKind::SandboxDied) {
+                if kind.is_died() {
                     stages::record_now(Stage::Delivered, &id);
                 }
                 sent.push(kind);

@@ -210,7 +210,7 @@ impl KernelMerge {
         };
         match delivery {
             Delivery::Sent => {
-                if matches!(kind, EventKind::ContainerDied | EventKind::SandboxDied) {
+                if kind.is_died() {
                     stages::record_now(Stage::Delivered, id);
                 }
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);

@@ -1012,9 +1012,7 @@ impl<R: PodRuntime> RelistPleg<R> {
         let mut woken = false;
         for event in to_send {
             // The stage log's `delivered` (benchmarks; off otherwise).
-            let stage = stages::log()
-                .and_then(|_| event.container_id.clone())
-                .map(|id| (id, event.kind));
+            let stage = stages::log().and_then(|_| event.died().cloned());
             let delivery = match event.container_id.clone() {
                 Some(id) => {
                     let (kind, at) = (event.kind, event.at_ns);
@@ -1025,7 +1023,7 @@ impl<R: PodRuntime> RelistPleg<R> {
             };
             match delivery {
                 Delivery::Sent => {
-                    if let Some((id, EventKind::ContainerDied | EventKind::SandboxDied)) = &stage {
+                    if let Some(id) = &stage {
                         stages::record_now(Stage::Delivered, id);
                     }
                     woken = true;

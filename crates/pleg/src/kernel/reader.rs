@@ -40,7 +40,7 @@ use crate::stages;
 use crate::stages::Stage;
 use evpleg_core::clock::{monotonic_ns, thread_cpu_ns};
 use evpleg_core::ids::{ContainerId, PodUid};
-use evpleg_core::lifecycle::{EventKind, PodLifecycleEvent};
+use evpleg_core::lifecycle::PodLifecycleEvent;
 
 /// How soon after a record the kernel's counters are read (a drop is seen
 /// within this of the last record read: drops happen only while records come).
@@ -867,11 +867,7 @@ impl Reader {
     fn deliver(&mut self, out: &mut Output, read_ns: u64, cpu: u32) -> Result<(), String> {
         for event in out.events.drain(..) {
             if stages::log().is_some()
-                && matches!(
-                    event.kind,
-                    EventKind::ContainerDied | EventKind::SandboxDied
-                )
-                && let Some(id) = &event.container_id
+                && let Some(id) = event.died()
             {
                 stages::record_on(Stage::Kernel, id, event.at_ns, cpu);
                 stages::record_on(Stage::Read, id, read_ns, stages::current_cpu());
